@@ -1,0 +1,35 @@
+# Two entry points for a new user: `make demo` and `make test`.
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+CARGO ?= cargo
+REBOUND := target/release/rebound
+AGENT := guest/agent/rebound-agent
+
+.PHONY: deps build agent image demo test lint unit clean
+
+deps:
+	@scripts/install-deps.sh
+
+agent: deps
+	$(MAKE) -C guest/agent
+
+build: deps agent
+	$(CARGO) build --release --workspace --bins --lib
+
+image: build
+	$(REBOUND) image build default
+
+demo: image
+	scripts/demo.sh
+
+lint: deps
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+# Every test: lint, unit tests, and integration tests that boot real guests under QEMU.
+test: image lint
+	$(CARGO) test --release --workspace -- --test-threads=2
+
+clean:
+	$(CARGO) clean
+	$(MAKE) -C guest/agent clean

@@ -1,0 +1,1 @@
+//! Guest memory access (see crate description).

@@ -1,0 +1,1 @@
+//! Guest image builder (see crate description).

@@ -1,0 +1,84 @@
+/* Shared declarations of the Rebound guest agent (protocol: docs/agent-protocol.md). */
+#ifndef REBOUND_AGENT_H
+#define REBOUND_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define AGENT_VERSION 1
+#define PORT_NAME "org.rebound.agent"
+#define LINE_MAX_BYTES (64 * 1024)
+
+/* ---- util.c ---- */
+uint64_t splitmix64(uint64_t x);
+int hex_nibble(char c); /* 0..15, or -1 if c is not a hex digit */
+uint64_t now_ms(void); /* CLOCK_MONOTONIC */
+uint64_t uptime_ms(void); /* CLOCK_BOOTTIME: time since the guest kernel started */
+void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int write_all(int fd, const void *buf, size_t len);
+/* Reads a small file into buf (NUL-terminated); returns bytes read or -1. */
+ssize_t read_small_file(const char *path, char *buf, size_t cap);
+
+/* ---- config.c: kernel command line ---- */
+#define MAX_WORKLOADS 4
+enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER };
+
+struct config {
+	char workload[64]; /* as given, e.g. "web" or "web,kv"; "none" when absent */
+	int nworkloads;
+	enum workload_kind workloads[MAX_WORKLOADS];
+	uint64_t memfill_bytes;
+	unsigned counter_hz;
+	int port_override; /* 0: none */
+};
+
+/* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */
+int parse_size(const char *s, uint64_t *out);
+/* Fills cfg from a kernel command line. Bad values are reported into err (one line) and
+ * replaced by defaults, so the agent still comes up; returns the number of problems. */
+int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t errlen);
+int workload_port(const struct config *cfg, enum workload_kind k);
+/* The service port reported in `ready`: the first workload that listens, else 0. */
+int service_port(const struct config *cfg);
+
+/* ---- sysinfo.c ---- */
+struct sysinfo_facts {
+	char kernel_release[65];
+	uint64_t mem_total_kib;
+	int has_vmcoreinfo;
+	uint64_t vmcoreinfo_paddr;
+	uint64_t vmcoreinfo_size;
+};
+void sysinfo_collect(struct sysinfo_facts *f);
+int parse_vmcoreinfo(const char *text, uint64_t *paddr, uint64_t *size);
+int parse_meminfo_total(const char *text, uint64_t *kib);
+
+/* ---- port.c: the virtio-serial channel ---- */
+/* Finds /dev/vportNpM for PORT_NAME (creating the node if needed) and opens it
+ * non-blocking. Returns the fd or -1. */
+int port_open(void);
+
+/* ---- marker.c ---- */
+/* Writes bytes at the start of a fresh mlocked page; returns its guest physical address
+ * through paddr. Returns 0 or -1 with a reason in err. */
+int marker_place(const char *value_hex, uint64_t *paddr, size_t *len, char *err, size_t errlen);
+int hex_decode(const char *hex, unsigned char *out, size_t cap, size_t *len);
+
+/* ---- workloads: each runs in its own child process, talking back over a pipe ----
+ * A line "READY" means the workload is serving; any other line is a JSON message for the
+ * host, forwarded as is. */
+struct wl_ctx {
+	const struct config *cfg;
+	int out_fd; /* non-blocking pipe to the agent */
+};
+void wl_send(struct wl_ctx *ctx, const char *line); /* drops the line if the pipe is full */
+void wl_ready(struct wl_ctx *ctx);
+int wl_web(struct wl_ctx *ctx, int port);
+int wl_kv(struct wl_ctx *ctx, int port);
+int wl_memfill(struct wl_ctx *ctx);
+int wl_counter(struct wl_ctx *ctx);
+int listen_tcp(int port); /* 0.0.0.0:port, SO_REUSEADDR; -1 on error */
+const char *workload_name(enum workload_kind k);
+
+#endif

@@ -1,0 +1,192 @@
+/* Reads the rebound.* parameters from the kernel command line (see docs/agent-protocol.md).
+ * Extension: rebound.workload may name several workloads separated by commas
+ * ("web,kv,counter"); each runs in its own process. */
+#include "agent.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_MEMFILL (64ULL << 20)
+#define DEFAULT_COUNTER_HZ 10
+#define MAX_SIZE (1ULL << 40)
+
+int parse_size(const char *s, uint64_t *out)
+{
+	uint64_t v = 0, mul = 1;
+	const char *p = s;
+	if (*p < '0' || *p > '9')
+		return -1;
+	while (*p >= '0' && *p <= '9') {
+		unsigned d = (unsigned)(*p - '0');
+		if (v > (MAX_SIZE - d) / 10)
+			return -1;
+		v = v * 10 + d;
+		p++;
+	}
+	switch (*p) {
+	case '\0': break;
+	case 'k': case 'K': mul = 1ULL << 10; p++; break;
+	case 'm': case 'M': mul = 1ULL << 20; p++; break;
+	case 'g': case 'G': mul = 1ULL << 30; p++; break;
+	default: return -1;
+	}
+	/* Accept an optional "iB"/"B" suffix: "64MiB", "64MB" both mean 64 << 20 here. */
+	if (mul != 1 && (*p == 'i' || *p == 'I'))
+		p++;
+	if (mul != 1 && (*p == 'b' || *p == 'B'))
+		p++;
+	if (*p != '\0')
+		return -1;
+	if (v > MAX_SIZE / mul)
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+const char *workload_name(enum workload_kind k)
+{
+	switch (k) {
+	case WL_WEB: return "web";
+	case WL_KV: return "kv";
+	case WL_MEMFILL: return "memfill";
+	case WL_COUNTER: return "counter";
+	}
+	return "?";
+}
+
+static int parse_workloads(const char *v, struct config *cfg)
+{
+	char tmp[64];
+	char *save = NULL;
+	if (strlen(v) >= sizeof(tmp))
+		return -1;
+	strcpy(tmp, v);
+	cfg->nworkloads = 0;
+	if (strcmp(tmp, "none") == 0)
+		return 0;
+	for (char *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		enum workload_kind k;
+		if (strcmp(tok, "web") == 0)
+			k = WL_WEB;
+		else if (strcmp(tok, "kv") == 0)
+			k = WL_KV;
+		else if (strcmp(tok, "memfill") == 0)
+			k = WL_MEMFILL;
+		else if (strcmp(tok, "counter") == 0)
+			k = WL_COUNTER;
+		else
+			return -1;
+		for (int i = 0; i < cfg->nworkloads; i++)
+			if (cfg->workloads[i] == k)
+				return -1;
+		if (cfg->nworkloads == MAX_WORKLOADS)
+			return -1;
+		cfg->workloads[cfg->nworkloads++] = k;
+	}
+	return cfg->nworkloads ? 0 : -1;
+}
+
+static int parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out)
+{
+	char *end;
+	unsigned long v;
+	if (*s < '0' || *s > '9')
+		return -1;
+	v = strtoul(s, &end, 10);
+	if (*end != '\0' || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static void problem(char *err, size_t errlen, int *n, const char *param, const char *val)
+{
+	if (*n == 0)
+		snprintf(err, errlen, "bad kernel parameter %s=%.40s (using the default)", param, val);
+	(*n)++;
+}
+
+int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t errlen)
+{
+	char word[256];
+	int problems = 0;
+	const char *p = cmdline;
+	memset(cfg, 0, sizeof(*cfg));
+	strcpy(cfg->workload, "none");
+	cfg->memfill_bytes = DEFAULT_MEMFILL;
+	cfg->counter_hz = DEFAULT_COUNTER_HZ;
+	if (errlen)
+		err[0] = '\0';
+
+	while (*p) {
+		size_t n = 0;
+		while (*p == ' ' || *p == '\t' || *p == '\n')
+			p++;
+		if (!*p)
+			break;
+		while (*p && *p != ' ' && *p != '\t' && *p != '\n') {
+			if (n + 1 < sizeof(word))
+				word[n++] = *p;
+			p++;
+		}
+		word[n] = '\0';
+		char *eq = strchr(word, '=');
+		if (!eq || strncmp(word, "rebound.", 8) != 0)
+			continue;
+		*eq = '\0';
+		const char *key = word + 8, *val = eq + 1;
+		unsigned long u;
+		if (strcmp(key, "workload") == 0) {
+			struct config tmp = *cfg;
+			if (parse_workloads(val, &tmp) < 0) {
+				problem(err, errlen, &problems, "rebound.workload", val);
+			} else {
+				*cfg = tmp;
+				snprintf(cfg->workload, sizeof(cfg->workload), "%s", val);
+			}
+		} else if (strcmp(key, "memfill") == 0) {
+			if (parse_size(val, &cfg->memfill_bytes) < 0 || cfg->memfill_bytes < 4096) {
+				cfg->memfill_bytes = DEFAULT_MEMFILL;
+				problem(err, errlen, &problems, "rebound.memfill", val);
+			}
+		} else if (strcmp(key, "counter_hz") == 0) {
+			if (parse_uint(val, 1, 1000, &u) < 0)
+				problem(err, errlen, &problems, "rebound.counter_hz", val);
+			else
+				cfg->counter_hz = (unsigned)u;
+		} else if (strcmp(key, "port") == 0) {
+			if (parse_uint(val, 1, 65535, &u) < 0)
+				problem(err, errlen, &problems, "rebound.port", val);
+			else
+				cfg->port_override = (int)u;
+		}
+	}
+	return problems;
+}
+
+/* rebound.port applies to the first listening workload; the others keep their defaults. */
+int workload_port(const struct config *cfg, enum workload_kind k)
+{
+	int first = 1;
+	for (int i = 0; i < cfg->nworkloads; i++) {
+		enum workload_kind w = cfg->workloads[i];
+		if (w != WL_WEB && w != WL_KV)
+			continue;
+		if (w == k) {
+			if (first && cfg->port_override)
+				return cfg->port_override;
+			return k == WL_WEB ? 8080 : 7070;
+		}
+		first = 0;
+	}
+	return 0;
+}
+
+int service_port(const struct config *cfg)
+{
+	for (int i = 0; i < cfg->nworkloads; i++)
+		if (cfg->workloads[i] == WL_WEB || cfg->workloads[i] == WL_KV)
+			return workload_port(cfg, cfg->workloads[i]);
+	return 0;
+}

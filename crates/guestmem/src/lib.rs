@@ -1,1 +1,33 @@
-//! Guest memory access (see crate description).
+//! Guest memory access for Rebound: read a QEMU guest's RAM by guest
+//! physical address, without disturbing the guest or its host memory, and
+//! read the guest kernel's VMCOREINFO from it.
+//!
+//! Layers, bottom up:
+//! - [`source`]: a RAM block addressed by offset ([`PageSource`]): the shared
+//!   RAM file ([`FileSource`], `pread` + `SEEK_DATA`, never mmap) or the QEMU
+//!   process's memory ([`ProcMemSource`], `/proc/<pid>/mem`, located with the
+//!   [`maps`] parser).
+//! - [`layout`]: where the RAM block sits in guest physical address space on
+//!   the `pc` and `q35` machines (RAM below the PCI hole, RAM above 4 GiB).
+//! - [`memory`]: [`GuestMemory`], reads by GPA across the hole and lists the
+//!   data ranges.
+//! - [`vmcoreinfo`]: the kernel's VMCOREINFO note, read at a known address or
+//!   found by scanning; its note and text formats are described there.
+
+#![allow(clippy::single_range_in_vec_init)] // ranges of offsets, not one-element vectors
+
+pub mod layout;
+pub mod maps;
+pub mod memory;
+pub mod procmem;
+pub mod source;
+pub mod vmcoreinfo;
+
+pub use layout::{Layout, LayoutError, PcOptions, RamRange};
+pub use maps::MapTarget;
+pub use memory::{GuestMemory, MemoryError};
+pub use procmem::ProcMemSource;
+pub use source::{FileSource, PageSource, SourceError};
+pub use vmcoreinfo::{
+    find_vmcoreinfo, find_vmcoreinfo_all, read_vmcoreinfo, Found, VmcoreInfo, VmcoreinfoError,
+};

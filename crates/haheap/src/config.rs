@@ -1,0 +1,119 @@
+//! Heap configuration and per-transaction statistics.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Errors parsing configuration values.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The engine name is not one of auto, mprotect, uffd, scan, log.
+    #[error("unknown engine {0:?} (expected auto, mprotect, uffd, scan or log)")]
+    UnknownEngine(String),
+}
+
+/// Which dirty-tracking engine a heap uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// The fastest engine available on this kernel.
+    Auto,
+    /// Read-only region + SIGSEGV handler (the talk's "PT").
+    Mprotect,
+    /// userfaultfd synchronous write-protect with a handler thread.
+    Uffd,
+    /// userfaultfd asynchronous write-protect + PAGEMAP_SCAN.
+    Scan,
+    /// Explicit write logging through `Heap::write` (the talk's "emulation").
+    Log,
+}
+
+impl EngineKind {
+    /// All concrete engines, slowest-first as the talk ranks them.
+    pub const CONCRETE: [EngineKind; 4] = [
+        EngineKind::Mprotect,
+        EngineKind::Uffd,
+        EngineKind::Scan,
+        EngineKind::Log,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Auto => "auto",
+            EngineKind::Mprotect => "mprotect",
+            EngineKind::Uffd => "uffd",
+            EngineKind::Scan => "scan",
+            EngineKind::Log => "log",
+        }
+    }
+
+    /// Whether the engine tracks whole pages (and so also sees direct stores).
+    pub fn is_page_level(self) -> bool {
+        !matches!(self, EngineKind::Log)
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" => EngineKind::Auto,
+            "mprotect" => EngineKind::Mprotect,
+            "uffd" => EngineKind::Uffd,
+            "scan" => EngineKind::Scan,
+            "log" => EngineKind::Log,
+            other => return Err(ConfigError::UnknownEngine(other.to_string())),
+        })
+    }
+}
+
+/// When `tend` returns relative to the backup's acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplMode {
+    /// After the backup acknowledged the transaction.
+    #[default]
+    Sync,
+    /// At once, unless `max_lag` transactions are still unacknowledged.
+    Async { max_lag: u32 },
+}
+
+/// How to build a heap.
+#[derive(Debug, Clone)]
+pub struct HeapConfig {
+    /// Bytes; rounded up to whole pages.
+    pub size: usize,
+    pub engine: EngineKind,
+    /// Backup endpoint, `tcp:HOST:PORT` or `unix:PATH`; `None` keeps the heap local.
+    pub backup: Option<String>,
+    pub mode: ReplMode,
+}
+
+impl HeapConfig {
+    /// A local heap (no backup) of `size` bytes with `engine`.
+    pub fn local(size: usize, engine: EngineKind) -> HeapConfig {
+        HeapConfig {
+            size,
+            engine,
+            backup: None,
+            mode: ReplMode::Sync,
+        }
+    }
+}
+
+/// What one committed transaction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct TxStats {
+    /// Id of the committed transaction (1 for the first).
+    pub tx_id: u64,
+    /// Pages the engine reported written.
+    pub pages: usize,
+    /// Bytes passed to `Heap::write` in the transaction (direct stores are not counted).
+    pub bytes_written_hint: usize,
+    /// Payload bytes of the diff sent to the backup; without a backup, what would have been sent.
+    pub bytes_shipped: usize,
+}

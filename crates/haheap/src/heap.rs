@@ -1,0 +1,343 @@
+//! The transactional heap: a tracked region, its shadow (last committed state), an engine,
+//! and optionally a backup.
+//!
+//! `tend` = engine reports written pages → byte diff against the shadow → ship to the
+//! backup with a commit record → copy the changed bytes into the shadow. `abort` copies the
+//! shadow (page engines) or the undo log (`log`) back over what was written.
+
+use crate::config::{ConfigError, EngineKind, HeapConfig, TxStats};
+use crate::engine::{self, Dirty, EngineError, Tracker};
+use crate::region::{Region, RegionError, Shadow};
+use crate::repl::{self, DiffRun, ReplError, Replicator};
+use crate::sys;
+
+/// Errors of heap operations.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// tstart was called while a transaction is open.
+    #[error("a transaction is already open (nested transactions are not supported)")]
+    Nested,
+    /// tend, abort or write was called with no transaction open.
+    #[error("no transaction is open")]
+    NoTransaction,
+    /// A write would reach outside the heap.
+    #[error("write of {len} bytes at offset {offset} reaches outside the heap of {size} bytes")]
+    OutOfBounds {
+        offset: usize,
+        len: usize,
+        size: usize,
+    },
+    /// A bad configuration value.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The region could not be mapped or declared.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// The dirty-tracking engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Replication failed; the transaction was rolled back locally.
+    #[error("replication failed; the transaction was rolled back")]
+    Replication(#[source] ReplError),
+    /// Takeover needs the backup's endpoint.
+    #[error("takeover needs a backup endpoint in the configuration")]
+    NoBackup,
+    /// The backup's replica does not fit the requested heap size.
+    #[error("the backup's replica is {replica} bytes but {requested} were requested")]
+    SizeMismatch { replica: usize, requested: usize },
+    /// An earlier engine failure left tracking in an unknown state.
+    #[error("the heap is unusable after an earlier engine failure")]
+    Broken,
+}
+
+/// A transactional, optionally replicated heap region.
+pub struct Heap {
+    // Drop order: the engine restores protections before the shadow and region go away.
+    tracker: Box<dyn Tracker>,
+    repl: Option<Box<dyn Replicator>>,
+    shadow: Option<Shadow>,
+    region: Region,
+    kind: EngineKind,
+    reason: String,
+    in_tx: bool,
+    broken: bool,
+    tx_id: u64,
+    written_hint: usize,
+    dirty: Dirty,
+    runs: Vec<DiffRun>,
+    last_pages: Vec<usize>,
+    last_runs: Vec<DiffRun>,
+}
+
+impl Heap {
+    /// Maps a fresh zeroed heap of `cfg.size` bytes (rounded up to pages).
+    pub fn create(cfg: HeapConfig) -> Result<Heap, Error> {
+        let page = sys::page_size();
+        let region = Region::map(cfg.size, page)?;
+        let repl = match &cfg.backup {
+            Some(ep) => {
+                Some(repl::connect(ep, region.len() as u64, cfg.mode).map_err(Error::Replication)?)
+            }
+            None => None,
+        };
+        Heap::build(region, cfg.engine, repl, 0, None)
+    }
+
+    /// Tracks memory the caller already has; its current contents are the committed state.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must be page-aligned, readable and writable private anonymous memory
+    /// that stays mapped until the Heap is dropped and that nobody else changes the protection
+    /// of or registers with userfaultfd meanwhile. On drop it is left read-write.
+    pub unsafe fn declare(ptr: *mut u8, len: usize, cfg: HeapConfig) -> Result<Heap, Error> {
+        // SAFETY: forwarded caller contract.
+        let region = unsafe { Region::declare(ptr, len, sys::page_size())? };
+        let repl = match &cfg.backup {
+            Some(ep) => {
+                Some(repl::connect(ep, region.len() as u64, cfg.mode).map_err(Error::Replication)?)
+            }
+            None => None,
+        };
+        // SAFETY: the caller guarantees the memory is readable for `len` bytes.
+        let current = unsafe { std::slice::from_raw_parts(ptr, len) };
+        Heap::build(region, cfg.engine, repl, 0, Some(current))
+    }
+
+    /// Becomes the new primary: fetches the committed image from the backup named in
+    /// `cfg.backup` and continues replicating after its last transaction.
+    pub fn takeover(cfg: HeapConfig) -> Result<Heap, Error> {
+        let ep = cfg.backup.as_deref().ok_or(Error::NoBackup)?;
+        let (client, image, last_tx) = repl::attach(ep, cfg.mode).map_err(Error::Replication)?;
+        let page = sys::page_size();
+        if cfg.size != 0 && crate::region::round_up(cfg.size, page) != Some(image.len()) {
+            return Err(Error::SizeMismatch {
+                replica: image.len(),
+                requested: cfg.size,
+            });
+        }
+        let mut region = Region::map(image.len(), page)?;
+        region.as_mut_slice().copy_from_slice(&image);
+        Heap::build(region, cfg.engine, Some(client), last_tx, Some(&image))
+    }
+
+    fn build(
+        region: Region,
+        engine: EngineKind,
+        repl: Option<Box<dyn Replicator>>,
+        tx_id: u64,
+        initial: Option<&[u8]>,
+    ) -> Result<Heap, Error> {
+        let (kind, reason) = engine::resolve(engine)?;
+        let shadow = if kind.is_page_level() {
+            let mut s = Shadow::zeroed(region.len())?;
+            if let Some(init) = initial {
+                s.as_mut_slice().copy_from_slice(init);
+            }
+            Some(s)
+        } else {
+            None
+        };
+        let tracker = engine::build(kind, &region)?;
+        debug_assert_eq!(tracker.kind(), kind);
+        Ok(Heap {
+            tracker,
+            repl,
+            shadow,
+            region,
+            kind,
+            reason,
+            in_tx: false,
+            broken: false,
+            tx_id,
+            written_hint: 0,
+            dirty: Dirty::default(),
+            runs: Vec::new(),
+            last_pages: Vec::new(),
+            last_runs: Vec::new(),
+        })
+    }
+
+    /// The engine in use (never `Auto`).
+    pub fn engine(&self) -> EngineKind {
+        self.kind
+    }
+    /// Why this engine was chosen.
+    pub fn engine_reason(&self) -> &str {
+        &self.reason
+    }
+    /// The heap's contents.
+    pub fn as_slice(&self) -> &[u8] {
+        self.region.as_slice()
+    }
+    /// Base address for direct stores (tracked by page engines inside a transaction).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.region.ptr()
+    }
+    /// Size in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    /// Never true: a heap has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    pub fn page_size(&self) -> usize {
+        self.region.page_size()
+    }
+    /// Id of the last committed transaction (0 before the first).
+    pub fn committed_tx_id(&self) -> u64 {
+        self.tx_id
+    }
+    pub fn in_transaction(&self) -> bool {
+        self.in_tx
+    }
+    /// Pages the engine reported for the last committed transaction (ascending).
+    pub fn dirty_pages_of_last_tx(&self) -> &[usize] {
+        &self.last_pages
+    }
+    /// Byte ranges shipped for the last committed transaction.
+    pub fn dirty_runs_of_last_tx(&self) -> &[DiffRun] {
+        &self.last_runs
+    }
+
+    fn usable(&self) -> Result<(), Error> {
+        if self.broken {
+            Err(Error::Broken)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Opens a transaction.
+    pub fn tstart(&mut self) -> Result<(), Error> {
+        self.usable()?;
+        if self.in_tx {
+            return Err(Error::Nested);
+        }
+        self.tracker.begin().inspect_err(|_| self.broken = true)?;
+        self.in_tx = true;
+        self.written_hint = 0;
+        Ok(())
+    }
+
+    /// Copies `data` to `offset` inside the open transaction (the only way the `log`
+    /// engine sees a write).
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        if !self.in_tx {
+            return Err(Error::NoTransaction);
+        }
+        let size = self.region.len();
+        if offset.checked_add(data.len()).is_none_or(|end| end > size) {
+            return Err(Error::OutOfBounds {
+                offset,
+                len: data.len(),
+                size,
+            });
+        }
+        self.tracker
+            .before_write(self.region.as_slice(), offset, data.len());
+        // SAFETY: bounds checked above; `copy` tolerates `data` overlapping the region.
+        unsafe { std::ptr::copy(data.as_ptr(), self.region.ptr().add(offset), data.len()) };
+        self.written_hint += data.len();
+        Ok(())
+    }
+
+    /// Commits the open transaction: diff, ship (if a backup is configured), update the shadow.
+    pub fn tend(&mut self) -> Result<TxStats, Error> {
+        self.usable()?;
+        if !self.in_tx {
+            return Err(Error::NoTransaction);
+        }
+        if let Err(e) = self.tracker.take(&mut self.dirty) {
+            self.broken = true;
+            return Err(e.into());
+        }
+        self.runs.clear();
+        match &self.shadow {
+            Some(shadow) => repl::diff_pages(
+                shadow.as_slice(),
+                self.region.as_slice(),
+                &self.dirty.pages,
+                self.page_size(),
+                &mut self.runs,
+            ),
+            None => ranges_to_runs(&self.dirty.ranges, &mut self.runs),
+        }
+        let payload: u64 = self.runs.iter().map(|r| u64::from(r.len)).sum();
+        let tx_id = self.tx_id + 1;
+        let shipped = match &mut self.repl {
+            Some(r) => match r.commit(tx_id, &self.runs, self.region.as_slice()) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.in_tx = false;
+                    self.roll_back_taken()?;
+                    return Err(Error::Replication(e));
+                }
+            },
+            None => payload,
+        };
+        if let Some(shadow) = &mut self.shadow {
+            let (cur, sh) = (self.region.as_slice(), shadow.as_mut_slice());
+            for r in &self.runs {
+                let (s, e) = (r.offset as usize, r.offset as usize + r.len as usize);
+                sh[s..e].copy_from_slice(&cur[s..e]);
+            }
+        }
+        self.tx_id = tx_id;
+        self.in_tx = false;
+        std::mem::swap(&mut self.last_pages, &mut self.dirty.pages);
+        std::mem::swap(&mut self.last_runs, &mut self.runs);
+        Ok(TxStats {
+            tx_id,
+            pages: self.last_pages.len(),
+            bytes_written_hint: self.written_hint,
+            bytes_shipped: shipped as usize,
+        })
+    }
+
+    /// Drops the open transaction and puts back the last committed state.
+    pub fn abort(&mut self) -> Result<(), Error> {
+        self.usable()?;
+        if !self.in_tx {
+            return Err(Error::NoTransaction);
+        }
+        self.in_tx = false;
+        if let Err(e) = self.tracker.take(&mut self.dirty) {
+            self.broken = true;
+            return Err(e.into());
+        }
+        self.roll_back_taken()
+    }
+
+    /// Restores what `self.dirty` lists to the committed state.
+    fn roll_back_taken(&mut self) -> Result<(), Error> {
+        let shadow = self.shadow.as_ref().map_or(&[][..], |s| s.as_slice());
+        self.tracker
+            .restore(&self.dirty, self.region.as_mut_slice(), shadow)
+            .inspect_err(|_| self.broken = true)?;
+        Ok(())
+    }
+
+    /// Waits until the backup acknowledged every committed transaction (async mode).
+    pub fn flush(&mut self) -> Result<(), Error> {
+        match &mut self.repl {
+            Some(r) => r.flush().map_err(Error::Replication),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Turns the log engine's coalesced (offset, len) ranges into runs no longer than u32::MAX.
+fn ranges_to_runs(ranges: &[(usize, usize)], out: &mut Vec<DiffRun>) {
+    for &(mut off, mut len) in ranges {
+        while len > 0 {
+            let n = len.min(u32::MAX as usize);
+            out.push(DiffRun {
+                offset: off as u64,
+                len: n as u32,
+            });
+            off += n;
+            len -= n;
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Helpers shared by the integration tests: real sparse RAM files.
+#![allow(dead_code)] // each test binary uses a subset
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// A sparse RAM file of `size` bytes in a fresh directory under `parent`
+/// (`None`: the default temp dir, here ext4; `/dev/shm`: tmpfs, as QEMU's mem-path).
+pub fn sparse_ram(parent: Option<&str>, size: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = match parent {
+        Some(p) => tempfile::Builder::new()
+            .prefix("guestmem-test")
+            .tempdir_in(p),
+        None => tempfile::Builder::new().prefix("guestmem-test").tempdir(),
+    }
+    .unwrap();
+    let path = dir.path().join("ram");
+    File::create(&path).unwrap().set_len(size).unwrap();
+    (dir, path)
+}
+
+pub fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+    let f = File::options().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+/// Host bytes allocated to the file.
+pub fn allocated(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// VMCOREINFO text in the shape a 6.1 x86-64 kernel writes.
+pub fn vmcoreinfo_text(osrelease: &str, kernel_offset: u64) -> String {
+    format!(
+        "OSRELEASE={osrelease}\nPAGESIZE=4096\nSYMBOL(init_uts_ns)=ffffffff9a8152a0\n\
+         SIZE(page)=64\nOFFSET(page.flags)=0\nOFFSET(page._mapcount)=48\n\
+         NUMBER(PAGE_BUDDY_MAPCOUNT_VALUE)=-129\nNUMBER(phys_base)=75497472\n\
+         SYMBOL(init_top_pgt)=ffffffff9a80a000\nKERNELOFFSET={kernel_offset:x}\n"
+    )
+}

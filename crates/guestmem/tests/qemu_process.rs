@@ -1,0 +1,165 @@
+//! Reading guest RAM through a real QEMU process (`-S`: the guest never
+//! runs, so the only writes to its RAM are the test's).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rebound_guestmem::maps::{read_maps, MapTarget};
+use rebound_guestmem::{GuestMemory, Layout, PageSource};
+
+const RAM: u64 = 64 * MIB;
+
+/// A paused QEMU, killed on drop.
+struct Qemu(Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn qemu(backend: &str) -> Qemu {
+    let child = Command::new("qemu-system-x86_64")
+        .args([
+            "-machine",
+            "pc,accel=tcg,memory-backend=ram",
+            "-m",
+            "64M",
+            "-S",
+        ])
+        .args([
+            "-display",
+            "none",
+            "-nodefaults",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+        ])
+        .args(["-object", backend])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64 must be installed");
+    Qemu(child)
+}
+
+/// Waits until QEMU has mapped a file matching `pred`; returns its path.
+fn wait_for_mapping(q: &mut Qemu, pred: impl Fn(&str) -> bool) -> String {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = q.0.try_wait().unwrap() {
+            panic!("qemu exited early: {status}");
+        }
+        if let Ok(maps) = read_maps(q.0.id()) {
+            if let Some(e) = maps.iter().find(|e| pred(&e.path) && e.len() >= RAM) {
+                return e.path.clone();
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "qemu did not map its RAM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn backend_file(path: &Path, share: bool) -> String {
+    let share = if share { "on" } else { "off" };
+    format!(
+        "memory-backend-file,id=ram,size=64M,mem-path={},share={share}",
+        path.display()
+    )
+}
+
+#[test]
+fn shared_file_reads_the_same_through_the_process_and_the_file() {
+    let (_dir, path) = sparse_ram(Some("/dev/shm"), RAM);
+    write_at(&path, 0x123000, b"before qemu");
+    let mut q = qemu(&backend_file(&path, true));
+    wait_for_mapping(&mut q, |p| Path::new(p) == path);
+    let pid = q.0.id();
+
+    let target = MapTarget::Path(path.clone());
+    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM)).unwrap();
+    let via_file = GuestMemory::open_ram_file(&path, Layout::pc(RAM)).unwrap();
+    assert_eq!(via_proc.read_vec(0x123000, 11).unwrap(), b"before qemu");
+    // share=on: a write to the file is what the guest sees.
+    write_at(&path, 0x3ff0000, b"after start");
+    assert_eq!(via_proc.read_vec(0x3ff0000, 11).unwrap(), b"after start");
+    assert_eq!(via_file.read_vec(0x3ff0000, 11).unwrap(), b"after start");
+    let ranges = via_proc.data_ranges().unwrap();
+    assert!(ranges.iter().any(|r| r.contains(&0x123000)), "{ranges:x?}");
+    assert!(ranges.iter().any(|r| r.contains(&0x3ff0000)), "{ranges:x?}");
+    let by_inode = MapTarget::inode_of(&path).unwrap();
+    let again = GuestMemory::open_process(pid, &by_inode, Layout::pc(RAM)).unwrap();
+    assert_eq!(again.source().base(), via_proc.source().base());
+}
+
+#[test]
+fn private_image_mapping_is_read_through_the_process() {
+    // A lazily restored guest: RAM is a MAP_PRIVATE mapping of an image.
+    let (_dir, image) = sparse_ram(None, RAM);
+    write_at(&image, 0x200000, b"from the image");
+    let mut q = qemu(&backend_file(&image, false));
+    wait_for_mapping(&mut q, |p| Path::new(p) == image);
+    let target = MapTarget::Path(image.clone());
+    let mem = GuestMemory::open_process(q.0.id(), &target, Layout::pc(RAM)).unwrap();
+    // The page is not faulted in yet; its data range comes from the image's extents.
+    let ranges = mem.data_ranges().unwrap();
+    assert!(ranges.iter().any(|r| r.contains(&0x200000)), "{ranges:x?}");
+    assert!(mem.allocated_bytes().unwrap() < 16 * MIB);
+    assert_eq!(mem.read_vec(0x200000, 14).unwrap(), b"from the image");
+    assert!(mem.source().describe().contains(&q.0.id().to_string()));
+}
+
+#[test]
+fn memfd_ram_is_reachable_through_proc_fd() {
+    let mut q = qemu("memory-backend-memfd,id=ram,size=64M,share=on");
+    wait_for_mapping(&mut q, |p| p.starts_with("/memfd:"));
+    let pid = q.0.id();
+    let fd_path = memfd_of(pid).expect("qemu holds a memfd");
+    // Plant a marker through the memfd, as the guest would have written it.
+    write_at(&fd_path, 0x1000, b"memfd marker");
+    let via_file = GuestMemory::open_ram_file(&fd_path, Layout::pc(RAM)).unwrap();
+    assert_eq!(via_file.read_vec(0x1000, 12).unwrap(), b"memfd marker");
+    assert!(via_file
+        .data_ranges()
+        .unwrap()
+        .iter()
+        .any(|r| r.contains(&0x1000)));
+    let target = MapTarget::inode_of(&fd_path).unwrap();
+    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM)).unwrap();
+    assert_eq!(via_proc.read_vec(0x1000, 12).unwrap(), b"memfd marker");
+}
+
+fn memfd_of(pid: u32) -> Option<PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            std::fs::read_link(p)
+                .map(|l| l.to_string_lossy().starts_with("/memfd:"))
+                .unwrap_or(false)
+        })
+}
+
+#[test]
+fn missing_mapping_is_a_clear_error() {
+    let (_dir, path) = sparse_ram(Some("/dev/shm"), RAM);
+    let mut q = qemu(&backend_file(&path, true));
+    wait_for_mapping(&mut q, |p| Path::new(p) == path);
+    let other = MapTarget::Path("/dev/shm/not-this-one".into());
+    let err = GuestMemory::open_process(q.0.id(), &other, Layout::pc(RAM)).unwrap_err();
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert!(
+        chain.contains("no mapping of /dev/shm/not-this-one"),
+        "{chain}"
+    );
+}

@@ -1,0 +1,503 @@
+//! The primary's side: ships each transaction's diff runs to the backup.
+//!
+//! Frames of unacknowledged transactions are kept until their `Ack` arrives. When the
+//! link breaks, the client reconnects (`Hello` resume in its epoch), drops what the
+//! backup's `Welcome` says it already holds, and resends the rest in order; the backup's
+//! tx-id rule makes a resend idempotent. With [`OnFailure::Fail`] a broken link makes the
+//! call fail with [`Error::BackupUnavailable`] at once and the next call tries one
+//! reconnect; with [`OnFailure::Reconnect`] calls block while retrying.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Write};
+use std::time::Duration;
+
+use crate::diff::DiffRun;
+use crate::endpoint::{Endpoint, EndpointError, Stream};
+use crate::wire::{
+    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, MAX_HEAP,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the backup at {endpoint} is unavailable")]
+    BackupUnavailable {
+        endpoint: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("the backup fenced this primary: {0}")]
+    Fenced(String),
+    #[error("the backup refused ({code:?}): {message}")]
+    Rejected { code: ErrorCode, message: String },
+    #[error("the backup broke the protocol: {0}")]
+    Protocol(String),
+    #[error("a commit of {0} bytes exceeds the wire cap; split the transaction")]
+    TooLarge(u64),
+    #[error("tx id {got} is out of order: the next tx must be {want}")]
+    TxOrder { got: u64, want: u64 },
+    #[error("the backup is at tx {backup} but tx {acked} was acknowledged: it lost acknowledged transactions")]
+    Diverged { backup: u64, acked: u64 },
+}
+
+/// What a commit does when the backup is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Fail with [`Error::BackupUnavailable`]; the caller decides. The transaction stays
+    /// queued and is sent on the next successful reconnect.
+    Fail,
+    /// Block, reconnecting up to `attempts` times `delay` apart, then resend and go on.
+    Reconnect { attempts: u32, delay: Duration },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ClientOptions {
+    pub mode: Mode,
+    pub on_failure: OnFailure,
+    pub connect_timeout: Duration,
+    /// How long a commit waits for an awaited acknowledgement before the backup counts
+    /// as gone.
+    pub ack_timeout: Duration,
+}
+
+impl ClientOptions {
+    pub fn new(mode: Mode) -> ClientOptions {
+        ClientOptions {
+            mode,
+            on_failure: OnFailure::Fail,
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counters of one client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub commits: u64,
+    /// Frame bytes written, resends included.
+    pub bytes_sent: u64,
+    pub reconnects: u64,
+    pub resent: u64,
+}
+
+struct Conn {
+    writer: Stream,
+    reader: BufReader<Stream>,
+}
+
+/// A primary's link to its backup.
+pub struct ReplicaClient {
+    ep: Endpoint,
+    opts: ClientOptions,
+    heap_size: u64,
+    epoch: u64,
+    conn: Option<Conn>,
+    last_acked: u64,
+    next_tx: u64,
+    unacked: VecDeque<(u64, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
+    stats: ClientStats,
+}
+
+fn unavailable(ep: &Endpoint, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::BackupUnavailable {
+        endpoint: ep.to_string(),
+        source: Box::new(e),
+    }
+}
+
+impl ReplicaClient {
+    /// Starts replicating a fresh (zeroed) heap of `heap_size` bytes.
+    pub fn connect(ep: &Endpoint, heap_size: u64, mode: Mode) -> Result<Self, Error> {
+        Self::connect_with(ep, heap_size, ClientOptions::new(mode))
+    }
+
+    pub fn connect_with(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Result<Self, Error> {
+        let mut c = Self::unconnected(ep, heap_size, opts);
+        let mut conn = c.open()?;
+        let hello = Hello {
+            kind: HelloKind::Fresh,
+            mode: opts.mode,
+            heap_size,
+            epoch: 0,
+        };
+        c.send_msg(&mut conn, &Message::Hello(hello))?;
+        let (last_tx, epoch) = c.read_welcome(&mut conn)?;
+        if last_tx != 0 {
+            return Err(Error::Protocol(format!(
+                "fresh heap welcomed at tx {last_tx}"
+            )));
+        }
+        c.epoch = epoch;
+        c.conn = Some(conn);
+        Ok(c)
+    }
+
+    /// Takes over the backup's replica: returns the client (continuing at the last tx + 1
+    /// in a new epoch), the committed image and the last committed tx id.
+    pub fn attach(ep: &Endpoint, mode: Mode) -> Result<(Self, Vec<u8>, u64), Error> {
+        Self::attach_with(ep, ClientOptions::new(mode))
+    }
+
+    pub fn attach_with(ep: &Endpoint, opts: ClientOptions) -> Result<(Self, Vec<u8>, u64), Error> {
+        let mut c = Self::unconnected(ep, 0, opts);
+        let mut conn = c.open()?;
+        c.send_msg(&mut conn, &Message::Attach { mode: opts.mode })?;
+        let mut image: Option<Vec<u8>> = None;
+        let (last_tx, epoch) = loop {
+            match c.read_msg(&mut conn)? {
+                Message::Image {
+                    offset,
+                    total,
+                    data,
+                } => {
+                    if total == 0 || total > MAX_HEAP {
+                        return Err(Error::Protocol(format!("image size {total} out of range")));
+                    }
+                    let img = image.get_or_insert_with(|| Vec::with_capacity(total as usize));
+                    if offset != img.len() as u64 || offset + data.len() as u64 > total {
+                        return Err(Error::Protocol(format!(
+                            "image chunk at {offset} out of order"
+                        )));
+                    }
+                    img.extend_from_slice(&data);
+                }
+                Message::Welcome {
+                    last_tx,
+                    epoch,
+                    heap_size,
+                } => {
+                    let got = image.as_ref().map_or(0, |i| i.len() as u64);
+                    if got != heap_size {
+                        return Err(Error::Protocol(format!(
+                            "image of {got} bytes for a {heap_size}-byte heap"
+                        )));
+                    }
+                    break (last_tx, epoch);
+                }
+                m => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected {} during attach",
+                        m.kind()
+                    )))
+                }
+            }
+        };
+        let image = image.unwrap_or_default();
+        c.heap_size = image.len() as u64;
+        c.epoch = epoch;
+        c.last_acked = last_tx;
+        c.next_tx = last_tx + 1;
+        c.conn = Some(conn);
+        Ok((c, image, last_tx))
+    }
+
+    fn unconnected(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Self {
+        ReplicaClient {
+            ep: ep.clone(),
+            opts,
+            heap_size,
+            epoch: 0,
+            conn: None,
+            last_acked: 0,
+            next_tx: 1,
+            unacked: VecDeque::new(),
+            spare: Vec::new(),
+            stats: ClientStats::default(),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn heap_size(&self) -> u64 {
+        self.heap_size
+    }
+
+    /// The newest transaction the backup acknowledged.
+    pub fn last_acked(&self) -> u64 {
+        self.last_acked
+    }
+
+    /// Transactions sent or queued but not yet acknowledged.
+    pub fn unacked(&self) -> usize {
+        self.unacked.len()
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// Ships transaction `tx_id` (the previous one + 1): the bytes of `runs` taken from
+    /// `heap`. Returns the frame bytes shipped. Sync mode returns once acknowledged;
+    /// async mode once at most `max_lag` transactions are unacknowledged.
+    ///
+    /// Calling again with the id of a transaction whose commit failed waits for that
+    /// transaction instead (after a reconnect and resend).
+    pub fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, Error> {
+        let retry =
+            tx_id + 1 == self.next_tx && self.unacked.back().is_some_and(|(t, _)| *t == tx_id);
+        let bytes = if retry {
+            self.unacked.back().map_or(0, |(_, f)| f.len() as u64)
+        } else {
+            if tx_id != self.next_tx {
+                return Err(Error::TxOrder {
+                    got: tx_id,
+                    want: self.next_tx,
+                });
+            }
+            let mut frame = self.spare.pop().unwrap_or_default();
+            let n = wire::encode_commit(tx_id, self.epoch, runs, heap, &mut frame).ok_or_else(
+                || Error::TooLarge(crate::diff::run_bytes(runs) + 12 * runs.len() as u64),
+            )?;
+            self.next_tx += 1;
+            self.stats.commits += 1;
+            self.unacked.push_back((tx_id, frame));
+            if let Some(conn) = self.conn.as_mut() {
+                let frame = &self.unacked.back().expect("just pushed").1;
+                match conn.writer.write_all(frame) {
+                    Ok(()) => self.stats.bytes_sent += n as u64,
+                    Err(e) => self.link_failed(unavailable(&self.ep, e))?,
+                }
+            }
+            n as u64
+        };
+        if self.conn.is_none() {
+            // Sends the queued frames, this one included.
+            self.reconnect_per_policy()?;
+        }
+        let allowed = match self.opts.mode {
+            Mode::Sync => 0,
+            Mode::Async { max_lag } => max_lag as usize,
+        };
+        self.wait_until(|c| c.unacked.len() <= allowed)?;
+        Ok(bytes)
+    }
+
+    /// Waits until every transaction sent so far is acknowledged.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.conn.is_none() && !self.unacked.is_empty() {
+            self.reconnect_per_policy()?;
+        }
+        self.wait_until(|c| c.unacked.is_empty())
+    }
+
+    /// Reconnects now (one attempt), resending unacknowledged transactions; returns the
+    /// backup's last tx.
+    pub fn reconnect(&mut self) -> Result<u64, Error> {
+        self.conn = None;
+        self.try_reconnect()
+    }
+
+    fn wait_until(&mut self, done: impl Fn(&Self) -> bool) -> Result<(), Error> {
+        while !done(self) {
+            let Some(conn) = self.conn.as_mut() else {
+                self.reconnect_per_policy()?;
+                continue;
+            };
+            let frames = FrameReader {
+                stall_limit: self.opts.ack_timeout,
+                idle_limit: Some(self.opts.ack_timeout),
+            };
+            match frames.read(&mut conn.reader) {
+                Ok(Message::Ack { tx_id }) => self.acked(tx_id)?,
+                Ok(Message::Error { code, message }) => {
+                    self.conn = None;
+                    return Err(refusal(code, message));
+                }
+                Ok(m) => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected {} instead of an ack",
+                        m.kind()
+                    )))
+                }
+                Err(
+                    e @ (WireError::BadMagic(_)
+                    | WireError::BadVersion(_)
+                    | WireError::BadCrc { .. }
+                    | WireError::Malformed { .. }
+                    | WireError::UnknownType(_)
+                    | WireError::Oversized { .. }),
+                ) => {
+                    self.conn = None;
+                    return Err(Error::Protocol(e.to_string()));
+                }
+                Err(e) => self.link_failed(unavailable(&self.ep, e))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn acked(&mut self, tx_id: u64) -> Result<(), Error> {
+        match self.unacked.front() {
+            Some((t, _)) if *t == tx_id => {
+                let (_, frame) = self.unacked.pop_front().expect("front exists");
+                self.spare.push(frame);
+                self.last_acked = tx_id;
+                Ok(())
+            }
+            _ if tx_id <= self.last_acked => Ok(()),
+            _ => Err(Error::Protocol(format!(
+                "ack of tx {tx_id} that was not awaited"
+            ))),
+        }
+    }
+
+    /// The link broke: drop it; in reconnect mode get it back, else report `err`.
+    fn link_failed(&mut self, err: Error) -> Result<(), Error> {
+        if let Some(c) = self.conn.take() {
+            c.writer.shutdown();
+        }
+        log::warn!("replication link lost: {err}");
+        match self.opts.on_failure {
+            OnFailure::Fail => Err(err),
+            OnFailure::Reconnect { .. } => self.reconnect_per_policy().map(|_| ()),
+        }
+    }
+
+    fn reconnect_per_policy(&mut self) -> Result<u64, Error> {
+        let (attempts, delay) = match self.opts.on_failure {
+            OnFailure::Fail => (1, Duration::ZERO),
+            OnFailure::Reconnect { attempts, delay } => (attempts.max(1), delay),
+        };
+        let mut last = None;
+        for i in 0..attempts {
+            if i > 0 {
+                std::thread::sleep(delay);
+            }
+            match self.try_reconnect() {
+                Ok(t) => return Ok(t),
+                Err(e @ Error::BackupUnavailable { .. }) => last = Some(e),
+                Err(Error::Rejected {
+                    code: ErrorCode::PrimaryActive,
+                    message,
+                }) => {
+                    // The backup has not yet noticed our previous connection is gone.
+                    last = Some(Error::Rejected {
+                        code: ErrorCode::PrimaryActive,
+                        message,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    fn try_reconnect(&mut self) -> Result<u64, Error> {
+        let mut conn = self.open()?;
+        let hello = Hello {
+            kind: HelloKind::Resume,
+            mode: self.opts.mode,
+            heap_size: self.heap_size,
+            epoch: self.epoch,
+        };
+        self.send_msg(&mut conn, &Message::Hello(hello))?;
+        let (last_tx, epoch) = self.read_welcome(&mut conn)?;
+        if epoch != self.epoch {
+            return Err(Error::Fenced(format!(
+                "the backup is at epoch {epoch}, this primary at {}",
+                self.epoch
+            )));
+        }
+        if last_tx < self.last_acked {
+            return Err(Error::Diverged {
+                backup: last_tx,
+                acked: self.last_acked,
+            });
+        }
+        while self.unacked.front().is_some_and(|(t, _)| *t <= last_tx) {
+            let (t, frame) = self.unacked.pop_front().expect("front exists");
+            self.last_acked = t;
+            self.spare.push(frame);
+        }
+        if self.unacked.front().is_some_and(|(t, _)| *t != last_tx + 1) {
+            return Err(Error::Diverged {
+                backup: last_tx,
+                acked: self.last_acked,
+            });
+        }
+        for (_, frame) in &self.unacked {
+            conn.writer
+                .write_all(frame)
+                .map_err(|e| unavailable(&self.ep, e))?;
+            self.stats.bytes_sent += frame.len() as u64;
+            self.stats.resent += 1;
+        }
+        self.stats.reconnects += 1;
+        log::info!(
+            "reconnected to {} at tx {last_tx}, resent {}",
+            self.ep,
+            self.unacked.len()
+        );
+        self.conn = Some(conn);
+        Ok(last_tx)
+    }
+
+    fn open(&self) -> Result<Conn, Error> {
+        let map = |e: EndpointError| unavailable(&self.ep, e);
+        let writer = self.ep.connect(self.opts.connect_timeout).map_err(map)?;
+        let io = |e: std::io::Error| unavailable(&self.ep, e);
+        writer
+            .set_read_timeout(Some(self.opts.ack_timeout))
+            .map_err(io)?;
+        writer
+            .set_write_timeout(Some(self.opts.ack_timeout))
+            .map_err(io)?;
+        let reader = BufReader::with_capacity(64 << 10, writer.try_clone().map_err(io)?);
+        Ok(Conn { writer, reader })
+    }
+
+    fn send_msg(&self, conn: &mut Conn, msg: &Message) -> Result<(), Error> {
+        let mut buf = Vec::new();
+        wire::encode(msg, &mut buf);
+        conn.writer
+            .write_all(&buf)
+            .map_err(|e| unavailable(&self.ep, e))
+    }
+
+    fn read_msg(&self, conn: &mut Conn) -> Result<Message, Error> {
+        let frames = FrameReader {
+            stall_limit: self.opts.ack_timeout,
+            idle_limit: Some(self.opts.ack_timeout),
+        };
+        match frames.read(&mut conn.reader) {
+            Ok(Message::Error { code, message }) => Err(refusal(code, message)),
+            Ok(m) => Ok(m),
+            Err(
+                e @ (WireError::Io(_)
+                | WireError::Closed
+                | WireError::Truncated { .. }
+                | WireError::IdleTimeout(_)
+                | WireError::Stalled(_)),
+            ) => Err(unavailable(&self.ep, e)),
+            Err(e) => Err(Error::Protocol(e.to_string())),
+        }
+    }
+
+    fn read_welcome(&self, conn: &mut Conn) -> Result<(u64, u64), Error> {
+        match self.read_msg(conn)? {
+            Message::Welcome {
+                last_tx,
+                epoch,
+                heap_size,
+            } if heap_size == self.heap_size => Ok((last_tx, epoch)),
+            Message::Welcome { heap_size, .. } => Err(Error::Protocol(format!(
+                "welcomed with a {heap_size}-byte heap, expected {}",
+                self.heap_size
+            ))),
+            m => Err(Error::Protocol(format!(
+                "expected Welcome, got {}",
+                m.kind()
+            ))),
+        }
+    }
+}
+
+fn refusal(code: ErrorCode, message: String) -> Error {
+    match code {
+        ErrorCode::Fenced => Error::Fenced(message),
+        code => Error::Rejected { code, message },
+    }
+}

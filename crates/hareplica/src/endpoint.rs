@@ -1,0 +1,249 @@
+//! Endpoints (`tcp:HOST:PORT`, `unix:PATH`) and the streams and listeners behind them.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("endpoint {0:?} is neither tcp:HOST:PORT nor unix:PATH")]
+    Syntax(String),
+    #[error("cannot resolve {0}")]
+    Resolve(String, #[source] io::Error),
+    #[error("cannot connect to {0}")]
+    Connect(String, #[source] io::Error),
+    #[error("cannot listen on {0}")]
+    Listen(String, #[source] io::Error),
+    #[error("{0} is in use by a live listener")]
+    InUse(String),
+}
+
+/// Where a backup listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `host:port`, resolved at connect time.
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl FromStr for Endpoint {
+    type Err = EndpointError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            match addr.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    Ok(Endpoint::Tcp(addr.to_string()))
+                }
+                _ => Err(EndpointError::Syntax(s.to_string())),
+            }
+        } else if let Some(path) = s.strip_prefix("unix:").filter(|p| !p.is_empty()) {
+            Ok(Endpoint::Unix(PathBuf::from(path)))
+        } else {
+            Err(EndpointError::Syntax(s.to_string()))
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => write!(f, "tcp:{a}"),
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A connected byte stream of either kind.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Endpoint {
+    /// Connects, with Nagle off for TCP (commits are latency-bound small writes).
+    pub fn connect(&self, timeout: Duration) -> Result<Stream, EndpointError> {
+        let conn = |e| EndpointError::Connect(self.to_string(), e);
+        match self {
+            Endpoint::Tcp(a) => {
+                let addrs = a
+                    .to_socket_addrs()
+                    .map_err(|e| EndpointError::Resolve(a.clone(), e))?;
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                for addr in addrs {
+                    match TcpStream::connect_timeout(&addr, timeout) {
+                        Ok(s) => {
+                            s.set_nodelay(true).map_err(conn)?;
+                            return Ok(Stream::Tcp(s));
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                Err(conn(last))
+            }
+            Endpoint::Unix(p) => UnixStream::connect(p).map(Stream::Unix).map_err(conn),
+        }
+    }
+
+    /// Binds a listener. A unix socket file left by a dead listener is replaced; one
+    /// that still answers is refused.
+    pub fn listen(&self) -> Result<Listener, EndpointError> {
+        let err = |e| EndpointError::Listen(self.to_string(), e);
+        match self {
+            Endpoint::Tcp(a) => TcpListener::bind(a).map(Listener::Tcp).map_err(err),
+            Endpoint::Unix(p) => {
+                if let Ok(meta) = std::fs::symlink_metadata(p) {
+                    if meta.file_type().is_socket() {
+                        if UnixStream::connect(p).is_ok() {
+                            return Err(EndpointError::InUse(self.to_string()));
+                        }
+                        std::fs::remove_file(p).map_err(err)?;
+                    }
+                }
+                UnixListener::bind(p).map(Listener::Unix).map_err(err)
+            }
+        }
+    }
+}
+
+impl Stream {
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    /// Closes both directions; blocked readers on clones wake up.
+    pub fn shutdown(&self) {
+        // The peer may already be gone; nothing to do then.
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    /// A printable name of the peer.
+    pub fn peer_name(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map(|a| format!("tcp:{a}"))
+                .unwrap_or_else(|_| "tcp:?".into()),
+            Stream::Unix(_) => "unix".into(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A bound listener of either kind.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    pub fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+        }
+    }
+
+    /// The endpoint actually bound (resolves `tcp:…:0` to the chosen port).
+    pub fn local_endpoint(&self) -> io::Result<Endpoint> {
+        match self {
+            Listener::Tcp(l) => Ok(Endpoint::Tcp(l.local_addr()?.to_string())),
+            Listener::Unix(l) => {
+                let addr = l.local_addr()?;
+                let path = addr.as_pathname().ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "unnamed unix socket")
+                })?;
+                Ok(Endpoint::Unix(path.to_path_buf()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_endpoints() {
+        for s in [
+            "tcp:127.0.0.1:7800",
+            "tcp:[::1]:1",
+            "unix:/tmp/x.sock",
+            "tcp:localhost:0",
+        ] {
+            assert_eq!(s.parse::<Endpoint>().unwrap().to_string(), s);
+        }
+        for s in [
+            "",
+            "tcp:",
+            "tcp:host",
+            "tcp::80",
+            "tcp:h:99999",
+            "unix:",
+            "udp:1:2",
+            "x",
+        ] {
+            assert!(s.parse::<Endpoint>().is_err(), "{s} accepted");
+        }
+    }
+
+    #[test]
+    fn stale_unix_socket_is_replaced_live_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep: Endpoint = format!("unix:{}/s", dir.path().display()).parse().unwrap();
+        let l = ep.listen().unwrap();
+        assert!(matches!(ep.listen(), Err(EndpointError::InUse(_))));
+        drop(l);
+        let _l2 = ep.listen().unwrap();
+    }
+}

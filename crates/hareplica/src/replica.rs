@@ -1,0 +1,185 @@
+//! The replica held by a backup: the committed image and the rules for accepting commits.
+//!
+//! The same rules run when a commit arrives and when the write-ahead log is replayed, so
+//! a restarted backup reaches exactly the state it acknowledged.
+
+use std::collections::VecDeque;
+
+use crate::wire::{Commit, ErrorCode};
+
+/// How many recent transactions are remembered (tx id and checksum) so that a resend of
+/// an applied transaction can be acknowledged again, and a different transaction reusing
+/// its id refused.
+pub const DIGEST_WINDOW: usize = 4096;
+
+/// A committed heap image and where it stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaState {
+    /// Zero until a primary created the heap.
+    pub heap_size: u64,
+    pub last_tx: u64,
+    /// Bumped by every takeover, promote and reset; commits must carry the current one.
+    pub epoch: u64,
+    pub image: Vec<u8>,
+    /// (tx id, CRC of the commit payload) of the last transactions, consecutive ids
+    /// ending at `last_tx`.
+    pub digests: VecDeque<(u64, u32)>,
+}
+
+/// What to do with an incoming commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The next transaction: log it, apply it, acknowledge it.
+    Apply,
+    /// A resend of an applied transaction: acknowledge again, change nothing.
+    Duplicate,
+    /// Refuse with this code and message, change nothing.
+    Refuse(ErrorCode, String),
+}
+
+impl ReplicaState {
+    pub fn is_initialized(&self) -> bool {
+        self.heap_size > 0
+    }
+
+    /// A zeroed heap of `heap_size` bytes in a new epoch.
+    pub fn reset(&mut self, heap_size: u64) {
+        self.heap_size = heap_size;
+        self.last_tx = 0;
+        self.epoch += 1;
+        self.image = vec![0u8; heap_size as usize];
+        self.digests.clear();
+    }
+
+    /// Decides whether `c` may be applied, without changing anything.
+    pub fn judge(&self, c: &Commit) -> Verdict {
+        if !self.is_initialized() {
+            return Verdict::Refuse(ErrorCode::Empty, "the backup holds no heap yet".into());
+        }
+        if c.epoch != self.epoch {
+            return Verdict::Refuse(
+                ErrorCode::Fenced,
+                format!(
+                    "commit of tx {} carries epoch {}, the backup is at epoch {}: this primary was fenced",
+                    c.tx_id, c.epoch, self.epoch
+                ),
+            );
+        }
+        if c.tx_id <= self.last_tx {
+            let back = (self.last_tx - c.tx_id) as usize;
+            let digest = crc32fast::hash(&c.payload);
+            return match self
+                .digests
+                .len()
+                .checked_sub(back + 1)
+                .map(|i| self.digests[i])
+            {
+                Some((id, d)) if id == c.tx_id && d == digest => Verdict::Duplicate,
+                _ => Verdict::Refuse(
+                    ErrorCode::Replayed,
+                    format!(
+                        "tx {} was already applied (last tx {}) and this one differs or is too old",
+                        c.tx_id, self.last_tx
+                    ),
+                ),
+            };
+        }
+        if c.tx_id != self.last_tx + 1 {
+            return Verdict::Refuse(
+                ErrorCode::OutOfOrder,
+                format!(
+                    "tx {} does not follow the last tx {}",
+                    c.tx_id, self.last_tx
+                ),
+            );
+        }
+        if let Some((off, len)) = c.out_of_bounds(self.heap_size) {
+            return Verdict::Refuse(
+                ErrorCode::OutOfBounds,
+                format!(
+                    "run of {len} bytes at {off} lies outside the {}-byte heap",
+                    self.heap_size
+                ),
+            );
+        }
+        Verdict::Apply
+    }
+
+    /// Applies a commit that [`judge`](Self::judge) accepted.
+    pub fn apply(&mut self, c: &Commit) {
+        debug_assert_eq!(self.judge(c), Verdict::Apply);
+        for (off, data) in c.runs() {
+            let off = off as usize;
+            self.image[off..off + data.len()].copy_from_slice(data);
+        }
+        self.last_tx = c.tx_id;
+        self.digests
+            .push_back((c.tx_id, crc32fast::hash(&c.payload)));
+        if self.digests.len() > DIGEST_WINDOW {
+            self.digests.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diff::DiffRun;
+    use crate::wire::{self, FrameReader, Message};
+
+    fn commit(tx: u64, epoch: u64, off: u64, byte: u8, heap: &mut [u8]) -> Commit {
+        heap[off as usize] = byte;
+        let mut buf = Vec::new();
+        wire::encode_commit(
+            tx,
+            epoch,
+            &[DiffRun {
+                offset: off,
+                len: 1,
+            }],
+            heap,
+            &mut buf,
+        );
+        match FrameReader::default().read(&mut &buf[..]).unwrap() {
+            Message::Commit(c) => c,
+            m => panic!("{m:?}"),
+        }
+    }
+
+    #[test]
+    fn rules_in_order() {
+        let mut r = ReplicaState::default();
+        let mut heap = vec![0u8; 64];
+        let c1 = commit(1, 1, 3, 9, &mut heap);
+        assert!(matches!(r.judge(&c1), Verdict::Refuse(ErrorCode::Empty, _)));
+        r.reset(64);
+        assert_eq!(r.epoch, 1);
+        assert_eq!(r.judge(&c1), Verdict::Apply);
+        r.apply(&c1);
+        assert_eq!(r.image[3], 9);
+        assert_eq!(r.judge(&c1), Verdict::Duplicate);
+        let mut other = heap.clone();
+        let c1b = commit(1, 1, 4, 1, &mut other);
+        assert!(matches!(
+            r.judge(&c1b),
+            Verdict::Refuse(ErrorCode::Replayed, _)
+        ));
+        let c3 = commit(3, 1, 5, 1, &mut heap.clone());
+        assert!(matches!(
+            r.judge(&c3),
+            Verdict::Refuse(ErrorCode::OutOfOrder, _)
+        ));
+        let stale = commit(2, 0, 5, 1, &mut heap.clone());
+        assert!(matches!(
+            r.judge(&stale),
+            Verdict::Refuse(ErrorCode::Fenced, _)
+        ));
+        let mut big = vec![0u8; 128];
+        let outside = commit(2, 1, 100, 1, &mut big);
+        assert!(matches!(
+            r.judge(&outside),
+            Verdict::Refuse(ErrorCode::OutOfBounds, _)
+        ));
+        assert_eq!((r.last_tx, r.image[4], r.image[5]), (1, 0, 0));
+    }
+}

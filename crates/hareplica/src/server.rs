@@ -1,0 +1,643 @@
+//! The backup: holds the replica in memory and on disk, applies commits, serves takeover.
+//!
+//! One thread per connection. At most one primary session is *current* (its epoch is the
+//! backup's epoch); a promote or a takeover bumps the epoch, after which the old session's
+//! commits are refused. Acknowledgements are sent once no further frame is already
+//! buffered, after one log barrier: a pipelining primary gets one fsync per burst.
+
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::endpoint::{Endpoint, EndpointError, Listener, Stream};
+use crate::replica::{ReplicaState, Verdict};
+use crate::store::{OpenReport, Store, StoreError};
+use crate::wire::{
+    self, Commit, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, PrimaryInfo, StatusInfo,
+    WireError, IMAGE_CHUNK,
+};
+
+/// How long a new primary waits for a previous session to end before being refused.
+const SESSION_HANDOVER: Duration = Duration::from_secs(2);
+const MAX_CONNECTIONS: usize = 64;
+const READ_TICK: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot open the replica directory")]
+    Store(#[from] StoreError),
+    #[error("cannot listen")]
+    Endpoint(#[from] EndpointError),
+    #[error("cannot accept connections")]
+    Accept(#[source] std::io::Error),
+}
+
+/// Settings of a backup.
+#[derive(Debug, Clone)]
+pub struct BackupConfig {
+    pub listen: Endpoint,
+    pub dir: PathBuf,
+    /// fsync the log before each acknowledgement (survives power loss, not only a crash).
+    pub durable: bool,
+    /// Let a primary announcing a fresh heap replace a replica that holds transactions.
+    pub allow_reset: bool,
+    /// Checkpoint the image once the log exceeds this many bytes (0: the larger of
+    /// 64 MiB and the heap size).
+    pub checkpoint_bytes: u64,
+}
+
+impl BackupConfig {
+    pub fn new(listen: Endpoint, dir: &Path) -> BackupConfig {
+        BackupConfig {
+            listen,
+            dir: dir.to_path_buf(),
+            durable: false,
+            allow_reset: false,
+            checkpoint_bytes: 0,
+        }
+    }
+}
+
+struct Session {
+    id: u64,
+    peer: String,
+    epoch: u64,
+    mode: Mode,
+}
+
+struct Inner {
+    state: ReplicaState,
+    store: Store,
+    session: Option<Session>,
+    next_id: u64,
+    txs_applied: u64,
+    bytes_applied: u64,
+    last_commit: Option<Instant>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    session_ended: Condvar,
+    stop: AtomicBool,
+    connections: AtomicUsize,
+    conn_seq: AtomicU64,
+    open_streams: Mutex<Vec<(u64, Stream)>>,
+    cfg: BackupConfig,
+}
+
+/// A bound backup, ready to serve.
+pub struct BackupServer {
+    shared: Arc<Shared>,
+    listener: Listener,
+    local: Endpoint,
+}
+
+/// A backup serving on a background thread (tests, benchmarks).
+pub struct BackupHandle {
+    shared: Arc<Shared>,
+    local: Endpoint,
+    thread: Option<JoinHandle<Result<(), ServerError>>>,
+}
+
+impl BackupServer {
+    /// Opens the replica directory (replaying its log) and binds the endpoint.
+    pub fn bind(cfg: BackupConfig) -> Result<(BackupServer, OpenReport), ServerError> {
+        let (store, state, report) = Store::open(&cfg.dir, cfg.durable)?;
+        let listener = cfg.listen.listen()?;
+        let local = listener.local_endpoint().map_err(ServerError::Accept)?;
+        let inner = Inner {
+            state,
+            store,
+            session: None,
+            next_id: 1,
+            txs_applied: 0,
+            bytes_applied: 0,
+            last_commit: None,
+        };
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(inner),
+            session_ended: Condvar::new(),
+            stop: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            conn_seq: AtomicU64::new(0),
+            open_streams: Mutex::new(Vec::new()),
+            cfg,
+        });
+        Ok((
+            BackupServer {
+                shared,
+                listener,
+                local,
+            },
+            report,
+        ))
+    }
+
+    /// The contract's entry point: bind and serve until the process ends.
+    pub fn run(ep: &Endpoint, dir: &Path, durable: bool) -> Result<(), ServerError> {
+        let mut cfg = BackupConfig::new(ep.clone(), dir);
+        cfg.durable = durable;
+        Self::bind(cfg)?.0.serve()
+    }
+
+    /// The endpoint actually bound (with the real port for `tcp:…:0`).
+    pub fn local_endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+
+    /// A snapshot of the backup's state.
+    pub fn status(&self) -> StatusInfo {
+        status_of(&lock(&self.shared))
+    }
+
+    /// Accepts connections until stopped.
+    pub fn serve(self) -> Result<(), ServerError> {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if self.shared.stop.load(Ordering::SeqCst) {
+                        return Ok(());
+                    }
+                    // Out of descriptors and similar: wait rather than spin or die.
+                    log::warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let shared = Arc::clone(&self.shared);
+            if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
+                let mut s = stream;
+                send(
+                    &mut s,
+                    &error_msg(ErrorCode::Internal, "too many connections"),
+                );
+                continue;
+            }
+            std::thread::spawn(move || {
+                let conn_id = shared.conn_seq.fetch_add(1, Ordering::SeqCst);
+                if let Ok(clone) = stream.try_clone() {
+                    shared
+                        .open_streams
+                        .lock()
+                        .expect("streams")
+                        .push((conn_id, clone));
+                }
+                Connection::new(&shared, stream).run();
+                shared
+                    .open_streams
+                    .lock()
+                    .expect("streams")
+                    .retain(|(id, _)| *id != conn_id);
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }
+
+    /// Serves on a background thread.
+    pub fn spawn(self) -> BackupHandle {
+        let shared = Arc::clone(&self.shared);
+        let local = self.local.clone();
+        let thread = std::thread::spawn(move || self.serve());
+        BackupHandle {
+            shared,
+            local,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl BackupHandle {
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+
+    pub fn status(&self) -> StatusInfo {
+        status_of(&lock(&self.shared))
+    }
+
+    /// A copy of the replica state (tests compare images).
+    pub fn state(&self) -> ReplicaState {
+        lock(&self.shared).state.clone()
+    }
+
+    /// Stops accepting, drops all connections and checkpoints the image.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ServerError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for (_, s) in self.shared.open_streams.lock().expect("streams").iter() {
+            s.shutdown();
+        }
+        // Wake the accept call; failure means the listener is gone already.
+        let _ = self.local.connect(Duration::from_secs(1));
+        let served = thread.join().expect("backup thread panicked");
+        let mut inner = lock(&self.shared);
+        let inner = &mut *inner;
+        if inner.state.is_initialized() {
+            inner.store.checkpoint(&inner.state)?;
+        }
+        served
+    }
+}
+
+impl Drop for BackupHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            log::warn!("backup shutdown: {e}");
+        }
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Inner> {
+    // A panic in one connection must not take the replica down with it; the state is
+    // only changed by judged, complete commits.
+    shared.inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn status_of(inner: &Inner) -> StatusInfo {
+    StatusInfo {
+        last_tx: inner.state.last_tx,
+        epoch: inner.state.epoch,
+        heap_size: inner.state.heap_size,
+        txs_applied: inner.txs_applied,
+        bytes_applied: inner.bytes_applied,
+        wal_bytes: inner.store.wal_bytes(),
+        durable: inner.store.durable(),
+        ms_since_commit: inner.last_commit.map(|t| t.elapsed().as_millis() as u64),
+        primary: inner.session.as_ref().map(|s| PrimaryInfo {
+            peer: s.peer.clone(),
+            epoch: s.epoch,
+            mode: s.mode,
+            current: s.epoch == inner.state.epoch,
+        }),
+    }
+}
+
+fn error_msg(code: ErrorCode, message: impl Into<String>) -> Message {
+    Message::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Sends one message; a vanished peer is not an error worth more than a log line.
+fn send(stream: &mut Stream, msg: &Message) -> bool {
+    let mut buf = Vec::new();
+    wire::encode(msg, &mut buf);
+    match stream.write_all(&buf) {
+        Ok(()) => true,
+        Err(e) => {
+            log::debug!("send to {} failed: {e}", stream.peer_name());
+            false
+        }
+    }
+}
+
+/// A refusal: sent to the peer, then the connection closes.
+struct Refusal(ErrorCode, String);
+
+struct Connection<'a> {
+    shared: &'a Shared,
+    reader: BufReader<Stream>,
+    peer: String,
+    session: Option<u64>,
+    pending_acks: Vec<u8>,
+}
+
+impl<'a> Connection<'a> {
+    fn new(shared: &'a Shared, stream: Stream) -> Self {
+        let peer = stream.peer_name();
+        // A tick lets the frame reader notice stalls inside a frame.
+        if let Err(e) = stream.set_read_timeout(Some(READ_TICK)) {
+            log::warn!("{peer}: cannot set a read timeout: {e}");
+        }
+        Connection {
+            shared,
+            reader: BufReader::with_capacity(256 << 10, stream),
+            peer,
+            session: None,
+            pending_acks: Vec::new(),
+        }
+    }
+
+    fn run(mut self) {
+        let frames = FrameReader::default();
+        loop {
+            let msg = match frames.read(&mut self.reader) {
+                Ok(m) => m,
+                Err(WireError::Closed) => break,
+                Err(e) => {
+                    log::warn!("{}: dropping the connection: {e}", self.peer);
+                    let code = match e {
+                        WireError::Io(_) | WireError::Truncated { .. } | WireError::Stalled(_) => {
+                            None
+                        }
+                        _ => Some(ErrorCode::Malformed),
+                    };
+                    if let Some(code) = code {
+                        send(self.reader.get_mut(), &error_msg(code, e.to_string()));
+                    }
+                    break;
+                }
+            };
+            if self.shared.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            match self.handle(msg) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(Refusal(code, why)) => {
+                    log::warn!("{}: refused: {why}", self.peer);
+                    self.flush_acks();
+                    send(self.reader.get_mut(), &error_msg(code, why));
+                    break;
+                }
+            }
+            if self.reader.buffer().is_empty() && !self.flush_acks() {
+                break;
+            }
+        }
+        self.flush_acks();
+        if let Some(id) = self.session {
+            let mut inner = lock(self.shared);
+            if inner.session.as_ref().is_some_and(|s| s.id == id) {
+                inner.session = None;
+                log::info!("{}: primary session ended", self.peer);
+            }
+            self.shared.session_ended.notify_all();
+        }
+    }
+
+    /// Handles one message; `Ok(false)` ends the connection quietly.
+    fn handle(&mut self, msg: Message) -> Result<bool, Refusal> {
+        match msg {
+            Message::Commit(c) if self.session.is_some() => self.commit(c).map(|()| true),
+            Message::Hello(h) if self.session.is_none() => self.hello(h).map(|()| true),
+            Message::Attach { mode } if self.session.is_none() => self.attach(mode),
+            Message::Status => {
+                let status = status_of(&lock(self.shared));
+                Ok(send(self.reader.get_mut(), &Message::StatusReply(status)))
+            }
+            Message::Promote if self.session.is_none() => self.promote(),
+            m => Err(Refusal(
+                ErrorCode::Unexpected,
+                format!("unexpected {} message here", m.kind()),
+            )),
+        }
+    }
+
+    /// Waits for a current primary session to end; refuses when it does not.
+    fn wait_no_current_session<'g>(
+        &self,
+        mut inner: MutexGuard<'g, Inner>,
+    ) -> Result<MutexGuard<'g, Inner>, Refusal> {
+        let deadline = Instant::now() + SESSION_HANDOVER;
+        loop {
+            let Some(s) = &inner.session else {
+                return Ok(inner);
+            };
+            if s.epoch != inner.state.epoch {
+                return Ok(inner); // fenced by a promote: may be replaced
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Refusal(
+                    ErrorCode::PrimaryActive,
+                    format!(
+                        "a primary ({}) is connected in epoch {}; promote the backup first to fence it",
+                        s.peer, s.epoch
+                    ),
+                ));
+            }
+            inner = self
+                .shared
+                .session_ended
+                .wait_timeout(inner, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn start_session(&mut self, inner: &mut Inner, mode: Mode) {
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.session = Some(Session {
+            id,
+            peer: self.peer.clone(),
+            epoch: inner.state.epoch,
+            mode,
+        });
+        self.session = Some(id);
+    }
+
+    fn hello(&mut self, h: Hello) -> Result<(), Refusal> {
+        let inner = lock(self.shared);
+        let mut inner = self.wait_no_current_session(inner)?;
+        let inner = &mut *inner;
+        let st = &mut inner.state;
+        match h.kind {
+            HelloKind::Fresh => {
+                if st.last_tx > 0 && !self.shared.cfg.allow_reset {
+                    return Err(Refusal(
+                        ErrorCode::Exists,
+                        format!(
+                            "the backup holds a {}-byte heap at tx {} (epoch {}); take it over with attach, or start the backup with --allow-reset",
+                            st.heap_size, st.last_tx, st.epoch
+                        ),
+                    ));
+                }
+                st.reset(h.heap_size);
+                inner.store.checkpoint(st).map_err(internal)?;
+                log::info!(
+                    "{}: new heap of {} bytes, epoch {}",
+                    self.peer,
+                    h.heap_size,
+                    st.epoch
+                );
+            }
+            HelloKind::Resume => {
+                if !st.is_initialized() {
+                    return Err(Refusal(
+                        ErrorCode::Empty,
+                        "the backup holds no heap to resume".into(),
+                    ));
+                }
+                if h.heap_size != st.heap_size {
+                    return Err(Refusal(
+                        ErrorCode::HeapMismatch,
+                        format!(
+                            "heap is {} bytes, the backup holds {}",
+                            h.heap_size, st.heap_size
+                        ),
+                    ));
+                }
+                if h.epoch != st.epoch {
+                    return Err(Refusal(
+                        ErrorCode::Fenced,
+                        format!(
+                            "epoch {} is stale, the backup is at epoch {}: this primary was fenced",
+                            h.epoch, st.epoch
+                        ),
+                    ));
+                }
+                log::info!("{}: primary resumed at tx {}", self.peer, st.last_tx);
+            }
+        }
+        let welcome = Message::Welcome {
+            last_tx: inner.state.last_tx,
+            epoch: inner.state.epoch,
+            heap_size: inner.state.heap_size,
+        };
+        self.start_session(inner, h.mode);
+        send(self.reader.get_mut(), &welcome);
+        Ok(())
+    }
+
+    fn attach(&mut self, mode: Mode) -> Result<bool, Refusal> {
+        let (image, last_tx, epoch) = {
+            let inner = lock(self.shared);
+            let mut inner = self.wait_no_current_session(inner)?;
+            let inner = &mut *inner;
+            if !inner.state.is_initialized() {
+                return Err(Refusal(
+                    ErrorCode::Empty,
+                    "the backup holds no heap to take over".into(),
+                ));
+            }
+            let epoch = inner.state.epoch + 1;
+            inner.store.append_epoch(epoch).map_err(internal)?;
+            inner.state.epoch = epoch;
+            self.start_session(inner, mode);
+            log::info!(
+                "{}: takeover at tx {}, epoch {epoch}",
+                self.peer,
+                inner.state.last_tx
+            );
+            (inner.state.image.clone(), inner.state.last_tx, epoch)
+        };
+        let total = image.len() as u64;
+        let mut buf = Vec::with_capacity(IMAGE_CHUNK + 64);
+        let stream = self.reader.get_mut();
+        for (i, chunk) in image.chunks(IMAGE_CHUNK).enumerate() {
+            let msg = Message::Image {
+                offset: (i * IMAGE_CHUNK) as u64,
+                total,
+                data: chunk.to_vec(),
+            };
+            wire::encode(&msg, &mut buf);
+            if stream.write_all(&buf).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(send(
+            stream,
+            &Message::Welcome {
+                last_tx,
+                epoch,
+                heap_size: total,
+            },
+        ))
+    }
+
+    fn promote(&mut self) -> Result<bool, Refusal> {
+        let welcome = {
+            let mut inner = lock(self.shared);
+            let inner = &mut *inner;
+            if !inner.state.is_initialized() {
+                return Err(Refusal(
+                    ErrorCode::Empty,
+                    "the backup holds no heap to promote".into(),
+                ));
+            }
+            let epoch = inner.state.epoch + 1;
+            inner.store.append_epoch(epoch).map_err(internal)?;
+            inner.state.epoch = epoch;
+            log::info!("promoted to epoch {epoch} at tx {}", inner.state.last_tx);
+            Message::Welcome {
+                last_tx: inner.state.last_tx,
+                epoch,
+                heap_size: inner.state.heap_size,
+            }
+        };
+        self.shared.session_ended.notify_all();
+        Ok(send(self.reader.get_mut(), &welcome))
+    }
+
+    fn commit(&mut self, c: Commit) -> Result<(), Refusal> {
+        let mut inner = lock(self.shared);
+        let inner = &mut *inner;
+        let session_epoch = inner
+            .session
+            .as_ref()
+            .filter(|s| Some(s.id) == self.session)
+            .map(|s| s.epoch);
+        if session_epoch != Some(inner.state.epoch) {
+            return Err(Refusal(
+                ErrorCode::Fenced,
+                format!(
+                    "this primary's session was fenced; the backup is at epoch {}",
+                    inner.state.epoch
+                ),
+            ));
+        }
+        match inner.state.judge(&c) {
+            Verdict::Apply => {
+                inner.store.append_commit(&c.payload).map_err(internal)?;
+                inner.state.apply(&c);
+                inner.txs_applied += 1;
+                inner.bytes_applied += c.data_bytes();
+                inner.last_commit = Some(Instant::now());
+                let limit = match self.shared.cfg.checkpoint_bytes {
+                    0 => inner.state.heap_size.max(64 << 20),
+                    n => n,
+                };
+                if inner.store.wal_bytes() > limit {
+                    inner.store.barrier().map_err(internal)?;
+                    inner.store.checkpoint(&inner.state).map_err(internal)?;
+                }
+            }
+            Verdict::Duplicate => {
+                log::info!("{}: tx {} resent, acknowledged again", self.peer, c.tx_id)
+            }
+            Verdict::Refuse(code, why) => return Err(Refusal(code, why)),
+        }
+        let mut ack = Vec::new();
+        wire::encode(&Message::Ack { tx_id: c.tx_id }, &mut ack);
+        self.pending_acks.extend_from_slice(&ack);
+        Ok(())
+    }
+
+    /// Makes logged commits durable, then sends their acknowledgements.
+    fn flush_acks(&mut self) -> bool {
+        if self.pending_acks.is_empty() {
+            return true;
+        }
+        if let Err(e) = lock(self.shared).store.barrier() {
+            log::error!("log barrier failed, acknowledgements withheld: {e}");
+            self.pending_acks.clear();
+            return false;
+        }
+        let ok = self.reader.get_mut().write_all(&self.pending_acks).is_ok();
+        self.pending_acks.clear();
+        ok
+    }
+}
+
+fn internal(e: StoreError) -> Refusal {
+    log::error!("replica store: {e}");
+    Refusal(ErrorCode::Internal, format!("backup storage failed: {e}"))
+}

@@ -1,0 +1,865 @@
+//! The replication wire protocol between a primary and its backup.
+//!
+//! # Frames
+//! Every message is one frame: a 16-byte header followed by a payload. All integers are
+//! little-endian.
+//!
+//! | bytes | field   | meaning                                                   |
+//! |-------|---------|-----------------------------------------------------------|
+//! | 0..4  | magic   | `RBHA`                                                    |
+//! | 4..6  | version | [`VERSION`] (1); any other version is refused             |
+//! | 6..8  | type    | [`FrameType`]                                             |
+//! | 8..12 | length  | payload bytes; checked against the type's cap *before* reading |
+//! | 12..16| crc32   | CRC-32 (IEEE) of header bytes 0..12 followed by the payload |
+//!
+//! # Messages (payload layouts)
+//! - `Hello` (primary → backup, 24 bytes): `kind u8` (0 fresh heap, 1 resume after a
+//!   reconnect), `mode u8` (0 sync, 1 async), `pad u16`, `max_lag u32`, `heap_size u64`,
+//!   `epoch u64` (the primary's epoch; ignored for fresh).
+//! - `Welcome` (backup → primary, 24 bytes): `last_tx u64`, `epoch u64`, `heap_size u64`.
+//!   Answers `Hello`, ends an `Attach` image and answers `Promote`.
+//! - `Attach` (new primary → backup, 8 bytes: `mode u8`, `pad [u8; 3]`, `max_lag u32`):
+//!   takeover; the backup bumps the epoch, sends the committed image as `Image` frames and
+//!   then a `Welcome` with the last tx id and the new epoch.
+//! - `Image` (16 + up to [`IMAGE_CHUNK`] bytes): `offset u64`, `total u64`, then bytes.
+//!   Chunks arrive in order and cover `0..total`.
+//! - `Commit` (primary → backup): `tx_id u64`, `epoch u64`, `run_count u32`, then per run
+//!   `offset u64`, `len u32`, `len` bytes. The backup applies it atomically iff `epoch` is
+//!   current and `tx_id` is its last tx + 1. A resend of an already applied tx (same bytes)
+//!   is acknowledged again without being applied; anything else out of order is refused.
+//! - `Ack` (8 bytes): `tx_id u64`, the tx is applied (and on disk when the backup is durable).
+//! - `Status` (empty) → `StatusReply` (see [`StatusInfo::encode`]).
+//! - `Promote` (empty): the backup bumps its epoch, fencing the current primary: its next
+//!   commit is refused, and a new primary may attach. Answered by `Welcome`.
+//! - `Error` (4 + up to [`MAX_ERROR_MESSAGE`] bytes): `code u16`, `len u16`, UTF-8 message.
+//!   The sender closes the connection after it.
+//!
+//! # Caps
+//! Every length is capped: frame payloads per type (a commit at most
+//! [`MAX_COMMIT_PAYLOAD`]), heap sizes at [`MAX_HEAP`], messages at [`MAX_ERROR_MESSAGE`].
+//! A frame whose header announces more than its cap is refused before any allocation;
+//! payload buffers grow only as bytes actually arrive.
+
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::diff::DiffRun;
+
+pub const MAGIC: [u8; 4] = *b"RBHA";
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 16;
+/// Largest heap a backup will hold.
+pub const MAX_HEAP: u64 = 64 << 30;
+/// Largest commit payload; a transaction that changed more must be split by the caller.
+pub const MAX_COMMIT_PAYLOAD: u32 = 256 << 20;
+/// Image bytes per `Image` frame.
+pub const IMAGE_CHUNK: usize = 1 << 20;
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+const MAX_PEER_NAME: usize = 256;
+const COMMIT_HEADER: usize = 20;
+const RUN_HEADER: usize = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("I/O error on the replication link")]
+    Io(#[from] io::Error),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("the connection ended inside a frame ({got} of {want} bytes)")]
+    Truncated { got: usize, want: usize },
+    #[error("bad frame magic {0:02x?}: not a rebound-ha peer")]
+    BadMagic([u8; 4]),
+    #[error("unsupported protocol version {0} (this side speaks {VERSION})")]
+    BadVersion(u16),
+    #[error("unknown frame type {0}")]
+    UnknownType(u16),
+    #[error("{ty:?} frame of {len} bytes exceeds its cap of {cap}")]
+    Oversized { ty: FrameType, len: u32, cap: u32 },
+    #[error("frame checksum mismatch (header says {expected:08x}, bytes give {actual:08x})")]
+    BadCrc { expected: u32, actual: u32 },
+    #[error("malformed {ty:?} frame: {why}")]
+    Malformed { ty: FrameType, why: String },
+    #[error("the peer stalled inside a frame for over {0:?}")]
+    Stalled(Duration),
+    #[error("no frame arrived within {0:?}")]
+    IdleTimeout(Duration),
+}
+
+/// Frame types; the numbers are part of the wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum FrameType {
+    Hello = 1,
+    Welcome = 2,
+    Attach = 3,
+    Image = 4,
+    Commit = 5,
+    Ack = 6,
+    Status = 7,
+    StatusReply = 8,
+    Promote = 9,
+    Error = 10,
+}
+
+impl FrameType {
+    fn from_u16(v: u16) -> Option<Self> {
+        use FrameType::*;
+        Some(match v {
+            1 => Hello,
+            2 => Welcome,
+            3 => Attach,
+            4 => Image,
+            5 => Commit,
+            6 => Ack,
+            7 => Status,
+            8 => StatusReply,
+            9 => Promote,
+            10 => Error,
+            _ => return None,
+        })
+    }
+
+    /// Largest payload a frame of this type may carry.
+    pub fn cap(self) -> u32 {
+        use FrameType::*;
+        match self {
+            Hello | Welcome => 24,
+            Status | Promote => 0,
+            Attach | Ack => 8,
+            Image => (16 + IMAGE_CHUNK) as u32,
+            Commit => MAX_COMMIT_PAYLOAD,
+            StatusReply => 80 + MAX_PEER_NAME as u32,
+            Error => (4 + MAX_ERROR_MESSAGE) as u32,
+        }
+    }
+}
+
+/// Replication mode, as the primary announces it (and as [`crate::ReplicaClient`] runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Mode {
+    /// `commit` returns after the backup acknowledged the transaction.
+    Sync,
+    /// `commit` returns at once unless more than `max_lag` transactions are unacknowledged.
+    Async { max_lag: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelloKind {
+    /// A new heap: the backup starts an empty replica of `heap_size` bytes.
+    Fresh = 0,
+    /// A primary reconnecting after a broken link, still in `epoch`.
+    Resume = 1,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub kind: HelloKind,
+    pub mode: Mode,
+    pub heap_size: u64,
+    pub epoch: u64,
+}
+
+/// Error codes carried by `Error` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[repr(u16)]
+pub enum ErrorCode {
+    Malformed = 1,
+    Fenced = 2,
+    OutOfOrder = 3,
+    Replayed = 4,
+    PrimaryActive = 5,
+    HeapMismatch = 6,
+    Empty = 7,
+    Internal = 8,
+    OutOfBounds = 9,
+    Unexpected = 10,
+    Exists = 11,
+}
+
+impl ErrorCode {
+    fn from_u16(v: u16) -> Self {
+        use ErrorCode::*;
+        match v {
+            1 => Malformed,
+            2 => Fenced,
+            3 => OutOfOrder,
+            4 => Replayed,
+            5 => PrimaryActive,
+            6 => HeapMismatch,
+            7 => Empty,
+            9 => OutOfBounds,
+            10 => Unexpected,
+            11 => Exists,
+            _ => Internal,
+        }
+    }
+}
+
+/// A backup's state as `Status` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusInfo {
+    pub last_tx: u64,
+    pub epoch: u64,
+    pub heap_size: u64,
+    /// Transactions applied since the backup started.
+    pub txs_applied: u64,
+    /// Diff bytes applied since the backup started.
+    pub bytes_applied: u64,
+    /// Bytes in the write-ahead log since the last checkpoint.
+    pub wal_bytes: u64,
+    pub durable: bool,
+    /// Milliseconds since the last applied commit (the replica's staleness), if any.
+    pub ms_since_commit: Option<u64>,
+    pub primary: Option<PrimaryInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrimaryInfo {
+    pub peer: String,
+    pub epoch: u64,
+    pub mode: Mode,
+    /// False once a promote fenced this primary.
+    pub current: bool,
+}
+
+/// A decoded message. `Commit` keeps its raw payload: the backup logs it as is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    Welcome {
+        last_tx: u64,
+        epoch: u64,
+        heap_size: u64,
+    },
+    Attach {
+        mode: Mode,
+    },
+    Image {
+        offset: u64,
+        total: u64,
+        data: Vec<u8>,
+    },
+    Commit(Commit),
+    Ack {
+        tx_id: u64,
+    },
+    Status,
+    StatusReply(StatusInfo),
+    Promote,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+impl Message {
+    /// The message's name, for errors (never its bytes).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello(_) => "Hello",
+            Message::Welcome { .. } => "Welcome",
+            Message::Attach { .. } => "Attach",
+            Message::Image { .. } => "Image",
+            Message::Commit(_) => "Commit",
+            Message::Ack { .. } => "Ack",
+            Message::Status => "Status",
+            Message::StatusReply(_) => "StatusReply",
+            Message::Promote => "Promote",
+            Message::Error { .. } => "Error",
+        }
+    }
+}
+
+/// A commit whose run structure has been validated (bounds against a heap are not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub tx_id: u64,
+    pub epoch: u64,
+    pub run_count: u32,
+    /// The whole commit payload, header included.
+    pub payload: Vec<u8>,
+}
+
+impl Commit {
+    /// Parses and structurally validates a commit payload.
+    pub fn parse(payload: Vec<u8>) -> Result<Commit, WireError> {
+        let bad = |why: String| WireError::Malformed {
+            ty: FrameType::Commit,
+            why,
+        };
+        if payload.len() < COMMIT_HEADER {
+            return Err(bad(format!(
+                "{} bytes, header needs {COMMIT_HEADER}",
+                payload.len()
+            )));
+        }
+        let tx_id = le_u64(&payload[0..8]);
+        let epoch = le_u64(&payload[8..16]);
+        let run_count = le_u32(&payload[16..20]);
+        let mut pos = COMMIT_HEADER;
+        for i in 0..run_count {
+            if payload.len() - pos < RUN_HEADER {
+                return Err(bad(format!("run {i} of {run_count} is cut short")));
+            }
+            let off = le_u64(&payload[pos..pos + 8]);
+            let len = le_u32(&payload[pos + 8..pos + 12]) as usize;
+            pos += RUN_HEADER;
+            if len == 0 || payload.len() - pos < len {
+                return Err(bad(format!("run {i} has a bad length {len}")));
+            }
+            if off.checked_add(len as u64).is_none() {
+                return Err(bad(format!("run {i} offset {off} overflows")));
+            }
+            pos += len;
+        }
+        if pos != payload.len() {
+            return Err(bad(format!("{} trailing bytes", payload.len() - pos)));
+        }
+        Ok(Commit {
+            tx_id,
+            epoch,
+            run_count,
+            payload,
+        })
+    }
+
+    /// The runs as (heap offset, bytes).
+    pub fn runs(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        let mut pos = COMMIT_HEADER;
+        let p = &self.payload;
+        (0..self.run_count).map(move |_| {
+            let off = le_u64(&p[pos..pos + 8]);
+            let len = le_u32(&p[pos + 8..pos + 12]) as usize;
+            let data = &p[pos + RUN_HEADER..pos + RUN_HEADER + len];
+            pos += RUN_HEADER + len;
+            (off, data)
+        })
+    }
+
+    /// The first run that does not fit in a heap of `heap_size` bytes, if any.
+    pub fn out_of_bounds(&self, heap_size: u64) -> Option<(u64, usize)> {
+        self.runs()
+            .find(|(off, d)| off + d.len() as u64 > heap_size)
+            .map(|(off, d)| (off, d.len()))
+    }
+
+    /// Diff bytes carried (without headers).
+    pub fn data_bytes(&self) -> u64 {
+        self.runs().map(|(_, d)| d.len() as u64).sum()
+    }
+}
+
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+}
+
+fn le_u16(b: &[u8]) -> u16 {
+    u16::from_le_bytes(b[..2].try_into().expect("2 bytes"))
+}
+
+/// Starts a frame in `buf` (cleared); finish it with [`finish_frame`].
+fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
+    buf.clear();
+    buf.extend_from_slice(&MAGIC);
+    buf.extend_from_slice(&VERSION.to_le_bytes());
+    buf.extend_from_slice(&(ty as u16).to_le_bytes());
+    buf.extend_from_slice(&[0u8; 8]);
+}
+
+/// Fills in the length and checksum of the frame built in `buf`.
+fn finish_frame(buf: &mut [u8]) {
+    let len = (buf.len() - HEADER_LEN) as u32;
+    buf[8..12].copy_from_slice(&len.to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&buf[0..12]);
+    h.update(&buf[HEADER_LEN..]);
+    let crc = h.finalize();
+    buf[12..16].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Encodes `msg` as one frame into `buf` (cleared first).
+pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
+    match msg {
+        Message::Hello(h) => {
+            begin_frame(buf, FrameType::Hello);
+            let (mode, lag) = encode_mode(h.mode);
+            buf.extend_from_slice(&[h.kind as u8, mode, 0, 0]);
+            buf.extend_from_slice(&lag.to_le_bytes());
+            buf.extend_from_slice(&h.heap_size.to_le_bytes());
+            buf.extend_from_slice(&h.epoch.to_le_bytes());
+        }
+        Message::Welcome {
+            last_tx,
+            epoch,
+            heap_size,
+        } => {
+            begin_frame(buf, FrameType::Welcome);
+            for v in [last_tx, epoch, heap_size] {
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        Message::Attach { mode } => {
+            begin_frame(buf, FrameType::Attach);
+            let (m, lag) = encode_mode(*mode);
+            buf.extend_from_slice(&[m, 0, 0, 0]);
+            buf.extend_from_slice(&lag.to_le_bytes());
+        }
+        Message::Image {
+            offset,
+            total,
+            data,
+        } => {
+            begin_frame(buf, FrameType::Image);
+            buf.extend_from_slice(&offset.to_le_bytes());
+            buf.extend_from_slice(&total.to_le_bytes());
+            buf.extend_from_slice(data);
+        }
+        Message::Commit(c) => {
+            begin_frame(buf, FrameType::Commit);
+            buf.extend_from_slice(&c.payload);
+        }
+        Message::Ack { tx_id } => {
+            begin_frame(buf, FrameType::Ack);
+            buf.extend_from_slice(&tx_id.to_le_bytes());
+        }
+        Message::Status => begin_frame(buf, FrameType::Status),
+        Message::StatusReply(s) => {
+            begin_frame(buf, FrameType::StatusReply);
+            s.encode(buf);
+        }
+        Message::Promote => begin_frame(buf, FrameType::Promote),
+        Message::Error { code, message } => {
+            begin_frame(buf, FrameType::Error);
+            let msg = truncate_utf8(message, MAX_ERROR_MESSAGE);
+            buf.extend_from_slice(&(*code as u16).to_le_bytes());
+            buf.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+            buf.extend_from_slice(msg.as_bytes());
+        }
+    }
+    finish_frame(buf);
+}
+
+/// Encodes a commit frame straight from the heap, without an intermediate copy.
+/// Returns `None` when the payload would exceed [`MAX_COMMIT_PAYLOAD`].
+pub fn encode_commit(
+    tx_id: u64,
+    epoch: u64,
+    runs: &[DiffRun],
+    heap: &[u8],
+    buf: &mut Vec<u8>,
+) -> Option<usize> {
+    let data: u64 = crate::diff::run_bytes(runs);
+    let payload = COMMIT_HEADER as u64 + RUN_HEADER as u64 * runs.len() as u64 + data;
+    if payload > u64::from(MAX_COMMIT_PAYLOAD) {
+        return None;
+    }
+    begin_frame(buf, FrameType::Commit);
+    buf.reserve(payload as usize);
+    buf.extend_from_slice(&tx_id.to_le_bytes());
+    buf.extend_from_slice(&epoch.to_le_bytes());
+    buf.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for r in runs {
+        buf.extend_from_slice(&r.offset.to_le_bytes());
+        buf.extend_from_slice(&r.len.to_le_bytes());
+        buf.extend_from_slice(&heap[r.offset as usize..r.end() as usize]);
+    }
+    finish_frame(buf);
+    Some(buf.len())
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl StatusInfo {
+    /// Layout: `last_tx, epoch, heap_size, txs_applied, bytes_applied, wal_bytes,
+    /// ms_since_commit (u64::MAX = none)` as u64, `flags u8` (bit 0 durable, bit 1 primary
+    /// connected, bit 2 primary current), `primary_mode u8`, `pad u16`, `max_lag u32`,
+    /// `primary_epoch u64`, `peer_len u16`, peer name bytes.
+    pub fn encode(&self, buf: &mut Vec<u8>) {
+        let since = self.ms_since_commit.unwrap_or(u64::MAX);
+        for v in [
+            self.last_tx,
+            self.epoch,
+            self.heap_size,
+            self.txs_applied,
+            self.bytes_applied,
+            self.wal_bytes,
+            since,
+        ] {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut flags = u8::from(self.durable);
+        let (mut mode, mut lag, mut pepoch, mut peer) = (0u8, 0u32, 0u64, "");
+        if let Some(p) = &self.primary {
+            flags |= 2 | if p.current { 4 } else { 0 };
+            (mode, lag) = encode_mode(p.mode);
+            pepoch = p.epoch;
+            peer = truncate_utf8(&p.peer, MAX_PEER_NAME);
+        }
+        buf.extend_from_slice(&[flags, mode, 0, 0]);
+        buf.extend_from_slice(&lag.to_le_bytes());
+        buf.extend_from_slice(&pepoch.to_le_bytes());
+        buf.extend_from_slice(&(peer.len() as u16).to_le_bytes());
+        buf.extend_from_slice(peer.as_bytes());
+    }
+
+    fn decode(p: &[u8]) -> Result<StatusInfo, String> {
+        if p.len() < 74 {
+            return Err(format!("{} bytes, needs at least 74", p.len()));
+        }
+        let u = |i: usize| le_u64(&p[i * 8..]);
+        let (flags, mode, lag) = (p[56], p[57], le_u32(&p[60..]));
+        let pepoch = le_u64(&p[64..]);
+        let peer_len = le_u16(&p[72..]) as usize;
+        if p.len() != 74 + peer_len || peer_len > MAX_PEER_NAME {
+            return Err(format!(
+                "peer name length {peer_len} does not match the frame"
+            ));
+        }
+        let peer = String::from_utf8(p[74..].to_vec()).map_err(|_| "peer name is not UTF-8")?;
+        let primary = (flags & 2 != 0).then(|| PrimaryInfo {
+            peer,
+            epoch: pepoch,
+            mode: decode_mode(mode, lag).unwrap_or(Mode::Sync),
+            current: flags & 4 != 0,
+        });
+        Ok(StatusInfo {
+            last_tx: u(0),
+            epoch: u(1),
+            heap_size: u(2),
+            txs_applied: u(3),
+            bytes_applied: u(4),
+            wal_bytes: u(5),
+            ms_since_commit: (u(6) != u64::MAX).then(|| u(6)),
+            durable: flags & 1 != 0,
+            primary,
+        })
+    }
+}
+
+fn encode_mode(mode: Mode) -> (u8, u32) {
+    match mode {
+        Mode::Sync => (0, 0),
+        Mode::Async { max_lag } => (1, max_lag),
+    }
+}
+
+fn decode_mode(mode: u8, max_lag: u32) -> Option<Mode> {
+    match mode {
+        0 => Some(Mode::Sync),
+        1 => Some(Mode::Async { max_lag }),
+        _ => None,
+    }
+}
+
+/// Decodes a frame's payload into a message.
+pub fn decode(ty: FrameType, payload: Vec<u8>) -> Result<Message, WireError> {
+    let bad = |why: String| WireError::Malformed { ty, why };
+    let exact = |n: usize| {
+        if payload.len() == n {
+            Ok(())
+        } else {
+            Err(bad(format!("{} bytes, expected {n}", payload.len())))
+        }
+    };
+    Ok(match ty {
+        FrameType::Hello => {
+            exact(24)?;
+            let kind = match payload[0] {
+                0 => HelloKind::Fresh,
+                1 => HelloKind::Resume,
+                k => return Err(bad(format!("unknown kind {k}"))),
+            };
+            let mode = decode_mode(payload[1], le_u32(&payload[4..]))
+                .ok_or_else(|| bad(format!("unknown mode {}", payload[1])))?;
+            let heap_size = le_u64(&payload[8..]);
+            if heap_size == 0 || heap_size > MAX_HEAP {
+                return Err(bad(format!("heap size {heap_size} outside 1..={MAX_HEAP}")));
+            }
+            Message::Hello(Hello {
+                kind,
+                mode,
+                heap_size,
+                epoch: le_u64(&payload[16..]),
+            })
+        }
+        FrameType::Welcome => {
+            exact(24)?;
+            Message::Welcome {
+                last_tx: le_u64(&payload[0..]),
+                epoch: le_u64(&payload[8..]),
+                heap_size: le_u64(&payload[16..]),
+            }
+        }
+        FrameType::Attach => {
+            exact(8)?;
+            let mode = decode_mode(payload[0], le_u32(&payload[4..]))
+                .ok_or_else(|| bad(format!("unknown mode {}", payload[0])))?;
+            Message::Attach { mode }
+        }
+        FrameType::Status => Message::Status,
+        FrameType::Promote => Message::Promote,
+        FrameType::Image => {
+            if payload.len() < 16 {
+                return Err(bad(format!("{} bytes, header needs 16", payload.len())));
+            }
+            let offset = le_u64(&payload[0..]);
+            let total = le_u64(&payload[8..]);
+            Message::Image {
+                offset,
+                total,
+                data: payload[16..].to_vec(),
+            }
+        }
+        FrameType::Commit => Message::Commit(Commit::parse(payload)?),
+        FrameType::Ack => {
+            exact(8)?;
+            Message::Ack {
+                tx_id: le_u64(&payload),
+            }
+        }
+        FrameType::StatusReply => Message::StatusReply(StatusInfo::decode(&payload).map_err(bad)?),
+        FrameType::Error => {
+            if payload.len() < 4 {
+                return Err(bad(format!("{} bytes, header needs 4", payload.len())));
+            }
+            let code = ErrorCode::from_u16(le_u16(&payload[0..]));
+            let n = le_u16(&payload[2..]) as usize;
+            if payload.len() != 4 + n {
+                return Err(bad(format!("message length {n} does not match the frame")));
+            }
+            let message = String::from_utf8_lossy(&payload[4..]).into_owned();
+            Message::Error { code, message }
+        }
+    })
+}
+
+/// Reads frames from a stream, tolerating socket read timeouts between frames.
+///
+/// Sockets are given a short read timeout so a reader can notice a stall: a peer that
+/// stops inside a frame for longer than `stall_limit` is dropped; between frames the
+/// reader waits up to `idle_limit` (forever when `None`).
+#[derive(Debug, Clone, Copy)]
+pub struct FrameReader {
+    pub stall_limit: Duration,
+    pub idle_limit: Option<Duration>,
+}
+
+impl Default for FrameReader {
+    fn default() -> Self {
+        FrameReader {
+            stall_limit: Duration::from_secs(30),
+            idle_limit: None,
+        }
+    }
+}
+
+impl FrameReader {
+    /// Reads one frame and decodes it.
+    pub fn read<R: Read>(&self, r: &mut R) -> Result<Message, WireError> {
+        let (ty, payload) = self.read_raw(r)?;
+        decode(ty, payload)
+    }
+
+    /// Reads one frame, checking magic, version, type, cap and checksum.
+    pub fn read_raw<R: Read>(&self, r: &mut R) -> Result<(FrameType, Vec<u8>), WireError> {
+        let mut hdr = [0u8; HEADER_LEN];
+        self.fill(r, &mut hdr, false, HEADER_LEN)?;
+        let magic: [u8; 4] = hdr[0..4].try_into().expect("4 bytes");
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = le_u16(&hdr[4..]);
+        if version != VERSION {
+            return Err(WireError::BadVersion(version));
+        }
+        let raw_ty = le_u16(&hdr[6..]);
+        let ty = FrameType::from_u16(raw_ty).ok_or(WireError::UnknownType(raw_ty))?;
+        let len = le_u32(&hdr[8..]);
+        if len > ty.cap() {
+            return Err(WireError::Oversized {
+                ty,
+                len,
+                cap: ty.cap(),
+            });
+        }
+        let want = HEADER_LEN + len as usize;
+        // Grow with the bytes that arrive, so a lying header cannot make us allocate.
+        let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
+        let mut chunk = [0u8; 64 * 1024];
+        while payload.len() < len as usize {
+            let n = (len as usize - payload.len()).min(chunk.len());
+            self.fill(r, &mut chunk[..n], true, want)
+                .map_err(|e| match e {
+                    WireError::Truncated { got, .. } => WireError::Truncated {
+                        got: HEADER_LEN + payload.len() + got,
+                        want,
+                    },
+                    e => e,
+                })?;
+            payload.extend_from_slice(&chunk[..n]);
+        }
+        let mut h = crc32fast::Hasher::new();
+        h.update(&hdr[0..12]);
+        h.update(&payload);
+        let actual = h.finalize();
+        let expected = le_u32(&hdr[12..]);
+        if actual != expected {
+            return Err(WireError::BadCrc { expected, actual });
+        }
+        Ok((ty, payload))
+    }
+
+    /// Fills `buf` completely. `in_frame`: bytes of this frame were already read, so EOF
+    /// is a truncation and waiting counts against the stall limit.
+    fn fill<R: Read>(
+        &self,
+        r: &mut R,
+        buf: &mut [u8],
+        in_frame: bool,
+        want: usize,
+    ) -> Result<(), WireError> {
+        let mut got = 0;
+        let started = Instant::now();
+        while got < buf.len() {
+            match r.read(&mut buf[got..]) {
+                Ok(0) if got == 0 && !in_frame => return Err(WireError::Closed),
+                Ok(0) => return Err(WireError::Truncated { got, want }),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    let waited = started.elapsed();
+                    if in_frame || got > 0 {
+                        if waited > self.stall_limit {
+                            return Err(WireError::Stalled(self.stall_limit));
+                        }
+                    } else if let Some(limit) = self.idle_limit {
+                        if waited > limit {
+                            return Err(WireError::IdleTimeout(limit));
+                        }
+                    }
+                }
+                Err(e) => return Err(WireError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(msg: Message) {
+        let mut buf = Vec::new();
+        encode(&msg, &mut buf);
+        let got = FrameReader::default().read(&mut &buf[..]).unwrap();
+        assert_eq!(got, msg);
+    }
+
+    #[test]
+    fn every_message_roundtrips() {
+        roundtrip(Message::Hello(Hello {
+            kind: HelloKind::Resume,
+            mode: Mode::Async { max_lag: 7 },
+            heap_size: 1 << 20,
+            epoch: 3,
+        }));
+        roundtrip(Message::Welcome {
+            last_tx: 9,
+            epoch: 2,
+            heap_size: 4096,
+        });
+        roundtrip(Message::Attach {
+            mode: Mode::Async { max_lag: 3 },
+        });
+        roundtrip(Message::Image {
+            offset: 4096,
+            total: 8192,
+            data: vec![5; 100],
+        });
+        let heap: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        let runs = [
+            DiffRun { offset: 10, len: 5 },
+            DiffRun {
+                offset: 5000,
+                len: 20,
+            },
+        ];
+        let mut buf = Vec::new();
+        encode_commit(7, 2, &runs, &heap, &mut buf).unwrap();
+        let Message::Commit(c) = FrameReader::default().read(&mut &buf[..]).unwrap() else {
+            panic!("not a commit")
+        };
+        assert_eq!((c.tx_id, c.epoch, c.run_count), (7, 2, 2));
+        let runs: Vec<_> = c.runs().map(|(o, d)| (o, d.to_vec())).collect();
+        assert_eq!(
+            runs,
+            vec![
+                (10, heap[10..15].to_vec()),
+                (5000, heap[5000..5020].to_vec())
+            ]
+        );
+        roundtrip(Message::Commit(c));
+        roundtrip(Message::Ack { tx_id: u64::MAX });
+        roundtrip(Message::Status);
+        roundtrip(Message::StatusReply(StatusInfo {
+            last_tx: 1,
+            epoch: 2,
+            heap_size: 3,
+            txs_applied: 4,
+            bytes_applied: 5,
+            wal_bytes: 6,
+            durable: true,
+            ms_since_commit: Some(8),
+            primary: Some(PrimaryInfo {
+                peer: "tcp:127.0.0.1:5".into(),
+                epoch: 2,
+                mode: Mode::Async { max_lag: 4 },
+                current: true,
+            }),
+        }));
+        roundtrip(Message::Promote);
+        roundtrip(Message::Error {
+            code: ErrorCode::Fenced,
+            message: "stale".into(),
+        });
+    }
+
+    #[test]
+    fn long_error_messages_are_cut_on_a_char_boundary() {
+        let mut buf = Vec::new();
+        let long = "é".repeat(MAX_ERROR_MESSAGE);
+        encode(
+            &Message::Error {
+                code: ErrorCode::Internal,
+                message: long,
+            },
+            &mut buf,
+        );
+        let Message::Error { message, .. } = FrameReader::default().read(&mut &buf[..]).unwrap()
+        else {
+            panic!("not an error")
+        };
+        assert!(message.len() <= MAX_ERROR_MESSAGE && message.starts_with('é'));
+    }
+}

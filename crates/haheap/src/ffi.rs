@@ -1,1 +1,416 @@
+//! C ABI. The header `include/haheap.h` is generated from this file by cbindgen (see
+//! `tests/header.rs`).
+//!
+//! Every function returns an `int` status (`HAHEAP_OK` or a negative `HAHEAP_ERR_*`), never
+//! unwinds into C (each body runs under `catch_unwind`), and checks its pointers for null.
+//! After a failure `haheap_last_error()` describes it on the calling thread.
 
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::config::{EngineKind, HeapConfig, ReplMode};
+use crate::heap::{Error, Heap};
+
+/// Success.
+pub const HAHEAP_OK: c_int = 0;
+/// A required pointer argument was null.
+pub const HAHEAP_ERR_NULL: c_int = -1;
+/// An argument was invalid: unknown engine name, non-UTF-8 string, zero size, unknown flag.
+pub const HAHEAP_ERR_INVALID: c_int = -2;
+/// haheap_tstart while a transaction is open.
+pub const HAHEAP_ERR_NESTED: c_int = -3;
+/// haheap_tend, haheap_abort or haheap_write with no transaction open.
+pub const HAHEAP_ERR_NO_TRANSACTION: c_int = -4;
+/// haheap_write would reach outside the heap; nothing was written.
+pub const HAHEAP_ERR_OUT_OF_BOUNDS: c_int = -5;
+/// The dirty-tracking engine is unavailable or failed.
+pub const HAHEAP_ERR_ENGINE: c_int = -6;
+/// The memory region could not be mapped or declared.
+pub const HAHEAP_ERR_REGION: c_int = -7;
+/// Replication to the backup failed (the transaction was rolled back), or takeover failed.
+pub const HAHEAP_ERR_REPLICATION: c_int = -8;
+/// The heap is unusable after an earlier engine failure.
+pub const HAHEAP_ERR_BROKEN: c_int = -9;
+/// A bug inside the library (a Rust panic was caught at the boundary).
+pub const HAHEAP_ERR_PANIC: c_int = -10;
+
+/// haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
+/// unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
+pub const HAHEAP_FLAG_ASYNC: u32 = 1;
+const ASYNC_MAX_LAG: u32 = 64;
+
+/// An open heap. Opaque to C.
+pub struct HaHeap {
+    heap: Heap,
+    reason: CString,
+}
+
+/// What one committed transaction did.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HaheapTxStats {
+    /// Id of the committed transaction (1 for the first).
+    pub tx_id: u64,
+    /// Pages the engine reported written.
+    pub pages: u64,
+    /// Bytes passed to haheap_write in the transaction.
+    pub bytes_written_hint: u64,
+    /// Payload bytes of the diff shipped to the backup (what would be shipped without one).
+    pub bytes_shipped: u64,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+/// A failure on its way to C: code and message.
+struct Fail(c_int, String);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        let code = match &e {
+            Error::Nested => HAHEAP_ERR_NESTED,
+            Error::NoTransaction => HAHEAP_ERR_NO_TRANSACTION,
+            Error::OutOfBounds { .. } => HAHEAP_ERR_OUT_OF_BOUNDS,
+            Error::Config(_) | Error::SizeMismatch { .. } => HAHEAP_ERR_INVALID,
+            Error::Region(_) => HAHEAP_ERR_REGION,
+            Error::Engine(_) => HAHEAP_ERR_ENGINE,
+            Error::Replication(_) | Error::NoBackup => HAHEAP_ERR_REPLICATION,
+            Error::Broken => HAHEAP_ERR_BROKEN,
+        };
+        Fail(code, crate::engine::error_chain(&e))
+    }
+}
+
+fn null(what: &str) -> Fail {
+    Fail(HAHEAP_ERR_NULL, format!("{what} is null"))
+}
+
+/// Runs `f`, turning errors and panics into a status code plus last-error message.
+fn guard(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => HAHEAP_OK,
+        Ok(Err(Fail(code, msg))) => {
+            set_last_error(&msg);
+            code
+        }
+        Err(_) => {
+            set_last_error("internal error: the library panicked");
+            HAHEAP_ERR_PANIC
+        }
+    }
+}
+
+/// Runs an accessor that cannot fail; a panic yields `default`.
+fn guard_value<T>(default: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
+}
+
+/// Reads an optional C string; null gives None.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string valid for the call.
+unsafe fn opt_str<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: caller contract: non-null means NUL-terminated and valid.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(Some)
+        .map_err(|_| Fail(HAHEAP_ERR_INVALID, format!("{what} is not UTF-8")))
+}
+
+/// # Safety
+/// `engine` and `backup` are null or NUL-terminated strings.
+unsafe fn config(
+    size: usize,
+    engine: *const c_char,
+    backup: *const c_char,
+    flags: u32,
+) -> Result<HeapConfig, Fail> {
+    // SAFETY: forwarded caller contract.
+    let engine = match unsafe { opt_str(engine, "engine name")? } {
+        None => EngineKind::Auto,
+        Some(name) => name
+            .parse()
+            .map_err(|e: crate::ConfigError| Fail(HAHEAP_ERR_INVALID, e.to_string()))?,
+    };
+    // SAFETY: forwarded caller contract.
+    let backup = unsafe { opt_str(backup, "backup endpoint")? }.map(str::to_string);
+    if flags & !HAHEAP_FLAG_ASYNC != 0 {
+        return Err(Fail(
+            HAHEAP_ERR_INVALID,
+            format!("unknown flags {flags:#x}"),
+        ));
+    }
+    let mode = if flags & HAHEAP_FLAG_ASYNC != 0 {
+        ReplMode::Async {
+            max_lag: ASYNC_MAX_LAG,
+        }
+    } else {
+        ReplMode::Sync
+    };
+    Ok(HeapConfig {
+        size,
+        engine,
+        backup,
+        mode,
+    })
+}
+
+fn publish(heap: Heap, out: *mut *mut HaHeap) {
+    let reason = CString::new(heap.engine_reason().replace('\0', " ")).unwrap_or_default();
+    let boxed = Box::into_raw(Box::new(HaHeap { heap, reason }));
+    // SAFETY: callers checked `out` for null; the caller promised it is writable.
+    unsafe { *out = boxed };
+}
+
+/// Creates a heap of `size` bytes (rounded up to whole pages), zero-filled.
+///
+/// `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
+/// `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
+/// `flags`: 0 or HAHEAP_FLAG_ASYNC.
+///
+/// # Safety
+/// - `engine`: null or a NUL-terminated string, read during the call only.
+/// - `backup`: null or a NUL-terminated string, read during the call only.
+/// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_create(
+    size: usize,
+    engine: *const c_char,
+    backup: *const c_char,
+    flags: u32,
+    out: *mut *mut HaHeap,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        if size == 0 {
+            return Err(Fail(HAHEAP_ERR_INVALID, "size is zero".into()));
+        }
+        // SAFETY: forwarded caller contract for the strings.
+        let cfg = unsafe { config(size, engine, backup, flags)? };
+        publish(Heap::create(cfg)?, out);
+        Ok(())
+    })
+}
+
+/// Becomes the new primary after the old one died: attaches to the backup's replica,
+/// copies its committed image into a fresh heap and continues replicating to it.
+///
+/// # Safety
+/// - `engine`: null or a NUL-terminated string, read during the call only.
+/// - `backup`: must be a non-null NUL-terminated string, read during the call only.
+/// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_takeover(
+    engine: *const c_char,
+    backup: *const c_char,
+    flags: u32,
+    out: *mut *mut HaHeap,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        if backup.is_null() {
+            return Err(null("backup"));
+        }
+        // SAFETY: forwarded caller contract for the strings.
+        let cfg = unsafe { config(0, engine, backup, flags)? };
+        publish(Heap::takeover(cfg)?, out);
+        Ok(())
+    })
+}
+
+/// Borrows the heap behind `h`.
+///
+/// # Safety
+/// `h` is null or a live pointer from haheap_create/haheap_takeover not used concurrently.
+unsafe fn heap_mut<'a>(h: *mut HaHeap) -> Result<&'a mut HaHeap, Fail> {
+    // SAFETY: caller contract.
+    unsafe { h.as_mut() }.ok_or_else(|| null("heap"))
+}
+
+/// Base address of the heap's memory, or null if `heap` is null. Stores through it inside a
+/// transaction are tracked by the page engines (mprotect, uffd, scan), not by "log".
+///
+/// # Safety
+/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_base(heap: *mut HaHeap) -> *mut u8 {
+    guard_value(std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let h = unsafe { heap.as_mut() };
+        h.map_or(std::ptr::null_mut(), |h| h.heap.as_mut_ptr())
+    })
+}
+
+/// Size of the heap in bytes (whole pages), or 0 if `heap` is null.
+///
+/// # Safety
+/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_size(heap: *const HaHeap) -> usize {
+    guard_value(0, || {
+        // SAFETY: caller contract.
+        let h = unsafe { heap.as_ref() };
+        h.map_or(0, |h| h.heap.len())
+    })
+}
+
+/// Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
+/// string; null if `heap` is null.
+///
+/// # Safety
+/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_engine_name(heap: *const HaHeap) -> *const c_char {
+    guard_value(std::ptr::null(), || {
+        // SAFETY: caller contract.
+        let Some(h) = (unsafe { heap.as_ref() }) else {
+            return std::ptr::null();
+        };
+        let name: &'static CStr = match h.heap.engine() {
+            EngineKind::Mprotect => c"mprotect",
+            EngineKind::Uffd => c"uffd",
+            EngineKind::Scan => c"scan",
+            EngineKind::Log => c"log",
+            EngineKind::Auto => c"auto",
+        };
+        name.as_ptr()
+    })
+}
+
+/// Why the engine was chosen (for "auto": what was probed), valid until haheap_destroy;
+/// null if `heap` is null.
+///
+/// # Safety
+/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_engine_reason(heap: *const HaHeap) -> *const c_char {
+    guard_value(std::ptr::null(), || {
+        // SAFETY: caller contract.
+        let h = unsafe { heap.as_ref() };
+        h.map_or(std::ptr::null(), |h| h.reason.as_ptr())
+    })
+}
+
+/// Opens a transaction. HAHEAP_ERR_NESTED if one is open.
+///
+/// # Safety
+/// `heap`: null or a live heap, not used by another thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_tstart(heap: *mut HaHeap) -> c_int {
+    // SAFETY: caller contract.
+    guard(|| Ok(unsafe { heap_mut(heap)? }.heap.tstart()?))
+}
+
+/// Copies `len` bytes from `src` to `offset` in the heap inside the open transaction.
+/// HAHEAP_ERR_OUT_OF_BOUNDS (nothing written) if `offset + len` exceeds the heap.
+///
+/// # Safety
+/// - `heap`: null or a live heap, not used by another thread during the call.
+/// - `src`: readable for `len` bytes; may be null only when `len` is 0.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_write(
+    heap: *mut HaHeap,
+    offset: usize,
+    src: *const u8,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let h = unsafe { heap_mut(heap)? };
+        let data: &[u8] = match (src.is_null(), len) {
+            (_, 0) => &[],
+            (true, _) => return Err(null("src")),
+            // SAFETY: caller contract: `src` is readable for `len` bytes.
+            (false, _) => unsafe { std::slice::from_raw_parts(src, len) },
+        };
+        Ok(h.heap.write(offset, data)?)
+    })
+}
+
+/// Commits the open transaction: finds what it wrote, ships the changed bytes to the backup
+/// (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
+/// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back.
+///
+/// # Safety
+/// - `heap`: null or a live heap, not used by another thread during the call.
+/// - `out_stats`: null, or writable; receives the statistics on success.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_tend(heap: *mut HaHeap, out_stats: *mut HaheapTxStats) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let s = unsafe { heap_mut(heap)? }.heap.tend()?;
+        if !out_stats.is_null() {
+            let stats = HaheapTxStats {
+                tx_id: s.tx_id,
+                pages: s.pages as u64,
+                bytes_written_hint: s.bytes_written_hint as u64,
+                bytes_shipped: s.bytes_shipped as u64,
+            };
+            // SAFETY: caller contract: non-null `out_stats` is writable.
+            unsafe { out_stats.write(stats) };
+        }
+        Ok(())
+    })
+}
+
+/// Drops the open transaction and restores the last committed contents.
+///
+/// # Safety
+/// `heap`: null or a live heap, not used by another thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_abort(heap: *mut HaHeap) -> c_int {
+    // SAFETY: caller contract.
+    guard(|| Ok(unsafe { heap_mut(heap)? }.heap.abort()?))
+}
+
+/// Waits until the backup acknowledged every committed transaction (useful with
+/// HAHEAP_FLAG_ASYNC; immediate without a backup).
+///
+/// # Safety
+/// `heap`: null or a live heap, not used by another thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_flush(heap: *mut HaHeap) -> c_int {
+    // SAFETY: caller contract.
+    guard(|| Ok(unsafe { heap_mut(heap)? }.heap.flush()?))
+}
+
+/// Frees the heap: unmaps its memory and stops tracking. Null is accepted and ignored.
+///
+/// # Safety
+/// `heap`: null or a live heap; it must not be used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_destroy(heap: *mut HaHeap) -> c_int {
+    guard(|| {
+        if !heap.is_null() {
+            // SAFETY: caller contract: a live heap from Box::into_raw, given up now.
+            drop(unsafe { Box::from_raw(heap) });
+        }
+        Ok(())
+    })
+}
+
+/// Message of the last failed call on this thread ("" if none). The string stays valid
+/// until the next failing haheap call on the same thread.
+#[no_mangle]
+pub extern "C" fn haheap_last_error() -> *const c_char {
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|l| l.borrow().as_ptr())
+            .unwrap_or(c"".as_ptr())
+    })
+    .unwrap_or(c"".as_ptr())
+}

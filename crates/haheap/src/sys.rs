@@ -52,20 +52,20 @@ const IOC_WRITE: u64 = 1;
 const IOC_READ: u64 = 2;
 const UFFDIO: u64 = 0xAA;
 
-pub const UFFD_API: u64 = 0xAA;
-pub const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
-pub const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
-pub const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-pub const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
-pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
-pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+pub(crate) const UFFD_API: u64 = 0xAA;
+pub(crate) const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+pub(crate) const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub(crate) const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+pub(crate) const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+pub(crate) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub(crate) const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 
 /// Pagemap category: the page was written since it was last write-protected.
-pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+pub(crate) const PAGE_IS_WRITTEN: u64 = 1 << 1;
 /// Pagemap scan flag: write-protect the pages that matched.
-pub const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+pub(crate) const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
 /// Pagemap scan flag: fail if a page in the range is not under async write-protection.
-pub const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+pub(crate) const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 
 /// `struct uffdio_api`.
 #[repr(C)]

@@ -1,0 +1,312 @@
+//! `build`: resolve packages, decide from the inputs hash whether anything changed, then
+//! assemble the image in a temporary directory next to its final place and swap it in.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::apt::{sha256_file, Apt, Package};
+use crate::manifest::{FileEntry, Manifest, PackageEntry, FORMAT, VERSION};
+use crate::tools::Tools;
+use crate::{
+    check_name, datadisk, images_dir, initramfs, kernel, open, BuildOptions, Error, Image,
+    DEFAULT_APPEND,
+};
+
+/// Bumped whenever the builder's output changes for the same inputs.
+const BUILDER_VERSION: u32 = 1;
+/// The init script, compiled in so the image and its hash always match this build.
+const INIT: &str = include_str!("../../../guest/init");
+const KERNEL_META: &str = "linux-image-amd64";
+const BUSYBOX: &str = "busybox-static";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |err| Error::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+/// Refuses anything but a statically linked x86-64 ELF executable: the initramfs has no
+/// dynamic loader.
+fn check_agent(path: &Path) -> Result<Vec<u8>, Error> {
+    let bad = |what: &str| Error::Agent {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+    };
+    let data = std::fs::read(path).map_err(|e| bad(&e.to_string()))?;
+    if data.len() < 64 || &data[..6] != b"\x7fELF\x02\x01" || data[18] != 0x3e {
+        return Err(bad("not an x86-64 ELF executable"));
+    }
+    let phoff = u64::from_le_bytes(data[32..40].try_into().expect("8 bytes")) as usize;
+    let phentsize = usize::from(u16::from_le_bytes([data[54], data[55]]));
+    let phnum = usize::from(u16::from_le_bytes([data[56], data[57]]));
+    for i in 0..phnum {
+        let off = phoff.saturating_add(i.saturating_mul(phentsize));
+        let Some(t) = data.get(off..off + 4) else {
+            return Err(bad("truncated program headers"));
+        };
+        if t == 3u32.to_le_bytes() {
+            return Err(bad("dynamically linked (has PT_INTERP); it must be static"));
+        }
+    }
+    Ok(data)
+}
+
+fn inputs_hash(kernel: &Package, busybox: &Package, agent: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("rebound-image builder {BUILDER_VERSION}\n"));
+    for p in [kernel, busybox] {
+        h.update(format!(
+            "package {} {} {} {}\n",
+            p.name, p.version, p.arch, p.sha256
+        ));
+    }
+    h.update(format!("agent {}\n", hex::encode(Sha256::digest(agent))));
+    h.update(format!("init {}\n", hex::encode(Sha256::digest(INIT))));
+    h.update(format!("modules {}\n", initramfs::MODULES.join(",")));
+    h.update(format!("append {DEFAULT_APPEND}\n"));
+    hex::encode(h.finalize())
+}
+
+/// An exclusive lock on `images/.NAME.lock` for the duration of a build; closing the file
+/// (on drop) releases it.
+struct BuildLock(#[allow(dead_code)] std::fs::File);
+
+fn lock(images: &Path, name: &str) -> Result<BuildLock, Error> {
+    let p = images.join(format!(".{name}.lock"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(io(&p))?;
+    // SAFETY: flock only reads the descriptor number; `f` is open for the whole call and
+    // the lock lives as long as the returned BuildLock owns the file.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    if rc != 0 {
+        return Err(Error::Io {
+            path: p,
+            err: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(BuildLock(f))
+}
+
+fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, Error> {
+    let p = dir.join(name);
+    let size = std::fs::metadata(&p).map_err(io(&p))?.len();
+    Ok(FileEntry {
+        path: name.to_string(),
+        size,
+        sha256: sha256_file(&p)?,
+    })
+}
+
+/// The single directory under lib/modules of the unpacked kernel package.
+fn kernel_release(root: &Path) -> Result<String, Error> {
+    let dir = root.join("lib/modules");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(io(&dir))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    match names.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(Error::KernelPackage(format!(
+            "expected one directory in lib/modules, found {names:?}"
+        ))),
+    }
+}
+
+/// Builds image `name` under `home` (or returns the existing one when nothing changed).
+pub fn build(
+    home: &Path,
+    name: &str,
+    opts: &BuildOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Image, Error> {
+    check_name(name)?;
+    let tools = Tools::check()?;
+    let agent = check_agent(&opts.agent)?;
+    let images = images_dir(home);
+    std::fs::create_dir_all(&images).map_err(io(&images))?;
+    let _lock = lock(&images, name)?;
+
+    progress(&format!("resolving {KERNEL_META} and {BUSYBOX}"));
+    let mut apt = Apt::new(&tools);
+    let kpkg_name = apt.kernel_package(KERNEL_META, progress)?;
+    let kpkg = apt.show(&kpkg_name, progress)?;
+    let bpkg = apt.show(BUSYBOX, progress)?;
+    let hash = inputs_hash(&kpkg, &bpkg, &agent);
+
+    if !opts.force {
+        match open(home, name) {
+            Ok(img) if img.inputs_hash == hash => {
+                progress(&format!(
+                    "image {name} is up to date ({}, inputs {})",
+                    img.kernel_release,
+                    &hash[..12]
+                ));
+                return Ok(img);
+            }
+            Ok(_) => progress(&format!("image {name}: inputs changed, rebuilding")),
+            Err(Error::NotBuilt { .. }) => {}
+            Err(e) => progress(&format!("rebuilding: {e}")),
+        }
+    }
+
+    let cache = home.join("cache/debs");
+    let kdeb = apt.fetch(&kpkg, &cache, progress)?;
+    let bdeb = apt.fetch(&bpkg, &cache, progress)?;
+
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".build-{name}-"))
+        .tempdir_in(&images)
+        .map_err(io(&images))?;
+    let work = tmp.path().join("work");
+    let out = tmp.path().join("out");
+    for d in [&work, &out] {
+        std::fs::create_dir_all(d).map_err(io(d))?;
+    }
+    progress("unpacking packages");
+    let kroot = work.join("kernel");
+    let broot = work.join("busybox");
+    apt.extract(&kdeb, &kroot)?;
+    apt.extract(&bdeb, &broot)?;
+    let release = kernel_release(&kroot)?;
+    let bzimage = kroot.join("boot").join(format!("vmlinuz-{release}"));
+    if !bzimage.is_file() {
+        return Err(Error::KernelPackage(format!("no boot/vmlinuz-{release}")));
+    }
+
+    progress(&format!("assembling initramfs (kernel {release})"));
+    let agent_path = work.join("rebound-agent");
+    std::fs::write(&agent_path, &agent).map_err(io(&agent_path))?;
+    let root = work.join("initramfs");
+    let inputs = initramfs::Inputs {
+        kernel_root: &kroot,
+        release: &release,
+        busybox: &broot.join("bin/busybox"),
+        agent: &agent_path,
+        init: INIT,
+    };
+    let modules = initramfs::populate(&tools, &inputs, &root)?;
+    initramfs::archive(&tools, &root, &out.join("initrd.cpio.gz"))?;
+    progress(&format!("initramfs: {} modules", modules.len()));
+
+    progress("preparing kernel");
+    std::fs::copy(&bzimage, out.join("vmlinuz")).map_err(io(&bzimage))?;
+    let mut files = BTreeMap::new();
+    if kernel::extract_pvh_elf(&tools, &bzimage, &out.join("vmlinux"))? {
+        files.insert("kernel".to_string(), file_entry(&out, "vmlinux")?);
+        files.insert("kernel_bzimage".to_string(), file_entry(&out, "vmlinuz")?);
+    } else {
+        progress("kernel has no PVH entry: booting the bzImage");
+        files.insert("kernel".to_string(), file_entry(&out, "vmlinuz")?);
+    }
+
+    progress(&format!("making data disk ({})", datadisk::DISK_SIZE));
+    datadisk::make(
+        &tools,
+        name,
+        &release,
+        &work.join("data"),
+        &out.join("data.ext4"),
+    )?;
+    files.insert("initrd".to_string(), file_entry(&out, "initrd.cpio.gz")?);
+    files.insert("disk".to_string(), file_entry(&out, "data.ext4")?);
+
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        name: name.to_string(),
+        kernel_release: release.clone(),
+        append: DEFAULT_APPEND.to_string(),
+        inputs_hash: hash,
+        built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        builder_version: BUILDER_VERSION,
+        packages: [&kpkg, &bpkg]
+            .iter()
+            .map(|p| PackageEntry {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                sha256: p.sha256.clone(),
+            })
+            .collect(),
+        modules: modules.into_iter().collect(),
+        files,
+    };
+    manifest.write(&out.join("manifest.json"))?;
+
+    swap_in(&images, name, &out, tmp.path())?;
+    progress(&format!(
+        "image {name} built in {}",
+        images.join(name).display()
+    ));
+    open(home, name)
+}
+
+/// Replaces `images/NAME` with `new`: the old image is moved into the build's temporary
+/// directory (deleted with it), so `images/NAME` is either the old or the new image
+/// except for the instant between the two renames.
+fn swap_in(images: &Path, name: &str, new: &Path, tmp: &Path) -> Result<(), Error> {
+    let target = images.join(name);
+    let old: PathBuf = tmp.join("old");
+    if target.exists() {
+        std::fs::rename(&target, &old).map_err(io(&target))?;
+    }
+    if let Err(err) = std::fs::rename(new, &target) {
+        if old.exists() {
+            let _ = std::fs::rename(&old, &target);
+        }
+        return Err(Error::Io { path: target, err });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_must_be_static_x86_64() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a");
+        std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+        assert!(check_agent(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not an x86-64 ELF"));
+        // A dynamic binary of the host has PT_INTERP.
+        let e = check_agent(Path::new("/bin/sh")).unwrap_err().to_string();
+        assert!(e.contains("dynamically linked"), "{e}");
+        let e = check_agent(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("make -C guest/agent"), "{e}");
+    }
+
+    #[test]
+    fn unknown_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions {
+            agent: "/nonexistent".into(),
+            force: false,
+        };
+        let e = build(dir.path(), "fancy", &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "unknown image \"fancy\": the images that can be built are: default"
+        );
+        let e = open(dir.path(), "default").unwrap_err().to_string();
+        assert!(
+            e.contains("is not built") && e.contains("rebound image build default"),
+            "{e}"
+        );
+        assert!(crate::list(dir.path()).unwrap().is_empty());
+    }
+}

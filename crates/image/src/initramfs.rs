@@ -1,0 +1,221 @@
+//! The initramfs: busybox and its applet links, our `/init` and agent, and the kernel
+//! modules the init loads with their dependency closure, indexed by `depmod` so busybox
+//! `modprobe` finds them. Archived with `cpio -o -H newc` (owner root) and gzip.
+
+use std::collections::BTreeSet;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
+use crate::modules::{parse_builtin, ModDeps, ModulesError};
+use crate::tools::{run, ToolError, Tools};
+
+/// Modules `guest/init` loads. crc32c_generic is ext4's soft dependency (metadata
+/// checksums), which modules.dep does not list.
+pub const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "virtio_net",
+    "virtio_console",
+    "virtio_balloon",
+    "virtio_mem",
+    "pvpanic_mmio",
+    "pvpanic_pci",
+    "qemu_fw_cfg",
+    "i6300esb",
+    "crc32c_generic",
+    "ext4",
+];
+
+/// Errors assembling the initramfs.
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    #[error("cannot use {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Modules(#[from] ModulesError),
+    #[error("busybox --list-full printed no applets")]
+    NoApplets,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InitramfsError + '_ {
+    move |err| InitramfsError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+/// What goes into the initramfs.
+pub struct Inputs<'a> {
+    /// Root of the unpacked kernel package (has lib/modules/<release>).
+    pub kernel_root: &'a Path,
+    pub release: &'a str,
+    /// The static busybox binary.
+    pub busybox: &'a Path,
+    pub agent: &'a Path,
+    pub init: &'a str,
+}
+
+fn copy_exec(from: &Path, to: &Path) -> Result<(), InitramfsError> {
+    std::fs::copy(from, to).map_err(io(from))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).map_err(io(to))
+}
+
+/// Builds the tree under `root`; returns the module files included.
+pub fn populate(
+    tools: &Tools,
+    inp: &Inputs,
+    root: &Path,
+) -> Result<BTreeSet<String>, InitramfsError> {
+    for d in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "run", "data", "etc",
+    ] {
+        let p = root.join(d);
+        std::fs::create_dir_all(&p).map_err(io(&p))?;
+    }
+    copy_exec(inp.busybox, &root.join("bin/busybox"))?;
+    let list = run(std::process::Command::new(inp.busybox).arg("--list-full"))?;
+    let mut applets = 0;
+    for a in String::from_utf8_lossy(&list.stdout).lines().map(str::trim) {
+        if a.is_empty() || a.starts_with('/') || a.split('/').any(|c| c == ".." || c.is_empty()) {
+            continue;
+        }
+        let link = root.join(a);
+        if link.symlink_metadata().is_ok() {
+            continue;
+        }
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        symlink("/bin/busybox", &link).map_err(io(&link))?;
+        applets += 1;
+    }
+    if applets == 0 {
+        return Err(InitramfsError::NoApplets);
+    }
+    let init = root.join("init");
+    std::fs::write(&init, inp.init).map_err(io(&init))?;
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).map_err(io(&init))?;
+    copy_exec(inp.agent, &root.join("sbin/rebound-agent"))?;
+    install_modules(tools, inp, root)
+}
+
+fn install_modules(
+    tools: &Tools,
+    inp: &Inputs,
+    root: &Path,
+) -> Result<BTreeSet<String>, InitramfsError> {
+    let src = inp.kernel_root.join("lib/modules").join(inp.release);
+    // Debian's package leaves modules.dep to its postinst: index the full tree first.
+    if !src.join("modules.dep").is_file() {
+        run(tools
+            .cmd("depmod")
+            .arg("-b")
+            .arg(inp.kernel_root)
+            .arg(inp.release))?;
+    }
+    let dep_path = src.join("modules.dep");
+    let deps = ModDeps::parse(&std::fs::read_to_string(&dep_path).map_err(io(&dep_path))?)?;
+    let builtin = std::fs::read_to_string(src.join("modules.builtin"))
+        .map(|t| parse_builtin(&t))
+        .unwrap_or_default();
+    let chosen = deps.closure(MODULES, &builtin)?;
+    let dst = root.join("lib/modules").join(inp.release);
+    for m in &chosen {
+        let to = dst.join(m);
+        let parent = to.parent().unwrap_or(&dst);
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        std::fs::copy(src.join(m), &to).map_err(io(&src.join(m)))?;
+    }
+    for f in [
+        "modules.order",
+        "modules.builtin",
+        "modules.builtin.modinfo",
+    ] {
+        if src.join(f).is_file() {
+            std::fs::copy(src.join(f), dst.join(f)).map_err(io(&src.join(f)))?;
+        }
+    }
+    run(tools.cmd("depmod").arg("-b").arg(root).arg(inp.release))?;
+    Ok(chosen)
+}
+
+fn walk(base: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<(), InitramfsError> {
+    let dir = base.join(rel);
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(io(&dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(io(&dir))?;
+    entries.sort();
+    for name in entries {
+        let r = rel.join(&name);
+        out.push(r.clone());
+        let meta = base.join(&r).symlink_metadata().map_err(io(&r))?;
+        if meta.is_dir() {
+            walk(base, &r, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Archives `root` into a gzip-compressed newc cpio at `out`.
+pub fn archive(tools: &Tools, root: &Path, out: &Path) -> Result<(), InitramfsError> {
+    let mut files = Vec::new();
+    walk(root, Path::new(""), &mut files)?;
+    let mut list = Vec::new();
+    for f in &files {
+        list.extend_from_slice(f.as_os_str().as_encoded_bytes());
+        list.push(b'\n');
+    }
+    let mut child = tools
+        .cmd("cpio")
+        .args(["-o", "-H", "newc", "-R", "0:0", "--quiet", "--reproducible"])
+        .current_dir(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| ToolError::Spawn {
+            tool: "cpio".into(),
+            err,
+        })?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let feeder = std::thread::spawn(move || stdin.write_all(&list));
+    let file = std::fs::File::create(out).map_err(io(out))?;
+    let mut gz = GzEncoder::new(BufWriter::new(file), Compression::new(6));
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    std::io::copy(&mut stdout, &mut gz).map_err(io(out))?;
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let status = child.wait().map_err(|err| ToolError::Spawn {
+        tool: "cpio".into(),
+        err,
+    })?;
+    let fed = feeder.join().map(|r| r.is_ok()).unwrap_or(false);
+    if !status.success() || !fed {
+        return Err(ToolError::Failed {
+            tool: "cpio".into(),
+            status: status.to_string(),
+            stderr: stderr.trim().to_string(),
+        }
+        .into());
+    }
+    let w = gz.finish().map_err(io(out))?;
+    w.into_inner()
+        .map_err(|e| InitramfsError::Io {
+            path: out.to_path_buf(),
+            err: e.into_error(),
+        })?
+        .sync_all()
+        .map_err(io(out))?;
+    Ok(())
+}

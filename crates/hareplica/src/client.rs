@@ -501,3 +501,36 @@ fn refusal(code: ErrorCode, message: String) -> Error {
         code => Error::Rejected { code, message },
     }
 }
+
+/// Asks a running backup for its state.
+pub fn query_status(ep: &Endpoint, timeout: Duration) -> Result<crate::wire::StatusInfo, Error> {
+    match admin_request(ep, timeout, &Message::Status)? {
+        Message::StatusReply(s) => Ok(s),
+        m => Err(Error::Protocol(format!(
+            "expected StatusReply, got {}",
+            m.kind()
+        ))),
+    }
+}
+
+/// Promotes a running backup: bumps its epoch so the current primary is fenced and a new
+/// primary may attach. Returns (new epoch, last tx).
+pub fn promote(ep: &Endpoint, timeout: Duration) -> Result<(u64, u64), Error> {
+    match admin_request(ep, timeout, &Message::Promote)? {
+        Message::Welcome { last_tx, epoch, .. } => Ok((epoch, last_tx)),
+        m => Err(Error::Protocol(format!(
+            "expected Welcome, got {}",
+            m.kind()
+        ))),
+    }
+}
+
+fn admin_request(ep: &Endpoint, timeout: Duration, msg: &Message) -> Result<Message, Error> {
+    let mut opts = ClientOptions::new(Mode::Sync);
+    opts.connect_timeout = timeout;
+    opts.ack_timeout = timeout;
+    let c = ReplicaClient::unconnected(ep, 0, opts);
+    let mut conn = c.open()?;
+    c.send_msg(&mut conn, msg)?;
+    c.read_msg(&mut conn)
+}

@@ -54,7 +54,7 @@ pub fn diff_pages(
         "shadow and current differ in length"
     );
     assert!(
-        page_size > 0 && page_size % BLOCK == 0,
+        page_size > 0 && page_size.is_multiple_of(BLOCK),
         "page size {page_size} is not a multiple of {BLOCK}"
     );
     for &page in pages {

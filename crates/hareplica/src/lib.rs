@@ -19,7 +19,9 @@ pub mod server;
 pub mod store;
 pub mod wire;
 
-pub use client::{ClientOptions, ClientStats, Error, OnFailure, ReplicaClient};
+pub use client::{
+    promote, query_status, ClientOptions, ClientStats, Error, OnFailure, ReplicaClient,
+};
 pub use diff::{diff_pages, DiffRun};
 pub use endpoint::Endpoint;
 pub use server::{BackupConfig, BackupHandle, BackupServer};

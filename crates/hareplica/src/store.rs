@@ -487,7 +487,7 @@ fn write_sparse(f: &File, data: &[u8], base: u64, path: &Path) -> Result<(), Sto
         }
         f.write_all_at(chunk, base + (i * CHUNK) as u64)
             .map_err(io_err("write", path))?;
-        if data.len() > PROGRESS_STEP && (i * CHUNK) % PROGRESS_STEP == 0 {
+        if data.len() > PROGRESS_STEP && (i * CHUNK).is_multiple_of(PROGRESS_STEP) {
             log::info!(
                 "wrote {} of {} MiB of {}",
                 (i * CHUNK) >> 20,

@@ -24,7 +24,10 @@
 //! - `Image` (16 + up to [`IMAGE_CHUNK`] bytes): `offset u64`, `total u64`, then bytes.
 //!   Chunks arrive in order and cover `0..total`.
 //! - `Commit` (primary → backup): `tx_id u64`, `epoch u64`, `run_count u32`, then per run
-//!   `offset u64`, `len u32`, `len` bytes. The backup applies it atomically iff `epoch` is
+//!   a run header of two LEB128 varints, `gap` (the run's offset minus the previous run's
+//!   end, zigzag-encoded so any order works; the first run counts from 0) and `len`
+//!   (1..=u32::MAX), then `len` bytes. Varints keep a run header at 2–4 bytes instead of 12:
+//!   diffs of small writes are mostly headers. The backup applies it atomically iff `epoch` is
 //!   current and `tx_id` is its last tx + 1. A resend of an already applied tx (same bytes)
 //!   is acknowledged again without being applied; anything else out of order is refused.
 //! - `Ack` (8 bytes): `tx_id u64`, the tx is applied (and on disk when the backup is durable).
@@ -45,7 +48,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::diff::DiffRun;
+mod commit;
+
+pub use commit::{encode_commit, Commit};
 
 pub const MAGIC: [u8; 4] = *b"RBHA";
 pub const VERSION: u16 = 1;
@@ -58,8 +63,6 @@ pub const MAX_COMMIT_PAYLOAD: u32 = 256 << 20;
 pub const IMAGE_CHUNK: usize = 1 << 20;
 pub const MAX_ERROR_MESSAGE: usize = 1024;
 const MAX_PEER_NAME: usize = 256;
-const COMMIT_HEADER: usize = 20;
-const RUN_HEADER: usize = 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -272,85 +275,6 @@ impl Message {
     }
 }
 
-/// A commit whose run structure has been validated (bounds against a heap are not).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Commit {
-    pub tx_id: u64,
-    pub epoch: u64,
-    pub run_count: u32,
-    /// The whole commit payload, header included.
-    pub payload: Vec<u8>,
-}
-
-impl Commit {
-    /// Parses and structurally validates a commit payload.
-    pub fn parse(payload: Vec<u8>) -> Result<Commit, WireError> {
-        let bad = |why: String| WireError::Malformed {
-            ty: FrameType::Commit,
-            why,
-        };
-        if payload.len() < COMMIT_HEADER {
-            return Err(bad(format!(
-                "{} bytes, header needs {COMMIT_HEADER}",
-                payload.len()
-            )));
-        }
-        let tx_id = le_u64(&payload[0..8]);
-        let epoch = le_u64(&payload[8..16]);
-        let run_count = le_u32(&payload[16..20]);
-        let mut pos = COMMIT_HEADER;
-        for i in 0..run_count {
-            if payload.len() - pos < RUN_HEADER {
-                return Err(bad(format!("run {i} of {run_count} is cut short")));
-            }
-            let off = le_u64(&payload[pos..pos + 8]);
-            let len = le_u32(&payload[pos + 8..pos + 12]) as usize;
-            pos += RUN_HEADER;
-            if len == 0 || payload.len() - pos < len {
-                return Err(bad(format!("run {i} has a bad length {len}")));
-            }
-            if off.checked_add(len as u64).is_none() {
-                return Err(bad(format!("run {i} offset {off} overflows")));
-            }
-            pos += len;
-        }
-        if pos != payload.len() {
-            return Err(bad(format!("{} trailing bytes", payload.len() - pos)));
-        }
-        Ok(Commit {
-            tx_id,
-            epoch,
-            run_count,
-            payload,
-        })
-    }
-
-    /// The runs as (heap offset, bytes).
-    pub fn runs(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        let mut pos = COMMIT_HEADER;
-        let p = &self.payload;
-        (0..self.run_count).map(move |_| {
-            let off = le_u64(&p[pos..pos + 8]);
-            let len = le_u32(&p[pos + 8..pos + 12]) as usize;
-            let data = &p[pos + RUN_HEADER..pos + RUN_HEADER + len];
-            pos += RUN_HEADER + len;
-            (off, data)
-        })
-    }
-
-    /// The first run that does not fit in a heap of `heap_size` bytes, if any.
-    pub fn out_of_bounds(&self, heap_size: u64) -> Option<(u64, usize)> {
-        self.runs()
-            .find(|(off, d)| off + d.len() as u64 > heap_size)
-            .map(|(off, d)| (off, d.len()))
-    }
-
-    /// Diff bytes carried (without headers).
-    pub fn data_bytes(&self) -> u64 {
-        self.runs().map(|(_, d)| d.len() as u64).sum()
-    }
-}
-
 pub(crate) fn le_u64(b: &[u8]) -> u64 {
     u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
 }
@@ -364,7 +288,7 @@ fn le_u16(b: &[u8]) -> u16 {
 }
 
 /// Starts a frame in `buf` (cleared); finish it with [`finish_frame`].
-fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
+pub(crate) fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
     buf.clear();
     buf.extend_from_slice(&MAGIC);
     buf.extend_from_slice(&VERSION.to_le_bytes());
@@ -373,7 +297,7 @@ fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
 }
 
 /// Fills in the length and checksum of the frame built in `buf`.
-fn finish_frame(buf: &mut [u8]) {
+pub(crate) fn finish_frame(buf: &mut [u8]) {
     let len = (buf.len() - HEADER_LEN) as u32;
     buf[8..12].copy_from_slice(&len.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
@@ -443,34 +367,6 @@ pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
         }
     }
     finish_frame(buf);
-}
-
-/// Encodes a commit frame straight from the heap, without an intermediate copy.
-/// Returns `None` when the payload would exceed [`MAX_COMMIT_PAYLOAD`].
-pub fn encode_commit(
-    tx_id: u64,
-    epoch: u64,
-    runs: &[DiffRun],
-    heap: &[u8],
-    buf: &mut Vec<u8>,
-) -> Option<usize> {
-    let data: u64 = crate::diff::run_bytes(runs);
-    let payload = COMMIT_HEADER as u64 + RUN_HEADER as u64 * runs.len() as u64 + data;
-    if payload > u64::from(MAX_COMMIT_PAYLOAD) {
-        return None;
-    }
-    begin_frame(buf, FrameType::Commit);
-    buf.reserve(payload as usize);
-    buf.extend_from_slice(&tx_id.to_le_bytes());
-    buf.extend_from_slice(&epoch.to_le_bytes());
-    buf.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-    for r in runs {
-        buf.extend_from_slice(&r.offset.to_le_bytes());
-        buf.extend_from_slice(&r.len.to_le_bytes());
-        buf.extend_from_slice(&heap[r.offset as usize..r.end() as usize]);
-    }
-    finish_frame(buf);
-    Some(buf.len())
 }
 
 fn truncate_utf8(s: &str, max: usize) -> &str {
@@ -768,6 +664,7 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diff::DiffRun;
 
     fn roundtrip(msg: Message) {
         let mut buf = Vec::new();

@@ -1,0 +1,255 @@
+//! `rebound-ha`: run a heap backup, show its state, promote it, dump its replica, and
+//! measure the replication link.
+
+mod bench_link;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use hareplica::store::Store;
+use hareplica::{BackupConfig, BackupServer, Endpoint, StatusInfo};
+
+#[derive(Parser)]
+#[command(
+    name = "rebound-ha",
+    about = "Backup for Rebound's highly available heap",
+    version
+)]
+struct Cli {
+    /// Log more (repeat for debug output).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Hold a replica: apply primaries' commits, serve takeover.
+    Backup {
+        /// tcp:HOST:PORT or unix:PATH
+        #[arg(long)]
+        listen: Endpoint,
+        /// Directory for the replica image and its write-ahead log.
+        #[arg(long)]
+        dir: PathBuf,
+        /// fsync each commit before acknowledging it (survives power loss).
+        #[arg(long)]
+        durable: bool,
+        /// Let a primary announcing a fresh heap replace a replica holding transactions.
+        #[arg(long)]
+        allow_reset: bool,
+        /// Checkpoint the image once the log exceeds this many MiB (default: max(64, heap)).
+        #[arg(long)]
+        checkpoint_mb: Option<u64>,
+    },
+    /// Show a backup's state, from its directory or by asking it.
+    Status {
+        #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        connect: Option<Endpoint>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bump the backup's epoch: the current primary is fenced, a new one may attach.
+    Promote {
+        #[arg(long)]
+        connect: Endpoint,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the replica's heap image (log replayed) to a file.
+    Dump {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Measure commit round trips over loopback TCP and a unix socket.
+    BenchLink(bench_link::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_timestamp_millis()
+        .init();
+    match run(cli.cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rebound-ha: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Backup {
+            listen,
+            dir,
+            durable,
+            allow_reset,
+            checkpoint_mb,
+        } => {
+            let cfg = BackupConfig {
+                durable,
+                allow_reset,
+                checkpoint_bytes: checkpoint_mb.unwrap_or(0) << 20,
+                ..BackupConfig::new(listen, &dir)
+            };
+            let (server, report) =
+                BackupServer::bind(cfg).with_context(|| format!("backup on {}", dir.display()))?;
+            let st = server.status();
+            if report.torn_tail_bytes > 0 {
+                log::warn!(
+                    "cut a torn log tail of {} bytes (a crash mid-write)",
+                    report.torn_tail_bytes
+                );
+            }
+            log::info!(
+                "listening on {} (heap {} bytes, tx {}, epoch {}, {} log records replayed{})",
+                server.local_endpoint(),
+                st.heap_size,
+                st.last_tx,
+                st.epoch,
+                report.records_replayed,
+                if durable { ", durable" } else { "" }
+            );
+            server.serve().context("backup stopped")
+        }
+        Cmd::Status {
+            dir: Some(dir),
+            json,
+            ..
+        } => status_dir(&dir, json),
+        Cmd::Status {
+            connect: Some(ep),
+            json,
+            ..
+        } => {
+            let st = hareplica::query_status(&ep, ADMIN_TIMEOUT)
+                .with_context(|| format!("status of {ep}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print_status(&st);
+            }
+            Ok(())
+        }
+        Cmd::Status { .. } => bail!("give --dir or --connect"),
+        Cmd::Promote { connect, json } => {
+            let (epoch, last_tx) = hareplica::promote(&connect, ADMIN_TIMEOUT)
+                .with_context(|| format!("promote {connect}"))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "epoch": epoch, "last_tx": last_tx })
+                );
+            } else {
+                println!("promoted: epoch {epoch}, last tx {last_tx}; the old primary is fenced");
+            }
+            Ok(())
+        }
+        Cmd::Dump { dir, out } => dump(&dir, &out),
+        Cmd::BenchLink(args) => bench_link::run(args),
+    }
+}
+
+fn status_dir(dir: &Path, json: bool) -> Result<()> {
+    let (st, report) =
+        Store::load_readonly(dir).with_context(|| format!("replica in {}", dir.display()))?;
+    if !report.image_found {
+        bail!("{} holds no replica image", dir.display());
+    }
+    if json {
+        let v = serde_json::json!({
+            "dir": dir, "last_tx": st.last_tx, "epoch": st.epoch, "heap_size": st.heap_size,
+            "wal_bytes": report.wal_bytes, "wal_records": report.records_replayed,
+            "torn_tail_bytes": report.torn_tail_bytes, "primary": null,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("replica    {}", dir.display());
+        println!("heap       {} bytes", st.heap_size);
+        println!("last tx    {}", st.last_tx);
+        println!("epoch      {}", st.epoch);
+        println!(
+            "log        {} bytes, {} records since the checkpoint{}",
+            report.wal_bytes,
+            report.records_replayed,
+            if report.torn_tail_bytes > 0 {
+                format!(", torn tail of {} bytes", report.torn_tail_bytes)
+            } else {
+                String::new()
+            }
+        );
+        println!("primary    not known from the directory (use --connect)");
+    }
+    Ok(())
+}
+
+fn print_status(st: &StatusInfo) {
+    println!("heap       {} bytes", st.heap_size);
+    println!("last tx    {}", st.last_tx);
+    println!("epoch      {}", st.epoch);
+    println!(
+        "applied    {} txs, {} bytes since start",
+        st.txs_applied, st.bytes_applied
+    );
+    println!(
+        "log        {} bytes since the checkpoint{}",
+        st.wal_bytes,
+        if st.durable { ", durable" } else { "" }
+    );
+    match st.ms_since_commit {
+        Some(ms) => println!("lag        {ms} ms since the last commit"),
+        None => println!("lag        no commit since start"),
+    }
+    match &st.primary {
+        Some(p) => println!(
+            "primary    {} epoch {} {:?}{}",
+            p.peer,
+            p.epoch,
+            p.mode,
+            if p.current { "" } else { " (fenced)" }
+        ),
+        None => println!("primary    none connected"),
+    }
+}
+
+fn dump(dir: &Path, out: &Path) -> Result<()> {
+    for f in ["replica.img", "replica.wal"] {
+        let own = dir.join(f);
+        if let (Ok(a), Ok(b)) = (own.canonicalize(), out.canonicalize()) {
+            if a == b {
+                bail!("refusing to overwrite the replica's own {f}");
+            }
+        }
+    }
+    let (st, report) =
+        Store::load_readonly(dir).with_context(|| format!("replica in {}", dir.display()))?;
+    if !report.image_found {
+        bail!("{} holds no replica image", dir.display());
+    }
+    hareplica::store::dump_raw(&st, out).with_context(|| format!("dump to {}", out.display()))?;
+    println!(
+        "wrote {} bytes (tx {}, epoch {}) to {}",
+        st.heap_size,
+        st.last_tx,
+        st.epoch,
+        out.display()
+    );
+    Ok(())
+}

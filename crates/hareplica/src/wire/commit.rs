@@ -1,0 +1,245 @@
+//! Commit payloads: the transaction's runs, encoded straight from the heap.
+
+use super::{begin_frame, finish_frame, le_u32, le_u64, FrameType, WireError, MAX_COMMIT_PAYLOAD};
+use crate::diff::DiffRun;
+
+const COMMIT_HEADER: usize = 20;
+/// Longest LEB128 encoding of a u64.
+const MAX_VARINT: usize = 10;
+
+/// A commit whose run structure has been validated (bounds against a heap are not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub tx_id: u64,
+    pub epoch: u64,
+    pub run_count: u32,
+    /// The whole commit payload, header included.
+    pub payload: Vec<u8>,
+}
+
+fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// Reads a varint at `*pos`; `None` when cut short or longer than a u64.
+fn get_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for i in 0..MAX_VARINT {
+        let byte = *b.get(*pos + i)?;
+        if i == MAX_VARINT - 1 && byte > 1 {
+            return None;
+        }
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            *pos += i + 1;
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn zigzag(d: i64) -> u64 {
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Decodes the run header at `*pos` given the previous run's end: (offset, len).
+fn run_header(b: &[u8], pos: &mut usize, prev_end: u64) -> Result<(u64, usize), String> {
+    let gap = get_varint(b, pos).ok_or("run gap is cut short or too long")?;
+    let len = get_varint(b, pos).ok_or("run length is cut short or too long")?;
+    let off = i128::from(prev_end) + i128::from(unzigzag(gap));
+    let off = u64::try_from(off).map_err(|_| format!("run offset {off} is outside u64"))?;
+    let len = u32::try_from(len).map_err(|_| format!("run length {len} exceeds u32"))?;
+    if len == 0 {
+        return Err("run of length 0".into());
+    }
+    off.checked_add(u64::from(len))
+        .ok_or(format!("run at {off} overflows"))?;
+    Ok((off, len as usize))
+}
+
+impl Commit {
+    /// Parses and structurally validates a commit payload.
+    pub fn parse(payload: Vec<u8>) -> Result<Commit, WireError> {
+        let bad = |why: String| WireError::Malformed {
+            ty: FrameType::Commit,
+            why,
+        };
+        if payload.len() < COMMIT_HEADER {
+            return Err(bad(format!(
+                "{} bytes, header needs {COMMIT_HEADER}",
+                payload.len()
+            )));
+        }
+        let tx_id = le_u64(&payload[0..8]);
+        let epoch = le_u64(&payload[8..16]);
+        let run_count = le_u32(&payload[16..20]);
+        let (mut pos, mut prev_end) = (COMMIT_HEADER, 0u64);
+        for i in 0..run_count {
+            let (off, len) = run_header(&payload, &mut pos, prev_end)
+                .map_err(|why| bad(format!("run {i} of {run_count}: {why}")))?;
+            if payload.len() - pos < len {
+                return Err(bad(format!(
+                    "run {i} of {run_count}: {len} bytes announced, {} left",
+                    payload.len() - pos
+                )));
+            }
+            pos += len;
+            prev_end = off + len as u64;
+        }
+        if pos != payload.len() {
+            return Err(bad(format!("{} trailing bytes", payload.len() - pos)));
+        }
+        Ok(Commit {
+            tx_id,
+            epoch,
+            run_count,
+            payload,
+        })
+    }
+
+    /// The runs as (heap offset, bytes).
+    pub fn runs(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        let (mut pos, mut prev_end) = (COMMIT_HEADER, 0u64);
+        let p = &self.payload;
+        (0..self.run_count).map(move |_| {
+            let (off, len) = run_header(p, &mut pos, prev_end).expect("validated by parse");
+            let data = &p[pos..pos + len];
+            pos += len;
+            prev_end = off + len as u64;
+            (off, data)
+        })
+    }
+
+    /// The first run that does not fit in a heap of `heap_size` bytes, if any.
+    pub fn out_of_bounds(&self, heap_size: u64) -> Option<(u64, usize)> {
+        self.runs()
+            .find(|(off, d)| off + d.len() as u64 > heap_size)
+            .map(|(off, d)| (off, d.len()))
+    }
+
+    /// Diff bytes carried (without headers).
+    pub fn data_bytes(&self) -> u64 {
+        self.runs().map(|(_, d)| d.len() as u64).sum()
+    }
+}
+
+/// Encodes a commit frame straight from the heap into `buf`, returning the frame length,
+/// or `None` when the payload would exceed [`MAX_COMMIT_PAYLOAD`].
+///
+/// # Panics
+/// If a run lies outside `heap` (a caller bug: runs come from [`crate::diff_pages`]).
+pub fn encode_commit(
+    tx_id: u64,
+    epoch: u64,
+    runs: &[DiffRun],
+    heap: &[u8],
+    buf: &mut Vec<u8>,
+) -> Option<usize> {
+    let data = crate::diff::run_bytes(runs);
+    let bound = COMMIT_HEADER as u64 + 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
+    if COMMIT_HEADER as u64 + data > u64::from(MAX_COMMIT_PAYLOAD) {
+        return None;
+    }
+    begin_frame(buf, FrameType::Commit);
+    buf.reserve(bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize);
+    buf.extend_from_slice(&tx_id.to_le_bytes());
+    buf.extend_from_slice(&epoch.to_le_bytes());
+    buf.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    let mut prev_end = 0u64;
+    for r in runs {
+        put_varint(buf, zigzag(r.offset.wrapping_sub(prev_end) as i64));
+        put_varint(buf, u64::from(r.len));
+        buf.extend_from_slice(&heap[r.offset as usize..r.end() as usize]);
+        prev_end = r.end();
+    }
+    if buf.len() - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize {
+        buf.clear();
+        return None;
+    }
+    finish_frame(buf);
+    Some(buf.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn varints_roundtrip(v in any::<u64>(), d in any::<i64>()) {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            put_varint(&mut b, zigzag(d));
+            let mut pos = 0;
+            prop_assert_eq!(get_varint(&b, &mut pos), Some(v));
+            prop_assert_eq!(get_varint(&b, &mut pos).map(unzigzag), Some(d));
+            prop_assert_eq!(pos, b.len());
+        }
+
+        #[test]
+        fn runs_in_any_order_roundtrip(offs in proptest::collection::vec((0u64..60_000, 1u32..100), 0..20)) {
+            let heap: Vec<u8> = (0..60_100u32).map(|i| (i * 7) as u8).collect();
+            let runs: Vec<DiffRun> = offs.iter().map(|&(offset, len)| DiffRun { offset, len }).collect();
+            let mut buf = Vec::new();
+            encode_commit(3, 4, &runs, &heap, &mut buf).unwrap();
+            let c = Commit::parse(buf[super::super::HEADER_LEN..].to_vec()).unwrap();
+            let got: Vec<(u64, Vec<u8>)> = c.runs().map(|(o, d)| (o, d.to_vec())).collect();
+            let want: Vec<(u64, Vec<u8>)> = runs.iter()
+                .map(|r| (r.offset, heap[r.offset as usize..r.end() as usize].to_vec())).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn overlong_and_cut_varints_are_refused() {
+        let mut pos = 0;
+        assert_eq!(get_varint(&[0x80; 11], &mut pos), None);
+        assert_eq!(
+            get_varint(
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02],
+                &mut pos
+            ),
+            None
+        );
+        assert_eq!(get_varint(&[0x80], &mut pos), None);
+        assert_eq!(pos, 0);
+    }
+
+    #[test]
+    fn negative_offsets_and_zero_lengths_are_refused() {
+        let mut p = vec![0u8; COMMIT_HEADER];
+        p[16] = 1;
+        let mut bad_neg = p.clone();
+        put_varint(&mut bad_neg, zigzag(-5));
+        put_varint(&mut bad_neg, 1);
+        bad_neg.push(0);
+        assert!(Commit::parse(bad_neg)
+            .unwrap_err()
+            .to_string()
+            .contains("outside u64"));
+        let mut zero = p.clone();
+        put_varint(&mut zero, 0);
+        put_varint(&mut zero, 0);
+        assert!(Commit::parse(zero)
+            .unwrap_err()
+            .to_string()
+            .contains("length 0"));
+        let mut short = p;
+        put_varint(&mut short, 0);
+        put_varint(&mut short, 10);
+        short.extend_from_slice(&[1; 9]);
+        assert!(Commit::parse(short)
+            .unwrap_err()
+            .to_string()
+            .contains("10 bytes announced"));
+    }
+}

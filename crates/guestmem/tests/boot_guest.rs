@@ -1,0 +1,227 @@
+//! End to end: boot real Linux guests under QEMU with RAM in /dev/shm and
+//! check what this crate reads against what the guest itself reports.
+//!
+//! Needs a bzImage: `REBOUND_TEST_KERNEL=/path/to/vmlinuz`, else
+//! `$REBOUND_HOME/images/default/vmlinuz`. Ignored by default because it
+//! boots three guests under TCG (~30 s):
+//! `cargo test -p rebound-guestmem --test boot_guest -- --ignored`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rebound_guestmem::vmcoreinfo::parse_sysfs_vmcoreinfo;
+use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
+
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+echo "UNAME=$(uname -r)"
+echo "VMCOREINFO=$(cat /sys/kernel/vmcoreinfo)"
+grep "System RAM" /proc/iomem | sed 's/^/IOMEM /'
+echo READY
+while true; do sleep 1000; done
+"#;
+
+fn kernel() -> PathBuf {
+    if let Some(k) = std::env::var_os("REBOUND_TEST_KERNEL") {
+        return k.into();
+    }
+    let home = std::env::var_os("REBOUND_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".local/share/rebound")
+        });
+    let k = home.join("images/default/vmlinuz");
+    assert!(
+        k.exists(),
+        "no guest kernel: set REBOUND_TEST_KERNEL (looked at {})",
+        k.display()
+    );
+    k
+}
+
+/// A busybox initramfs whose init prints what the guest knows.
+fn initramfs(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    for d in ["bin", "proc", "sys", "dev"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/usr/bin/busybox", root.join("bin/busybox"))
+        .expect("static busybox at /usr/bin/busybox");
+    std::fs::write(root.join("init"), INIT).unwrap();
+    let out = dir.join("initrd");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "chmod +x init && find . | cpio -o -H newc --quiet > {}",
+            out.display()
+        ))
+        .current_dir(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cpio failed");
+    out
+}
+
+struct Guest {
+    child: Child,
+    serial: PathBuf,
+    ram: PathBuf,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn boot(dir: &Path, kernel: &Path, initrd: &Path, machine: &str, size: &str) -> Guest {
+    let ram = dir.join(format!("ram-{machine}-{size}"));
+    let serial = dir.join(format!("serial-{machine}-{size}"));
+    let child = Command::new("qemu-system-x86_64")
+        .args([
+            "-machine",
+            &format!("{machine},memory-backend=ram,accel=tcg"),
+            "-m",
+            size,
+        ])
+        .args([
+            "-object",
+            &format!(
+                "memory-backend-file,id=ram,size={size},mem-path={},share=on",
+                ram.display()
+            ),
+        ])
+        .args(["-display", "none", "-nodefaults", "-no-user-config"])
+        .args(["-serial", &format!("file:{}", serial.display())])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet panic=0"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64");
+    Guest { child, serial, ram }
+}
+
+/// What the guest printed: (uname -r, /sys/kernel/vmcoreinfo, System RAM ranges).
+fn guest_report(g: &mut Guest) -> (String, String, Vec<(u64, u64)>) {
+    let t0 = Instant::now();
+    loop {
+        assert!(g.child.try_wait().unwrap().is_none(), "guest QEMU exited");
+        let log = std::fs::read_to_string(&g.serial).unwrap_or_default();
+        if log.contains("READY") {
+            let value = |k: &str| {
+                log.lines()
+                    .find_map(|l| l.split_once(k).map(|(_, v)| v.trim().to_string()))
+                    .unwrap()
+            };
+            let iomem = log
+                .lines()
+                .filter_map(|l| l.split_once("IOMEM ").map(|(_, v)| v))
+                .map(|v| {
+                    let (range, _) = v.split_once(' ').unwrap();
+                    let (a, b) = range.split_once('-').unwrap();
+                    (
+                        u64::from_str_radix(a, 16).unwrap(),
+                        u64::from_str_radix(b, 16).unwrap() + 1,
+                    )
+                })
+                .collect();
+            return (value("UNAME="), value("VMCOREINFO="), iomem);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "guest did not boot: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+#[ignore = "boots real guests; needs a kernel (see module docs)"]
+fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
+    let kernel = kernel();
+    let dir = tempfile::Builder::new()
+        .prefix("guestmem-boot")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let initrd = initramfs(dir.path());
+    let cases = [
+        ("pc", "256M", Layout::pc(256 * MIB)),
+        ("pc", "5G", Layout::pc(5 * GIB)),
+        ("q35", "4G", Layout::q35(4 * GIB)),
+    ];
+    let mut guests: Vec<Guest> = cases
+        .iter()
+        .map(|(m, s, _)| boot(dir.path(), &kernel, &initrd, m, s))
+        .collect();
+    for ((machine, size, layout), g) in cases.iter().zip(guests.iter_mut()) {
+        let what = format!("{machine} {size}");
+        let (uname, sysfs, iomem) = guest_report(g);
+        let mem = GuestMemory::open_ram_file(&g.ram, *layout).unwrap();
+
+        let before = allocated(&g.ram);
+        let t0 = Instant::now();
+        let found = find_vmcoreinfo(&mem).unwrap();
+        let scan = t0.elapsed();
+        assert_eq!(
+            allocated(&g.ram),
+            before,
+            "{what}: the scan allocated guest RAM"
+        );
+        assert_eq!(found.info.osrelease, uname, "{what}");
+        let (paddr, note_size) = parse_sysfs_vmcoreinfo(&sysfs).unwrap();
+        assert_eq!(
+            found.paddr, paddr,
+            "{what}: scan and guest disagree on the note address"
+        );
+        assert_eq!(
+            read_vmcoreinfo(&mem, paddr, note_size).unwrap(),
+            found.info,
+            "{what}"
+        );
+        assert!(found.info.symbol("init_top_pgt").is_some(), "{what}");
+        assert_eq!(found.info.page_size, 4096);
+        eprintln!(
+            "{what}: note at {paddr:#x}, scan {:.1} ms over {} MiB of data",
+            scan.as_secs_f64() * 1e3,
+            mem.allocated_bytes().unwrap() >> 20
+        );
+
+        // The guest's own view of RAM (e820 via /proc/iomem) lies inside the
+        // layout, and RAM above 4 GiB matches it exactly.
+        let ranges: Vec<_> = layout.ranges().collect();
+        for &(a, b) in &iomem {
+            assert!(
+                ranges.iter().any(|r| r.gpa <= a && b <= r.gpa + r.len),
+                "{what}: guest RAM {a:#x}-{b:#x} outside layout {ranges:x?}"
+            );
+        }
+        if layout.above_4g_size() > 0 {
+            let high = ranges[1];
+            assert!(
+                iomem.contains(&(high.gpa, high.gpa + high.len)),
+                "{what}: {iomem:x?}"
+            );
+        }
+        let low_end = iomem
+            .iter()
+            .filter(|r| r.1 <= 4 * GIB)
+            .map(|r| r.1)
+            .max()
+            .unwrap();
+        // SeaBIOS reserves the top 128 KiB of low RAM for itself.
+        assert!(
+            layout.below_4g_size() - low_end <= 256 * 1024,
+            "{what}: {low_end:#x}"
+        );
+    }
+}

@@ -41,6 +41,11 @@
 // A bug inside the library (a Rust panic was caught at the boundary).
 #define HAHEAP_ERR_PANIC -10
 
+// The transaction is committed locally and queued for the backup, which has not
+// acknowledged it yet; call haheap_tend again to wait (new transactions are refused
+// with this code meanwhile).
+#define HAHEAP_ERR_IN_DOUBT -11
+
 // haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
 // unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
 #define HAHEAP_FLAG_ASYNC 1
@@ -134,7 +139,9 @@ int haheap_write(struct HaHeap *heap, size_t offset, const uint8_t *src, size_t 
 
 // Commits the open transaction: finds what it wrote, ships the changed bytes to the backup
 // (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
-// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back.
+// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
+// HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
+// again until it returns HAHEAP_OK (new transactions are refused meanwhile).
 //
 // # Safety
 // - `heap`: null or a live heap, not used by another thread during the call.

@@ -11,6 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::config::{EngineKind, HeapConfig, ReplMode};
 use crate::heap::{Error, Heap};
+use crate::repl::ReplError;
 
 /// Success.
 pub const HAHEAP_OK: c_int = 0;
@@ -34,6 +35,10 @@ pub const HAHEAP_ERR_REPLICATION: c_int = -8;
 pub const HAHEAP_ERR_BROKEN: c_int = -9;
 /// A bug inside the library (a Rust panic was caught at the boundary).
 pub const HAHEAP_ERR_PANIC: c_int = -10;
+/// The transaction is committed locally and queued for the backup, which has not
+/// acknowledged it yet; call haheap_tend again to wait (new transactions are refused
+/// with this code meanwhile).
+pub const HAHEAP_ERR_IN_DOUBT: c_int = -11;
 
 /// haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
 /// unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
@@ -81,6 +86,9 @@ impl From<Error> for Fail {
             Error::Config(_) | Error::SizeMismatch { .. } => HAHEAP_ERR_INVALID,
             Error::Region(_) => HAHEAP_ERR_REGION,
             Error::Engine(_) => HAHEAP_ERR_ENGINE,
+            Error::Replication(ReplError::InDoubt { .. }) | Error::AwaitingAck(_) => {
+                HAHEAP_ERR_IN_DOUBT
+            }
             Error::Replication(_) | Error::NoBackup => HAHEAP_ERR_REPLICATION,
             Error::Broken => HAHEAP_ERR_BROKEN,
         };
@@ -343,7 +351,9 @@ pub unsafe extern "C" fn haheap_write(
 
 /// Commits the open transaction: finds what it wrote, ships the changed bytes to the backup
 /// (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
-/// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back.
+/// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
+/// HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
+/// again until it returns HAHEAP_OK (new transactions are refused meanwhile).
 ///
 /// # Safety
 /// - `heap`: null or a live heap, not used by another thread during the call.

@@ -36,9 +36,12 @@ pub enum Error {
     /// The dirty-tracking engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
-    /// Replication failed; the transaction was rolled back locally.
-    #[error("replication failed; the transaction was rolled back")]
+    /// Replication failed (the source says whether the transaction was rolled back or is in doubt).
+    #[error("replication failed")]
     Replication(#[source] ReplError),
+    /// A committed transaction still waits for the backup's acknowledgement.
+    #[error("transaction {0} awaits the backup's acknowledgement; call tend to retry")]
+    AwaitingAck(u64),
     /// Takeover needs the backup's endpoint.
     #[error("takeover needs a backup endpoint in the configuration")]
     NoBackup,
@@ -61,6 +64,8 @@ pub struct Heap {
     reason: String,
     in_tx: bool,
     broken: bool,
+    /// A transaction committed here and queued for the backup, not yet acknowledged.
+    pending: Option<TxStats>,
     tx_id: u64,
     written_hint: usize,
     dirty: Dirty,
@@ -148,6 +153,7 @@ impl Heap {
             reason,
             in_tx: false,
             broken: false,
+            pending: None,
             tx_id,
             written_hint: 0,
             dirty: Dirty::default(),
@@ -211,6 +217,9 @@ impl Heap {
     /// Opens a transaction.
     pub fn tstart(&mut self) -> Result<(), Error> {
         self.usable()?;
+        if let Some(p) = &self.pending {
+            return Err(Error::AwaitingAck(p.tx_id));
+        }
         if self.in_tx {
             return Err(Error::Nested);
         }
@@ -243,8 +252,16 @@ impl Heap {
     }
 
     /// Commits the open transaction: diff, ship (if a backup is configured), update the shadow.
+    ///
+    /// If the backup does not acknowledge a transaction that was already queued for it,
+    /// the transaction stays committed here (the backup may still apply it) and the heap
+    /// refuses new transactions until a later `tend` sees the acknowledgement. If the
+    /// client refused the transaction outright it is rolled back.
     pub fn tend(&mut self) -> Result<TxStats, Error> {
         self.usable()?;
+        if let Some(p) = self.pending {
+            return self.retry_pending(p);
+        }
         if !self.in_tx {
             return Err(Error::NoTransaction);
         }
@@ -265,17 +282,33 @@ impl Heap {
         }
         let payload: u64 = self.runs.iter().map(|r| u64::from(r.len)).sum();
         let tx_id = self.tx_id + 1;
-        let shipped = match &mut self.repl {
-            Some(r) => match r.commit(tx_id, &self.runs, self.region.as_slice()) {
-                Ok(n) => n,
+        let mut stats = TxStats {
+            tx_id,
+            pages: self.dirty.pages.len(),
+            bytes_written_hint: self.written_hint,
+            bytes_shipped: payload as usize,
+        };
+        if let Some(r) = &mut self.repl {
+            match r.commit(tx_id, &self.runs, self.region.as_slice()) {
+                Ok(n) => stats.bytes_shipped = n as usize,
+                Err(e @ ReplError::InDoubt { .. }) => {
+                    self.finish_commit(tx_id);
+                    self.pending = Some(stats);
+                    return Err(Error::Replication(e));
+                }
                 Err(e) => {
                     self.in_tx = false;
                     self.roll_back_taken()?;
                     return Err(Error::Replication(e));
                 }
-            },
-            None => payload,
-        };
+            }
+        }
+        self.finish_commit(tx_id);
+        Ok(stats)
+    }
+
+    /// Makes the taken transaction the committed state locally.
+    fn finish_commit(&mut self, tx_id: u64) {
         if let Some(shadow) = &mut self.shadow {
             let (cur, sh) = (self.region.as_slice(), shadow.as_mut_slice());
             for r in &self.runs {
@@ -287,17 +320,28 @@ impl Heap {
         self.in_tx = false;
         std::mem::swap(&mut self.last_pages, &mut self.dirty.pages);
         std::mem::swap(&mut self.last_runs, &mut self.runs);
-        Ok(TxStats {
-            tx_id,
-            pages: self.last_pages.len(),
-            bytes_written_hint: self.written_hint,
-            bytes_shipped: shipped as usize,
-        })
+    }
+
+    /// Waits again for the acknowledgement of the in-doubt transaction.
+    fn retry_pending(&mut self, mut stats: TxStats) -> Result<TxStats, Error> {
+        let Some(r) = &mut self.repl else {
+            self.pending = None;
+            return Ok(stats);
+        };
+        let n = r
+            .commit(stats.tx_id, &[], self.region.as_slice())
+            .map_err(Error::Replication)?;
+        stats.bytes_shipped = n as usize;
+        self.pending = None;
+        Ok(stats)
     }
 
     /// Drops the open transaction and puts back the last committed state.
     pub fn abort(&mut self) -> Result<(), Error> {
         self.usable()?;
+        if let Some(p) = &self.pending {
+            return Err(Error::AwaitingAck(p.tx_id));
+        }
         if !self.in_tx {
             return Err(Error::NoTransaction);
         }

@@ -1,91 +1,92 @@
-//! The heap's side of replication: byte diffs and the backup connection.
-//!
-//! Kept behind a small trait so the heap does not care how a commit reaches the backup.
-//! Until the `hareplica` crate's client lands this module carries its own diff with the
-//! same contract and refuses backups with a clear error.
+//! The heap's side of replication: byte diffs (`hareplica::diff_pages`) and the link to the
+//! backup (`hareplica::ReplicaClient`), kept behind a small trait so the heap does not care
+//! how a commit reaches the backup.
 
 use crate::config::ReplMode;
+pub use hareplica::{diff_pages, DiffRun};
+use hareplica::{Endpoint, ReplicaClient};
 
 /// Errors of replication.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplError {
-    /// This build has no replication client.
-    #[error("replication to {0:?} is not available in this build (hareplica client not linked)")]
-    NotLinked(String),
+    /// The endpoint string does not parse.
+    #[error("bad backup endpoint")]
+    Endpoint(#[source] hareplica::endpoint::EndpointError),
+    /// Connecting to or attaching at the backup failed.
+    #[error("cannot open replication to the backup")]
+    Connect(#[source] hareplica::Error),
+    /// The transaction is queued for the backup but not acknowledged; `tend` again waits for it.
+    #[error("transaction {tx} is queued but the backup has not acknowledged it; call tend again to wait")]
+    InDoubt {
+        tx: u64,
+        #[source]
+        source: hareplica::Error,
+    },
+    /// The transaction never left this process (the client refused it).
+    #[error("the replication client refused transaction {tx}")]
+    Refused {
+        tx: u64,
+        #[source]
+        source: hareplica::Error,
+    },
+    /// Waiting for acknowledgements failed.
+    #[error("waiting for the backup's acknowledgements failed")]
+    Flush(#[source] hareplica::Error),
 }
-
-/// A byte range of the heap whose contents changed in a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiffRun {
-    /// Byte offset from the start of the heap.
-    pub offset: u64,
-    /// Length in bytes (never zero).
-    pub len: u32,
-}
-
-/// Runs separated by fewer equal bytes than this are merged (contract with hareplica).
-const MERGE_GAP: u64 = 16;
-
-/// Appends the runs where `current` differs from `shadow` inside `pages` (ascending).
-pub fn diff_pages(
-    shadow: &[u8],
-    current: &[u8],
-    pages: &[usize],
-    page_size: usize,
-    out: &mut Vec<DiffRun>,
-) {
-    for &p in pages {
-        let base = p * page_size;
-        let (a, b) = (
-            &shadow[base..base + page_size],
-            &current[base..base + page_size],
-        );
-        for (i, (aw, bw)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
-            let x = u64::from_le_bytes(aw.try_into().unwrap_or_default())
-                ^ u64::from_le_bytes(bw.try_into().unwrap_or_default());
-            if x == 0 {
-                continue;
-            }
-            let word = (base + i * 8) as u64;
-            let first = word + u64::from(x.trailing_zeros() / 8);
-            let last = word + 8 - u64::from(x.leading_zeros() / 8);
-            match out.last_mut() {
-                Some(prev)
-                    if first >= prev.offset + u64::from(prev.len)
-                        && first - (prev.offset + u64::from(prev.len)) < MERGE_GAP =>
-                {
-                    prev.len = (last - prev.offset) as u32;
-                }
-                _ => out.push(DiffRun {
-                    offset: first,
-                    len: (last - first) as u32,
-                }),
-            }
-        }
-    }
-}
-
-/// A takeover's result: the client, the committed image, the last committed tx id.
-pub type Attached = (Box<dyn Replicator>, Vec<u8>, u64);
 
 /// Where committed transactions go.
 pub trait Replicator: Send {
     /// Ships one transaction's runs (contents read from `heap`); returns bytes sent.
+    /// Called again with the same `tx_id` after `InDoubt`, it waits for that transaction.
     fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError>;
     /// Waits until every shipped transaction is acknowledged.
     fn flush(&mut self) -> Result<(), ReplError>;
 }
 
+impl Replicator for ReplicaClient {
+    fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError> {
+        ReplicaClient::commit(self, tx_id, runs, heap).map_err(|source| {
+            // Unacknowledged transactions are kept in order after the last acknowledged one,
+            // so this tells whether ours made it into the queue.
+            if self.last_acked() + self.unacked() as u64 >= tx_id {
+                ReplError::InDoubt { tx: tx_id, source }
+            } else {
+                ReplError::Refused { tx: tx_id, source }
+            }
+        })
+    }
+
+    fn flush(&mut self) -> Result<(), ReplError> {
+        ReplicaClient::flush(self).map_err(ReplError::Flush)
+    }
+}
+
+fn wire_mode(mode: ReplMode) -> hareplica::Mode {
+    match mode {
+        ReplMode::Sync => hareplica::Mode::Sync,
+        ReplMode::Async { max_lag } => hareplica::Mode::Async { max_lag },
+    }
+}
+
 /// Connects to a backup for a fresh heap of `heap_size` bytes.
 pub fn connect(
     endpoint: &str,
-    _heap_size: u64,
-    _mode: ReplMode,
+    heap_size: u64,
+    mode: ReplMode,
 ) -> Result<Box<dyn Replicator>, ReplError> {
-    Err(ReplError::NotLinked(endpoint.to_string()))
+    let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
+    let client =
+        ReplicaClient::connect(&ep, heap_size, wire_mode(mode)).map_err(ReplError::Connect)?;
+    Ok(Box::new(client))
 }
 
-/// Attaches to a backup's replica for takeover: the client, the committed image, the last tx id.
-pub fn attach(endpoint: &str, _mode: ReplMode) -> Result<Attached, ReplError> {
-    Err(ReplError::NotLinked(endpoint.to_string()))
+/// A takeover's result: the client, the committed image, the last committed tx id.
+pub type Attached = (Box<dyn Replicator>, Vec<u8>, u64);
+
+/// Attaches to a backup's replica for takeover.
+pub fn attach(endpoint: &str, mode: ReplMode) -> Result<Attached, ReplError> {
+    let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
+    let (client, image, last_tx) =
+        ReplicaClient::attach(&ep, wire_mode(mode)).map_err(ReplError::Connect)?;
+    Ok((Box::new(client), image, last_tx))
 }

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use rebound_guestmem::maps::MapTarget;
 use rebound_guestmem::vmcoreinfo::parse_sysfs_vmcoreinfo;
 use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
 
@@ -190,6 +191,20 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         );
         assert!(found.info.symbol("init_top_pgt").is_some(), "{what}");
         assert_eq!(found.info.page_size, 4096);
+        // The same through the QEMU process (the path a lazily restored guest needs).
+        let target = MapTarget::Path(g.ram.clone());
+        let via_proc = GuestMemory::open_process(g.child.id(), &target, *layout).unwrap();
+        let found_proc = find_vmcoreinfo(&via_proc).unwrap();
+        assert_eq!(
+            (found_proc.paddr, &found_proc.info),
+            (paddr, &found.info),
+            "{what}"
+        );
+        assert_eq!(
+            allocated(&g.ram),
+            before,
+            "{what}: the process scan allocated guest RAM"
+        );
         eprintln!(
             "{what}: note at {paddr:#x}, scan {:.1} ms over {} MiB of data",
             scan.as_secs_f64() * 1e3,

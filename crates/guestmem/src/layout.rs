@@ -47,6 +47,12 @@ pub enum LayoutError {
     /// The above-4G part would wrap the 64-bit address space.
     #[error("above-4G RAM of {len:#x} bytes at {start:#x} overflows 64-bit addresses")]
     AboveOverflows { start: u64, len: u64 },
+    /// The machine type has no known RAM layout.
+    #[error("unsupported machine type {0:?} (pc, pc-i440fx-*, q35 or pc-q35-* only)")]
+    UnknownMachine(String),
+    /// A machine option's value cannot be parsed.
+    #[error("bad value {value:?} for machine option {option}")]
+    BadOption { option: String, value: String },
 }
 
 /// One contiguous piece of RAM: `len` bytes at guest physical address `gpa`,
@@ -138,6 +144,53 @@ impl Layout {
         };
         lowmem = lowmem.min(max_below);
         Self::with_below_4g(ram_size, lowmem.min(ram_size))
+    }
+
+    /// The layout QEMU 7.2 gives a `-machine` argument such as
+    /// `pc,memory-backend=ram,max-ram-below-4g=2G` or `pc-q35-7.2`.
+    /// Options other than `type` and `max-ram-below-4g` do not move RAM and
+    /// are ignored.
+    pub fn from_machine(arg: &str, ram_size: u64) -> Result<Layout, LayoutError> {
+        let mut machine = None;
+        let mut max_below = None;
+        for (i, item) in arg.split(',').enumerate() {
+            match item.split_once('=') {
+                None if i == 0 => machine = Some(item),
+                Some(("type", v)) => machine = Some(v),
+                Some(("max-ram-below-4g", v)) => {
+                    max_below = Some(parse_qemu_size(v).ok_or_else(|| LayoutError::BadOption {
+                        option: "max-ram-below-4g".into(),
+                        value: v.into(),
+                    })?)
+                }
+                _ => {}
+            }
+        }
+        let machine = machine.unwrap_or_default();
+        if machine == "q35" || machine.starts_with("pc-q35-") {
+            return Self::q35_with(ram_size, max_below);
+        }
+        let version = match machine {
+            "pc" => Some(""),
+            m => m
+                .strip_prefix("pc-i440fx-")
+                .or_else(|| m.strip_prefix("pc-")),
+        };
+        let Some(version) =
+            version.filter(|v| v.is_empty() || v.starts_with(|c: char| c.is_ascii_digit()))
+        else {
+            return Err(LayoutError::UnknownMachine(machine.to_string()));
+        };
+        // pc_piix.c: pc_i440fx_1_7_machine_options sets gigabyte_align = false
+        // (and every older type inherits it); 2.0 and newer align.
+        let gigabyte_align = !version.starts_with("1.");
+        Self::pc_with(
+            ram_size,
+            PcOptions {
+                max_ram_below_4g: max_below,
+                gigabyte_align,
+            },
+        )
     }
 
     /// An explicit split: the first `below_4g` bytes at GPA 0, the rest at 4 GiB.
@@ -246,7 +299,24 @@ impl Layout {
     }
 }
 
-/// `1 GiB` etc. in tests and docs without magic numbers.
+/// A QEMU size option: an integer with an optional B/K/M/G/T suffix
+/// (binary units, any case). QEMU's fractional forms ("1.5G") are refused.
+fn parse_qemu_size(v: &str) -> Option<u64> {
+    let (digits, shift) = match v.as_bytes().last()?.to_ascii_uppercase() {
+        b'B' => (&v[..v.len() - 1], 0),
+        b'K' => (&v[..v.len() - 1], 10),
+        b'M' => (&v[..v.len() - 1], 20),
+        b'G' => (&v[..v.len() - 1], 30),
+        b'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// `n` GiB.
 pub const fn gib(n: u64) -> u64 {
     n * GIB
 }
@@ -347,6 +417,49 @@ mod tests {
             (gib(1), gib(3))
         );
         assert_eq!(split(&Layout::q35(mib(256))), (mib(256), 0));
+    }
+
+    // Each case was run as `qemu-system-x86_64 -machine ARG -m SIZE -S` (7.2.22)
+    // and the pc.ram aliases read from `info mtree -f`.
+    #[test]
+    fn from_machine_argument_matches_qemu() {
+        let cases: &[(&str, u64, (u64, u64))] = &[
+            ("pc", gib(4), (gib(3), gib(1))),
+            ("pc,memory-backend=ram,accel=tcg", mib(256), (mib(256), 0)),
+            ("pc-i440fx-7.2", gib(4), (gib(3), gib(1))),
+            ("pc-i440fx-2.0", gib(4), (gib(3), gib(1))),
+            ("pc-i440fx-1.4", gib(4), (mib(3584), mib(512))),
+            ("pc-1.7", gib(4), (mib(3584), mib(512))),
+            (
+                "pc-i440fx-1.7,max-ram-below-4g=2G",
+                gib(4),
+                (gib(2), gib(2)),
+            ),
+            ("pc,max-ram-below-4g=3G", gib(4), (gib(3), gib(1))),
+            ("pc,max-ram-below-4g=2560M", gib(4), (mib(2560), mib(1536))),
+            ("type=pc,max-ram-below-4g=4g", mib(3968), (mib(3968), 0)),
+            ("q35", gib(4), (gib(2), gib(2))),
+            ("pc-q35-2.4,accel=tcg", gib(4), (gib(2), gib(2))),
+            ("pc-q35-7.2", mib(2815), (mib(2815), 0)),
+            ("q35,max-ram-below-4g=1G", gib(4), (gib(1), gib(3))),
+        ];
+        for &(arg, ram, want) in cases {
+            let l = Layout::from_machine(arg, ram).unwrap_or_else(|e| panic!("{arg}: {e}"));
+            assert_eq!(split(&l), want, "{arg}");
+        }
+        for bad in ["microvm", "isapc", "", "pc-foo", "virt"] {
+            let e = Layout::from_machine(bad, gib(1)).unwrap_err();
+            assert!(matches!(e, LayoutError::UnknownMachine(_)), "{bad}: {e}");
+        }
+        for v in ["", "2X", "1.5G", "G", "-1G", "99999999999T"] {
+            let e = Layout::from_machine(&format!("pc,max-ram-below-4g={v}"), gib(1)).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("bad value {v:?} for machine option max-ram-below-4g")
+            );
+        }
+        let e = Layout::from_machine("pc,max-ram-below-4g=5G", gib(8)).unwrap_err();
+        assert_eq!(e, LayoutError::MaxBelowExceeds4g(gib(5)));
     }
 
     #[test]

@@ -190,3 +190,42 @@ fn no_note_is_a_clear_error_counting_rejected_candidates() {
     let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
     assert!(err.contains("0 candidates"), "{err}");
 }
+
+#[test]
+fn scanner_survives_random_ram_full_of_fake_notes() {
+    let (_dir, path) = sparse_ram(Some("/dev/shm"), 32 * MIB);
+    let mut rng = fastrand::Rng::with_seed(0x0bad_5eed);
+    let mut ram: Vec<u8> = (0..16 * MIB).map(|_| rng.u8(..)).collect();
+    // Plant padded names behind random, half-plausible headers, including
+    // text sizes that run past the data and past the end of RAM.
+    for _ in 0..2000 {
+        let at = rng.usize(..ram.len() - 24) & !3;
+        let namesz: u32 = if rng.bool() { 11 } else { rng.u32(..) };
+        let n_type: u32 = if rng.bool() { 0 } else { rng.u32(..) };
+        let descsz: u32 = match rng.u8(..4) {
+            0 => rng.u32(..),
+            1 => rng.u32(..70_000),
+            _ => rng.u32(..200),
+        };
+        ram[at..at + 4].copy_from_slice(&namesz.to_le_bytes());
+        ram[at + 4..at + 8].copy_from_slice(&descsz.to_le_bytes());
+        ram[at + 8..at + 12].copy_from_slice(&n_type.to_le_bytes());
+        ram[at + 12..at + 24].copy_from_slice(b"VMCOREINFO\0\0");
+    }
+    // One at the very end of the data, its text reaching into the hole after it.
+    let end = ram.len() - 24;
+    ram[end..end + 12].copy_from_slice(&[11, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+    ram[end + 12..].copy_from_slice(b"VMCOREINFO\0\0");
+    write_at(&path, 0, &ram);
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(32 * MIB)).unwrap();
+    let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
+    assert!(err.starts_with("no VMCOREINFO note in guest RAM"), "{err}");
+    // A real note among them is still found.
+    let text = vmcoreinfo_text("6.1.0-fuzz", 0x2000000);
+    write_at(&path, 20 * MIB, &encode_note(text.as_bytes()));
+    let found = find_vmcoreinfo(&mem).unwrap();
+    assert_eq!(
+        (found.paddr, found.info.osrelease.as_str()),
+        (20 * MIB, "6.1.0-fuzz")
+    );
+}

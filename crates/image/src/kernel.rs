@@ -54,7 +54,12 @@ pub fn extract_pvh_elf(tools: &Tools, bzimage: &Path, out: &Path) -> Result<bool
         tool: "xz".into(),
         err,
     })?;
-    let fed = feeder.join().map(|r| r.is_ok()).unwrap_or(false);
+    // --single-stream stops reading after the stream: the padding after it meets a closed pipe.
+    let fed = match feeder.join() {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::BrokenPipe,
+        Err(_) => false,
+    };
     if !output.status.success() || !fed {
         return Err(KernelError::Unpack(bzimage.display().to_string()));
     }

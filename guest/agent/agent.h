@@ -78,7 +78,12 @@ int wl_web(struct wl_ctx *ctx, int port);
 int wl_kv(struct wl_ctx *ctx, int port);
 int wl_memfill(struct wl_ctx *ctx);
 int wl_counter(struct wl_ctx *ctx);
-int listen_tcp(int port); /* 0.0.0.0:port, SO_REUSEADDR; -1 on error */
+int listen_tcp(int port);
+/* Pure parts of the workloads, exposed for the unit tests (test_agent.c). */
+int web_target_to_path(const char *target, char *out, size_t cap);
+void kv_exec(char *line, char *out, size_t cap);
+uint64_t counter_checksum(const uint64_t *w, size_t n);
+void counter_step(uint64_t *w, uint64_t seq); /* 0.0.0.0:port, SO_REUSEADDR; -1 on error */
 const char *workload_name(enum workload_kind k);
 
 #endif

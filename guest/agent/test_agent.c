@@ -1,0 +1,251 @@
+/* Unit tests for the agent's parsers, run on the host by `make check` (with ASan/UBSan):
+ * the JSON command reader against malformed and hostile lines, sizes, the kernel command
+ * line, web paths, the kv protocol and the /sys and /proc formats. */
+#include "agent.h"
+#include "json.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond)                                                                   \
+	do {                                                                          \
+		if (!(cond)) {                                                        \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+			failures++;                                                   \
+		}                                                                     \
+	} while (0)
+
+static int parse(const char *s, struct host_cmd *c, char *err)
+{
+	/* Copy into an exact-size heap buffer so ASan catches any read past the line. */
+	size_t n = strlen(s);
+	char *buf = malloc(n ? n : 1);
+	memcpy(buf, s, n);
+	int rc = json_parse_cmd(buf, n, c, err, 128);
+	free(buf);
+	return rc;
+}
+
+static void test_json_valid(void)
+{
+	struct host_cmd c;
+	char err[128];
+	CHECK(parse("{\"cmd\":\"hello\"}", &c, err) == 0 && c.has_cmd && strcmp(c.cmd, "hello") == 0);
+	CHECK(parse(" { \"cmd\" : \"marker\" , \"id\" : 18446744073709551615 , \"value_hex\" : \"00ff\" } ", &c, err) == 0);
+	CHECK(c.has_id && c.id == UINT64_MAX && c.has_value_hex && strcmp(c.value_hex, "00ff") == 0);
+	/* Unknown keys of any shape are skipped. */
+	CHECK(parse("{\"x\":[1,2,{\"a\":null}],\"y\":true,\"z\":-1.5e3,\"cmd\":\"crash\"}", &c, err) == 0);
+	CHECK(strcmp(c.cmd, "crash") == 0 && !c.has_id);
+	CHECK(parse("{\"cmd\":\"he\\u006clo\"}", &c, err) == 0 && strcmp(c.cmd, "hello") == 0);
+	CHECK(parse("{\"cmd\":\"\\ud83d\\ude00\"}", &c, err) == 0 && strcmp(c.cmd, "\xf0\x9f\x98\x80") == 0);
+	CHECK(parse("{}", &c, err) == 0 && !c.has_cmd);
+	char longkey[300];
+	snprintf(longkey, sizeof(longkey), "{\"%0200d\":1,\"cmd\":\"hello\"}", 0);
+	CHECK(parse(longkey, &c, err) == 0 && strcmp(c.cmd, "hello") == 0);
+}
+
+static void test_json_malformed(void)
+{
+	static const char *bad[] = {
+		"", " ", "[]", "\"cmd\"", "null", "{", "{\"cmd\"", "{\"cmd\":", "{\"cmd\":\"hel",
+		"{\"cmd\":\"hello\"", "{\"cmd\":\"hello\",}", "{\"cmd\":\"hello\"}}", "{\"cmd\":\"hello\"} x",
+		"{\"cmd\":hello}", "{'cmd':'hello'}", "{\"cmd\":\"a\\x\"}", "{\"cmd\":\"a\\u12\"}",
+		"{\"cmd\":\"\\ud800\"}", "{\"cmd\":\"\\udc00\"}", "{\"cmd\":\"\\u0000\"}", "{\"cmd\":\"a\tb\"}",
+		"{\"cmd\":1}", "{\"cmd\":\"a\",\"cmd\":\"b\"}", "{\"id\":1.5}", "{\"id\":-3}", "{\"id\":1e3}",
+		"{\"id\":18446744073709551616}", "{\"id\":01}", "{\"id\":\"7\"}", "{\"id\":1,\"id\":2}",
+		"{\"value_hex\":5}", "{\"x\":tru}", "{\"x\":nul}", "{\"x\":[1,]}", "{\"x\":[1 2]}",
+		"{\"x\":{\"a\"}}", "{\"x\":-}", "{\"x\":1.}", "{\"x\":1e}", "{\"x\" 1}", "{,}", "{\"a\":1,,}",
+	};
+	struct host_cmd c;
+	char err[128];
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = parse(bad[i], &c, err);
+		if (rc == 0)
+			fprintf(stderr, "accepted malformed line: %s\n", bad[i]);
+		CHECK(rc < 0 && err[0] != '\0');
+	}
+	/* A NUL byte inside the line is not JSON. */
+	char withnul[] = "{\"cmd\":\"he\0lo\"}";
+	CHECK(json_parse_cmd(withnul, sizeof(withnul) - 1, &c, err, sizeof(err)) < 0);
+	/* Deep nesting is refused, not recursed into. */
+	char deep[4096];
+	size_t n = 0;
+	n += (size_t)snprintf(deep, sizeof(deep), "{\"x\":");
+	for (int i = 0; i < 1000; i++)
+		deep[n++] = '[';
+	deep[n] = '\0';
+	CHECK(parse(deep, &c, err) < 0 && strstr(err, "nesting") != NULL);
+	/* Oversized fields. */
+	char big[2 * MARKER_MAX_BYTES + 64];
+	n = (size_t)snprintf(big, sizeof(big), "{\"value_hex\":\"");
+	for (int i = 0; i < 2 * MARKER_MAX_BYTES + 2; i++)
+		big[n++] = 'a';
+	strcpy(big + n, "\"}");
+	CHECK(parse(big, &c, err) < 0 && strstr(err, "too long") != NULL);
+	CHECK(parse("{\"cmd\":\"0123456789012345678901234567890123456789\"}", &c, err) < 0);
+	/* Every prefix of a valid command is rejected without reading beyond it. */
+	const char *full = "{\"cmd\":\"marker\",\"id\":7,\"value_hex\":\"dead\",\"x\":[true,{\"y\":\"\\u00e9\"}]}";
+	for (size_t cut = 0; cut < strlen(full); cut++) {
+		char pre[128];
+		memcpy(pre, full, cut);
+		pre[cut] = '\0';
+		CHECK(parse(pre, &c, err) < 0);
+	}
+	CHECK(parse(full, &c, err) == 0);
+}
+
+static void test_json_writer(void)
+{
+	char buf[64];
+	struct jbuf b;
+	jb_init(&b, buf, sizeof(buf));
+	jb_raw(&b, "{\"m\":");
+	jb_str(&b, "a\"b\\c\n\x01\xc3");
+	CHECK(jb_finish(&b) > 0);
+	CHECK(strcmp(buf, "{\"m\":\"a\\\"b\\\\c\\n\\u0001\\u00c3\"}\n") == 0);
+	char small[8];
+	jb_init(&b, small, sizeof(small));
+	jb_raw(&b, "{\"long\":");
+	CHECK(jb_finish(&b) == -1);
+}
+
+static void test_sizes_and_cmdline(void)
+{
+	uint64_t v;
+	CHECK(parse_size("64M", &v) == 0 && v == 64ULL << 20);
+	CHECK(parse_size("1G", &v) == 0 && v == 1ULL << 30);
+	CHECK(parse_size("4096", &v) == 0 && v == 4096);
+	CHECK(parse_size("2MiB", &v) == 0 && v == 2ULL << 20);
+	CHECK(parse_size("1024G", &v) == 0 && v == 1ULL << 40);
+	static const char *bad[] = { "", "M", "-1", "1.5G", "64MM", "64T", "1025G", "99999999999999999999", "64 M", "0x10" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(parse_size(bad[i], &v) < 0);
+
+	struct config cfg;
+	char err[160];
+	CHECK(parse_cmdline("console=ttyS0 quiet\n", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 0 && strcmp(cfg.workload, "none") == 0 && cfg.memfill_bytes == 64ULL << 20 && cfg.counter_hz == 10);
+	CHECK(service_port(&cfg) == 0);
+	CHECK(parse_cmdline("a rebound.workload=kv rebound.port=9000 rebound.memfill=1G rebound.counter_hz=50 b\n", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 1 && cfg.workloads[0] == WL_KV && service_port(&cfg) == 9000);
+	CHECK(cfg.memfill_bytes == 1ULL << 30 && cfg.counter_hz == 50);
+	CHECK(parse_cmdline("rebound.workload=web,kv,counter", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 3 && workload_port(&cfg, WL_WEB) == 8080 && workload_port(&cfg, WL_KV) == 7070);
+	CHECK(parse_cmdline("rebound.workload=kv,web rebound.port=1234", &cfg, err, sizeof(err)) == 0);
+	CHECK(workload_port(&cfg, WL_KV) == 1234 && workload_port(&cfg, WL_WEB) == 8080);
+	/* Bad values are reported and fall back to defaults. */
+	CHECK(parse_cmdline("rebound.workload=bitcoin rebound.memfill=lots rebound.port=70000 rebound.counter_hz=0", &cfg, err, sizeof(err)) == 4);
+	CHECK(strstr(err, "rebound.workload=bitcoin") != NULL);
+	CHECK(cfg.nworkloads == 0 && cfg.memfill_bytes == 64ULL << 20 && cfg.port_override == 0 && cfg.counter_hz == 10);
+	CHECK(parse_cmdline("rebound.workload=web,web", &cfg, err, sizeof(err)) == 1);
+	CHECK(parse_cmdline("rebound.workload=web,kv,memfill,counter,web", &cfg, err, sizeof(err)) == 1);
+	CHECK(parse_cmdline("rebound.workload=,", &cfg, err, sizeof(err)) == 1);
+	char huge[2000];
+	memset(huge, 'x', sizeof(huge) - 1);
+	memcpy(huge, "rebound.workload=", 17);
+	huge[sizeof(huge) - 1] = '\0';
+	CHECK(parse_cmdline(huge, &cfg, err, sizeof(err)) == 1);
+}
+
+static void test_web_paths(void)
+{
+	char p[256];
+	CHECK(web_target_to_path("/", p, sizeof(p)) == 0 && strcmp(p, "index.html") == 0);
+	CHECK(web_target_to_path("/a/b.txt?x=1", p, sizeof(p)) == 0 && strcmp(p, "a/b.txt") == 0);
+	CHECK(web_target_to_path("/dir/", p, sizeof(p)) == 0 && strcmp(p, "dir/index.html") == 0);
+	CHECK(web_target_to_path("/h%65llo", p, sizeof(p)) == 0 && strcmp(p, "hello") == 0);
+	static const char *bad[] = { "", "x", "/..", "/../etc/passwd", "/a/../../b", "/%2e%2e/x", "/a/%2E%2E",
+				     "/a//b", "/./a", "/a%00b", "/a%zz", "/a%2", "/a\\b", "http://x/" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(web_target_to_path(bad[i], p, sizeof(p)) < 0);
+	char longt[600];
+	memset(longt, 'a', sizeof(longt) - 1);
+	longt[0] = '/';
+	longt[sizeof(longt) - 1] = '\0';
+	CHECK(web_target_to_path(longt, p, sizeof(p)) < 0);
+}
+
+static void kv(const char *in, const char *want)
+{
+	char line[256], out[512];
+	snprintf(line, sizeof(line), "%s", in);
+	kv_exec(line, out, sizeof(out));
+	if (strcmp(out, want) != 0)
+		fprintf(stderr, "kv %s: got %s", in, out);
+	CHECK(strcmp(out, want) == 0);
+}
+
+static void test_kv(void)
+{
+	kv("COUNT", "COUNT 0\n");
+	kv("GET a", "NOTFOUND\n");
+	kv("SET a 1", "OK\n");
+	kv("SET a one two", "OK\n");
+	kv("GET a", "VALUE one two\n");
+	kv("SET b ", "OK\n");
+	kv("GET b", "VALUE \n");
+	kv("COUNT", "COUNT 2\n");
+	kv("DEL a", "OK\n");
+	kv("DEL a", "NOTFOUND\n");
+	kv("COUNT", "COUNT 1\n");
+	static const char *bad[] = { "", "SET", "SET a", "SET  x", "GET", "GET a b", "DEL", "COUNT x", "get a", "FLUSH" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		kv(bad[i], "ERR usage: SET k v | GET k | DEL k | COUNT\n");
+}
+
+static void test_proc_formats(void)
+{
+	uint64_t a, s;
+	CHECK(parse_vmcoreinfo("18e1000 1024\n", &a, &s) == 0 && a == 0x18e1000 && s == 0x1024);
+	CHECK(parse_vmcoreinfo("", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("18e1000", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("zz 10", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("10 0", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("10 -5", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("10 10 extra", &a, &s) < 0);
+	CHECK(parse_vmcoreinfo("10 ffffffff", &a, &s) < 0);
+	CHECK(parse_meminfo_total("MemTotal:         210740 kB\nMemFree: 1 kB\n", &a) == 0 && a == 210740);
+	CHECK(parse_meminfo_total("MemFree: 1 kB\n", &a) < 0);
+	CHECK(parse_meminfo_total("XMemTotal: 5 kB\n", &a) < 0);
+	CHECK(parse_meminfo_total("MemTotal: lots\n", &a) < 0);
+	unsigned char out[4];
+	size_t n;
+	CHECK(hex_decode("deadBEEF", out, sizeof(out), &n) == 0 && n == 4 && out[0] == 0xde && out[3] == 0xef);
+	CHECK(hex_decode("abc", out, sizeof(out), &n) < 0);
+	CHECK(hex_decode("zz", out, sizeof(out), &n) < 0);
+	CHECK(hex_decode("0011223344", out, sizeof(out), &n) < 0);
+}
+
+static void test_counter(void)
+{
+	/* The definition the host recomputes (crates/image/tests/common): tick 1 on the
+	 * initial buffer. */
+	static uint64_t w[1u << 17];
+	for (uint32_t i = 0; i < (1u << 17); i++)
+		w[i] = splitmix64(i);
+	CHECK(splitmix64(0) == 0xe220a8397b1dcdafULL);
+	uint64_t before = counter_checksum(w, 1u << 17);
+	counter_step(w, 1);
+	CHECK(counter_checksum(w, 1u << 17) != before);
+}
+
+int main(void)
+{
+	test_json_valid();
+	test_json_malformed();
+	test_json_writer();
+	test_sizes_and_cmdline();
+	test_web_paths();
+	test_kv();
+	test_proc_formats();
+	test_counter();
+	if (failures) {
+		fprintf(stderr, "%d check(s) failed\n", failures);
+		return 1;
+	}
+	printf("agent unit tests passed\n");
+	return 0;
+}

@@ -2,9 +2,10 @@
 //! `/v1/vms/{name}/vmcoreinfo` endpoint does.
 //!
 //! ```text
-//! cargo run -p rebound-guestmem --example vmcoreinfo -- RAM_FILE SIZE [pc|q35] [PADDR NOTE_SIZE]
+//! cargo run -p rebound-guestmem --example vmcoreinfo -- RAM_FILE SIZE [MACHINE] [PADDR NOTE_SIZE]
 //! ```
-//! SIZE accepts a `M`/`G` suffix. With PADDR and NOTE_SIZE (the guest's
+//! SIZE accepts a `M`/`G` suffix; MACHINE is QEMU's `-machine` argument
+//! (`pc`, `q35`, `pc,max-ram-below-4g=2G`, ...; default `pc`). With PADDR and NOTE_SIZE (the guest's
 //! `/sys/kernel/vmcoreinfo`, hex) the note is read there; otherwise RAM is scanned.
 
 use std::time::Instant;
@@ -33,14 +34,11 @@ fn main() {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !(2..=5).contains(&args.len()) {
-        bail!("usage: vmcoreinfo RAM_FILE SIZE [pc|q35] [PADDR NOTE_SIZE]");
+        bail!("usage: vmcoreinfo RAM_FILE SIZE [MACHINE] [PADDR NOTE_SIZE]");
     }
     let size = parse_size(&args[1])?;
-    let layout = match args.get(2).map(String::as_str) {
-        None | Some("pc") => Layout::pc(size),
-        Some("q35") => Layout::q35(size),
-        Some(m) => bail!("unknown machine {m:?} (pc or q35)"),
-    };
+    let machine = args.get(2).map(String::as_str).unwrap_or("pc");
+    let layout = Layout::from_machine(machine, size)?;
     let mem = GuestMemory::open_ram_file(&args[0], layout)?;
     let t0 = Instant::now();
     let (paddr, info, source) = match (args.get(3), args.get(4)) {

@@ -28,6 +28,8 @@ use std::ops::Range;
 /// 4 GiB: where the above-4G RAM alias starts on PC machines.
 pub const FOUR_GIB: u64 = 4 << 30;
 const GIB: u64 = 1 << 30;
+/// x86-64 physical addresses have at most 52 bits.
+const MAX_PHYS: u64 = 1 << 52;
 
 /// Errors building a layout.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -44,8 +46,8 @@ pub enum LayoutError {
     /// The above-4G part must start at or after 4 GiB.
     #[error("above-4G RAM start {0:#x} is below 4 GiB")]
     AboveStartTooLow(u64),
-    /// The above-4G part would wrap the 64-bit address space.
-    #[error("above-4G RAM of {len:#x} bytes at {start:#x} overflows 64-bit addresses")]
+    /// The above-4G part would end beyond x86-64's 52-bit physical addresses.
+    #[error("above-4G RAM of {len:#x} bytes at {start:#x} exceeds 52-bit physical addresses")]
     AboveOverflows { start: u64, len: u64 },
     /// The machine type has no known RAM layout.
     #[error("unsupported machine type {0:?} (pc, pc-i440fx-*, q35 or pc-q35-* only)")]
@@ -104,8 +106,9 @@ pub struct Layout {
 
 impl Layout {
     /// The `pc` machine of QEMU 7.2 (`pc-i440fx-7.2`) with default options.
-    pub fn pc(ram_size: u64) -> Layout {
-        Self::pc_with(ram_size, PcOptions::default()).expect("default pc options are valid")
+    /// Fails only for RAM sizes beyond the physical address space.
+    pub fn pc(ram_size: u64) -> Result<Layout, LayoutError> {
+        Self::pc_with(ram_size, PcOptions::default())
     }
 
     /// The `pc` machine with explicit options; mirrors `pc_init1` in
@@ -125,8 +128,9 @@ impl Layout {
     }
 
     /// The `q35` machine of QEMU 7.2 with default options.
-    pub fn q35(ram_size: u64) -> Layout {
-        Self::q35_with(ram_size, None).expect("default q35 options are valid")
+    /// Fails only for RAM sizes beyond the physical address space.
+    pub fn q35(ram_size: u64) -> Result<Layout, LayoutError> {
+        Self::q35_with(ram_size, None)
     }
 
     /// The `q35` machine with `max-ram-below-4g`; mirrors `pc_q35_init` in
@@ -226,7 +230,7 @@ impl Layout {
 
     fn checked(self) -> Result<Layout, LayoutError> {
         let len = self.above_4g_size();
-        if self.above_4g_start.checked_add(len).is_none() {
+        if self.above_4g_start.saturating_add(len) > MAX_PHYS {
             return Err(LayoutError::AboveOverflows {
                 start: self.above_4g_start,
                 len,
@@ -253,6 +257,14 @@ impl Layout {
     /// GPA where the above-4G part starts (4 GiB unless moved).
     pub fn above_4g_start(&self) -> u64 {
         self.above_4g_start
+    }
+
+    /// Where QEMU's device memory region (virtio-mem, pc-dimm) starts: the
+    /// end of RAM above 4 GiB rounded up to 1 GiB (`pc_memory_init` in
+    /// QEMU 7.2 `hw/i386/pc.c`, current machine types). The first device
+    /// sits there; ask QEMU (`memaddr`/`addr` property) for the others.
+    pub fn device_memory_base(&self) -> u64 {
+        (self.above_4g_start + self.above_4g_size()).next_multiple_of(GIB)
     }
 
     /// The non-empty RAM ranges in increasing GPA (and offset) order.
@@ -350,7 +362,7 @@ mod tests {
             split(&Layout::pc_with(gib(4), legacy).unwrap()),
             (mib(3584), mib(512))
         );
-        assert_eq!(split(&Layout::pc(gib(4))), (mib(3072), mib(1024)));
+        assert_eq!(split(&Layout::pc(gib(4)).unwrap()), (mib(3072), mib(1024)));
         let two_g = PcOptions {
             max_ram_below_4g: Some(gib(2)),
             ..PcOptions::default()
@@ -373,9 +385,15 @@ mod tests {
     // (default 0xe0000000); then gigabyte_align caps lowmem at 0xc0000000.
     #[test]
     fn pc_boundary_at_0xe0000000() {
-        assert_eq!(split(&Layout::pc(0xe000_0000 - 1)), (0xe000_0000 - 1, 0));
-        assert_eq!(split(&Layout::pc(0xe000_0000)), (0xc000_0000, 0x2000_0000));
-        assert_eq!(split(&Layout::pc(mib(256))), (mib(256), 0));
+        assert_eq!(
+            split(&Layout::pc(0xe000_0000 - 1).unwrap()),
+            (0xe000_0000 - 1, 0)
+        );
+        assert_eq!(
+            split(&Layout::pc(0xe000_0000).unwrap()),
+            (0xc000_0000, 0x2000_0000)
+        );
+        assert_eq!(split(&Layout::pc(mib(256)).unwrap()), (mib(256), 0));
         // max-ram-below-4g above 3G with a large guest is still capped at 3G.
         let opts = PcOptions {
             max_ram_below_4g: Some(mib(3584)),
@@ -409,14 +427,20 @@ mod tests {
     // Confirmed with `info mtree -f`: -m 2815M all low; -m 2816M 2G low + 768M high.
     #[test]
     fn q35_boundary_at_0xb0000000() {
-        assert_eq!(split(&Layout::q35(0xb000_0000 - 1)), (0xb000_0000 - 1, 0));
-        assert_eq!(split(&Layout::q35(0xb000_0000)), (0x8000_0000, 0x3000_0000));
-        assert_eq!(split(&Layout::q35(gib(4))), (gib(2), gib(2)));
+        assert_eq!(
+            split(&Layout::q35(0xb000_0000 - 1).unwrap()),
+            (0xb000_0000 - 1, 0)
+        );
+        assert_eq!(
+            split(&Layout::q35(0xb000_0000).unwrap()),
+            (0x8000_0000, 0x3000_0000)
+        );
+        assert_eq!(split(&Layout::q35(gib(4)).unwrap()), (gib(2), gib(2)));
         assert_eq!(
             split(&Layout::q35_with(gib(4), Some(gib(1))).unwrap()),
             (gib(1), gib(3))
         );
-        assert_eq!(split(&Layout::q35(mib(256))), (mib(256), 0));
+        assert_eq!(split(&Layout::q35(mib(256)).unwrap()), (mib(256), 0));
     }
 
     // Each case was run as `qemu-system-x86_64 -machine ARG -m SIZE -S` (7.2.22)
@@ -464,7 +488,7 @@ mod tests {
 
     #[test]
     fn offset_gpa_mapping_around_the_hole() {
-        let l = Layout::pc(gib(5));
+        let l = Layout::pc(gib(5)).unwrap();
         assert_eq!(split(&l), (gib(3), gib(2)));
         assert_eq!(l.gpa_to_offset(0), Some(0));
         assert_eq!(l.gpa_to_offset(gib(3) - 1), Some(gib(3) - 1));
@@ -500,13 +524,39 @@ mod tests {
         assert_eq!(l.offsets_to_gpa_ranges(gib(5)..gib(6)), vec![]);
     }
 
+    // `info mtree -f` with `-m SIZE,maxmem=8G` and a 1G virtio-mem-pci device:
+    // pc 512M -> 0x100000000, pc 3584M -> 0x140000000, pc 5G and q35 4G -> 0x180000000.
+    #[test]
+    fn device_memory_follows_ram_above_4g_rounded_to_a_gib() {
+        assert_eq!(
+            Layout::pc(mib(512)).unwrap().device_memory_base(),
+            0x1_0000_0000
+        );
+        assert_eq!(
+            Layout::pc(mib(3584)).unwrap().device_memory_base(),
+            0x1_4000_0000
+        );
+        assert_eq!(
+            Layout::pc(gib(5)).unwrap().device_memory_base(),
+            0x1_8000_0000
+        );
+        assert_eq!(
+            Layout::q35(gib(4)).unwrap().device_memory_base(),
+            0x1_8000_0000
+        );
+        assert_eq!(
+            Layout::q35(mib(512)).unwrap().device_memory_base(),
+            0x1_0000_0000
+        );
+    }
+
     #[test]
     fn small_guest_has_one_range_and_no_high_part() {
-        let l = Layout::pc(mib(256));
+        let l = Layout::pc(mib(256)).unwrap();
         assert_eq!(l.ranges().count(), 1);
         assert_eq!(l.gpa_to_offset(mib(256)), None);
         assert_eq!(l.gpa_to_offset(FOUR_GIB), None);
-        assert_eq!(Layout::pc(0).ranges().count(), 0);
+        assert_eq!(Layout::pc(0).unwrap().ranges().count(), 0);
     }
 
     #[test]
@@ -522,7 +572,7 @@ mod tests {
             Layout::with_below_4g(gib(8), gib(5)),
             Err(LayoutError::BelowExceeds4g(gib(5)))
         );
-        let l = Layout::pc(gib(8));
+        let l = Layout::pc(gib(8)).unwrap();
         assert_eq!(
             l.with_above_4g_start(gib(3)),
             Err(LayoutError::AboveStartTooLow(gib(3)))
@@ -534,5 +584,15 @@ mod tests {
             l.with_above_4g_start(u64::MAX - 10),
             Err(LayoutError::AboveOverflows { .. })
         ));
+        assert!(matches!(
+            l.with_above_4g_start((1 << 52) - gib(4)),
+            Err(LayoutError::AboveOverflows { .. })
+        ));
+        // Absurd sizes are errors, not panics.
+        assert!(Layout::pc(u64::MAX).is_err());
+        assert!(Layout::q35(u64::MAX).is_err());
+        assert!(Layout::from_machine("pc", u64::MAX).is_err());
+        let top = l.with_above_4g_start((1 << 52) - gib(5)).unwrap();
+        assert_eq!(top.device_memory_base(), 1 << 52);
     }
 }

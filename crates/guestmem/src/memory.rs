@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::layout::Layout;
+use crate::layout::{Layout, FOUR_GIB};
 use crate::maps::MapTarget;
 use crate::procmem::{ProcMemError, ProcMemSource};
 use crate::source::{FileSource, PageSource, SourceError};
@@ -33,13 +33,18 @@ pub enum MemoryError {
     /// Locating guest RAM in a process failed.
     #[error("cannot open guest RAM of a process")]
     Process(#[from] ProcMemError),
+    /// A device memory block would overlap RAM already present.
+    #[error("device memory {start:#x}..{end:#x} overlaps guest RAM")]
+    Overlap { start: u64, end: u64 },
 }
 
-/// Guest RAM of one VM, read by guest physical address.
+/// Guest RAM of one VM, read by guest physical address: the boot RAM
+/// block placed by a [`Layout`], plus optional device memory blocks
+/// (virtio-mem, pc-dimm), each a separate backing mapped 1:1 at its GPA.
 ///
 /// ```no_run
 /// use rebound_guestmem::{GuestMemory, Layout, find_vmcoreinfo};
-/// let mem = GuestMemory::open_ram_file("/dev/shm/vm/ram", Layout::pc(256 << 20))?;
+/// let mem = GuestMemory::open_ram_file("/dev/shm/vm/ram", Layout::pc(256 << 20)?)?;
 /// let found = find_vmcoreinfo(&mem)?;
 /// println!("{} at {:#x}", found.info.osrelease, found.paddr);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -48,6 +53,21 @@ pub enum MemoryError {
 pub struct GuestMemory<S: PageSource = FileSource> {
     layout: Layout,
     source: S,
+    /// Device memory blocks, sorted by GPA, disjoint from boot RAM.
+    devices: Vec<DeviceBlock<S>>,
+}
+
+#[derive(Debug)]
+struct DeviceBlock<S> {
+    gpa: u64,
+    source: S,
+}
+
+/// Where a GPA lives: backing, offset in it, bytes left in that piece.
+struct Located<'a, S> {
+    source: &'a S,
+    offset: u64,
+    left: u64,
 }
 
 impl GuestMemory<FileSource> {
@@ -55,7 +75,23 @@ impl GuestMemory<FileSource> {
     /// read-only. The file must hold at least `layout.ram_size()` bytes.
     pub fn open_ram_file(path: impl AsRef<Path>, layout: Layout) -> Result<Self, MemoryError> {
         let source = FileSource::open(path, layout.ram_size()).map_err(MemoryError::Open)?;
-        Ok(GuestMemory { layout, source })
+        Ok(GuestMemory {
+            layout,
+            source,
+            devices: Vec::new(),
+        })
+    }
+
+    /// Adds a device memory file (a virtio-mem or pc-dimm `memdev`) of
+    /// `size` bytes mapped at `gpa` (e.g. [`Layout::device_memory_base`]).
+    pub fn add_device_memory_file(
+        &mut self,
+        path: impl AsRef<Path>,
+        gpa: u64,
+        size: u64,
+    ) -> Result<(), MemoryError> {
+        let source = FileSource::open(path, size).map_err(MemoryError::Open)?;
+        self.add_device_memory(gpa, source)
     }
 }
 
@@ -64,7 +100,11 @@ impl GuestMemory<ProcMemSource> {
     /// the mapping of `target` (the RAM file's path or inode) in its maps.
     pub fn open_process(pid: u32, target: &MapTarget, layout: Layout) -> Result<Self, MemoryError> {
         let source = ProcMemSource::locate(pid, target, layout.ram_size())?;
-        Ok(GuestMemory { layout, source })
+        Ok(GuestMemory {
+            layout,
+            source,
+            devices: Vec::new(),
+        })
     }
 }
 
@@ -78,13 +118,35 @@ impl<S: PageSource> GuestMemory<S> {
                 size: source.size(),
             });
         }
-        Ok(GuestMemory { layout, source })
+        Ok(GuestMemory {
+            layout,
+            source,
+            devices: Vec::new(),
+        })
+    }
+
+    /// Adds a device memory block: all of `source` mapped at `gpa`.
+    pub fn add_device_memory(&mut self, gpa: u64, source: S) -> Result<(), MemoryError> {
+        let start = gpa;
+        let end = gpa.checked_add(source.size()).ok_or(MemoryError::Overlap {
+            start,
+            end: u64::MAX,
+        })?;
+        let boot = self.layout.ranges().map(|r| r.gpa_range());
+        let devices = self.devices.iter().map(|d| d.gpa..d.gpa + d.source.size());
+        if boot.chain(devices).any(|r| r.start < end && start < r.end) {
+            return Err(MemoryError::Overlap { start, end });
+        }
+        let at = self.devices.partition_point(|d| d.gpa < gpa);
+        self.devices.insert(at, DeviceBlock { gpa, source });
+        Ok(())
     }
 
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
+    /// The boot RAM backing.
     pub fn source(&self) -> &S {
         &self.source
     }
@@ -99,14 +161,13 @@ impl<S: PageSource> GuestMemory<S> {
                 gpa: u64::MAX,
                 why: "address overflows",
             })?;
-            let range = self
-                .layout
-                .range_of_gpa(at)
-                .ok_or_else(|| self.not_ram(at))?;
-            let in_range = range.gpa + range.len - at;
-            let n = (buf.len() - done).min(usize::try_from(in_range).unwrap_or(usize::MAX));
-            let offset = range.offset + (at - range.gpa);
-            self.source
+            let Located {
+                source,
+                offset,
+                left,
+            } = self.locate(at).ok_or_else(|| self.not_ram(at))?;
+            let n = (buf.len() - done).min(usize::try_from(left).unwrap_or(usize::MAX));
+            source
                 .read_exact_at(offset, &mut buf[done..done + n])
                 .map_err(|source| MemoryError::Source { gpa: at, source })?;
             done += n;
@@ -114,12 +175,35 @@ impl<S: PageSource> GuestMemory<S> {
         Ok(())
     }
 
+    fn locate(&self, gpa: u64) -> Option<Located<'_, S>> {
+        if let Some(r) = self.layout.range_of_gpa(gpa) {
+            return Some(Located {
+                source: &self.source,
+                offset: r.offset + (gpa - r.gpa),
+                left: r.gpa + r.len - gpa,
+            });
+        }
+        let d = self
+            .devices
+            .iter()
+            .find(|d| (d.gpa..d.gpa + d.source.size()).contains(&gpa))?;
+        Some(Located {
+            source: &d.source,
+            offset: gpa - d.gpa,
+            left: d.gpa + d.source.size() - gpa,
+        })
+    }
+
     fn not_ram(&self, gpa: u64) -> MemoryError {
-        let last = self.layout.ranges().last();
-        let why = match last {
-            Some(r) if gpa >= r.gpa + r.len => "past the end of RAM",
+        let ends = self.layout.ranges().map(|r| r.gpa + r.len);
+        let end = ends
+            .chain(self.devices.iter().map(|d| d.gpa + d.source.size()))
+            .max();
+        let why = match end {
             None => "the guest has no RAM",
-            _ => "in the PCI hole",
+            Some(end) if gpa >= end => "past the end of RAM",
+            _ if (self.layout.below_4g_size()..FOUR_GIB).contains(&gpa) => "in the PCI hole",
+            _ => "between RAM blocks",
         };
         MemoryError::NotRam { gpa, why }
     }
@@ -149,10 +233,16 @@ impl<S: PageSource> GuestMemory<S> {
     /// sorted; every other RAM address reads as zero.
     pub fn data_ranges(&self) -> Result<Vec<Range<u64>>, MemoryError> {
         let extents = self.source.data_extents().map_err(MemoryError::Extents)?;
-        Ok(extents
+        let mut out: Vec<Range<u64>> = extents
             .into_iter()
             .flat_map(|r| self.layout.offsets_to_gpa_ranges(r))
-            .collect())
+            .collect();
+        for d in &self.devices {
+            let extents = d.source.data_extents().map_err(MemoryError::Extents)?;
+            out.extend(extents.into_iter().map(|r| d.gpa + r.start..d.gpa + r.end));
+        }
+        out.sort_by_key(|r| r.start);
+        Ok(out)
     }
 
     /// Bytes of guest RAM that hold data in the backing (sum of [`Self::data_ranges`]).
@@ -178,7 +268,7 @@ mod tests {
     #[test]
     fn errors_name_the_address_and_the_reason() {
         let (_d, path) = ram_file(gib(5));
-        let mem = GuestMemory::open_ram_file(&path, Layout::pc(gib(5))).unwrap();
+        let mem = GuestMemory::open_ram_file(&path, Layout::pc(gib(5)).unwrap()).unwrap();
         let mut buf = [0u8; 16];
         let e = mem.read(gib(3) + 0x1000, &mut buf).unwrap_err().to_string();
         assert_eq!(
@@ -200,12 +290,53 @@ mod tests {
     #[test]
     fn layout_must_fit_the_file() {
         let (_d, path) = ram_file(mib(1));
-        let e = GuestMemory::open_ram_file(&path, Layout::pc(mib(2))).unwrap_err();
+        let e = GuestMemory::open_ram_file(&path, Layout::pc(mib(2)).unwrap()).unwrap_err();
         let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
         assert!(chain.contains("less than the RAM size 0x200000"), "{chain}");
         let src = FileSource::open(&path, mib(1)).unwrap();
-        let e = GuestMemory::new(src, Layout::pc(mib(2))).unwrap_err();
+        let e = GuestMemory::new(src, Layout::pc(mib(2)).unwrap()).unwrap_err();
         assert!(e.to_string().contains("differs"), "{e}");
+    }
+
+    #[test]
+    fn device_memory_blocks_are_read_at_their_gpa() {
+        let (_d, path) = ram_file(mib(512));
+        let (_d2, vmem) = ram_file(gib(1));
+        File::options()
+            .write(true)
+            .open(&vmem)
+            .unwrap()
+            .write_at(b"plugged", mib(2) + 5)
+            .unwrap();
+        let layout = Layout::pc(mib(512)).unwrap();
+        let mut mem = GuestMemory::open_ram_file(&path, layout).unwrap();
+        let base = layout.device_memory_base();
+        mem.add_device_memory_file(&vmem, base, gib(1)).unwrap();
+        assert_eq!(mem.read_vec(base + mib(2) + 5, 7).unwrap(), b"plugged");
+        let ranges = mem.data_ranges().unwrap();
+        assert!(
+            ranges.iter().any(|r| r.contains(&(base + mib(2) + 5))),
+            "{ranges:x?}"
+        );
+        let e = mem.read_vec(mib(600), 1).unwrap_err().to_string();
+        assert!(e.ends_with("(in the PCI hole)"), "{e}");
+        let e = mem.read_vec(base + gib(1), 1).unwrap_err().to_string();
+        assert!(e.ends_with("(past the end of RAM)"), "{e}");
+        // Overlaps with boot RAM or another block are refused.
+        let (_d3, other) = ram_file(mib(4));
+        for gpa in [mib(510), base + gib(1) - 1] {
+            let e = mem.add_device_memory_file(&other, gpa, mib(4)).unwrap_err();
+            assert!(
+                e.to_string().contains("overlaps guest RAM"),
+                "{gpa:#x}: {e}"
+            );
+        }
+        // A second block after a gap: the gap is "between RAM blocks".
+        mem.add_device_memory_file(&other, base + gib(2), mib(4))
+            .unwrap();
+        let e = mem.read_vec(base + gib(1) + 7, 1).unwrap_err().to_string();
+        assert!(e.ends_with("(between RAM blocks)"), "{e}");
+        assert!(mem.read_vec(base + gib(2), 16).is_ok());
     }
 
     #[test]
@@ -215,7 +346,7 @@ mod tests {
         f.write_at(b"low marker", 0x1234).unwrap();
         f.write_at(&0xdead_beef_cafe_f00du64.to_le_bytes(), mib(4) - 8)
             .unwrap();
-        let mem = GuestMemory::open_ram_file(&path, Layout::pc(mib(4))).unwrap();
+        let mem = GuestMemory::open_ram_file(&path, Layout::pc(mib(4)).unwrap()).unwrap();
         assert_eq!(mem.read_vec(0x1234, 10).unwrap(), b"low marker");
         assert_eq!(mem.read_u64(mib(4) - 8).unwrap(), 0xdead_beef_cafe_f00d);
         assert_eq!(mem.read_u32(mib(4) - 4).unwrap(), 0xdead_beef);

@@ -156,9 +156,9 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         .unwrap();
     let initrd = initramfs(dir.path());
     let cases = [
-        ("pc", "256M", Layout::pc(256 * MIB)),
-        ("pc", "5G", Layout::pc(5 * GIB)),
-        ("q35", "4G", Layout::q35(4 * GIB)),
+        ("pc", "256M", Layout::pc(256 * MIB).unwrap()),
+        ("pc", "5G", Layout::pc(5 * GIB).unwrap()),
+        ("q35", "4G", Layout::q35(4 * GIB).unwrap()),
     ];
     let mut guests: Vec<Guest> = cases
         .iter()

@@ -24,24 +24,15 @@ impl Drop for Qemu {
 }
 
 fn qemu(backend: &str) -> Qemu {
+    qemu_with(backend, &["-m", "64M", "-monitor", "none"])
+}
+
+fn qemu_with(backend: &str, extra: &[&str]) -> Qemu {
     let child = Command::new("qemu-system-x86_64")
-        .args([
-            "-machine",
-            "pc,accel=tcg,memory-backend=ram",
-            "-m",
-            "64M",
-            "-S",
-        ])
-        .args([
-            "-display",
-            "none",
-            "-nodefaults",
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-        ])
+        .args(["-machine", "pc,accel=tcg,memory-backend=ram", "-S"])
+        .args(["-display", "none", "-nodefaults", "-serial", "none"])
         .args(["-object", backend])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
@@ -86,8 +77,8 @@ fn shared_file_reads_the_same_through_the_process_and_the_file() {
     let pid = q.0.id();
 
     let target = MapTarget::Path(path.clone());
-    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM)).unwrap();
-    let via_file = GuestMemory::open_ram_file(&path, Layout::pc(RAM)).unwrap();
+    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM).unwrap()).unwrap();
+    let via_file = GuestMemory::open_ram_file(&path, Layout::pc(RAM).unwrap()).unwrap();
     assert_eq!(via_proc.read_vec(0x123000, 11).unwrap(), b"before qemu");
     // share=on: a write to the file is what the guest sees.
     write_at(&path, 0x3ff0000, b"after start");
@@ -97,7 +88,7 @@ fn shared_file_reads_the_same_through_the_process_and_the_file() {
     assert!(ranges.iter().any(|r| r.contains(&0x123000)), "{ranges:x?}");
     assert!(ranges.iter().any(|r| r.contains(&0x3ff0000)), "{ranges:x?}");
     let by_inode = MapTarget::inode_of(&path).unwrap();
-    let again = GuestMemory::open_process(pid, &by_inode, Layout::pc(RAM)).unwrap();
+    let again = GuestMemory::open_process(pid, &by_inode, Layout::pc(RAM).unwrap()).unwrap();
     assert_eq!(again.source().base(), via_proc.source().base());
 }
 
@@ -109,7 +100,7 @@ fn private_image_mapping_is_read_through_the_process() {
     let mut q = qemu(&backend_file(&image, false));
     wait_for_mapping(&mut q, |p| Path::new(p) == image);
     let target = MapTarget::Path(image.clone());
-    let mem = GuestMemory::open_process(q.0.id(), &target, Layout::pc(RAM)).unwrap();
+    let mem = GuestMemory::open_process(q.0.id(), &target, Layout::pc(RAM).unwrap()).unwrap();
     // The page is not faulted in yet; its data range comes from the image's extents.
     let ranges = mem.data_ranges().unwrap();
     assert!(ranges.iter().any(|r| r.contains(&0x200000)), "{ranges:x?}");
@@ -126,7 +117,7 @@ fn memfd_ram_is_reachable_through_proc_fd() {
     let fd_path = memfd_of(pid).expect("qemu holds a memfd");
     // Plant a marker through the memfd, as the guest would have written it.
     write_at(&fd_path, 0x1000, b"memfd marker");
-    let via_file = GuestMemory::open_ram_file(&fd_path, Layout::pc(RAM)).unwrap();
+    let via_file = GuestMemory::open_ram_file(&fd_path, Layout::pc(RAM).unwrap()).unwrap();
     assert_eq!(via_file.read_vec(0x1000, 12).unwrap(), b"memfd marker");
     assert!(via_file
         .data_ranges()
@@ -134,7 +125,7 @@ fn memfd_ram_is_reachable_through_proc_fd() {
         .iter()
         .any(|r| r.contains(&0x1000)));
     let target = MapTarget::inode_of(&fd_path).unwrap();
-    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM)).unwrap();
+    let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM).unwrap()).unwrap();
     assert_eq!(via_proc.read_vec(0x1000, 12).unwrap(), b"memfd marker");
 }
 
@@ -156,10 +147,104 @@ fn missing_mapping_is_a_clear_error() {
     let mut q = qemu(&backend_file(&path, true));
     wait_for_mapping(&mut q, |p| Path::new(p) == path);
     let other = MapTarget::Path("/dev/shm/not-this-one".into());
-    let err = GuestMemory::open_process(q.0.id(), &other, Layout::pc(RAM)).unwrap_err();
+    let err = GuestMemory::open_process(q.0.id(), &other, Layout::pc(RAM).unwrap()).unwrap_err();
     let chain = format!("{:#}", anyhow::Error::from(err));
     assert!(
         chain.contains("no mapping of /dev/shm/not-this-one"),
         "{chain}"
+    );
+}
+
+/// One HMP command over QEMU's monitor socket; returns its output.
+fn hmp(sock: &Path, cmd: &str) -> String {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let t0 = Instant::now();
+    let mut s = loop {
+        match UnixStream::connect(sock) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("monitor socket: {e}"),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    // The output ends with the next prompt (the first came with the greeting).
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&out).matches("(qemu)").count() < 2 {
+        let n = s.read(&mut buf).expect("monitor answers");
+        assert!(n > 0, "monitor closed");
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn virtio_mem_device_memory_is_read_at_the_address_qemu_gives_it() {
+    let (dir, path) = sparse_ram(Some("/dev/shm"), RAM);
+    let vmem = dir.path().join("vmem");
+    std::fs::File::create(&vmem)
+        .unwrap()
+        .set_len(256 * MIB)
+        .unwrap();
+    let mon = dir.path().join("mon.sock");
+    let vmem_obj = format!(
+        "memory-backend-file,id=vmem0,size=256M,mem-path={},share=on",
+        vmem.display()
+    );
+    let mon_arg = format!("unix:{},server=on,wait=off", mon.display());
+    let mut q = qemu_with(
+        &backend_file(&path, true),
+        &[
+            "-m",
+            "64M,maxmem=1G",
+            "-monitor",
+            &mon_arg,
+            "-object",
+            &vmem_obj,
+            "-device",
+            "virtio-mem-pci,id=vm0,memdev=vmem0,requested-size=0,block-size=2M",
+        ],
+    );
+    wait_for_mapping(&mut q, |p| Path::new(p) == vmem);
+    let layout = Layout::pc(RAM).unwrap();
+    // QEMU's own answer for where the device memory sits.
+    let info = hmp(&mon, "info memory-devices");
+    let memaddr = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memaddr: 0x"))
+        .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+        .unwrap_or_else(|| panic!("no memaddr in {info:?}"));
+    assert_eq!(memaddr, layout.device_memory_base());
+    // virtio-mem discards (punches) all unplugged memory when QEMU starts, so
+    // the marker goes in afterwards; the device's file is shared with QEMU.
+    write_at(&vmem, 6 * MIB + 3, b"device memory");
+
+    let mut via_file = GuestMemory::open_ram_file(&path, layout).unwrap();
+    via_file
+        .add_device_memory_file(&vmem, memaddr, 256 * MIB)
+        .unwrap();
+    assert_eq!(
+        via_file.read_vec(memaddr + 6 * MIB + 3, 13).unwrap(),
+        b"device memory"
+    );
+    let pid = q.0.id();
+    let mut via_proc =
+        GuestMemory::open_process(pid, &MapTarget::Path(path.clone()), layout).unwrap();
+    let dev =
+        rebound_guestmem::ProcMemSource::locate(pid, &MapTarget::Path(vmem.clone()), 256 * MIB)
+            .unwrap();
+    via_proc.add_device_memory(memaddr, dev).unwrap();
+    assert_eq!(
+        via_proc.read_vec(memaddr + 6 * MIB + 3, 13).unwrap(),
+        b"device memory"
+    );
+    let ranges = via_proc.data_ranges().unwrap();
+    assert!(
+        ranges.iter().any(|r| r.contains(&(memaddr + 6 * MIB))),
+        "{ranges:x?}"
     );
 }

@@ -15,7 +15,7 @@ fn five_gib_sparse_file_reads_across_the_pci_hole() {
         // 16 bytes straddling the end of low RAM: offset 3G-8 .. 3G+8.
         write_at(&path, 3 * GIB - 8, b"LOW-END!HIGH-BEG");
         write_at(&path, 5 * GIB - 4, b"LAST");
-        let mem = GuestMemory::open_ram_file(&path, Layout::pc(5 * GIB)).unwrap();
+        let mem = GuestMemory::open_ram_file(&path, Layout::pc(5 * GIB).unwrap()).unwrap();
         assert_eq!(mem.read_vec(3 * GIB - 8, 8).unwrap(), b"LOW-END!");
         assert_eq!(mem.read_vec(4 * GIB, 8).unwrap(), b"HIGH-BEG");
         assert_eq!(mem.read_vec(6 * GIB - 4, 4).unwrap(), b"LAST");
@@ -73,7 +73,7 @@ fn full_scan_keeps_holes_as_holes() {
         let before = allocated(&path);
         assert!(before < 8 * MIB, "{parent:?}: {before}");
 
-        let mem = GuestMemory::open_ram_file(&path, Layout::pc(512 * MIB)).unwrap();
+        let mem = GuestMemory::open_ram_file(&path, Layout::pc(512 * MIB).unwrap()).unwrap();
         let found = find_vmcoreinfo(&mem).unwrap();
         assert_eq!(found.paddr, 200 * MIB);
         // Read every data range and some holes, too.
@@ -110,7 +110,7 @@ fn scan_skips_the_rodata_format_string_and_finds_the_note_above_4g() {
     write_at(&path, 16 * MIB + 0x40, &decoy);
     // A note at offset 3G+2M lives at GPA 4G+2M on a 5G pc guest.
     write_at(&path, 3 * GIB + 2 * MIB, &encode_note(text.as_bytes()));
-    let mem = GuestMemory::open_ram_file(&path, Layout::pc(5 * GIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(5 * GIB).unwrap()).unwrap();
     let found = find_vmcoreinfo(&mem).unwrap();
     assert_eq!(found.paddr, 4 * GIB + 2 * MIB);
     assert_eq!(found.info.osrelease, "6.1.0-27-amd64");
@@ -137,7 +137,7 @@ fn note_straddling_a_scan_chunk_is_found() {
     for at in [4 * MIB - 12, 8 * MIB - 4000] {
         write_at(&path, at, &encode_note(text.as_bytes()));
     }
-    let mem = GuestMemory::open_ram_file(&path, Layout::pc(64 * MIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(64 * MIB).unwrap()).unwrap();
     let (found, _) = rebound_guestmem::find_vmcoreinfo_all(&mem).unwrap();
     let addrs: Vec<u64> = found.iter().map(|f| f.paddr).collect();
     assert_eq!(addrs, vec![4 * MIB - 12, 8 * MIB - 4000]);
@@ -158,7 +158,7 @@ fn stale_note_from_a_previous_boot_is_reported_as_ambiguous() {
         0x8200000,
         &encode_note(vmcoreinfo_text("6.1.0-a", 0x7200000).as_bytes()),
     );
-    let mem = GuestMemory::open_ram_file(&path, Layout::pc(256 * MIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(256 * MIB).unwrap()).unwrap();
     let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
     assert!(err.contains("2 different VMCOREINFO notes"), "{err}");
     assert!(
@@ -177,7 +177,7 @@ fn no_note_is_a_clear_error_counting_rejected_candidates() {
     write_at(&path, 9 * MIB + 64, b"VMCOREINFO\0OSRELEASE=%s\n");
     // ...while a padded name after a zero header is a candidate, refused.
     write_at(&path, 10 * MIB + 64, b"VMCOREINFO\0\0OSRELEASE=x\n");
-    let mem = GuestMemory::open_ram_file(&path, Layout::pc(64 * MIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(64 * MIB).unwrap()).unwrap();
     let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
     assert!(
         err.starts_with("no VMCOREINFO note in guest RAM (2 candidates rejected"),
@@ -185,7 +185,7 @@ fn no_note_is_a_clear_error_counting_rejected_candidates() {
     );
     // An empty (all-hole) RAM file has nothing to scan at all.
     let (_dir2, empty) = sparse_ram(Some("/dev/shm"), 64 * MIB);
-    let mem = GuestMemory::open_ram_file(&empty, Layout::pc(64 * MIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&empty, Layout::pc(64 * MIB).unwrap()).unwrap();
     assert_eq!(mem.data_ranges().unwrap(), vec![]);
     let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
     assert!(err.contains("0 candidates"), "{err}");
@@ -217,7 +217,7 @@ fn scanner_survives_random_ram_full_of_fake_notes() {
     ram[end..end + 12].copy_from_slice(&[11, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
     ram[end + 12..].copy_from_slice(b"VMCOREINFO\0\0");
     write_at(&path, 0, &ram);
-    let mem = GuestMemory::open_ram_file(&path, Layout::pc(32 * MIB)).unwrap();
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(32 * MIB).unwrap()).unwrap();
     let err = find_vmcoreinfo(&mem).unwrap_err().to_string();
     assert!(err.starts_with("no VMCOREINFO note in guest RAM"), "{err}");
     // A real note among them is still found.

@@ -142,6 +142,14 @@ impl Stream {
         };
     }
 
+    /// Ends our sending side; the peer reads end-of-stream after what was sent.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(Shutdown::Write),
+        }
+    }
+
     /// A printable name of the peer.
     pub fn peer_name(&self) -> String {
         match self {

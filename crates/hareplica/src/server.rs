@@ -446,6 +446,10 @@ impl<'a> Connection<'a> {
 
     fn hello(&mut self, h: Hello) -> Result<(), Refusal> {
         let inner = lock(self.shared);
+        if h.kind == HelloKind::Resume {
+            // A fenced primary is told so at once, not after waiting for the current one.
+            check_resume(&inner.state, &h)?;
+        }
         let mut inner = self.wait_no_current_session(inner)?;
         let inner = &mut *inner;
         let st = &mut inner.state;
@@ -470,30 +474,7 @@ impl<'a> Connection<'a> {
                 );
             }
             HelloKind::Resume => {
-                if !st.is_initialized() {
-                    return Err(Refusal(
-                        ErrorCode::Empty,
-                        "the backup holds no heap to resume".into(),
-                    ));
-                }
-                if h.heap_size != st.heap_size {
-                    return Err(Refusal(
-                        ErrorCode::HeapMismatch,
-                        format!(
-                            "heap is {} bytes, the backup holds {}",
-                            h.heap_size, st.heap_size
-                        ),
-                    ));
-                }
-                if h.epoch != st.epoch {
-                    return Err(Refusal(
-                        ErrorCode::Fenced,
-                        format!(
-                            "epoch {} is stale, the backup is at epoch {}: this primary was fenced",
-                            h.epoch, st.epoch
-                        ),
-                    ));
-                }
+                check_resume(st, &h)?;
                 log::info!("{}: primary resumed at tx {}", self.peer, st.last_tx);
             }
         }
@@ -635,6 +616,35 @@ impl<'a> Connection<'a> {
         self.pending_acks.clear();
         ok
     }
+}
+
+/// May a primary reconnect into this replica?
+fn check_resume(st: &ReplicaState, h: &Hello) -> Result<(), Refusal> {
+    if !st.is_initialized() {
+        return Err(Refusal(
+            ErrorCode::Empty,
+            "the backup holds no heap to resume".into(),
+        ));
+    }
+    if h.heap_size != st.heap_size {
+        return Err(Refusal(
+            ErrorCode::HeapMismatch,
+            format!(
+                "heap is {} bytes, the backup holds {}",
+                h.heap_size, st.heap_size
+            ),
+        ));
+    }
+    if h.epoch != st.epoch {
+        return Err(Refusal(
+            ErrorCode::Fenced,
+            format!(
+                "epoch {} is stale, the backup is at epoch {}: this primary was fenced",
+                h.epoch, st.epoch
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn internal(e: StoreError) -> Refusal {

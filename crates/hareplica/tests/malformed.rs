@@ -1,0 +1,301 @@
+//! Malformed, replayed and out-of-order frames sent over real sockets: refused with a
+//! clear error, the connection closed, and the replica unchanged.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use hareplica::endpoint::Stream;
+use hareplica::wire::{
+    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, HEADER_LEN,
+    MAX_COMMIT_PAYLOAD,
+};
+use hareplica::{diff_pages, DiffRun, ReplicaClient};
+
+fn frame(msg: &Message) -> Vec<u8> {
+    let mut b = Vec::new();
+    wire::encode(msg, &mut b);
+    b
+}
+
+fn reseal(mut f: Vec<u8>) -> Vec<u8> {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&f[0..12]);
+    h.update(&f[HEADER_LEN..]);
+    let crc = h.finalize();
+    f[12..16].copy_from_slice(&crc.to_le_bytes());
+    f
+}
+
+/// Sends `bytes` on a new connection and collects the replies until the backup closes it.
+fn exchange(ep: &hareplica::Endpoint, bytes: &[u8]) -> Vec<Message> {
+    let mut s = ep.connect(Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The backup may close before reading everything (it refuses at the header).
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown_write();
+    let mut out = Vec::new();
+    let reader = FrameReader {
+        stall_limit: Duration::from_secs(5),
+        idle_limit: Some(Duration::from_secs(5)),
+    };
+    loop {
+        match reader.read(&mut s) {
+            Ok(m) => out.push(m),
+            Err(WireError::Closed) => return out,
+            Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+            Err(e) => panic!("reading the backup's reply: {e}"),
+        }
+    }
+}
+
+fn expect_refusal(ep: &hareplica::Endpoint, bytes: &[u8], code: ErrorCode, needle: &str) {
+    let replies = exchange(ep, bytes);
+    match replies.last() {
+        Some(Message::Error { code: c, message }) => {
+            assert_eq!(*c, code, "{message}");
+            assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+        }
+        other => panic!("expected an {code:?} error, got {other:?}"),
+    }
+}
+
+fn commit_frame(tx: u64, epoch: u64, runs: &[DiffRun], heap: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    wire::encode_commit(tx, epoch, runs, heap, &mut b).unwrap();
+    b
+}
+
+/// The exact frame the workload's primary sent for `tx` in `epoch`.
+fn workload_frame(tx: u64, epoch: u64) -> Vec<u8> {
+    let shadow = model(tx - 1);
+    let mut heap = shadow.clone();
+    let pages = apply_tx(&mut heap, tx);
+    let mut runs = Vec::new();
+    diff_pages(&shadow, &heap, &pages, PAGE, &mut runs);
+    commit_frame(tx, epoch, &runs, &heap)
+}
+
+fn resume(epoch: u64) -> Vec<u8> {
+    frame(&Message::Hello(Hello {
+        kind: HelloKind::Resume,
+        mode: Mode::Sync,
+        heap_size: HEAP as u64,
+        epoch,
+    }))
+}
+
+#[test]
+fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("replica");
+    let backup = BackupProc::start(&format!("unix:{}/b.sock", tmp.path().display()), &dir, &[]);
+    let ep = backup.ep.clone();
+    {
+        let client = ReplicaClient::connect(&ep, HEAP as u64, Mode::Sync).unwrap();
+        let mut p = Primary::new(client, vec![0; HEAP], 0);
+        for _ in 0..10 {
+            p.step().unwrap();
+        }
+    }
+    assert!(wait_for(Duration::from_secs(5), || backup
+        .status()
+        .primary
+        .is_none()));
+    let epoch = backup.status().epoch;
+    let status = frame(&Message::Status);
+
+    // Frame-level damage.
+    expect_refusal(
+        &ep,
+        b"hello world, hi!",
+        ErrorCode::Malformed,
+        "bad frame magic",
+    );
+    let mut v2 = status.clone();
+    v2[4] = 2;
+    expect_refusal(&ep, &reseal(v2), ErrorCode::Malformed, "version 2");
+    let mut crc = status.clone();
+    crc[12] ^= 1;
+    expect_refusal(&ep, &crc, ErrorCode::Malformed, "checksum");
+    let mut unknown = status.clone();
+    unknown[6] = 99;
+    expect_refusal(
+        &ep,
+        &reseal(unknown),
+        ErrorCode::Malformed,
+        "unknown frame type 99",
+    );
+    // An oversized header is refused at once, without the payload ever being sent.
+    let mut huge = commit_frame(1, epoch, &[], &[]);
+    huge[8..12].copy_from_slice(&(MAX_COMMIT_PAYLOAD + 1).to_le_bytes());
+    let t = Instant::now();
+    expect_refusal(
+        &ep,
+        &huge[..HEADER_LEN],
+        ErrorCode::Malformed,
+        "exceeds its cap",
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // A Hello whose fields lie.
+    let mut bad_hello = resume(epoch);
+    bad_hello[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+    expect_refusal(&ep, &reseal(bad_hello), ErrorCode::Malformed, "heap size");
+    // Truncated: half a frame, then the connection ends.
+    let h = resume(epoch);
+    assert!(exchange(&ep, &h[..h.len() / 2]).is_empty());
+    // A commit outside any session.
+    expect_refusal(
+        &ep,
+        &workload_frame(11, epoch),
+        ErrorCode::Unexpected,
+        "Commit",
+    );
+
+    // Inside a session (a primary reconnecting in the current epoch).
+    let s = |extra: &[u8]| [resume(epoch), extra.to_vec()].concat();
+    // The exact resend of an applied tx is acknowledged again and changes nothing…
+    let replies = exchange(&ep, &s(&workload_frame(10, epoch)));
+    assert!(
+        matches!(
+            replies[..],
+            [
+                Message::Welcome { last_tx: 10, .. },
+                Message::Ack { tx_id: 10 }
+            ]
+        ),
+        "{replies:?}"
+    );
+    // …a different tx under an applied id is a replay and refused.
+    let heap = vec![7u8; HEAP];
+    let other = commit_frame(10, epoch, &[DiffRun { offset: 0, len: 4 }], &heap);
+    expect_refusal(&ep, &s(&other), ErrorCode::Replayed, "already applied");
+    expect_refusal(
+        &ep,
+        &s(&commit_frame(
+            3,
+            epoch,
+            &[DiffRun { offset: 0, len: 4 }],
+            &heap,
+        )),
+        ErrorCode::Replayed,
+        "tx 3",
+    );
+    expect_refusal(
+        &ep,
+        &s(&workload_frame(12, epoch)),
+        ErrorCode::OutOfOrder,
+        "tx 12 does not follow the last tx 10",
+    );
+    expect_refusal(
+        &ep,
+        &s(&workload_frame(11, epoch - 1)),
+        ErrorCode::Fenced,
+        "fenced",
+    );
+    let big = vec![1u8; HEAP + 4096];
+    let outside = commit_frame(
+        11,
+        epoch,
+        &[DiffRun {
+            offset: HEAP as u64 - 2,
+            len: 8,
+        }],
+        &big,
+    );
+    expect_refusal(&ep, &s(&outside), ErrorCode::OutOfBounds, "outside");
+    // A run announcing more bytes than the frame holds, with a valid checksum.
+    let mut cut = commit_frame(
+        11,
+        epoch,
+        &[DiffRun {
+            offset: 0,
+            len: 100,
+        }],
+        &heap,
+    );
+    cut.truncate(cut.len() - 10);
+    let n = (cut.len() - HEADER_LEN) as u32;
+    cut[8..12].copy_from_slice(&n.to_le_bytes());
+    expect_refusal(&ep, &s(&reseal(cut)), ErrorCode::Malformed, "announced");
+    // A good commit after a broken one in the same stream is never applied.
+    let mut bad_crc = workload_frame(11, epoch);
+    bad_crc[HEADER_LEN + 30] ^= 0xff;
+    let stream = [bad_crc, workload_frame(11, epoch)].concat();
+    expect_refusal(&ep, &s(&stream), ErrorCode::Malformed, "checksum");
+    // Stale epoch at Hello.
+    expect_refusal(&ep, &resume(epoch - 1), ErrorCode::Fenced, "stale");
+    // A commit frame cut mid-payload, then the connection closes.
+    let whole = workload_frame(11, epoch);
+    let replies = exchange(&ep, &s(&whole[..whole.len() - 3]));
+    assert!(
+        matches!(replies[..], [Message::Welcome { .. }]),
+        "{replies:?}"
+    );
+
+    let st = backup.status();
+    assert_eq!((st.last_tx, st.epoch), (10, epoch));
+    drop(backup);
+    let (image, last_tx) = dump(&dir);
+    assert_eq!(last_tx, 10);
+    assert!(image == model(10), "the replica changed");
+}
+
+/// The frame reader on the primary's side, fed through a socket pair.
+#[test]
+fn frame_reader_rejects_damage_through_a_socket_pair() {
+    let read = |bytes: &[u8]| {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(bytes).unwrap();
+        drop(a);
+        let mut s = Stream::Unix(b);
+        FrameReader::default().read(&mut s)
+    };
+    let ack = frame(&Message::Ack { tx_id: 5 });
+    assert!(matches!(read(&ack), Ok(Message::Ack { tx_id: 5 })));
+    assert!(matches!(read(&[]), Err(WireError::Closed)));
+    assert!(matches!(
+        read(&ack[..10]),
+        Err(WireError::Truncated { got: 10, want: 16 })
+    ));
+    assert!(matches!(
+        read(&ack[..20]),
+        Err(WireError::Truncated { got: 20, want: 24 })
+    ));
+    let mut m = ack.clone();
+    m[0] = b'X';
+    assert!(matches!(read(&m), Err(WireError::BadMagic(_))));
+    let mut v = ack.clone();
+    v[4] = 7;
+    assert!(matches!(read(&reseal(v)), Err(WireError::BadVersion(7))));
+    let mut c = ack.clone();
+    c[HEADER_LEN] ^= 1;
+    assert!(matches!(read(&c), Err(WireError::BadCrc { .. })));
+    let mut big = ack.clone();
+    big[8..12].copy_from_slice(&9u32.to_le_bytes());
+    assert!(matches!(
+        read(&big),
+        Err(WireError::Oversized { len: 9, cap: 8, .. })
+    ));
+    let mut short = ack[..HEADER_LEN + 4].to_vec();
+    short[8..12].copy_from_slice(&4u32.to_le_bytes());
+    assert!(matches!(
+        read(&reseal(short)),
+        Err(WireError::Malformed { .. })
+    ));
+
+    // A peer that stops inside a frame is dropped after the stall limit.
+    let (mut a, b) = UnixStream::pair().unwrap();
+    a.write_all(&ack[..12]).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let reader = FrameReader {
+        stall_limit: Duration::from_millis(300),
+        idle_limit: None,
+    };
+    let mut s = Stream::Unix(b);
+    assert!(matches!(reader.read(&mut s), Err(WireError::Stalled(_))));
+    drop(a);
+}

@@ -47,7 +47,7 @@ fn attach_after_the_primary_is_killed_gives_its_last_acknowledged_state() {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut acked = |lines: &mut dyn Iterator<Item = std::io::Result<String>>| {
+        let acked = |lines: &mut dyn Iterator<Item = std::io::Result<String>>| {
             lines
                 .map_while(Result::ok)
                 .find_map(|l| l.strip_prefix("acked ").map(|n| n.parse::<u64>().unwrap()))

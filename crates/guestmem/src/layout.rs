@@ -528,26 +528,17 @@ mod tests {
     // pc 512M -> 0x100000000, pc 3584M -> 0x140000000, pc 5G and q35 4G -> 0x180000000.
     #[test]
     fn device_memory_follows_ram_above_4g_rounded_to_a_gib() {
-        assert_eq!(
-            Layout::pc(mib(512)).unwrap().device_memory_base(),
-            0x1_0000_0000
-        );
-        assert_eq!(
-            Layout::pc(mib(3584)).unwrap().device_memory_base(),
-            0x1_4000_0000
-        );
-        assert_eq!(
-            Layout::pc(gib(5)).unwrap().device_memory_base(),
-            0x1_8000_0000
-        );
-        assert_eq!(
-            Layout::q35(gib(4)).unwrap().device_memory_base(),
-            0x1_8000_0000
-        );
-        assert_eq!(
-            Layout::q35(mib(512)).unwrap().device_memory_base(),
-            0x1_0000_0000
-        );
+        let cases = [
+            (Layout::pc(mib(512)), 0x1_0000_0000),
+            (Layout::pc(mib(3584)), 0x1_4000_0000),
+            (Layout::pc(gib(5)), 0x1_8000_0000),
+            (Layout::q35(gib(4)), 0x1_8000_0000),
+            (Layout::q35(mib(512)), 0x1_0000_0000),
+        ];
+        for (layout, base) in cases {
+            let layout = layout.unwrap();
+            assert_eq!(layout.device_memory_base(), base, "{layout:?}");
+        }
     }
 
     #[test]

@@ -340,6 +340,25 @@ mod tests {
     }
 
     #[test]
+    fn boxed_sources_mix_backings() {
+        let (_d, path) = ram_file(mib(4));
+        let (_d2, dev) = ram_file(mib(2));
+        File::options()
+            .write(true)
+            .open(&dev)
+            .unwrap()
+            .write_at(b"boxed", 0)
+            .unwrap();
+        let layout = Layout::pc(mib(4)).unwrap();
+        let boot: Box<dyn PageSource> = Box::new(FileSource::open(&path, mib(4)).unwrap());
+        let mut mem = GuestMemory::new(boot, layout).unwrap();
+        let dev: Box<dyn PageSource> = Box::new(FileSource::open(&dev, mib(2)).unwrap());
+        mem.add_device_memory(FOUR_GIB, dev).unwrap();
+        assert_eq!(mem.read_vec(FOUR_GIB, 5).unwrap(), b"boxed");
+        assert!(mem.source().describe().contains("RAM file"));
+    }
+
+    #[test]
     fn reads_return_the_bytes_at_their_offsets() {
         let (_d, path) = ram_file(mib(4));
         let f = File::options().write(true).open(&path).unwrap();

@@ -64,6 +64,26 @@ pub trait PageSource {
     fn describe(&self) -> String;
 }
 
+/// Boxed sources, so one [`crate::GuestMemory`] can mix backings (boot RAM
+/// from a file, device memory through the process, ...).
+impl<T: PageSource + ?Sized> PageSource for Box<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+        (**self).read_exact_at(offset, buf)
+    }
+
+    fn data_extents(&self) -> Result<Vec<Range<u64>>, SourceError> {
+        (**self).data_extents()
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
 /// Checks that `offset..offset+len` lies inside a block of `size` bytes.
 pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> Result<(), SourceError> {
     let end = offset.checked_add(len as u64);

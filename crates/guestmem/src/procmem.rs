@@ -10,10 +10,12 @@
 //! - the data extents (`SEEK_DATA`) of the mapped file, if any: a page not yet
 //!   faulted in reads from the file.
 //!
-//! Caveat: reading a page that is not present makes the kernel fault it into
-//! QEMU (from the image for a private mapping). Scans through this source
-//! therefore only read the extents above, and a caller tracing a restored
-//! guest's first accesses should read before or after the trace, not during.
+//! Reads never fault pages into QEMU: each page's pagemap entry decides
+//! whether it is read through `/proc/<pid>/mem` (mapped or swapped), from the
+//! mapped file at the same offset (not mapped: exactly what a fault would
+//! load), or as zeros (anonymous and never touched). So reading a lazily
+//! restored guest neither pollutes its first-access trace nor allocates the
+//! image's holes. The mapping must map its file from offset 0, as QEMU does.
 
 use std::fs::File;
 use std::io;
@@ -94,34 +96,68 @@ impl ProcMemSource {
         self.base
     }
 
-    /// Pages present or swapped in the process, as RAM offset ranges.
-    fn resident_extents(&self) -> io::Result<Vec<Range<u64>>> {
-        const BATCH: u64 = 64 * 1024; // pagemap entries per read (512 KiB)
-        let pages = self.size.div_ceil(PAGE);
-        let mut out: Vec<Range<u64>> = Vec::new();
-        let mut buf = vec![0u8; (BATCH * 8) as usize];
-        let mut page = 0;
-        while page < pages {
-            let n = BATCH.min(pages - page);
+    /// Appends the pagemap entries of `count` pages from RAM page `first`.
+    fn pagemap_entries(
+        &self,
+        first: u64,
+        count: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), SourceError> {
+        const BATCH: u64 = 64 * 1024; // entries per read (512 KiB)
+        let mut buf = vec![0u8; (BATCH.min(count) * 8) as usize];
+        let mut page = first;
+        while page < first + count {
+            let n = BATCH.min(first + count - page);
             let bytes = &mut buf[..(n * 8) as usize];
-            let pos = (self.base / PAGE + page) * 8;
-            pread_exact(&self.pagemap, 0, pos, bytes).map_err(io::Error::other)?;
-            for (i, e) in bytes.chunks_exact(8).enumerate() {
-                let e = u64::from_le_bytes(e.try_into().expect("8-byte chunk"));
-                if e & (PM_PRESENT | PM_SWAPPED) == 0 {
-                    continue;
-                }
-                let off = (page + i as u64) * PAGE;
-                let end = (off + PAGE).min(self.size);
-                match out.last_mut() {
-                    Some(last) if last.end == off => last.end = end,
-                    _ => out.push(off..end),
-                }
-            }
+            pread_exact(&self.pagemap, 0, (self.base / PAGE + page) * 8, bytes)?;
+            out.extend(
+                bytes
+                    .chunks_exact(8)
+                    .map(|e| u64::from_le_bytes(e.try_into().expect("8-byte chunk"))),
+            );
             page += n;
+        }
+        Ok(())
+    }
+
+    /// Pages present or swapped in the process, as RAM offset ranges.
+    fn resident_extents(&self) -> Result<Vec<Range<u64>>, SourceError> {
+        let mut entries = Vec::new();
+        self.pagemap_entries(0, self.size.div_ceil(PAGE), &mut entries)?;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for (i, e) in entries.into_iter().enumerate() {
+            if e & (PM_PRESENT | PM_SWAPPED) == 0 {
+                continue;
+            }
+            let off = i as u64 * PAGE;
+            let end = (off + PAGE).min(self.size);
+            match out.last_mut() {
+                Some(last) if last.end == off => last.end = end,
+                _ => out.push(off..end),
+            }
         }
         Ok(out)
     }
+
+    /// Where the bytes of a page with this pagemap entry are read from.
+    fn route(&self, entry: u64) -> Route {
+        if entry & (PM_PRESENT | PM_SWAPPED) != 0 {
+            Route::Process
+        } else if self.backing.is_some() {
+            Route::Backing
+        } else {
+            Route::Zero
+        }
+    }
+}
+
+/// A page mapped in the process is read there; one that is not is read
+/// from the mapped file (what a fault would load) or is zero (anonymous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Process,
+    Backing,
+    Zero,
 }
 
 /// The file behind a mapping: through `map_files` (works for deleted files
@@ -154,19 +190,45 @@ impl PageSource for ProcMemSource {
         self.size
     }
 
+    /// Reads without faulting pages into the process: pages it has not
+    /// mapped come from the file (or are zero), so a restored guest's
+    /// page-access trace and the image's holes stay as they were.
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
         check_range(offset, buf.len(), self.size)?;
-        pread_exact(&self.mem, self.base, offset, buf)
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset + buf.len() as u64;
+        let first = offset / PAGE;
+        let mut entries = Vec::new();
+        self.pagemap_entries(first, (end - 1) / PAGE - first + 1, &mut entries)?;
+        let route_at = |pos: u64| self.route(entries[(pos / PAGE - first) as usize]);
+        let mut pos = offset;
+        while pos < end {
+            let route = route_at(pos);
+            let mut run_end = (pos / PAGE + 1) * PAGE;
+            while run_end < end && route_at(run_end) == route {
+                run_end += PAGE;
+            }
+            let run_end = run_end.min(end);
+            let dst = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
+            match (route, &self.backing) {
+                (Route::Process, _) => pread_exact(&self.mem, self.base, pos, dst)?,
+                (Route::Backing, Some(file)) => pread_exact(file, 0, pos, dst)?,
+                _ => dst.fill(0),
+            }
+            pos = run_end;
+        }
+        Ok(())
     }
 
     fn data_extents(&self) -> Result<Vec<Range<u64>>, SourceError> {
-        let err = |source| SourceError::Extents {
-            path: format!("/proc/{}/pagemap", self.pid).into(),
-            source,
-        };
-        let resident = self.resident_extents().map_err(err)?;
+        let resident = self.resident_extents()?;
         let in_file = match &self.backing {
-            Some(f) => file_data_extents(f, self.size).map_err(err)?,
+            Some(f) => file_data_extents(f, self.size).map_err(|source| SourceError::Extents {
+                path: format!("/proc/{}/map_files (backing of {:#x})", self.pid, self.base).into(),
+                source,
+            })?,
             None => Vec::new(),
         };
         Ok(union(&resident, &in_file))

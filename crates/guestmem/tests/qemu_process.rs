@@ -93,20 +93,66 @@ fn shared_file_reads_the_same_through_the_process_and_the_file() {
 }
 
 #[test]
-fn private_image_mapping_is_read_through_the_process() {
-    // A lazily restored guest: RAM is a MAP_PRIVATE mapping of an image.
-    let (_dir, image) = sparse_ram(None, RAM);
+fn private_image_mapping_is_read_without_disturbing_the_process() {
+    // A lazily restored guest: RAM is a MAP_PRIVATE mapping of an image on tmpfs.
+    let (_dir, image) = sparse_ram(Some("/dev/shm"), RAM);
     write_at(&image, 0x200000, b"from the image");
     let mut q = qemu(&backend_file(&image, false));
     wait_for_mapping(&mut q, |p| Path::new(p) == image);
+    let pid = q.0.id();
     let target = MapTarget::Path(image.clone());
-    let mem = GuestMemory::open_process(q.0.id(), &target, Layout::pc(RAM).unwrap()).unwrap();
-    // The page is not faulted in yet; its data range comes from the image's extents.
+    let mem = GuestMemory::open_process(pid, &target, Layout::pc(RAM).unwrap()).unwrap();
+    let base = mem.source().base();
+    let image_blocks = allocated(&image);
+
+    // Not faulted in: its data range comes from the image's extents, and
+    // reading it neither maps it into QEMU nor allocates the image's holes.
     let ranges = mem.data_ranges().unwrap();
     assert!(ranges.iter().any(|r| r.contains(&0x200000)), "{ranges:x?}");
     assert!(mem.allocated_bytes().unwrap() < 16 * MIB);
+    assert!(!present(pid, base + 0x200000));
     assert_eq!(mem.read_vec(0x200000, 14).unwrap(), b"from the image");
-    assert!(mem.source().describe().contains(&q.0.id().to_string()));
+    assert_eq!(mem.read_vec(0x400000, 4 << 20).unwrap(), vec![0; 4 << 20]);
+    assert!(
+        !present(pid, base + 0x200000),
+        "the read faulted the page into QEMU"
+    );
+    assert!(
+        !present(pid, base + 0x400000),
+        "the read faulted a hole into QEMU"
+    );
+    assert_eq!(
+        allocated(&image),
+        image_blocks,
+        "the read allocated image holes"
+    );
+
+    // What the guest writes after the restore lives only in QEMU (a private
+    // copy-on-write page); here the kernel makes one through /proc/<pid>/mem.
+    let mem_file = std::fs::File::options()
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&mem_file, b"guest wrote", base + 0x300000).unwrap();
+    assert!(present(pid, base + 0x300000));
+    assert_eq!(mem.read_vec(0x300000, 11).unwrap(), b"guest wrote");
+    // A read spanning the written page and an untouched image page.
+    let both = mem.read_vec(0x300000 - 0x1000, 0x2000).unwrap();
+    assert_eq!(&both[0x1000..0x1000 + 11], b"guest wrote");
+    let image_view = GuestMemory::open_ram_file(&image, Layout::pc(RAM).unwrap()).unwrap();
+    assert_eq!(image_view.read_vec(0x300000, 11).unwrap(), vec![0; 11]);
+    let ranges = mem.data_ranges().unwrap();
+    assert!(ranges.iter().any(|r| r.contains(&0x300000)), "{ranges:x?}");
+    assert!(mem.source().describe().contains(&pid.to_string()));
+}
+
+/// Whether QEMU has the page at host address `vaddr` mapped (pagemap bit 63).
+fn present(pid: u32, vaddr: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
+    let mut e = [0u8; 8];
+    f.read_exact_at(&mut e, vaddr / 4096 * 8).unwrap();
+    u64::from_le_bytes(e) & (1 << 63) != 0
 }
 
 #[test]

@@ -8,7 +8,12 @@ use std::process::Command;
 #[test]
 fn agent_unit_tests_pass() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/agent");
-    let out = Command::new("make").arg("-s").arg("-C").arg(&dir).arg("check").output();
+    let out = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(&dir)
+        .arg("check")
+        .output();
     let out = match out {
         Ok(o) => o,
         Err(e) => {
@@ -16,7 +21,11 @@ fn agent_unit_tests_pass() {
             return;
         }
     };
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "make check failed:\n{text}");
     assert!(text.contains("agent unit tests passed"), "{text}");
 }

@@ -224,3 +224,45 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
     );
     Ok(())
 }
+
+/// The agent must keep running while no host is connected (its writes would block
+/// forever on a blocking port), answer `hello` once one connects, and power the guest off.
+#[test]
+fn agent_without_host_then_poweroff() -> Result<()> {
+    if !qemu_available() {
+        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
+        return Ok(());
+    }
+    let img = ensure_image(&home())?;
+    let mut g = Guest::boot(&img, "rebound.workload=counter rebound.counter_hz=50", 256)?;
+    g.wait_serial("rebound-agent: ready", Duration::from_secs(60))?;
+    let ready_seen = Instant::now();
+    // Ticks keep reaching the console with nobody on the agent socket.
+    g.wait_serial("counter seq=150 ", Duration::from_secs(30))?;
+    let away = ready_seen.elapsed().as_secs();
+    let mut agent = g.agent(Instant::now() + Duration::from_secs(5))?;
+    agent.send(r#"{"cmd":"hello"}"#)?;
+    let ready = agent.wait_for(Duration::from_secs(10), "ready after hello", |v| {
+        is_type(v, "ready")
+    })?;
+    assert_eq!(ready["workload"], "counter");
+    assert!(ready["service_port"].is_null());
+    // The heartbeat counter advanced once a second while we were away.
+    let hb = agent.wait_for(Duration::from_secs(5), "heartbeat", |v| {
+        is_type(v, "heartbeat")
+    })?;
+    let seq = hb["seq"].as_u64().context("seq")?;
+    ensure!(
+        seq >= away,
+        "heartbeat seq {seq} after {away} s away from the agent"
+    );
+    let c = agent.wait_for(Duration::from_secs(5), "counter", |v| is_type(v, "counter"))?;
+    ensure!(c["seq"].as_u64().unwrap_or(0) > 150, "counter {c}");
+
+    agent.send(r#"{"cmd":"poweroff"}"#)?;
+    let st = g
+        .wait_exit(Duration::from_secs(30))
+        .with_context(|| g.serial())?;
+    assert!(st.success(), "qemu exit status {st}");
+    Ok(())
+}

@@ -29,6 +29,9 @@ pub fn qemu_available() -> bool {
 /// Builds the agent with its Makefile and the `default` image in a home kept across runs
 /// (so the package cache and the image are reused when nothing changed).
 pub fn ensure_image(home: &Path) -> Result<Image> {
+    // Tests run in parallel threads: one make and one build at a time.
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let agent_dir = workspace_root().join("guest/agent");
     let st = Command::new("make")
         .arg("-s")
@@ -154,6 +157,35 @@ impl Guest {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// Waits until QEMU exits; returns its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("qemu still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the serial log contains `needle`.
+    pub fn wait_serial(&self, needle: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.serial();
+            if s.contains(needle) {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("serial log lacks {needle:?} after {timeout:?}:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn serial(&self) -> String {

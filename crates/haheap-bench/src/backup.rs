@@ -1,0 +1,139 @@
+//! The backup a benchmark or fault trial replicates to: hareplica's `BackupServer` on a
+//! thread of this process, or a separate process (`rebound-ha backup`, or this binary's
+//! `backup` mode, which runs the same server code) that can be SIGKILLed and restarted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hareplica::{BackupConfig, BackupHandle, BackupServer, Endpoint};
+
+/// Where the backup runs.
+#[derive(Debug, Clone)]
+pub enum BackupKind {
+    /// `BackupServer` on a thread of this process.
+    Thread,
+    /// A child process: `BIN backup --listen EP --dir DIR`.
+    Process(PathBuf),
+}
+
+impl BackupKind {
+    pub fn describe(&self) -> String {
+        match self {
+            BackupKind::Thread => {
+                "hareplica BackupServer on a thread of this process, unix socket in a temp dir"
+                    .into()
+            }
+            BackupKind::Process(bin) => format!(
+                "separate process `{} backup`, unix socket in a temp dir",
+                bin.display()
+            ),
+        }
+    }
+}
+
+enum Running {
+    Thread(BackupHandle),
+    Process(Child),
+    Stopped,
+}
+
+/// A running (or stopped) backup with its directory and endpoint.
+pub struct Backup {
+    kind: BackupKind,
+    dir: PathBuf,
+    endpoint: String,
+    running: Running,
+}
+
+impl Backup {
+    /// Starts a backup whose socket and replica live under `dir`.
+    pub fn start(kind: &BackupKind, dir: &Path) -> Result<Backup> {
+        let endpoint = format!("unix:{}", dir.join("backup.sock").display());
+        let mut b = Backup {
+            kind: kind.clone(),
+            dir: dir.to_path_buf(),
+            endpoint,
+            running: Running::Stopped,
+        };
+        b.restart()?;
+        Ok(b)
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// (Re)starts on the same directory and endpoint: the replica and its log survive.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        let replica = self.dir.join("replica");
+        match &self.kind {
+            BackupKind::Thread => {
+                let ep: Endpoint = self.endpoint.parse().context("backup endpoint")?;
+                let (server, _report) = BackupServer::bind(BackupConfig::new(ep, &replica))
+                    .context("binding the backup")?;
+                self.running = Running::Thread(server.spawn());
+            }
+            BackupKind::Process(bin) => {
+                let sock = self.dir.join("backup.sock");
+                let _ = std::fs::remove_file(&sock);
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("backup.log"))
+                    .context("backup log file")?;
+                let child = Command::new(bin)
+                    .arg("backup")
+                    .arg("--listen")
+                    .arg(&self.endpoint)
+                    .arg("--dir")
+                    .arg(&replica)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .with_context(|| format!("spawning {} backup", bin.display()))?;
+                self.running = Running::Process(child);
+                let t0 = Instant::now();
+                while !sock.exists() {
+                    if t0.elapsed() > Duration::from_secs(10) {
+                        bail!(
+                            "backup did not create {} within 10 s (see {})",
+                            sock.display(),
+                            self.dir.join("backup.log").display()
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills a process backup with SIGKILL (no chance to checkpoint); shuts a thread
+    /// backup down.
+    pub fn kill(&mut self) -> Result<()> {
+        match std::mem::replace(&mut self.running, Running::Stopped) {
+            Running::Process(mut c) => {
+                c.kill().context("SIGKILL of the backup")?;
+                c.wait().context("reaping the backup")?;
+            }
+            Running::Thread(h) => h.shutdown().context("stopping the backup thread")?,
+            Running::Stopped => {}
+        }
+        Ok(())
+    }
+
+    /// Stops cleanly (thread) or kills (process).
+    pub fn stop(&mut self) -> Result<()> {
+        self.kill()
+    }
+}
+
+impl Drop for Backup {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

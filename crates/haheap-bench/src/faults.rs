@@ -1,0 +1,401 @@
+//! Fault injection: a primary child process runs transactions against a backup process;
+//! we SIGKILL the primary at a random moment, take over from the backup's replica in this
+//! process, and require that the structure's invariants hold and that the replica equals
+//! an exact replay of the acknowledged transactions (plus, possibly, the one in flight,
+//! entirely). The taken-over heap must then go on committing. A second scenario SIGKILLs
+//! and restarts the backup under a running primary.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap_ds::{Ds, SplitMix64};
+use serde::Serialize;
+
+use crate::backup::{Backup, BackupKind};
+use crate::heapmem::{HeapMem, SliceMem};
+use crate::workload::{apply, Replay};
+
+#[derive(Debug, Clone)]
+pub struct FaultArgs {
+    pub trials: usize,
+    pub engines: Vec<EngineKind>,
+    pub structures: Vec<Ds>,
+    pub seed: u64,
+    pub opt: usize,
+    pub heap_kb: usize,
+    pub min_ms: u64,
+    pub max_ms: u64,
+    pub backup_restart: bool,
+    pub backup_bin: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    pub scenario: &'static str,
+    pub engine: String,
+    pub structure: &'static str,
+    pub seed: u64,
+    pub killed_after_ms: u64,
+    /// Last transaction the primary printed as acknowledged.
+    pub acked: u64,
+    /// Last transaction in the replica.
+    pub replica_tx: u64,
+    /// The in-flight transaction was in the replica (entirely).
+    pub in_flight_present: bool,
+    pub keys: usize,
+    /// Failures the primary reported while the backup was down (restart scenario).
+    pub primary_failures: u64,
+    pub ok: bool,
+    pub error: Option<String>,
+}
+
+/// The primary child and the reader of its stdout.
+struct Primary {
+    child: Child,
+    acked: Arc<AtomicU64>,
+    fails: Arc<AtomicU64>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Primary {
+    fn spawn(
+        a: &FaultArgs,
+        engine: EngineKind,
+        ds: Ds,
+        seed: u64,
+        ep: &str,
+        retry: bool,
+        log: PathBuf,
+    ) -> Result<Primary> {
+        let exe = std::env::current_exe().context("locating this binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "primary",
+            "--engine",
+            engine.name(),
+            "--backup",
+            ep,
+            "--structure",
+            ds.name,
+        ])
+        .args(["--seed", &seed.to_string(), "--opt", &a.opt.to_string()])
+        .args(["--heap-kb", &a.heap_kb.to_string()]);
+        if retry {
+            cmd.arg("--retry");
+        }
+        let stderr = std::fs::File::create(&log).context("primary log file")?;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .context("spawning the primary")?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("primary stdout"))?;
+        let (acked, fails) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (a2, f2) = (Arc::clone(&acked), Arc::clone(&fails));
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(n) = line.strip_prefix("ack ").and_then(|s| s.parse().ok()) {
+                    a2.store(n, Ordering::SeqCst);
+                } else if line.starts_with("fail ") {
+                    f2.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        Ok(Primary {
+            child,
+            acked,
+            fails,
+            reader: Some(reader),
+        })
+    }
+
+    fn acked(&self) -> u64 {
+        self.acked.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the primary acknowledged `n` transactions.
+    fn wait_acked(&mut self, n: u64, limit: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        while self.acked() < n {
+            if let Some(st) = self.child.try_wait()? {
+                bail!(
+                    "primary exited ({st}) after {} acknowledged transactions",
+                    self.acked()
+                );
+            }
+            if t0.elapsed() > limit {
+                bail!(
+                    "primary acknowledged only {} of {n} transactions in {limit:?}",
+                    self.acked()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the primary (it must still be running) and returns the last ack it printed.
+    fn kill(mut self) -> Result<u64> {
+        if let Some(st) = self.child.try_wait()? {
+            bail!("primary had already exited ({st}) before the kill");
+        }
+        self.child.kill().context("SIGKILL of the primary")?;
+        self.child.wait().context("reaping the primary")?;
+        if let Some(r) = self.reader.take() {
+            r.join().map_err(|_| anyhow!("stdout reader panicked"))?;
+        }
+        Ok(self.acked())
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Takes over from the backup (retrying while it still sees the dead primary's session),
+/// checks invariants and replay equality, then commits a few more transactions.
+fn take_over_and_verify(
+    t: &mut Trial,
+    a: &FaultArgs,
+    engine: EngineKind,
+    ds: Ds,
+    ep: &str,
+) -> Result<()> {
+    let cfg = HeapConfig {
+        size: 0,
+        engine,
+        backup: Some(ep.to_string()),
+        mode: ReplMode::Sync,
+    };
+    let t0 = Instant::now();
+    let mut heap = loop {
+        match Heap::takeover(cfg.clone()) {
+            Ok(h) => break h,
+            Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(anyhow!(e).context("takeover")),
+        }
+    };
+    t.replica_tx = heap.committed_tx_id();
+    if t.replica_tx != t.acked && t.replica_tx != t.acked + 1 {
+        bail!(
+            "replica holds {} transactions, primary acknowledged {}",
+            t.replica_tx,
+            t.acked
+        );
+    }
+    t.in_flight_present = t.replica_tx == t.acked + 1;
+    let keys =
+        (ds.check)(&SliceMem(heap.as_slice())).map_err(|e| anyhow!("check after takeover: {e}"))?;
+    t.keys = keys.len();
+    let mut replay = Replay::new(ds, heap.len(), t.seed, a.opt);
+    replay.advance_to(t.replica_tx)?;
+    if replay.mem.0 != heap.as_slice() {
+        let first = replay
+            .mem
+            .0
+            .iter()
+            .zip(heap.as_slice())
+            .position(|(x, y)| x != y);
+        bail!(
+            "replica differs from a replay of its {} transactions at byte {first:?}",
+            t.replica_tx
+        );
+    }
+    // The new primary continues.
+    for tx in t.replica_tx + 1..=t.replica_tx + 5 {
+        heap.tstart()?;
+        let mut m = HeapMem::new(&mut heap);
+        apply(&mut m, ds, t.seed, tx, a.opt)?;
+        if let Some(e) = m.failed.take() {
+            return Err(anyhow!(e).context("store after takeover"));
+        }
+        heap.tend()
+            .with_context(|| format!("commit of tx {tx} after takeover"))?;
+    }
+    replay.advance_to(t.replica_tx + 5)?;
+    if replay.mem.0 != heap.as_slice() {
+        bail!("after takeover, 5 more transactions do not match their replay");
+    }
+    (ds.check)(&SliceMem(heap.as_slice())).map_err(|e| anyhow!("check after continuing: {e}"))?;
+    Ok(())
+}
+
+fn trial(a: &FaultArgs, scenario: &'static str, engine: EngineKind, ds: Ds, seed: u64) -> Trial {
+    let mut t = Trial {
+        scenario,
+        engine: engine.to_string(),
+        structure: ds.name,
+        seed,
+        killed_after_ms: 0,
+        acked: 0,
+        replica_tx: 0,
+        in_flight_present: false,
+        keys: 0,
+        primary_failures: 0,
+        ok: false,
+        error: None,
+    };
+    let r = match scenario {
+        "kill-primary" => kill_primary(&mut t, a, engine, ds),
+        _ => restart_backup(&mut t, a, engine, ds),
+    };
+    match r {
+        Ok(()) => t.ok = true,
+        Err(e) => t.error = Some(format!("{e:#}")),
+    }
+    t
+}
+
+fn kill_primary(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let backup = Backup::start(&BackupKind::Process(a.backup_bin.clone()), dir.path())?;
+    let mut p = Primary::spawn(
+        a,
+        engine,
+        ds,
+        t.seed,
+        backup.endpoint(),
+        false,
+        dir.path().join("primary.log"),
+    )?;
+    p.wait_acked(1, Duration::from_secs(20))?;
+    let mut rng = SplitMix64::new(t.seed);
+    t.killed_after_ms = a.min_ms + rng.below(a.max_ms.saturating_sub(a.min_ms).max(1));
+    std::thread::sleep(Duration::from_millis(t.killed_after_ms));
+    t.acked = p.kill().inspect_err(|_| dump_log(dir.path()))?;
+    take_over_and_verify(t, a, engine, ds, backup.endpoint())
+}
+
+fn restart_backup(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut backup = Backup::start(&BackupKind::Process(a.backup_bin.clone()), dir.path())?;
+    let mut p = Primary::spawn(
+        a,
+        engine,
+        ds,
+        t.seed,
+        backup.endpoint(),
+        true,
+        dir.path().join("primary.log"),
+    )?;
+    p.wait_acked(30, Duration::from_secs(20))?;
+    backup.kill()?;
+    let at_kill = p.acked();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = p.acked();
+    if during > at_kill + 1 {
+        bail!(
+            "the primary acknowledged {} transactions while its backup was dead",
+            during - at_kill
+        );
+    }
+    t.primary_failures = p.fails.load(Ordering::SeqCst);
+    if t.primary_failures == 0 {
+        bail!("the primary reported no failure while its backup was dead");
+    }
+    backup.restart()?;
+    p.wait_acked(during + 30, Duration::from_secs(30))?;
+    t.killed_after_ms = 0;
+    t.acked = p.kill()?;
+    take_over_and_verify(t, a, engine, ds, backup.endpoint())
+}
+
+fn dump_log(dir: &std::path::Path) {
+    for f in ["primary.log", "backup.log"] {
+        if let Ok(s) = std::fs::read_to_string(dir.join(f)) {
+            eprintln!("--- {f}:\n{s}");
+        }
+    }
+}
+
+pub fn run(a: &FaultArgs) -> Vec<Trial> {
+    let mut out = Vec::new();
+    for (ei, &engine) in a.engines.iter().enumerate() {
+        for i in 0..a.trials {
+            let ds = a.structures[(i + ei) % a.structures.len()];
+            let seed =
+                a.seed ^ ((ei as u64) << 40) ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let t = trial(a, "kill-primary", engine, ds, seed);
+            report(&t);
+            out.push(t);
+        }
+        if a.backup_restart {
+            let ds = a.structures[ei % a.structures.len()];
+            let t = trial(a, "restart-backup", engine, ds, a.seed ^ 0xb00 ^ ei as u64);
+            report(&t);
+            out.push(t);
+        }
+    }
+    out
+}
+
+fn report(t: &Trial) {
+    let when = match t.scenario {
+        "kill-primary" => format!("killed after {:>4} ms", t.killed_after_ms),
+        _ => format!("{:>3} primary failures", t.primary_failures),
+    };
+    eprintln!(
+        "  {:<14} {:<8} {:<13} {when}: acked {:>5}, replica {:>5}{} {} keys, {}",
+        t.scenario,
+        t.engine,
+        t.structure,
+        t.acked,
+        t.replica_tx,
+        if t.in_flight_present {
+            " (+in-flight)"
+        } else {
+            ""
+        },
+        t.keys,
+        match &t.error {
+            None => "ok".to_string(),
+            Some(e) => format!("FAILED: {e}"),
+        }
+    );
+}
+
+pub fn summary(trials: &[Trial]) -> Vec<String> {
+    let mut engines: Vec<&str> = trials.iter().map(|t| t.engine.as_str()).collect();
+    engines.dedup();
+    let mut out = Vec::new();
+    for e in engines {
+        for sc in ["kill-primary", "restart-backup"] {
+            let ts: Vec<&Trial> = trials
+                .iter()
+                .filter(|t| t.engine == e && t.scenario == sc)
+                .collect();
+            if ts.is_empty() {
+                continue;
+            }
+            let ok = ts.iter().filter(|t| t.ok).count();
+            let inflight = ts.iter().filter(|t| t.in_flight_present).count();
+            out.push(crate::report::verdict(
+                ok == ts.len(),
+                &format!(
+                    "{e} {sc}: {ok}/{} trials: invariants hold, replica == replay of acknowledged txs ({inflight} with the in-flight tx present entirely), takeover continues",
+                    ts.len()
+                ),
+            ));
+        }
+    }
+    out
+}

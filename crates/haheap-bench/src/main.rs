@@ -1,0 +1,422 @@
+//! `rebound-ha-bench`: the hypervisor-assisted checkpointing talk's benchmarks for
+//! haheap (microbenchmark, data-structure suite, write profile) and the fault-injection
+//! harness (SIGKILL of the primary or the backup, takeover, invariants, exact replay).
+//! Every run uses fixed seeds and prints the machine's facts with its results.
+
+mod backup;
+mod dsbench;
+mod faults;
+mod heapmem;
+mod machine;
+mod micro;
+mod primary;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use haheap::EngineKind;
+use haheap_ds::Ds;
+use serde_json::json;
+
+use backup::BackupKind;
+use machine::Machine;
+
+#[derive(Parser)]
+#[command(
+    name = "rebound-ha-bench",
+    version,
+    about = "Benchmarks and fault injection for Rebound's HA heap"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The talk's microbenchmark: pages per transaction x writes per page, every engine.
+    Micro(MicroCli),
+    /// The data-structure suite on a heap: insert and delete, every engine.
+    Ds(DsCli),
+    /// Writes and pages per operation of each structure (the talk's table; no heap).
+    DsWrites(DsWritesCli),
+    /// Fault injection: SIGKILL the primary (and the backup), take over, verify.
+    Faults(FaultsCli),
+    /// (internal) The primary of a fault trial.
+    #[command(hide = true)]
+    Primary(PrimaryCli),
+    /// (internal) A backup process running hareplica's server (same flags as `rebound-ha backup`).
+    #[command(hide = true)]
+    Backup(BackupCli),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum WithBackup {
+    Both,
+    Yes,
+    No,
+}
+
+impl WithBackup {
+    fn list(self) -> Vec<bool> {
+        match self {
+            WithBackup::Both => vec![false, true],
+            WithBackup::Yes => vec![true],
+            WithBackup::No => vec![false],
+        }
+    }
+}
+
+#[derive(Args)]
+struct Common {
+    /// Engines to run, comma-separated (mprotect first: it is the baseline).
+    #[arg(long, value_delimiter = ',', default_value = "mprotect,uffd,scan,log")]
+    engines: Vec<String>,
+    /// Run without a backup, with one, or both.
+    #[arg(long, value_enum, default_value = "both")]
+    backup: WithBackup,
+    /// Run the backup as a separate process of this binary (`backup` mode) instead of a
+    /// thread; with a path, run that `rebound-ha` binary instead.
+    #[arg(long, num_args = 0..=1, default_missing_value = "self")]
+    backup_process: Option<String>,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 2009)]
+    seed: u64,
+    /// Print one JSON document on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct MicroCli {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 10_000)]
+    txs: usize,
+    #[arg(long, default_value_t = 10)]
+    heap_mb: usize,
+    /// Pages per transaction.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    ppt: Vec<usize>,
+    /// Writes per page.
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
+    wpp: Vec<usize>,
+}
+
+#[derive(Args)]
+struct DsCli {
+    #[command(flatten)]
+    common: Common,
+    /// Operations per phase (insert, then delete).
+    #[arg(long, default_value_t = 10_000)]
+    ops: usize,
+    #[arg(long, default_value_t = 10)]
+    heap_mb: usize,
+    /// Operations per transaction.
+    #[arg(long, value_delimiter = ',', default_value = "1,5")]
+    opt: Vec<usize>,
+    /// Structures, comma-separated, or "all".
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    structures: Vec<String>,
+}
+
+#[derive(Args)]
+struct DsWritesCli {
+    #[arg(long, default_value_t = 10_000)]
+    ops: usize,
+    #[arg(long, default_value_t = 2009)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct FaultsCli {
+    /// SIGKILL trials per engine.
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    #[arg(long, value_delimiter = ',', default_value = "mprotect,uffd,scan,log")]
+    engines: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    structures: Vec<String>,
+    #[arg(long, default_value_t = 2009)]
+    seed: u64,
+    /// Operations per transaction.
+    #[arg(long, default_value_t = 3)]
+    opt: usize,
+    #[arg(long, default_value_t = 1024)]
+    heap_kb: usize,
+    /// The kill comes a random time in [min-ms, max-ms) after the first acknowledgement.
+    #[arg(long, default_value_t = 10)]
+    min_ms: u64,
+    #[arg(long, default_value_t = 400)]
+    max_ms: u64,
+    /// Skip the backup kill-and-restart scenario.
+    #[arg(long)]
+    no_backup_restart: bool,
+    /// Run this `rebound-ha` binary as the backup instead of this binary's `backup` mode.
+    #[arg(long)]
+    rebound_ha: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PrimaryCli {
+    #[arg(long)]
+    engine: String,
+    #[arg(long)]
+    backup: String,
+    #[arg(long)]
+    structure: String,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long, default_value_t = 3)]
+    opt: usize,
+    #[arg(long, default_value_t = 1024)]
+    heap_kb: usize,
+    #[arg(long, default_value_t = u64::MAX)]
+    max_tx: u64,
+    /// Report replication failures and retry instead of exiting.
+    #[arg(long)]
+    retry: bool,
+}
+
+#[derive(Args)]
+struct BackupCli {
+    #[arg(long)]
+    listen: String,
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    durable: bool,
+}
+
+fn engines(names: &[String]) -> Result<Vec<EngineKind>> {
+    names
+        .iter()
+        .map(|n| match n.parse::<EngineKind>()? {
+            EngineKind::Auto => Err(anyhow!(
+                "name engines explicitly; auto is not a benchmark column"
+            )),
+            e => Ok(e),
+        })
+        .collect()
+}
+
+fn structures(names: &[String]) -> Result<Vec<Ds>> {
+    if names.iter().any(|n| n == "all") {
+        return Ok(haheap_ds::all().to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            haheap_ds::by_name(n).ok_or_else(|| {
+                let known: Vec<&str> = haheap_ds::all().iter().map(|d| d.name).collect();
+                anyhow!("unknown structure {n:?} (known: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+fn backup_kind(c: &Common) -> Result<BackupKind> {
+    Ok(match c.backup_process.as_deref() {
+        None => BackupKind::Thread,
+        Some("self") => BackupKind::Process(std::env::current_exe()?),
+        Some(p) => BackupKind::Process(PathBuf::from(p)),
+    })
+}
+
+/// Prints the results: JSON, or the machine line, the table and the goals.
+fn emit(
+    json: bool,
+    command: &str,
+    backup: &str,
+    results: serde_json::Value,
+    table: String,
+    goals: &[String],
+) -> Result<()> {
+    let m = Machine::probe();
+    if json {
+        let doc = json!({ "command": command, "machine": m, "backup": backup, "results": results, "goals": goals });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!("{}", m.line());
+        if !backup.is_empty() {
+            println!("backup: {backup}");
+        }
+        print!("{table}");
+        for g in goals {
+            println!("{g}");
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Micro(c) => {
+            let kind = backup_kind(&c.common)?;
+            let a = micro::MicroArgs {
+                txs: c.txs,
+                heap_mb: c.heap_mb,
+                ppts: c.ppt,
+                wpps: c.wpp,
+                engines: engines(&c.common.engines)?,
+                backup: c.common.backup.list(),
+                seed: c.common.seed,
+            };
+            eprintln!("{}", Machine::probe().line());
+            let cells = micro::run(&a, &kind)?;
+            let goals = micro::goals(&cells);
+            let cmd = format!(
+                "micro: {} tx, {} MB heap, seed {}",
+                a.txs, a.heap_mb, a.seed
+            );
+            emit(
+                c.common.json,
+                &cmd,
+                &kind.describe(),
+                serde_json::to_value(&cells)?,
+                micro::table(&cells),
+                &goals,
+            )?;
+        }
+        Cmd::Ds(c) => {
+            let kind = backup_kind(&c.common)?;
+            let a = dsbench::DsArgs {
+                ops: c.ops,
+                heap_mb: c.heap_mb,
+                opts: c.opt,
+                engines: engines(&c.common.engines)?,
+                structures: structures(&c.structures)?,
+                backup: c.common.backup.list(),
+                seed: c.common.seed,
+            };
+            eprintln!("{}", Machine::probe().line());
+            let cells = dsbench::run(&a, &kind)?;
+            let goals = dsbench::goals(&cells);
+            let cmd = format!(
+                "ds: {} ops per phase, {} MB heap, seed {}",
+                a.ops, a.heap_mb, a.seed
+            );
+            emit(
+                c.common.json,
+                &cmd,
+                &kind.describe(),
+                serde_json::to_value(&cells)?,
+                dsbench::table(&cells),
+                &goals,
+            )?;
+        }
+        Cmd::DsWrites(c) => {
+            let mut profiles = Vec::new();
+            for ds in haheap_ds::all() {
+                profiles.push(
+                    haheap_ds::stats::profile(ds, 16 << 20, c.ops, c.seed, 4096)
+                        .map_err(|e| anyhow!("{}: {e}", ds.name))?,
+                );
+            }
+            let results: Vec<serde_json::Value> = profiles
+                .iter()
+                .map(|p| {
+                    let o = |x: &haheap_ds::stats::OpProfile| {
+                        json!({"writes": {"avg": x.writes.avg, "min": x.writes.min, "max": x.writes.max},
+                               "pages": {"avg": x.pages.avg, "min": x.pages.min, "max": x.pages.max},
+                               "bytes_avg": x.bytes.avg})
+                    };
+                    json!({"structure": p.name, "insert": o(&p.insert), "delete": o(&p.delete)})
+                })
+                .collect();
+            let cmd = format!(
+                "ds-writes: {} inserts then {} deletes, seed {}, 4 KiB pages",
+                c.ops, c.ops, c.seed
+            );
+            emit(
+                c.json,
+                &cmd,
+                "",
+                serde_json::Value::Array(results),
+                haheap_ds::stats::table(&profiles),
+                &[],
+            )?;
+        }
+        Cmd::Faults(c) => {
+            let a = faults::FaultArgs {
+                trials: c.trials,
+                engines: engines(&c.engines)?,
+                structures: structures(&c.structures)?,
+                seed: c.seed,
+                opt: c.opt,
+                heap_kb: c.heap_kb,
+                min_ms: c.min_ms,
+                max_ms: c.max_ms,
+                backup_restart: !c.no_backup_restart,
+                backup_bin: match &c.rebound_ha {
+                    Some(p) => p.clone(),
+                    None => std::env::current_exe()?,
+                },
+            };
+            eprintln!("{}", Machine::probe().line());
+            let trials = faults::run(&a);
+            let goals = faults::summary(&trials);
+            let backup = BackupKind::Process(a.backup_bin.clone()).describe();
+            let cmd = format!(
+                "faults: {} kill trials per engine, seed {}",
+                a.trials, a.seed
+            );
+            let failed = trials.iter().filter(|t| !t.ok).count();
+            emit(
+                c.json,
+                &cmd,
+                &backup,
+                serde_json::to_value(&trials)?,
+                String::new(),
+                &goals,
+            )?;
+            if failed > 0 {
+                eprintln!(
+                    "rebound-ha-bench: {failed} of {} fault trials failed",
+                    trials.len()
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Cmd::Primary(c) => {
+            let ds = structures(std::slice::from_ref(&c.structure))?[0];
+            primary::run(&primary::PrimaryArgs {
+                engine: c.engine.parse()?,
+                backup: c.backup,
+                ds,
+                seed: c.seed,
+                opt: c.opt,
+                heap_kb: c.heap_kb,
+                max_tx: c.max_tx,
+                retry: c.retry,
+            })?;
+        }
+        Cmd::Backup(c) => {
+            let ep: hareplica::Endpoint = c.listen.parse().context("--listen")?;
+            let mut cfg = hareplica::BackupConfig::new(ep, &c.dir);
+            cfg.durable = c.durable;
+            let (server, _report) =
+                hareplica::BackupServer::bind(cfg).context("starting the backup")?;
+            server.serve().context("serving")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rebound-ha-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The talk's microbenchmark: N transactions on a 10 MB heap, each writing `ppt` distinct
+//! random pages with `wpp` 8-byte stores per page, for every engine, with and without a
+//! backup (the full pipeline: find written pages, diff, ship, wait for the ack).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap_ds::SplitMix64;
+use serde::Serialize;
+
+use crate::backup::{Backup, BackupKind};
+use crate::report::{ratio, verdict};
+
+#[derive(Debug, Clone)]
+pub struct MicroArgs {
+    pub txs: usize,
+    pub heap_mb: usize,
+    pub ppts: Vec<usize>,
+    pub wpps: Vec<usize>,
+    pub engines: Vec<EngineKind>,
+    pub backup: Vec<bool>,
+    pub seed: u64,
+}
+
+/// One measured cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub engine: String,
+    pub backup: bool,
+    pub ppt: usize,
+    pub wpp: usize,
+    pub txs: usize,
+    pub us_per_tx: f64,
+    /// mprotect's time / this engine's time for the same cell.
+    pub speedup_vs_mprotect: f64,
+    pub pages_per_tx: f64,
+    pub written_bytes_per_tx: f64,
+    /// Payload bytes without a backup; frame bytes sent with one.
+    pub shipped_bytes_per_tx: f64,
+    pub shipped_over_written: f64,
+}
+
+/// Runs `txs` transactions of `ppt` x `wpp` stores on `heap`; returns the cell (without
+/// the speedup, filled in later).
+fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> Result<Cell> {
+    let page = heap.page_size();
+    let pages = heap.len() / page;
+    let log = !heap.engine().is_page_level();
+    let mut rng = SplitMix64::new(seed);
+    let mut plan: Vec<(usize, u64)> = Vec::with_capacity(ppt * wpp);
+    let mut chosen: Vec<usize> = Vec::with_capacity(ppt);
+    let (mut total, mut pages_sum, mut shipped, mut written) = (Duration::ZERO, 0usize, 0u64, 0u64);
+    for _ in 0..txs {
+        // Plan outside the timed part: distinct pages, random aligned offsets, new values.
+        chosen.clear();
+        while chosen.len() < ppt {
+            let p = rng.below(pages as u64) as usize;
+            if !chosen.contains(&p) {
+                chosen.push(p);
+            }
+        }
+        plan.clear();
+        for &p in &chosen {
+            for _ in 0..wpp {
+                let off = p * page + rng.below((page / 8) as u64) as usize * 8;
+                plan.push((off, rng.next_u64() | 1));
+            }
+        }
+        let t0 = Instant::now();
+        heap.tstart()?;
+        if log {
+            for &(off, v) in &plan {
+                heap.write(off, &v.to_le_bytes())?;
+            }
+        } else {
+            let base = heap.as_mut_ptr();
+            for &(off, v) in &plan {
+                // SAFETY: off + 8 <= heap.len() by construction (page < pages, offset
+                // within the page, 8-byte aligned); the mapping lives as long as `heap`.
+                unsafe { (base.add(off) as *mut u64).write_volatile(v) };
+            }
+        }
+        let st = heap.tend()?;
+        total += t0.elapsed();
+        pages_sum += st.pages;
+        shipped += st.bytes_shipped as u64;
+        written += (plan.len() * 8) as u64;
+    }
+    let n = txs as f64;
+    Ok(Cell {
+        engine: heap.engine().to_string(),
+        backup: false,
+        ppt,
+        wpp,
+        txs,
+        us_per_tx: total.as_secs_f64() * 1e6 / n,
+        speedup_vs_mprotect: 0.0,
+        pages_per_tx: pages_sum as f64 / n,
+        written_bytes_per_tx: written as f64 / n,
+        shipped_bytes_per_tx: shipped as f64 / n,
+        shipped_over_written: ratio(shipped as f64, written as f64),
+    })
+}
+
+/// Touches every page once in one (untimed) transaction so that first-touch faults and
+/// the initial image transfer are not measured.
+fn warm_up(heap: &mut Heap) -> Result<()> {
+    let page = heap.page_size();
+    heap.tstart()?;
+    for p in 0..heap.len() / page {
+        heap.write(p * page, &[1])?;
+    }
+    heap.tend()?;
+    Ok(())
+}
+
+pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
+    let mut cells = Vec::new();
+    for &with_backup in &a.backup {
+        for &ppt in &a.ppts {
+            for &wpp in &a.wpps {
+                let mut row = Vec::new();
+                for &engine in &a.engines {
+                    // A fresh backup per run: the heap announces itself as new.
+                    let dir = tempfile::tempdir().context("temp dir for the backup")?;
+                    let backup = match with_backup {
+                        true => Some(Backup::start(backup_kind, dir.path())?),
+                        false => None,
+                    };
+                    let cfg = HeapConfig {
+                        size: a.heap_mb << 20,
+                        engine,
+                        backup: backup.as_ref().map(|b| b.endpoint().to_string()),
+                        mode: ReplMode::Sync,
+                    };
+                    let mut heap =
+                        Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;
+                    warm_up(&mut heap)?;
+                    let seed = a.seed ^ ((ppt as u64) << 32) ^ ((wpp as u64) << 16);
+                    let mut c = run_cell(&mut heap, ppt, wpp, a.txs, seed)
+                        .with_context(|| format!("{engine} ppt {ppt} wpp {wpp}"))?;
+                    c.backup = with_backup;
+                    drop(heap);
+                    drop(backup);
+                    eprintln!(
+                        "  micro {:<8} backup={:<5} ppt={:<2} wpp={:<2} {:>9.2} us/tx",
+                        c.engine, with_backup, ppt, wpp, c.us_per_tx
+                    );
+                    row.push(c);
+                }
+                let base = row
+                    .iter()
+                    .find(|c| c.engine == "mprotect")
+                    .map(|c| c.us_per_tx);
+                for c in &mut row {
+                    c.speedup_vs_mprotect = base.map_or(0.0, |b| ratio(b, c.us_per_tx));
+                }
+                cells.extend(row);
+            }
+        }
+    }
+    Ok(cells)
+}
+
+pub fn table(cells: &[Cell]) -> String {
+    let mut s = format!(
+        "{:<7}{:>4}{:>4}  {:<9}{:>10}{:>9}{:>9}{:>11}{:>11}{:>8}\n",
+        "backup",
+        "ppt",
+        "wpp",
+        "engine",
+        "us/tx",
+        "x mprot",
+        "pages",
+        "written B",
+        "shipped B",
+        "ship/wr"
+    );
+    for c in cells {
+        s += &format!(
+            "{:<7}{:>4}{:>4}  {:<9}{:>10.2}{:>9.2}{:>9.2}{:>11.0}{:>11.0}{:>8.2}\n",
+            if c.backup { "yes" } else { "no" },
+            c.ppt,
+            c.wpp,
+            c.engine,
+            c.us_per_tx,
+            c.speedup_vs_mprotect,
+            c.pages_per_tx,
+            c.written_bytes_per_tx,
+            c.shipped_bytes_per_tx,
+            c.shipped_over_written
+        );
+    }
+    s
+}
+
+/// The goals, as PASS/FAIL lines (benchmark verdicts, not tests).
+pub fn goals(cells: &[Cell]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut wpps: Vec<usize> = cells.iter().map(|c| c.wpp).collect();
+    wpps.sort_unstable();
+    wpps.dedup();
+    for wpp in wpps {
+        let at = |e: &str| {
+            cells
+                .iter()
+                .find(|c| c.backup && c.ppt == 32 && c.wpp == wpp && c.engine == e)
+                .map(|c| c.us_per_tx)
+        };
+        let Some(mp) = at("mprotect") else { continue };
+        let best = ["uffd", "scan"]
+            .into_iter()
+            .filter_map(|e| at(e).map(|t| (e, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((e, t)) = best {
+            let x = ratio(mp, t);
+            out.push(verdict(
+                x >= 5.0,
+                &format!(
+                    "32 pages/tx, {wpp} writes/page, with backup: best page-level engine {e} {t:.1} us vs mprotect {mp:.1} us = {x:.2}x (goal >= 5x)"
+                ),
+            ));
+        }
+    }
+    let mut engines: Vec<&str> = cells.iter().map(|c| c.engine.as_str()).collect();
+    engines.sort_unstable();
+    engines.dedup();
+    for e in engines {
+        let with: Vec<&Cell> = cells.iter().filter(|c| c.backup && c.engine == e).collect();
+        if with.is_empty() {
+            continue;
+        }
+        let shipped: f64 = with.iter().map(|c| c.shipped_bytes_per_tx).sum();
+        let written: f64 = with.iter().map(|c| c.written_bytes_per_tx).sum();
+        let worst = with
+            .iter()
+            .max_by(|a, b| a.shipped_over_written.total_cmp(&b.shipped_over_written))
+            .expect("non-empty");
+        out.push(verdict(
+            worst.shipped_over_written <= 2.0,
+            &format!(
+                "{e}: bytes shipped / bytes written = {:.2} over all cells, worst {:.2} at {} pages x {} writes (goal <= 2)",
+                ratio(shipped, written),
+                worst.shipped_over_written,
+                worst.ppt,
+                worst.wpp
+            ),
+        ));
+    }
+    out
+}

@@ -331,7 +331,7 @@ pub fn run(a: &FaultArgs) -> Vec<Trial> {
     let mut out = Vec::new();
     for (ei, &engine) in a.engines.iter().enumerate() {
         for i in 0..a.trials {
-            let ds = a.structures[(i + ei) % a.structures.len()];
+            let ds = a.structures[(ei * a.trials + i) % a.structures.len()];
             let seed =
                 a.seed ^ ((ei as u64) << 40) ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
             let t = trial(a, "kill-primary", engine, ds, seed);

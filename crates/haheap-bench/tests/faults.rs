@@ -1,0 +1,85 @@
+//! The whole pipeline under faults, for all four engines: a primary process SIGKILLed at
+//! random points, takeover from a backup process, invariants and exact replay; and a
+//! backup SIGKILLed and restarted under a running primary.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rebound-ha-bench"))
+}
+
+#[test]
+fn sigkilled_primaries_and_a_restarted_backup_lose_no_acknowledged_transaction() {
+    let out = bench()
+        .args(["faults", "--trials", "5", "--max-ms", "300", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "faults failed:\n{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let trials = doc["results"].as_array().unwrap();
+    // 5 kills + 1 backup restart per engine.
+    assert_eq!(trials.len(), 4 * 6, "{stderr}");
+    let mut structures = std::collections::BTreeSet::new();
+    for t in trials {
+        assert_eq!(t["ok"], true, "trial failed: {t}");
+        let (acked, replica) = (
+            t["acked"].as_u64().unwrap(),
+            t["replica_tx"].as_u64().unwrap(),
+        );
+        assert!(replica == acked || replica == acked + 1, "{t}");
+        assert!(acked >= 1, "{t}");
+        structures.insert(t["structure"].as_str().unwrap().to_string());
+    }
+    for e in ["mprotect", "uffd", "scan", "log"] {
+        let n = trials.iter().filter(|t| t["engine"] == e).count();
+        assert_eq!(n, 6, "engine {e}");
+        let restart = trials
+            .iter()
+            .find(|t| t["engine"] == e && t["scenario"] == "restart-backup")
+            .unwrap();
+        assert!(
+            restart["primary_failures"].as_u64().unwrap() > 0,
+            "{restart}"
+        );
+    }
+    assert_eq!(
+        structures.len(),
+        13,
+        "every structure ran in some trial: {structures:?}"
+    );
+    assert!(doc["machine"]["kernel"]
+        .as_str()
+        .is_some_and(|k| !k.is_empty()));
+}
+
+#[test]
+fn a_primary_without_its_backup_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = format!("unix:{}", dir.path().join("none.sock").display());
+    let out = bench()
+        .args([
+            "primary",
+            "--engine",
+            "scan",
+            "--backup",
+            &ep,
+            "--structure",
+            "rb",
+            "--seed",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "one-line error expected: {err}"
+    );
+    assert!(err.contains("creating the primary heap"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing acknowledged");
+}

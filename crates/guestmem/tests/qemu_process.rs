@@ -201,33 +201,6 @@ fn missing_mapping_is_a_clear_error() {
     );
 }
 
-/// One HMP command over QEMU's monitor socket; returns its output.
-fn hmp(sock: &Path, cmd: &str) -> String {
-    use std::io::{Read, Write};
-    use std::os::unix::net::UnixStream;
-    let t0 = Instant::now();
-    let mut s = loop {
-        match UnixStream::connect(sock) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("monitor socket: {e}"),
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
-    // The output ends with the next prompt (the first came with the greeting).
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while String::from_utf8_lossy(&out).matches("(qemu)").count() < 2 {
-        let n = s.read(&mut buf).expect("monitor answers");
-        assert!(n > 0, "monitor closed");
-        out.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[test]
 fn virtio_mem_device_memory_is_read_at_the_address_qemu_gives_it() {
     let (dir, path) = sparse_ram(Some("/dev/shm"), RAM);

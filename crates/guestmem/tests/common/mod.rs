@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -41,4 +42,31 @@ pub fn vmcoreinfo_text(osrelease: &str, kernel_offset: u64) -> String {
          NUMBER(PAGE_BUDDY_MAPCOUNT_VALUE)=-129\nNUMBER(phys_base)=75497472\n\
          SYMBOL(init_top_pgt)=ffffffff9a80a000\nKERNELOFFSET={kernel_offset:x}\n"
     )
+}
+
+/// One HMP command over QEMU's monitor socket; returns its output.
+pub fn hmp(sock: &Path, cmd: &str) -> String {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let t0 = Instant::now();
+    let mut s = loop {
+        match UnixStream::connect(sock) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("monitor socket: {e}"),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    // The output ends with the next prompt (the first came with the greeting).
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&out).matches("(qemu)").count() < 2 {
+        let n = s.read(&mut buf).expect("monitor answers");
+        assert!(n > 0, "monitor closed");
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -124,7 +124,16 @@ fn kill9_mid_stream_keeps_acknowledged_txs_and_no_partial_one() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("replica");
         let listen = format!("unix:{}/b.sock", tmp.path().display());
-        let extra: &[&str] = if trial % 2 == 0 { &[] } else { &["--durable"] };
+        // Odd trials fsync; trials from 3 on checkpoint every 4 KiB of log (a few dozen
+        // txs), so kills also land inside checkpoints.
+        let mut extra = vec![];
+        if trial % 2 == 1 {
+            extra.push("--durable");
+        }
+        if trial >= 3 {
+            extra.extend(["--checkpoint-kb", "4"]);
+        }
+        let extra = &extra[..];
         let mut backup = BackupProc::start(&listen, &dir, extra);
         let mode = Mode::Async { max_lag: 32 };
         let client =

@@ -42,9 +42,10 @@ enum Cmd {
         /// Let a primary announcing a fresh heap replace a replica holding transactions.
         #[arg(long)]
         allow_reset: bool,
-        /// Checkpoint the image once the log exceeds this many MiB (default: max(64, heap)).
+        /// Checkpoint the image once the log exceeds this many KiB
+        /// (default: the larger of 64 MiB and the heap size).
         #[arg(long)]
-        checkpoint_mb: Option<u64>,
+        checkpoint_kb: Option<u64>,
     },
     /// Show a backup's state, from its directory or by asking it.
     Status {
@@ -101,12 +102,12 @@ fn run(cmd: Cmd) -> Result<()> {
             dir,
             durable,
             allow_reset,
-            checkpoint_mb,
+            checkpoint_kb,
         } => {
             let cfg = BackupConfig {
                 durable,
                 allow_reset,
-                checkpoint_bytes: checkpoint_mb.unwrap_or(0) << 20,
+                checkpoint_bytes: checkpoint_kb.unwrap_or(0) << 10,
                 ..BackupConfig::new(listen, &dir)
             };
             let (server, report) =

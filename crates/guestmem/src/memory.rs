@@ -75,11 +75,7 @@ impl GuestMemory<FileSource> {
     /// read-only. The file must hold at least `layout.ram_size()` bytes.
     pub fn open_ram_file(path: impl AsRef<Path>, layout: Layout) -> Result<Self, MemoryError> {
         let source = FileSource::open(path, layout.ram_size()).map_err(MemoryError::Open)?;
-        Ok(GuestMemory {
-            layout,
-            source,
-            devices: Vec::new(),
-        })
+        Self::new(source, layout)
     }
 
     /// Adds a device memory file (a virtio-mem or pc-dimm `memdev`) of
@@ -100,11 +96,7 @@ impl GuestMemory<ProcMemSource> {
     /// the mapping of `target` (the RAM file's path or inode) in its maps.
     pub fn open_process(pid: u32, target: &MapTarget, layout: Layout) -> Result<Self, MemoryError> {
         let source = ProcMemSource::locate(pid, target, layout.ram_size())?;
-        Ok(GuestMemory {
-            layout,
-            source,
-            devices: Vec::new(),
-        })
+        Self::new(source, layout)
     }
 }
 

@@ -1,0 +1,141 @@
+//! `rebound bench boot`: boots the default image N times side by side and reports
+//! spawn→agent-ready time and the memory an idle guest costs the host (allocated
+//! bytes of its RAM file and QEMU's RSS after settling).
+
+use std::time::Duration;
+
+use hyper::Method;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{connect, BenchCmd};
+use crate::client::Client;
+use crate::paths::Paths;
+use crate::spec::VmSpec;
+use crate::vm::process;
+
+#[derive(Debug, Serialize)]
+struct Run {
+    name: String,
+    ready_ms: u64,
+    ram_file_bytes: u64,
+    qemu_rss_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Summary {
+    min: u64,
+    median: u64,
+    max: u64,
+}
+
+fn summary(mut v: Vec<u64>) -> Summary {
+    v.sort_unstable();
+    Summary {
+        min: v[0],
+        median: v[v.len() / 2],
+        max: v[v.len() - 1],
+    }
+}
+
+pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
+    let BenchCmd::Boot {
+        runs,
+        memory,
+        settle,
+        json,
+    } = cmd;
+    if runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    let c = connect(paths).await?;
+    let names: Vec<String> = (0..runs)
+        .map(|i| format!("bench-{}-{i}", std::process::id()))
+        .collect();
+    let result = measure(&c, &names, memory, settle, json).await;
+    for n in &names {
+        let _ = c
+            .call::<Value>(Method::POST, &format!("/v1/vms/{n}/kill"), None)
+            .await;
+    }
+    let (accel, reason, runs) = result?;
+    let date = crate::vm::events::wall_now();
+    let ready = summary(runs.iter().map(|r| r.ready_ms).collect());
+    let ram = summary(runs.iter().map(|r| r.ram_file_bytes).collect());
+    let rss = summary(runs.iter().map(|r| r.qemu_rss_bytes).collect());
+    if json {
+        let v = serde_json::json!({
+            "date": date, "accel": accel, "accel_reason": reason, "memory_mib": memory,
+            "runs": runs, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        println!("rebound bench boot: {} guests side by side, {memory} MiB each, accel {accel} ({reason}), {date}", runs.len());
+        println!(
+            "spawn -> agent ready  min {} ms  median {} ms  max {} ms",
+            ready.min, ready.median, ready.max
+        );
+        println!(
+            "RAM file allocated    min {:.1} MiB  median {:.1} MiB  max {:.1} MiB",
+            mib(ram.min),
+            mib(ram.median),
+            mib(ram.max)
+        );
+        println!(
+            "QEMU RSS              min {:.1} MiB  median {:.1} MiB  max {:.1} MiB",
+            mib(rss.min),
+            mib(rss.median),
+            mib(rss.max)
+        );
+    }
+    Ok(())
+}
+
+async fn measure(
+    c: &Client,
+    names: &[String],
+    memory: u64,
+    settle: u64,
+    json: bool,
+) -> anyhow::Result<(String, String, Vec<Run>)> {
+    for n in names {
+        let mut s = VmSpec::new(n);
+        s.memory_mib = memory;
+        let _: Value = c
+            .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&s)?))
+            .await?;
+    }
+    let mut statuses = Vec::new();
+    for n in names {
+        let v: Value = c
+            .call(
+                Method::POST,
+                &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
+                None,
+            )
+            .await?;
+        if !json {
+            eprintln!("{n}: ready after {} ms", v["ready_after_ms"]);
+        }
+        statuses.push(v);
+    }
+    tokio::time::sleep(Duration::from_secs(settle)).await;
+    let mut out = Vec::new();
+    for v in &statuses {
+        let pid = v["qemu_pid"].as_u64().unwrap_or(0) as u32;
+        let ram = std::path::PathBuf::from(v["ram_file"].as_str().unwrap_or_default());
+        out.push(Run {
+            name: v["name"].as_str().unwrap_or_default().to_string(),
+            ready_ms: v["ready_after_ms"].as_u64().unwrap_or(0),
+            ram_file_bytes: process::allocated_bytes(&ram).unwrap_or(0),
+            qemu_rss_bytes: process::rss_bytes(pid).unwrap_or(0),
+        });
+    }
+    let accel = statuses[0]["accel"].as_str().unwrap_or("?").to_string();
+    let reason = statuses[0]["accel_reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    Ok((accel, reason, out))
+}

@@ -1,0 +1,254 @@
+//! The `rebound` command line. Parsing only; each command group lives in its own
+//! module. Errors bubble up to `main`, which prints one line and picks the exit code.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::Client;
+use crate::paths::Paths;
+
+mod bench;
+mod console;
+mod image;
+mod output;
+mod vm;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rebound",
+    version,
+    about = "Get QEMU VMs back fast after crashes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Build and list guest images.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Start, inspect and stop VMs.
+    #[command(subcommand)]
+    Vm(VmCmd),
+    /// Run the daemon in the foreground, or stop it.
+    Daemon(DaemonArgs),
+    /// Measurements.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCmd {
+    /// Build an image (default: `default`), reusing the cached one if its inputs are unchanged.
+    Build {
+        name: Option<String>,
+        #[arg(long)]
+        force: bool,
+        /// The guest agent binary (default: guest/agent/rebound-agent next to the build, or $REBOUND_AGENT).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List built images.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    pub name: String,
+    /// Image under $REBOUND_HOME/images (default: `default`).
+    #[arg(long, conflicts_with = "kernel")]
+    pub image: Option<String>,
+    /// Your own kernel (then --ready is required).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    #[arg(long, requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line for --kernel.
+    #[arg(long, requires = "kernel", allow_hyphen_values = true)]
+    pub append: Option<String>,
+    /// Extra disk, used as is (repeatable).
+    #[arg(long = "disk")]
+    pub disks: Vec<PathBuf>,
+    /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
+    #[arg(long, default_value = "256M", value_parser = parse_memory)]
+    pub memory: u64,
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u32,
+    /// web, kv, memfill, counter or none.
+    #[arg(long)]
+    pub workload: Option<crate::spec::Workload>,
+    /// Memory the memfill workload fills, e.g. 64M.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub memfill: Option<String>,
+    /// auto, kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    pub accel: crate::spec::AccelChoice,
+    /// agent | tcp:PORT | http:PORT/PATH | serial:REGEX
+    #[arg(long, value_parser = parse_ready)]
+    pub ready: Option<String>,
+    /// HOSTPORT:GUESTPORT (host 0 = pick a free port; repeatable).
+    #[arg(long = "forward")]
+    pub forwards: Vec<crate::spec::Forward>,
+    /// Return once QEMU runs instead of waiting for readiness.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Seconds to wait for readiness.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    crate::spec::parse_memory_mib(s).map_err(|e| e.to_string())
+}
+
+fn parse_size_arg(s: &str) -> Result<String, String> {
+    crate::spec::parse_size(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn parse_ready(s: &str) -> Result<String, String> {
+    s.parse::<crate::spec::ReadySpec>()
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VmCmd {
+    /// Start a VM and wait until it is ready.
+    Start(Box<StartArgs>),
+    /// List VMs.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one VM.
+    Status {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Power the guest off, then remove its runtime files.
+    Stop { name: String },
+    /// Kill QEMU at once and remove the VM's runtime files.
+    Kill { name: String },
+    /// Attach to the serial console (Ctrl-] to detach).
+    Console { name: String },
+    /// Print the serial console log.
+    Logs {
+        name: String,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Print the VM's event log (JSON lines).
+    Events { name: String },
+    /// Wait until the VM is ready, panicked, paused or stopped.
+    Wait {
+        name: String,
+        #[arg(value_parser = ["ready", "panicked", "paused", "stopped"])]
+        state: String,
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make the guest kernel panic.
+    Crash { name: String },
+    /// Have the guest write HEX bytes into a page; prints its guest physical address.
+    Marker {
+        name: String,
+        hex: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// VMCOREINFO read from guest RAM.
+    Vmcoreinfo {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DaemonArgs {
+    #[command(subcommand)]
+    pub action: Option<DaemonAction>,
+    /// Socket to serve (default: $REBOUND_HOME/reboundd.sock).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DaemonAction {
+    /// Ask the running daemon to exit (VMs keep running).
+    Stop,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Boot the default image N times side by side: spawn→agent-ready and idle memory.
+    Boot {
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, default_value = "256M", value_parser = parse_memory)]
+        memory: u64,
+        /// Seconds to let the guests settle before measuring memory.
+        #[arg(long, default_value_t = 5)]
+        settle: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let paths = Paths::from_env()?;
+    match cli.cmd {
+        Cmd::Image(c) => image::run(&paths, c),
+        Cmd::Vm(c) => vm::run(&paths, c).await,
+        Cmd::Daemon(a) => daemon(&paths, a).await,
+        Cmd::Bench(c) => bench::run(&paths, c).await,
+    }
+}
+
+async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
+    let socket = a.socket.unwrap_or_else(|| paths.socket());
+    match a.action {
+        None => Ok(crate::daemon::run(paths.clone(), socket).await?),
+        Some(DaemonAction::Stop) => {
+            let c = Client::new(&socket);
+            if !c.is_up().await {
+                println!("no daemon is running on {}", socket.display());
+                return Ok(());
+            }
+            c.call::<serde_json::Value>(hyper::Method::POST, "/v1/daemon/shutdown", None)
+                .await?;
+            for _ in 0..200 {
+                if !c.is_up().await {
+                    println!("daemon stopped");
+                    return Ok(());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            anyhow::bail!("daemon on {} did not exit within 10 s", socket.display())
+        }
+    }
+}
+
+/// A client for the default socket, starting the daemon if needed.
+pub(crate) async fn connect(paths: &Paths) -> anyhow::Result<Client> {
+    let c = Client::new(&paths.socket());
+    c.ensure_daemon(&paths.daemon_log()).await?;
+    Ok(c)
+}

@@ -1,0 +1,278 @@
+//! `rebound vm ...`: the daemon's client for VM commands.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper::Method;
+use serde_json::{json, Value};
+
+use super::{connect, output, StartArgs, VmCmd};
+use crate::client::{Client, ClientError};
+use crate::paths::Paths;
+use crate::spec::VmSpec;
+
+pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
+    match cmd {
+        VmCmd::Start(a) => start(paths, *a).await,
+        VmCmd::List { json } => {
+            let c = connect(paths).await?;
+            let v: Vec<Value> = c.call(Method::GET, "/v1/vms", None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", output::table(&v));
+            }
+            Ok(())
+        }
+        VmCmd::Status { name, json } => {
+            let v = status(&connect(paths).await?, &name).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", output::status(&v));
+            }
+            Ok(())
+        }
+        VmCmd::Stop { name } => simple(paths, &name, "stop", "stopped").await,
+        VmCmd::Kill { name } => simple(paths, &name, "kill", "killed").await,
+        VmCmd::Crash { name } => simple(paths, &name, "crash", "crash requested for").await,
+        VmCmd::Console { name } => {
+            let v = status(&connect(paths).await?, &name).await?;
+            let run = v["run_dir"].as_str().unwrap_or_default();
+            if v["state"] == "stopped" {
+                bail!("VM {name:?} is stopped");
+            }
+            super::console::attach(&Path::new(run).join("serial.sock")).await
+        }
+        VmCmd::Logs { name, follow } => logs(paths, &name, follow).await,
+        VmCmd::Events { name } => {
+            let c = connect(paths).await?;
+            let v: Vec<Value> = c
+                .call(Method::GET, &format!("/v1/vms/{}/events", enc(&name)), None)
+                .await?;
+            for e in v {
+                println!("{e}");
+            }
+            Ok(())
+        }
+        VmCmd::Wait {
+            name,
+            state,
+            timeout,
+            json,
+        } => {
+            let c = connect(paths).await?;
+            let path = format!(
+                "/v1/vms/{}/wait?for={state}&timeout_ms={}",
+                enc(&name),
+                timeout * 1000
+            );
+            let v: Value = c.call(Method::POST, &path, None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("{name} is {}", v["state"].as_str().unwrap_or("?"));
+            }
+            Ok(())
+        }
+        VmCmd::Marker {
+            name,
+            hex,
+            json: as_json,
+        } => {
+            let c = connect(paths).await?;
+            let v: Value = c
+                .call(
+                    Method::POST,
+                    &format!("/v1/vms/{}/marker", enc(&name)),
+                    Some(&json!({"value_hex": hex})),
+                )
+                .await?;
+            if as_json {
+                println!("{v}");
+            } else {
+                println!(
+                    "paddr {:#x} len {}",
+                    v["paddr"].as_u64().unwrap_or(0),
+                    v["len"]
+                );
+            }
+            Ok(())
+        }
+        VmCmd::Vmcoreinfo { name, json } => {
+            let c = connect(paths).await?;
+            let v: Value = c
+                .call(
+                    Method::GET,
+                    &format!("/v1/vms/{}/vmcoreinfo", enc(&name)),
+                    None,
+                )
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("osrelease {}", v["osrelease"].as_str().unwrap_or("?"));
+                println!(
+                    "paddr     {:#x} (from {})",
+                    v["paddr"].as_u64().unwrap_or(0),
+                    v["source"].as_str().unwrap_or("?")
+                );
+                if let Some(m) = v["entries"].as_object() {
+                    println!("entries   {}", m.len());
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// VM names are restricted to URL-safe characters; anything else cannot exist.
+fn enc(name: &str) -> String {
+    if crate::spec::validate_name(name).is_ok() {
+        name.to_string()
+    } else {
+        // Still ask the daemon, which answers "unknown VM" for it.
+        name.bytes().map(|b| format!("%{b:02X}")).collect()
+    }
+}
+
+pub(crate) async fn status(c: &Client, name: &str) -> anyhow::Result<Value> {
+    Ok(c.call(Method::GET, &format!("/v1/vms/{}", enc(name)), None)
+        .await?)
+}
+
+async fn simple(paths: &Paths, name: &str, op: &str, done: &str) -> anyhow::Result<()> {
+    let c = connect(paths).await?;
+    let _: Value = c
+        .call(Method::POST, &format!("/v1/vms/{}/{op}", enc(name)), None)
+        .await?;
+    println!("{done} {name}");
+    Ok(())
+}
+
+fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
+    if !p.is_file() {
+        bail!("{what} file {} not found", p.display());
+    }
+    Ok(std::fs::canonicalize(p)
+        .with_context(|| format!("{what} file {}", p.display()))?
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// Builds the spec from flags; user files are checked and made absolute here
+/// because the daemon runs in another directory.
+pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
+    let mut s = VmSpec::new(&a.name);
+    s.image = a.image.clone();
+    if let Some(k) = &a.kernel {
+        s.kernel = Some(abs_file(k, "kernel")?);
+    }
+    if let Some(i) = &a.initrd {
+        s.initrd = Some(abs_file(i, "initrd")?);
+    }
+    s.append = a.append.clone();
+    for d in &a.disks {
+        s.disks.push(abs_file(d, "disk")?);
+    }
+    s.memory_mib = a.memory;
+    s.cpus = a.cpus;
+    s.workload = a.workload;
+    if let Some(m) = &a.memfill {
+        s.workload_args.insert("memfill".into(), m.clone());
+    }
+    s.accel = a.accel;
+    s.ready = a.ready.clone();
+    s.forwards = a.forwards.clone();
+    s.validate()?;
+    Ok(s)
+}
+
+async fn start(paths: &Paths, a: StartArgs) -> anyhow::Result<()> {
+    let spec = spec_from_args(&a)?;
+    // The daemon checks again, but it may run with another environment: say it here
+    // before anything is spawned.
+    crate::vm::process::find_qemu()?;
+    let c = connect(paths).await?;
+    let t0 = Instant::now();
+    let v: Value = c
+        .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&spec)?))
+        .await?;
+    let v = if a.no_wait {
+        v
+    } else {
+        wait_ready(&c, &a.name, Duration::from_secs(a.timeout), t0).await?
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", output::status(&v));
+    }
+    Ok(())
+}
+
+/// Waits for readiness in short slices so a terminal shows progress.
+async fn wait_ready(
+    c: &Client,
+    name: &str,
+    timeout: Duration,
+    t0: Instant,
+) -> anyhow::Result<Value> {
+    let tty = std::io::stderr().is_terminal();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let path = format!("/v1/vms/{}/wait?for=ready&timeout_ms=1000", enc(name));
+        match c.call::<Value>(Method::POST, &path, None).await {
+            Ok(v) => {
+                if tty {
+                    eprintln!(
+                        "\r{name}: ready after {:.1} s        ",
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(ClientError::Api { status: 408, .. }) => {
+                if Instant::now() > deadline {
+                    bail!(
+                        "VM {name:?} not ready after {} s (see `rebound vm logs {name}`)",
+                        timeout.as_secs()
+                    );
+                }
+                if tty {
+                    eprint!("\r{name}: booting... {:.0} s", t0.elapsed().as_secs_f64());
+                    let _ = std::io::stderr().flush();
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn logs(paths: &Paths, name: &str, follow: bool) -> anyhow::Result<()> {
+    let c = connect(paths).await?;
+    let path = format!("/v1/vms/{}/logs", enc(name));
+    let mut printed = 0usize;
+    loop {
+        let text = c.text(&path).await?;
+        let mut out = std::io::stdout();
+        if text.len() >= printed {
+            out.write_all(&text.as_bytes()[printed..])?;
+        } else {
+            // The log restarted (new boot): print it whole.
+            out.write_all(text.as_bytes())?;
+        }
+        out.flush()?;
+        printed = text.len();
+        if !follow {
+            return Ok(());
+        }
+        let st = status(&c, name).await?;
+        if st["state"] == "stopped" {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,0 +1,189 @@
+//! The daemon's client: HTTP/1.1 over the unix socket (one connection per request),
+//! plus starting the daemon in the background when nothing answers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::net::UnixStream;
+
+/// Errors talking to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the rebound daemon at {0}: {1}")]
+    Connect(PathBuf, std::io::Error),
+    #[error("HTTP exchange with the daemon failed: {0}")]
+    Http(String),
+    /// The daemon's own one-line error.
+    #[error("{message}")]
+    Api { status: u16, message: String },
+    #[error("the daemon sent an unexpected answer ({0})")]
+    Decode(String),
+    #[error("could not start the daemon: {0}")]
+    Start(String),
+}
+
+/// A client bound to one daemon socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    pub fn new(socket: &Path) -> Client {
+        Client {
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Sends a request; returns status and body bytes whatever the status.
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| ClientError::Connect(self.socket.clone(), e))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let data = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "reboundd")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(data)))
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    /// Sends a request and decodes a JSON success; error statuses become [`ClientError::Api`].
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, ClientError> {
+        let (status, bytes) = self.raw(method, path, body).await?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
+                .unwrap_or_else(|| format!("daemon answered {status}"));
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Like [`Client::call`] for a plain-text success body.
+    pub async fn text(&self, path: &str) -> Result<String, ClientError> {
+        let (status, bytes) = self.raw(Method::GET, path, None).await?;
+        if !status.is_success() {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let message = v
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("request failed")
+                .to_string();
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                message,
+            });
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Whether a daemon answers `/v1/health`.
+    pub async fn is_up(&self) -> bool {
+        self.call::<Value>(Method::GET, "/v1/health", None)
+            .await
+            .is_ok()
+    }
+
+    /// Makes sure a daemon answers: starts `rebound daemon` detached (new session,
+    /// output to `log`) if none does, and waits for it.
+    pub async fn ensure_daemon(&self, log: &Path) -> Result<(), ClientError> {
+        if self.is_up().await {
+            return Ok(());
+        }
+        let exe = std::env::current_exe().map_err(|e| ClientError::Start(e.to_string()))?;
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ClientError::Start(format!("{}: {e}", dir.display())))?;
+        }
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| ClientError::Start(format!("{}: {e}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| ClientError::Start(e.to_string()))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("daemon")
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        crate::vm::process::new_session(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| ClientError::Start(e.to_string()))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if self.is_up().await {
+                // The daemon lives on in its own session; reap it if it ever exits
+                // while we still run.
+                std::thread::spawn(move || child.wait());
+                return Ok(());
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                let last = std::fs::read_to_string(log)
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .map(str::to_string)
+                    })
+                    .unwrap_or_default();
+                return Err(ClientError::Start(format!("daemon exited ({st}): {last}")));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(ClientError::Start(format!(
+                    "no answer within 15 s; see {}",
+                    log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! HTTP routes of `api/openapi.yaml`. Every error is `{"error": "<one line>"}`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::error::OpError;
+use super::guest;
+use super::lifecycle::{self, WaitFor};
+use super::state::Daemon;
+use crate::spec::VmSpec;
+
+/// Default for `wait` without `timeout_ms`.
+const DEFAULT_WAIT_MS: u64 = 120_000;
+
+struct ApiError(OpError);
+
+impl From<OpError> for ApiError {
+    fn from(e: OpError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // One line, whatever the source said.
+        let msg = self.0.to_string().replace('\n', " ");
+        (self.0.status(), Json(json!({"error": msg}))).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+type D = State<Arc<Daemon>>;
+
+pub fn router(d: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/daemon/shutdown", post(shutdown))
+        .route("/v1/vms", get(list).post(start))
+        .route("/v1/vms/{name}", get(status))
+        .route("/v1/vms/{name}/wait", post(wait))
+        .route("/v1/vms/{name}/stop", post(stop))
+        .route("/v1/vms/{name}/kill", post(kill))
+        .route("/v1/vms/{name}/crash", post(crash))
+        .route("/v1/vms/{name}/marker", post(marker))
+        .route("/v1/vms/{name}/events", get(events))
+        .route("/v1/vms/{name}/logs", get(logs))
+        .route("/v1/vms/{name}/vmcoreinfo", get(vmcoreinfo))
+        .fallback(|| async {
+            ApiError(OpError::BadRequest("no such endpoint".into()))
+                .into_response_with(StatusCode::NOT_FOUND)
+        })
+        .with_state(d)
+}
+
+impl ApiError {
+    fn into_response_with(self, status: StatusCode) -> Response {
+        (status, Json(json!({"error": self.0.to_string()}))).into_response()
+    }
+}
+
+async fn health(State(d): D) -> impl IntoResponse {
+    Json(
+        json!({"pid": std::process::id(), "version": crate::VERSION, "socket": d.socket.display().to_string()}),
+    )
+}
+
+async fn shutdown(State(d): D) -> impl IntoResponse {
+    d.shutdown.notify_one();
+    (StatusCode::ACCEPTED, Json(json!({})))
+}
+
+async fn list(State(d): D) -> impl IntoResponse {
+    Json(d.list().iter().map(|v| v.status()).collect::<Vec<_>>())
+}
+
+async fn start(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
+    let spec: VmSpec = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid VmSpec: {e}")))?;
+    let s = lifecycle::start(&d, spec).await?;
+    Ok((StatusCode::CREATED, Json(s)))
+}
+
+fn vm_or_404(d: &Daemon, name: &str) -> ApiResult<Arc<super::state::VmHandle>> {
+    d.get(name)
+        .ok_or_else(|| ApiError(OpError::UnknownVm(name.to_string())))
+}
+
+async fn status(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(vm_or_404(&d, &name)?.status()))
+}
+
+async fn wait(
+    State(d): D,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    vm_or_404(&d, &name)?;
+    let w: WaitFor = q
+        .get("for")
+        .ok_or_else(|| OpError::BadRequest("query parameter `for` is required".into()))?
+        .parse()?;
+    let ms = match q.get("timeout_ms") {
+        Some(t) => t
+            .parse::<u64>()
+            .map_err(|_| OpError::BadRequest(format!("timeout_ms {t:?} is not a number")))?,
+        None => DEFAULT_WAIT_MS,
+    };
+    Ok(Json(
+        lifecycle::wait(&d, &name, w, Duration::from_millis(ms)).await?,
+    ))
+}
+
+async fn stop(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(lifecycle::stop(&d, &name).await?))
+}
+
+async fn kill(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(lifecycle::kill(&d, &name).await?))
+}
+
+async fn crash(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok((StatusCode::ACCEPTED, Json(guest::crash(&d, &name).await?)))
+}
+
+async fn marker(
+    State(d): D,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    vm_or_404(&d, &name)?;
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?;
+    let hex = v
+        .get("value_hex")
+        .and_then(|h| h.as_str())
+        .ok_or_else(|| OpError::BadRequest("value_hex (string) is required".into()))?;
+    Ok(Json(guest::marker(&d, &name, hex).await?))
+}
+
+async fn events(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let evs = vm
+        .events
+        .read_all()
+        .map_err(|e| OpError::Io(e.to_string()))?;
+    Ok(Json(evs))
+}
+
+async fn logs(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let live = vm.run.serial_log();
+    let path = if live.exists() {
+        live
+    } else {
+        vm.dir.serial_log()
+    };
+    let bytes = std::fs::read(&path).unwrap_or_default();
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        String::from_utf8_lossy(&bytes).into_owned(),
+    ))
+}
+
+async fn vmcoreinfo(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(guest::vmcoreinfo(&d, &name).await?))
+}

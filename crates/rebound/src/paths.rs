@@ -1,0 +1,130 @@
+//! Where Rebound keeps its state.
+//!
+//! Persistent state (images, VM records, event logs, the daemon socket and log) lives
+//! under `$REBOUND_HOME`. Per-VM runtime files (guest RAM, QEMU sockets, serial log)
+//! live on tmpfs under `$REBOUND_RUN`, so guest RAM never touches a disk.
+
+use std::path::{Path, PathBuf};
+
+/// Errors finding the state directories.
+#[derive(Debug, thiserror::Error)]
+pub enum PathsError {
+    #[error("cannot find a home directory: set REBOUND_HOME or HOME")]
+    NoHome,
+}
+
+/// Root directories of one Rebound installation.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Persistent state: `$REBOUND_HOME`.
+    pub home: PathBuf,
+    /// Runtime state on tmpfs: `$REBOUND_RUN`.
+    pub run: PathBuf,
+}
+
+impl Paths {
+    /// Reads `REBOUND_HOME` / `REBOUND_RUN` with their documented defaults.
+    pub fn from_env() -> Result<Self, PathsError> {
+        let home = match std::env::var_os("REBOUND_HOME") {
+            Some(h) if !h.is_empty() => PathBuf::from(h),
+            _ => match std::env::var_os("XDG_DATA_HOME") {
+                Some(x) if !x.is_empty() => PathBuf::from(x).join("rebound"),
+                _ => {
+                    let h = std::env::var_os("HOME").ok_or(PathsError::NoHome)?;
+                    PathBuf::from(h).join(".local/share/rebound")
+                }
+            },
+        };
+        let run = match std::env::var_os("REBOUND_RUN") {
+            Some(r) if !r.is_empty() => PathBuf::from(r),
+            _ => PathBuf::from(format!("/dev/shm/rebound-{}", nix::unistd::getuid())),
+        };
+        Ok(Self { home, run })
+    }
+
+    /// The daemon's default socket.
+    pub fn socket(&self) -> PathBuf {
+        self.home.join("reboundd.sock")
+    }
+
+    /// Lock file held by the running daemon.
+    pub fn daemon_lock(&self) -> PathBuf {
+        self.home.join("reboundd.lock")
+    }
+
+    /// Log of a daemon started in the background by the CLI.
+    pub fn daemon_log(&self) -> PathBuf {
+        self.home.join("reboundd.log")
+    }
+
+    /// Directory holding one directory per VM record.
+    pub fn vms_dir(&self) -> PathBuf {
+        self.home.join("vms")
+    }
+
+    /// Persistent files of one VM.
+    pub fn vm(&self, name: &str) -> VmDir {
+        VmDir(self.vms_dir().join(name))
+    }
+
+    /// Runtime files of one VM.
+    pub fn run_dir(&self, name: &str) -> RunDir {
+        RunDir(self.run.join(name))
+    }
+}
+
+/// A VM's persistent directory: `$REBOUND_HOME/vms/NAME`.
+#[derive(Debug, Clone)]
+pub struct VmDir(pub PathBuf);
+
+impl VmDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn record(&self) -> PathBuf {
+        self.0.join("vm.json")
+    }
+    pub fn events(&self) -> PathBuf {
+        self.0.join("events.jsonl")
+    }
+    /// The VM's own writable copy of image disk `i`.
+    pub fn disk_overlay(&self, i: usize) -> PathBuf {
+        self.0.join(format!("disk{i}.qcow2"))
+    }
+    /// Serial log kept after the run dir is removed.
+    pub fn serial_log(&self) -> PathBuf {
+        self.0.join("serial.log")
+    }
+}
+
+/// A VM's runtime directory on tmpfs: `$REBOUND_RUN/NAME`.
+#[derive(Debug, Clone)]
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn ram(&self) -> PathBuf {
+        self.0.join("ram")
+    }
+    pub fn qmp(&self) -> PathBuf {
+        self.0.join("qmp.sock")
+    }
+    pub fn agent(&self) -> PathBuf {
+        self.0.join("agent.sock")
+    }
+    pub fn serial_sock(&self) -> PathBuf {
+        self.0.join("serial.sock")
+    }
+    pub fn serial_log(&self) -> PathBuf {
+        self.0.join("serial.log")
+    }
+    pub fn pidfile(&self) -> PathBuf {
+        self.0.join("qemu.pid")
+    }
+    /// QEMU's own stdout/stderr.
+    pub fn qemu_log(&self) -> PathBuf {
+        self.0.join("qemu.log")
+    }
+}

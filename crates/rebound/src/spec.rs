@@ -1,0 +1,525 @@
+//! What the user asks for: the VM spec (the API's `VmSpec`), sizes, names, forwards
+//! and readiness conditions, each parsed with an error that names the bad input.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Errors in user-supplied VM settings.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SpecError {
+    #[error("malformed size {0:?}: expected a number with an optional unit K, M, G or T (e.g. 256M, 1G, 512MiB)")]
+    Size(String),
+    #[error("size {0:?} is too large")]
+    SizeOverflow(String),
+    #[error("invalid VM name {0:?}: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit")]
+    Name(String),
+    #[error("memory {0} MiB is below the minimum of 16 MiB")]
+    MemoryTooSmall(u64),
+    #[error("memory must be a whole number of MiB, got {0} bytes")]
+    MemoryNotMib(u64),
+    #[error("cpus must be between 1 and 64, got {0}")]
+    Cpus(u32),
+    #[error("malformed forward {0:?}: expected HOSTPORT:GUESTPORT (host 0 picks a free port)")]
+    Forward(String),
+    #[error("malformed readiness {0:?}: expected agent, tcp:PORT, http:PORT/PATH or serial:REGEX")]
+    Ready(String),
+    #[error("invalid serial regex {0:?}: {1}")]
+    ReadyRegex(String, String),
+    #[error("give either --image or --kernel, not both")]
+    ImageAndKernel,
+    #[error("--initrd and --append need --kernel")]
+    BootWithoutKernel,
+    #[error("readiness 'agent' needs an image with the guest agent; a user kernel needs --ready tcp:|http:|serial:")]
+    AgentWithoutImage,
+    #[error("--workload needs an image with the guest agent")]
+    WorkloadWithoutImage,
+    #[error("unknown workload {0:?}: expected web, kv, memfill, counter or none")]
+    Workload(String),
+    #[error("unknown workload argument {0:?}: expected memfill, counter_hz or port")]
+    WorkloadArg(String),
+    #[error("workload argument {0}={1:?} is malformed")]
+    WorkloadArgValue(String, String),
+}
+
+/// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
+/// Units are binary (K = 1024).
+pub fn parse_size(s: &str) -> Result<u64, SpecError> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    if digits_end == 0 {
+        return Err(SpecError::Size(s.to_string()));
+    }
+    let n: u64 = t[..digits_end]
+        .parse()
+        .map_err(|_| SpecError::SizeOverflow(s.to_string()))?;
+    let shift = match t[digits_end..].to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(SpecError::Size(s.to_string())),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| SpecError::SizeOverflow(s.to_string()))
+}
+
+/// Parses a memory size; a bare number means MiB, as with QEMU's `-m`.
+pub fn parse_memory_mib(s: &str) -> Result<u64, SpecError> {
+    let t = s.trim();
+    let bytes = if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        parse_size(&format!("{t}M"))?
+    } else {
+        parse_size(t)?
+    };
+    if bytes % (1 << 20) != 0 {
+        return Err(SpecError::MemoryNotMib(bytes));
+    }
+    let mib = bytes >> 20;
+    if mib < 16 {
+        return Err(SpecError::MemoryTooSmall(mib));
+    }
+    Ok(mib)
+}
+
+/// Checks a VM name against the API's pattern `^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`.
+pub fn validate_name(name: &str) -> Result<(), SpecError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(SpecError::Name(name.to_string()))
+    }
+}
+
+/// Workloads the guest agent can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    Web,
+    Kv,
+    Memfill,
+    Counter,
+    None,
+}
+
+impl Workload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Workload::Web => "web",
+            Workload::Kv => "kv",
+            Workload::Memfill => "memfill",
+            Workload::Counter => "counter",
+            Workload::None => "none",
+        }
+    }
+
+    /// The guest TCP port the workload serves on, if it serves at all.
+    pub fn default_port(self) -> Option<u16> {
+        match self {
+            Workload::Web => Some(8080),
+            Workload::Kv => Some(7070),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for Workload {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Ok(match s {
+            "web" => Workload::Web,
+            "kv" => Workload::Kv,
+            "memfill" => Workload::Memfill,
+            "counter" => Workload::Counter,
+            "none" => Workload::None,
+            _ => return Err(SpecError::Workload(s.to_string())),
+        })
+    }
+}
+
+/// The accelerator the user asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AccelChoice {
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl FromStr for AccelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AccelChoice::Auto),
+            "kvm" => Ok(AccelChoice::Kvm),
+            "tcg" => Ok(AccelChoice::Tcg),
+            _ => Err(format!(
+                "unknown accelerator {s:?}: expected auto, kvm or tcg"
+            )),
+        }
+    }
+}
+
+/// A host port forwarded to a guest TCP port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forward {
+    /// 0 = pick a free port at start.
+    pub host: u16,
+    pub guest: u16,
+}
+
+impl FromStr for Forward {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let err = || SpecError::Forward(s.to_string());
+        let (h, g) = s.split_once(':').ok_or_else(err)?;
+        let host: u16 = h.parse().map_err(|_| err())?;
+        let guest: u16 = g.parse().map_err(|_| err())?;
+        if guest == 0 {
+            return Err(err());
+        }
+        Ok(Forward { host, guest })
+    }
+}
+
+/// When a guest counts as ready.
+#[derive(Debug, Clone)]
+pub enum ReadySpec {
+    /// The guest agent reported `ready`.
+    Agent,
+    /// A TCP connect to this guest port (through its forward) succeeds.
+    Tcp(u16),
+    /// An HTTP GET of this guest port and path answers with a status below 400.
+    Http { port: u16, path: String },
+    /// The serial log matches this regex.
+    Serial(regex::Regex),
+}
+
+impl ReadySpec {
+    /// The guest port this condition probes, which must be forwarded.
+    pub fn guest_port(&self) -> Option<u16> {
+        match self {
+            ReadySpec::Tcp(p) | ReadySpec::Http { port: p, .. } => Some(*p),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for ReadySpec {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let err = || SpecError::Ready(s.to_string());
+        let port = |p: &str| -> Result<u16, SpecError> {
+            match p.parse::<u16>() {
+                Ok(0) | Err(_) => Err(err()),
+                Ok(p) => Ok(p),
+            }
+        };
+        if s == "agent" {
+            return Ok(ReadySpec::Agent);
+        }
+        let (kind, rest) = s.split_once(':').ok_or_else(err)?;
+        match kind {
+            "tcp" => Ok(ReadySpec::Tcp(port(rest)?)),
+            "http" => {
+                let (p, path) = match rest.find('/') {
+                    Some(i) => (&rest[..i], rest[i..].to_string()),
+                    None => (rest, "/".to_string()),
+                };
+                Ok(ReadySpec::Http {
+                    port: port(p)?,
+                    path,
+                })
+            }
+            "serial" if !rest.is_empty() => regex::Regex::new(rest)
+                .map(ReadySpec::Serial)
+                .map_err(|e| SpecError::ReadyRegex(rest.to_string(), e.to_string())),
+            _ => Err(err()),
+        }
+    }
+}
+
+impl fmt::Display for ReadySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadySpec::Agent => write!(f, "agent"),
+            ReadySpec::Tcp(p) => write!(f, "tcp:{p}"),
+            ReadySpec::Http { port, path } => write!(f, "http:{port}{path}"),
+            ReadySpec::Serial(r) => write!(f, "serial:{}", r.as_str()),
+        }
+    }
+}
+
+fn default_memory() -> u64 {
+    256
+}
+fn default_cpus() -> u32 {
+    1
+}
+
+/// A VM as the user described it; the JSON form is the API's `VmSpec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    pub name: String,
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub kernel: Option<String>,
+    #[serde(default)]
+    pub initrd: Option<String>,
+    #[serde(default)]
+    pub append: Option<String>,
+    #[serde(default)]
+    pub disks: Vec<String>,
+    #[serde(default = "default_memory")]
+    pub memory_mib: u64,
+    #[serde(default = "default_cpus")]
+    pub cpus: u32,
+    #[serde(default)]
+    pub workload: Option<Workload>,
+    #[serde(default)]
+    pub workload_args: BTreeMap<String, String>,
+    #[serde(default)]
+    pub accel: AccelChoice,
+    #[serde(default)]
+    pub ready: Option<String>,
+    #[serde(default)]
+    pub forwards: Vec<Forward>,
+}
+
+/// How the guest boots once the spec is checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BootSource {
+    /// One of our images (has the agent).
+    Image(String),
+    /// The user's own kernel (no agent).
+    Kernel,
+}
+
+impl VmSpec {
+    /// A spec with defaults for everything but the name.
+    pub fn new(name: &str) -> Self {
+        VmSpec {
+            name: name.to_string(),
+            image: None,
+            kernel: None,
+            initrd: None,
+            append: None,
+            disks: Vec::new(),
+            memory_mib: default_memory(),
+            cpus: default_cpus(),
+            workload: None,
+            workload_args: BTreeMap::new(),
+            accel: AccelChoice::Auto,
+            ready: None,
+            forwards: Vec::new(),
+        }
+    }
+
+    /// The guest port the workload serves on (`port` argument or its default).
+    pub fn service_port(&self) -> Option<u16> {
+        let w = self.workload?;
+        w.default_port()?;
+        match self.workload_args.get("port") {
+            Some(p) => p.parse().ok(),
+            None => w.default_port(),
+        }
+    }
+
+    /// Checks everything that can be checked without touching the host; returns the
+    /// boot source and the readiness condition.
+    pub fn validate(&self) -> Result<(BootSource, ReadySpec), SpecError> {
+        validate_name(&self.name)?;
+        if self.memory_mib < 16 {
+            return Err(SpecError::MemoryTooSmall(self.memory_mib));
+        }
+        if !(1..=64).contains(&self.cpus) {
+            return Err(SpecError::Cpus(self.cpus));
+        }
+        let boot = match (&self.image, &self.kernel) {
+            (Some(_), Some(_)) => return Err(SpecError::ImageAndKernel),
+            (None, Some(_)) => BootSource::Kernel,
+            (Some(i), None) => BootSource::Image(i.clone()),
+            (None, None) => {
+                if self.initrd.is_some() || self.append.is_some() {
+                    return Err(SpecError::BootWithoutKernel);
+                }
+                BootSource::Image("default".to_string())
+            }
+        };
+        if let BootSource::Image(_) = boot {
+            if self.initrd.is_some() || self.append.is_some() {
+                return Err(SpecError::BootWithoutKernel);
+            }
+        }
+        for f in &self.forwards {
+            if f.guest == 0 {
+                return Err(SpecError::Forward(format!("{}:{}", f.host, f.guest)));
+            }
+        }
+        let ready = match &self.ready {
+            Some(r) => r.parse()?,
+            None if boot == BootSource::Kernel => {
+                return Err(SpecError::AgentWithoutImage);
+            }
+            None => ReadySpec::Agent,
+        };
+        if boot == BootSource::Kernel {
+            if matches!(ready, ReadySpec::Agent) {
+                return Err(SpecError::AgentWithoutImage);
+            }
+            if self.workload.is_some() {
+                return Err(SpecError::WorkloadWithoutImage);
+            }
+        }
+        for (k, v) in &self.workload_args {
+            let ok = match k.as_str() {
+                "memfill" => parse_size(v).is_ok(),
+                "counter_hz" => v.parse::<u32>().is_ok_and(|n| n > 0),
+                "port" => v.parse::<u16>().is_ok_and(|n| n > 0),
+                _ => return Err(SpecError::WorkloadArg(k.clone())),
+            };
+            if !ok {
+                return Err(SpecError::WorkloadArgValue(k.clone(), v.clone()));
+            }
+        }
+        Ok((boot, ready))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        for bad in ["", "M", "12X", "1.5G", "-1G", "1 G x", "G1"] {
+            assert_eq!(parse_size(bad), Err(SpecError::Size(bad.into())), "{bad}");
+        }
+        assert!(matches!(
+            parse_size("99999999999999999999"),
+            Err(SpecError::SizeOverflow(_))
+        ));
+        assert!(matches!(
+            parse_size("100000000T"),
+            Err(SpecError::SizeOverflow(_))
+        ));
+    }
+
+    #[test]
+    fn memory() {
+        assert_eq!(parse_memory_mib("256").unwrap(), 256);
+        assert_eq!(parse_memory_mib("1G").unwrap(), 1024);
+        assert_eq!(parse_memory_mib("8M"), Err(SpecError::MemoryTooSmall(8)));
+        assert!(matches!(
+            parse_memory_mib("1000K"),
+            Err(SpecError::MemoryNotMib(_))
+        ));
+        assert!(parse_memory_mib("lots").is_err());
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "web-1", "A.b_c", &"x".repeat(63)] {
+            validate_name(ok).unwrap();
+        }
+        for bad in ["", "-a", ".a", "a/b", "a b", &"x".repeat(64), "é"] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn forwards() {
+        assert_eq!(
+            "0:8080".parse::<Forward>().unwrap(),
+            Forward {
+                host: 0,
+                guest: 8080
+            }
+        );
+        for bad in ["8080", "a:b", "1:0", "70000:1", ":1", "1:"] {
+            assert!(bad.parse::<Forward>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ready_specs() {
+        assert!(matches!("agent".parse(), Ok(ReadySpec::Agent)));
+        assert!(matches!("tcp:22".parse(), Ok(ReadySpec::Tcp(22))));
+        match "http:80/health".parse::<ReadySpec>().unwrap() {
+            ReadySpec::Http { port, path } => assert_eq!((port, path.as_str()), (80, "/health")),
+            other => panic!("{other:?}"),
+        }
+        match "http:80".parse::<ReadySpec>().unwrap() {
+            ReadySpec::Http { path, .. } => assert_eq!(path, "/"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            "serial:login: $".parse(),
+            Ok(ReadySpec::Serial(_))
+        ));
+        for bad in ["", "tcp", "tcp:0", "tcp:x", "udp:1", "serial:", "http:/x"] {
+            assert!(bad.parse::<ReadySpec>().is_err(), "{bad}");
+        }
+        assert!(matches!(
+            "serial:(".parse::<ReadySpec>(),
+            Err(SpecError::ReadyRegex(..))
+        ));
+    }
+
+    #[test]
+    fn spec_validation() {
+        let s = VmSpec::new("a");
+        let (boot, ready) = s.validate().unwrap();
+        assert_eq!(boot, BootSource::Image("default".into()));
+        assert!(matches!(ready, ReadySpec::Agent));
+
+        let mut k = VmSpec::new("a");
+        k.kernel = Some("/k".into());
+        assert_eq!(k.validate().unwrap_err(), SpecError::AgentWithoutImage);
+        k.ready = Some("serial:login".into());
+        assert_eq!(k.validate().unwrap().0, BootSource::Kernel);
+        k.image = Some("default".into());
+        assert_eq!(k.validate().unwrap_err(), SpecError::ImageAndKernel);
+
+        let mut i = VmSpec::new("a");
+        i.append = Some("x".into());
+        assert_eq!(i.validate().unwrap_err(), SpecError::BootWithoutKernel);
+
+        let mut w = VmSpec::new("a");
+        w.workload_args.insert("memfill".into(), "64Q".into());
+        assert!(matches!(w.validate(), Err(SpecError::WorkloadArgValue(..))));
+        w.workload_args.clear();
+        w.workload_args.insert("evil".into(), "1".into());
+        assert!(matches!(w.validate(), Err(SpecError::WorkloadArg(_))));
+
+        let mut c = VmSpec::new("a");
+        c.cpus = 0;
+        assert_eq!(c.validate().unwrap_err(), SpecError::Cpus(0));
+    }
+
+    #[test]
+    fn spec_json_rejects_unknown_fields() {
+        let ok: VmSpec = serde_json::from_str(r#"{"name":"a","workload":"kv"}"#).unwrap();
+        assert_eq!(ok.workload, Some(Workload::Kv));
+        assert_eq!(ok.memory_mib, 256);
+        assert!(serde_json::from_str::<VmSpec>(r#"{"name":"a","bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<VmSpec>(r#"{"name":"a","workload":"x"}"#).is_err());
+    }
+}

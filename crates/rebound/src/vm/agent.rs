@@ -1,0 +1,387 @@
+//! Host side of the guest agent protocol (`docs/agent-protocol.md`): JSON lines over
+//! the virtio-serial port `org.rebound.agent`, exposed by QEMU as `<run>/agent.sock`.
+//!
+//! The link reconnects whenever the socket drops (e.g. after a daemon restart) and
+//! sends `hello` until the agent answers with `ready`, so a new daemon learns the
+//! facts again. Guest input is untrusted: lines over 64 KiB, invalid UTF-8 and unknown
+//! or malformed messages are dropped and reported, never fatal.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// Longest line the protocol allows.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// Errors on the agent link.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AgentError {
+    #[error("the guest agent is not connected")]
+    NotConnected,
+    #[error("the guest agent did not answer within {0} s")]
+    Timeout(u64),
+    #[error("the guest agent reported an error: {0}")]
+    Guest(String),
+    #[error("agent line longer than {MAX_LINE} bytes dropped")]
+    LineTooLong,
+    #[error("agent line is not UTF-8")]
+    NotUtf8,
+    #[error("malformed agent message: {0}")]
+    Malformed(String),
+}
+
+/// Where the guest's VMCOREINFO note is, as the agent read it from /sys/kernel/vmcoreinfo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmcoreinfoAddr {
+    pub paddr: u64,
+    pub size: u64,
+}
+
+/// Facts the agent reports once the workload serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadyInfo {
+    pub agent_version: u32,
+    pub kernel_release: String,
+    #[serde(default)]
+    pub mem_total_kib: u64,
+    #[serde(default)]
+    pub vmcoreinfo: Option<VmcoreinfoAddr>,
+    #[serde(default)]
+    pub workload: Option<String>,
+    #[serde(default)]
+    pub service_port: Option<u16>,
+    #[serde(default)]
+    pub uptime_ms: u64,
+}
+
+/// A message from the guest agent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum AgentMsg {
+    Ready(ReadyInfo),
+    Heartbeat {
+        seq: u64,
+    },
+    Marker {
+        id: u64,
+        paddr: u64,
+        len: u64,
+    },
+    Counter {
+        seq: u64,
+        checksum: String,
+    },
+    Memfill {
+        filled_kib: u64,
+        rounds: u64,
+        errors: u64,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// Parses one line from the agent.
+pub fn parse_line(line: &[u8]) -> Result<AgentMsg, AgentError> {
+    let s = std::str::from_utf8(line).map_err(|_| AgentError::NotUtf8)?;
+    serde_json::from_str(s.trim_end_matches('\r')).map_err(|e| AgentError::Malformed(e.to_string()))
+}
+
+/// Splits a byte stream into lines, dropping any line longer than [`MAX_LINE`]
+/// without buffering it whole.
+#[derive(Default)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    discarding: bool,
+}
+
+impl LineSplitter {
+    /// Feeds bytes; returns the complete lines (or errors for dropped ones).
+    pub fn push(&mut self, mut data: &[u8]) -> Vec<Result<Vec<u8>, AgentError>> {
+        let mut out = Vec::new();
+        while !data.is_empty() {
+            match data.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    if self.discarding {
+                        self.discarding = false;
+                    } else if self.buf.len() + i > MAX_LINE {
+                        out.push(Err(AgentError::LineTooLong));
+                    } else {
+                        self.buf.extend_from_slice(&data[..i]);
+                        out.push(Ok(std::mem::take(&mut self.buf)));
+                    }
+                    self.buf.clear();
+                    data = &data[i + 1..];
+                }
+                None => {
+                    if !self.discarding {
+                        self.buf.extend_from_slice(data);
+                        if self.buf.len() > MAX_LINE {
+                            self.buf.clear();
+                            self.discarding = true;
+                            out.push(Err(AgentError::LineTooLong));
+                        }
+                    }
+                    data = &[];
+                }
+            }
+        }
+        out
+    }
+}
+
+type Markers = Arc<Mutex<HashMap<u64, oneshot::Sender<(u64, u64)>>>>;
+
+/// A live, self-reconnecting link to one guest's agent.
+pub struct AgentLink {
+    cmd_tx: mpsc::UnboundedSender<String>,
+    markers: Markers,
+    next_id: AtomicU64,
+    connected: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for AgentLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl AgentLink {
+    /// Starts connecting to `socket`; messages go to `msgs`.
+    pub fn start(socket: &Path, msgs: mpsc::UnboundedSender<AgentMsg>) -> AgentLink {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let markers: Markers = Arc::default();
+        let connected = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(run(
+            socket.to_path_buf(),
+            msgs,
+            cmd_rx,
+            markers.clone(),
+            connected.clone(),
+        ));
+        AgentLink {
+            cmd_tx,
+            markers,
+            next_id: AtomicU64::new(1),
+            connected,
+            task,
+        }
+    }
+
+    /// Whether the host side is connected to the agent socket now.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    fn send(&self, v: serde_json::Value) -> Result<(), AgentError> {
+        if !self.is_connected() {
+            return Err(AgentError::NotConnected);
+        }
+        self.cmd_tx
+            .send(v.to_string())
+            .map_err(|_| AgentError::NotConnected)
+    }
+
+    /// Asks the guest to panic its kernel.
+    pub fn crash(&self) -> Result<(), AgentError> {
+        self.send(json!({"cmd": "crash"}))
+    }
+
+    /// Asks the guest to sync and power off.
+    pub fn poweroff(&self) -> Result<(), AgentError> {
+        self.send(json!({"cmd": "poweroff"}))
+    }
+
+    /// Has the guest write `value_hex` into a fresh locked page; returns (paddr, len).
+    pub async fn marker(&self, value_hex: &str) -> Result<(u64, u64), AgentError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.markers.lock().expect("markers lock").insert(id, tx);
+        if let Err(e) = self.send(json!({"cmd": "marker", "id": id, "value_hex": value_hex})) {
+            self.markers.lock().expect("markers lock").remove(&id);
+            return Err(e);
+        }
+        let secs = 20;
+        match tokio::time::timeout(Duration::from_secs(secs), rx).await {
+            Ok(Ok(r)) => Ok(r),
+            _ => {
+                self.markers.lock().expect("markers lock").remove(&id);
+                Err(AgentError::Timeout(secs))
+            }
+        }
+    }
+}
+
+async fn run(
+    socket: PathBuf,
+    msgs: mpsc::UnboundedSender<AgentMsg>,
+    mut cmd_rx: mpsc::UnboundedReceiver<String>,
+    markers: Markers,
+    connected: Arc<AtomicBool>,
+) {
+    loop {
+        let Ok(stream) = UnixStream::connect(&socket).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        connected.store(true, Ordering::Relaxed);
+        let end = session(stream, &msgs, &mut cmd_rx, &markers).await;
+        connected.store(false, Ordering::Relaxed);
+        if end.is_err() {
+            // The supervisor is gone: nobody to report to.
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One connection; `Err` means the message receiver is gone.
+async fn session(
+    stream: UnixStream,
+    msgs: &mpsc::UnboundedSender<AgentMsg>,
+    cmd_rx: &mut mpsc::UnboundedReceiver<String>,
+    markers: &Markers,
+) -> Result<(), ()> {
+    let (mut r, mut w) = stream.into_split();
+    let mut split = LineSplitter::default();
+    let mut buf = vec![0u8; 8192];
+    let mut ready_seen = false;
+    let mut hello = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            n = r.read(&mut buf) => {
+                let n = match n { Ok(0) | Err(_) => return Ok(()), Ok(n) => n };
+                for line in split.push(&buf[..n]) {
+                    match line.and_then(|l| parse_line(&l)) {
+                        Ok(AgentMsg::Marker { id, paddr, len }) => {
+                            if let Some(tx) = markers.lock().expect("markers lock").remove(&id) {
+                                let _ = tx.send((paddr, len));
+                            }
+                        }
+                        Ok(m) => {
+                            ready_seen |= matches!(m, AgentMsg::Ready(_));
+                            msgs.send(m).map_err(|_| ())?;
+                        }
+                        Err(e) => eprintln!("agent link: dropped a line: {e}"),
+                    }
+                }
+            }
+            _ = hello.tick(), if !ready_seen => {
+                if w.write_all(b"{\"cmd\":\"hello\"}\n").await.is_err() { return Ok(()); }
+            }
+            cmd = cmd_rx.recv() => {
+                let Some(mut line) = cmd else { return Err(()) };
+                line.push('\n');
+                if w.write_all(line.as_bytes()).await.is_err() { return Ok(()); }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_protocol_messages() {
+        let r = parse_line(br#"{"type":"ready","agent_version":1,"kernel_release":"6.1.0-28-amd64","mem_total_kib":200000,"vmcoreinfo":{"paddr":123,"size":4096},"workload":"web","service_port":8080,"uptime_ms":1500}"#).unwrap();
+        match r {
+            AgentMsg::Ready(i) => {
+                assert_eq!(i.kernel_release, "6.1.0-28-amd64");
+                assert_eq!(
+                    i.vmcoreinfo,
+                    Some(VmcoreinfoAddr {
+                        paddr: 123,
+                        size: 4096
+                    })
+                );
+                assert_eq!(i.service_port, Some(8080));
+            }
+            other => panic!("{other:?}"),
+        }
+        let r = parse_line(br#"{"type":"ready","agent_version":1,"kernel_release":"x","vmcoreinfo":null,"service_port":null}"#).unwrap();
+        assert!(matches!(
+            r,
+            AgentMsg::Ready(ReadyInfo {
+                vmcoreinfo: None,
+                ..
+            })
+        ));
+        assert_eq!(
+            parse_line(br#"{"type":"marker","id":1,"paddr":4096,"len":4}"#).unwrap(),
+            AgentMsg::Marker {
+                id: 1,
+                paddr: 4096,
+                len: 4
+            }
+        );
+        assert_eq!(
+            parse_line(br#"{"type":"memfill","filled_kib":1,"rounds":2,"errors":0}"#).unwrap(),
+            AgentMsg::Memfill {
+                filled_kib: 1,
+                rounds: 2,
+                errors: 0
+            }
+        );
+        assert!(matches!(
+            parse_line(b"{\"type\":\"heartbeat\",\"seq\":5}\r").unwrap(),
+            AgentMsg::Heartbeat { seq: 5 }
+        ));
+    }
+
+    #[test]
+    fn rejects_malformed_messages() {
+        for bad in [
+            &b"{\"type\":\"ready\""[..],            // truncated
+            b"{\"type\":\"bogus\"}",                // unknown type
+            b"{\"type\":\"marker\",\"id\":1}",      // missing fields
+            b"{\"type\":\"heartbeat\",\"seq\":-1}", // wrong type
+            b"[]",
+            b"",
+        ] {
+            assert!(
+                matches!(parse_line(bad), Err(AgentError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(parse_line(b"\xff\xfe"), Err(AgentError::NotUtf8));
+    }
+
+    #[test]
+    fn splits_lines_across_reads() {
+        let mut s = LineSplitter::default();
+        assert!(s.push(b"{\"a\"").is_empty());
+        let out = s.push(b":1}\n{\"b\":2}\npartial");
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].as_ref().unwrap(), b"{\"a\":1}");
+        assert_eq!(out[1].as_ref().unwrap(), b"{\"b\":2}");
+        assert_eq!(s.push(b"\n")[0].as_ref().unwrap(), b"partial");
+    }
+
+    #[test]
+    fn drops_oversized_lines_and_recovers() {
+        let mut s = LineSplitter::default();
+        let big = vec![b'x'; MAX_LINE + 10];
+        let out = s.push(&big);
+        assert_eq!(out, vec![Err(AgentError::LineTooLong)]);
+        // The rest of the oversized line is skipped, the next line survives.
+        let out = s.push(b"yyy\nok\n");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].as_ref().unwrap(), b"ok");
+        // Oversized within one read, with its newline.
+        let mut big = vec![b'x'; MAX_LINE + 1];
+        big.extend_from_slice(b"\nok2\n");
+        let out = s.push(&big);
+        assert_eq!(out[0], Err(AgentError::LineTooLong));
+        assert_eq!(out[1].as_ref().unwrap(), b"ok2");
+    }
+}

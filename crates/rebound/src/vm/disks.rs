@@ -1,0 +1,123 @@
+//! Disks: each VM gets its own writable copy of an image's disk (a qcow2 overlay
+//! backed by the read-only image), so VMs never share a writable image.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::argv::{DiskArg, DiskFormat};
+
+/// Errors preparing disks.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("disk {0} not found")]
+    Missing(PathBuf),
+    #[error("cannot read disk {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("qemu-img not found: install qemu-utils or set REBOUND_QEMU_IMG")]
+    NoQemuImg,
+    #[error("qemu-img could not create an overlay for {0}: {1}")]
+    Overlay(PathBuf, String),
+}
+
+const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
+
+/// Tells raw from qcow2 by the file's magic.
+pub fn detect_format(path: &Path) -> Result<DiskFormat, DiskError> {
+    let mut f = std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            DiskError::Missing(path.to_path_buf())
+        } else {
+            DiskError::Read(path.to_path_buf(), e)
+        }
+    })?;
+    let mut magic = [0u8; 4];
+    match f.read_exact(&mut magic) {
+        Ok(()) if &magic == QCOW2_MAGIC => Ok(DiskFormat::Qcow2),
+        Ok(()) => Ok(DiskFormat::Raw),
+        // A file shorter than 4 bytes cannot be qcow2.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(DiskFormat::Raw),
+        Err(e) => Err(DiskError::Read(path.to_path_buf(), e)),
+    }
+}
+
+fn qemu_img() -> String {
+    std::env::var("REBOUND_QEMU_IMG").unwrap_or_else(|_| "qemu-img".to_string())
+}
+
+/// Creates (replacing any old one) a qcow2 overlay at `overlay` backed by `base`.
+pub fn create_overlay(base: &Path, overlay: &Path) -> Result<DiskArg, DiskError> {
+    let base = std::fs::canonicalize(base).map_err(|e| DiskError::Read(base.to_path_buf(), e))?;
+    let fmt = detect_format(&base)?;
+    let _ = std::fs::remove_file(overlay);
+    let out = Command::new(qemu_img())
+        .args(["create", "-q", "-f", "qcow2", "-b"])
+        .arg(&base)
+        .args(["-F", fmt.as_str()])
+        .arg(overlay)
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => DiskError::NoQemuImg,
+            _ => DiskError::Overlay(base.clone(), e.to_string()),
+        })?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let line = msg.lines().last().unwrap_or("failed").to_string();
+        return Err(DiskError::Overlay(base, line));
+    }
+    Ok(DiskArg {
+        path: overlay.to_path_buf(),
+        format: DiskFormat::Qcow2,
+    })
+}
+
+/// A disk the user brought, used as is.
+pub fn user_disk(path: &Path) -> Result<DiskArg, DiskError> {
+    let format = detect_format(path)?;
+    let path = std::fs::canonicalize(path).map_err(|e| DiskError::Read(path.to_path_buf(), e))?;
+    Ok(DiskArg { path, format })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = d.path().join("raw");
+        std::fs::write(&raw, vec![0u8; 4096]).unwrap();
+        assert_eq!(detect_format(&raw).unwrap(), DiskFormat::Raw);
+        let short = d.path().join("short");
+        std::fs::write(&short, b"QF").unwrap();
+        assert_eq!(detect_format(&short).unwrap(), DiskFormat::Raw);
+        let q = d.path().join("q");
+        std::fs::write(&q, b"QFI\xfb\0\0\0\x03").unwrap();
+        assert_eq!(detect_format(&q).unwrap(), DiskFormat::Qcow2);
+        assert!(matches!(
+            detect_format(&d.path().join("none")),
+            Err(DiskError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn overlay_reads_base_and_keeps_it_clean() {
+        if Command::new(qemu_img()).arg("--version").output().is_err() {
+            eprintln!("qemu-img missing; skipped");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().join("base.raw");
+        std::fs::write(&base, vec![7u8; 1 << 20]).unwrap();
+        let ov = d.path().join("ov.qcow2");
+        let arg = create_overlay(&base, &ov).unwrap();
+        assert_eq!(arg.format, DiskFormat::Qcow2);
+        assert_eq!(detect_format(&ov).unwrap(), DiskFormat::Qcow2);
+        // Recreating replaces the overlay instead of failing.
+        create_overlay(&base, &ov).unwrap();
+        assert!(matches!(
+            create_overlay(&d.path().join("nope"), &ov),
+            Err(DiskError::Read(..))
+        ));
+    }
+}

@@ -1,0 +1,184 @@
+//! A VM's persistent record (`vms/NAME/vm.json`): what the daemon needs to show
+//! status and to re-attach to the QEMU process after a daemon restart.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::accel::Accel;
+use super::agent::VmcoreinfoAddr;
+use crate::spec::VmSpec;
+
+/// Errors saving or loading a record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot write VM record {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+    #[error("cannot read VM record {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("VM record {0} is malformed: {1}")]
+    Malformed(PathBuf, String),
+    #[error("VM record {0} has unsupported version {1} (expected {RECORD_VERSION})")]
+    Version(PathBuf, u32),
+    #[error("VM record {0} is larger than {MAX_RECORD} bytes")]
+    TooLarge(PathBuf),
+}
+
+/// Format version of `vm.json`.
+pub const RECORD_VERSION: u32 = 1;
+const MAX_RECORD: u64 = 1 << 20;
+
+/// Lifecycle state, as in the API's `VmStatus.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    Starting,
+    Running,
+    Paused,
+    Panicked,
+    Stopped,
+}
+
+impl VmState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Starting => "starting",
+            VmState::Running => "running",
+            VmState::Paused => "paused",
+            VmState::Panicked => "panicked",
+            VmState::Stopped => "stopped",
+        }
+    }
+}
+
+impl std::fmt::Display for VmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A forwarded port with the service behind it, if known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortForward {
+    pub host: u16,
+    pub guest: u16,
+    pub service: Option<String>,
+}
+
+/// Everything persisted about one VM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub version: u32,
+    pub spec: VmSpec,
+    pub state: VmState,
+    pub ready: bool,
+    pub accel: Accel,
+    pub accel_reason: Option<String>,
+    pub qemu_pid: Option<u32>,
+    pub run_dir: PathBuf,
+    pub ram_file: PathBuf,
+    pub forwards: Vec<PortForward>,
+    pub started_at: Option<String>,
+    /// CLOCK_MONOTONIC ns at spawn, to time readiness across daemon restarts.
+    pub started_mono_ns: Option<u64>,
+    pub ready_after_ms: Option<u64>,
+    pub kernel_release: Option<String>,
+    pub vmcoreinfo: Option<VmcoreinfoAddr>,
+    pub service_port: Option<u16>,
+}
+
+impl VmRecord {
+    /// Writes atomically (temp file + rename) so a crash never leaves half a record.
+    pub fn save(&self, path: &Path) -> Result<(), RecordError> {
+        let tmp = path.with_extension("json.tmp");
+        let data = serde_json::to_vec_pretty(self).expect("record serializes");
+        std::fs::write(&tmp, data).map_err(|e| RecordError::Write(tmp.clone(), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| RecordError::Write(path.to_path_buf(), e))
+    }
+
+    /// Reads and checks a record.
+    pub fn load(path: &Path) -> Result<VmRecord, RecordError> {
+        let meta = std::fs::metadata(path).map_err(|e| RecordError::Read(path.to_path_buf(), e))?;
+        if meta.len() > MAX_RECORD {
+            return Err(RecordError::TooLarge(path.to_path_buf()));
+        }
+        let data = std::fs::read(path).map_err(|e| RecordError::Read(path.to_path_buf(), e))?;
+        let v: serde_json::Value = serde_json::from_slice(&data)
+            .map_err(|e| RecordError::Malformed(path.to_path_buf(), e.to_string()))?;
+        let version = v.get("version").and_then(|x| x.as_u64()).unwrap_or(0) as u32;
+        if version != RECORD_VERSION {
+            return Err(RecordError::Version(path.to_path_buf(), version));
+        }
+        serde_json::from_value(v)
+            .map_err(|e| RecordError::Malformed(path.to_path_buf(), e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> VmRecord {
+        VmRecord {
+            version: RECORD_VERSION,
+            spec: VmSpec::new("a"),
+            state: VmState::Running,
+            ready: false,
+            accel: Accel::Tcg,
+            accel_reason: None,
+            qemu_pid: Some(42),
+            run_dir: "/run/a".into(),
+            ram_file: "/run/a/ram".into(),
+            forwards: vec![PortForward {
+                host: 1,
+                guest: 2,
+                service: Some("web".into()),
+            }],
+            started_at: None,
+            started_mono_ns: Some(5),
+            ready_after_ms: None,
+            kernel_release: None,
+            vmcoreinfo: None,
+            service_port: None,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("vm.json");
+        rec().save(&p).unwrap();
+        assert_eq!(VmRecord::load(&p).unwrap(), rec());
+    }
+
+    #[test]
+    fn refuses_bad_records() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("vm.json");
+        std::fs::write(&p, b"{\"version\":1,\"spec\":").unwrap();
+        assert!(matches!(
+            VmRecord::load(&p),
+            Err(RecordError::Malformed(..))
+        ));
+        let mut v = serde_json::to_value(rec()).unwrap();
+        v["version"] = 9.into();
+        std::fs::write(&p, v.to_string()).unwrap();
+        assert!(matches!(
+            VmRecord::load(&p),
+            Err(RecordError::Version(_, 9))
+        ));
+        std::fs::write(&p, vec![b' '; (MAX_RECORD + 1) as usize]).unwrap();
+        assert!(matches!(VmRecord::load(&p), Err(RecordError::TooLarge(_))));
+        v["version"] = 1.into();
+        v["state"] = "exploded".into();
+        std::fs::write(&p, v.to_string()).unwrap();
+        assert!(matches!(
+            VmRecord::load(&p),
+            Err(RecordError::Malformed(..))
+        ));
+        assert!(matches!(
+            VmRecord::load(&d.path().join("none")),
+            Err(RecordError::Read(..))
+        ));
+    }
+}

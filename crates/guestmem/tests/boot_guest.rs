@@ -1,10 +1,10 @@
 //! End to end: boot real Linux guests under QEMU with RAM in /dev/shm and
 //! check what this crate reads against what the guest itself reports.
 //!
-//! Needs a bzImage: `REBOUND_TEST_KERNEL=/path/to/vmlinuz`, else
-//! `$REBOUND_HOME/images/default/vmlinuz`. Ignored by default because it
-//! boots three guests under TCG (~30 s):
-//! `cargo test -p rebound-guestmem --test boot_guest -- --ignored`.
+//! Needs a bzImage: `REBOUND_TEST_KERNEL=/path/to/vmlinuz`, else the image
+//! `make image` builds (`$REBOUND_HOME/images/default/vmlinuz`); without
+//! either these tests fail, saying so. They boot four guests under TCG
+//! (about a minute on a busy 2-core machine).
 
 mod common;
 
@@ -40,7 +40,7 @@ fn kernel() -> PathBuf {
     let k = home.join("images/default/vmlinuz");
     assert!(
         k.exists(),
-        "no guest kernel: set REBOUND_TEST_KERNEL (looked at {})",
+        "no guest kernel at {}: run `make image` or set REBOUND_TEST_KERNEL",
         k.display()
     );
     k
@@ -180,7 +180,6 @@ fn guest_report(g: &mut Guest) -> (String, String, Vec<(u64, u64)>) {
 }
 
 #[test]
-#[ignore = "boots real guests; needs a kernel (see module docs)"]
 fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
     let (dir, k) = setup();
     let cases = [
@@ -297,7 +296,6 @@ fn wait_migration(mon: &Path) {
 }
 
 #[test]
-#[ignore = "boots a real guest; needs a kernel (see module docs)"]
 fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
     let (dir, k) = setup();
     let d = dir.path();

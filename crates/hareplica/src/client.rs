@@ -35,9 +35,15 @@ pub enum Error {
     TooLarge(u64),
     #[error("tx id {got} is out of order: the next tx must be {want}")]
     TxOrder { got: u64, want: u64 },
+    #[error("max_lag {0} exceeds the limit of {MAX_LAG}")]
+    LagTooLarge(u32),
     #[error("the backup is at tx {backup} but tx {acked} was acknowledged: it lost acknowledged transactions")]
     Diverged { backup: u64, acked: u64 },
 }
+
+/// Largest `max_lag`: acknowledgements are read only when the lag is exceeded, and this
+/// many of them (24 bytes each) must fit in a socket buffer, or both sides would block.
+pub const MAX_LAG: u32 = 4096;
 
 /// What a commit does when the backup is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +119,7 @@ impl ReplicaClient {
     }
 
     pub fn connect_with(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Result<Self, Error> {
-        let mut c = Self::unconnected(ep, heap_size, opts);
+        let mut c = Self::unconnected(ep, heap_size, opts)?;
         let mut conn = c.open()?;
         let hello = Hello {
             kind: HelloKind::Fresh,
@@ -140,7 +146,7 @@ impl ReplicaClient {
     }
 
     pub fn attach_with(ep: &Endpoint, opts: ClientOptions) -> Result<(Self, Vec<u8>, u64), Error> {
-        let mut c = Self::unconnected(ep, 0, opts);
+        let mut c = Self::unconnected(ep, 0, opts)?;
         let mut conn = c.open()?;
         c.send_msg(&mut conn, &Message::Attach { mode: opts.mode })?;
         let mut image: Option<Vec<u8>> = None;
@@ -192,8 +198,13 @@ impl ReplicaClient {
         Ok((c, image, last_tx))
     }
 
-    fn unconnected(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Self {
-        ReplicaClient {
+    fn unconnected(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Result<Self, Error> {
+        if let Mode::Async { max_lag } = opts.mode {
+            if max_lag > MAX_LAG {
+                return Err(Error::LagTooLarge(max_lag));
+            }
+        }
+        Ok(ReplicaClient {
             ep: ep.clone(),
             opts,
             heap_size,
@@ -204,7 +215,7 @@ impl ReplicaClient {
             unacked: VecDeque::new(),
             spare: Vec::new(),
             stats: ClientStats::default(),
-        }
+        })
     }
 
     pub fn epoch(&self) -> u64 {
@@ -532,7 +543,7 @@ fn admin_request(ep: &Endpoint, timeout: Duration, msg: &Message) -> Result<Mess
     let mut opts = ClientOptions::new(Mode::Sync);
     opts.connect_timeout = timeout;
     opts.ack_timeout = timeout;
-    let c = ReplicaClient::unconnected(ep, 0, opts);
+    let c = ReplicaClient::unconnected(ep, 0, opts)?;
     let mut conn = c.open()?;
     c.send_msg(&mut conn, msg)?;
     c.read_msg(&mut conn)

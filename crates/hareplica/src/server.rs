@@ -464,8 +464,14 @@ impl<'a> Connection<'a> {
                         ),
                     ));
                 }
-                st.reset(h.heap_size);
-                inner.store.checkpoint(st).map_err(internal)?;
+                // On disk first: a failed write must leave the old replica in place.
+                let mut fresh = ReplicaState {
+                    epoch: st.epoch,
+                    ..ReplicaState::default()
+                };
+                fresh.reset(h.heap_size);
+                inner.store.checkpoint(&fresh).map_err(internal)?;
+                *st = fresh;
                 log::info!(
                     "{}: new heap of {} bytes, epoch {}",
                     self.peer,

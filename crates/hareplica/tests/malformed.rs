@@ -299,3 +299,95 @@ fn frame_reader_rejects_damage_through_a_socket_pair() {
     assert!(matches!(reader.read(&mut s), Err(WireError::Stalled(_))));
     drop(a);
 }
+
+/// A fake backup (a real unix socket): answers the first frame of each connection with
+/// `replies[i]` for connection i, then reads on until the client goes (an empty reply:
+/// hangs up at once).
+fn fake_backup(replies: Vec<Vec<u8>>) -> (hareplica::Endpoint, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("fake.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        for reply in replies {
+            let (s, _) = listener.accept().unwrap();
+            let mut s = Stream::Unix(s);
+            let _ = FrameReader::default().read_raw(&mut s);
+            if reply.is_empty() {
+                continue;
+            }
+            let _ = s.write_all(&reply);
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        }
+    });
+    (format!("unix:{}", path.display()).parse().unwrap(), tmp)
+}
+
+fn welcome(last_tx: u64, epoch: u64, heap_size: u64) -> Vec<u8> {
+    frame(&Message::Welcome {
+        last_tx,
+        epoch,
+        heap_size,
+    })
+}
+
+fn image(offset: u64, total: u64, len: usize) -> Vec<u8> {
+    frame(&Message::Image {
+        offset,
+        total,
+        data: vec![1; len],
+    })
+}
+
+#[test]
+fn the_client_rejects_a_misbehaving_backup() {
+    use hareplica::Error;
+    let heap = HEAP as u64;
+    let protocol = |r: Result<ReplicaClient, Error>, needle: &str| match r {
+        Err(Error::Protocol(m)) => assert!(m.contains(needle), "{m:?} lacks {needle:?}"),
+        Err(e) => panic!("expected a protocol error about {needle}, got {e}"),
+        Ok(_) => panic!("accepted a misbehaving backup ({needle})"),
+    };
+    let (ep, _t) = fake_backup(vec![
+        b"not a frame at all".to_vec(),
+        welcome(0, 1, heap + 4096),
+        welcome(5, 1, heap),
+    ]);
+    protocol(ReplicaClient::connect(&ep, heap, Mode::Sync), "magic");
+    protocol(ReplicaClient::connect(&ep, heap, Mode::Sync), "-byte heap");
+    protocol(
+        ReplicaClient::connect(&ep, heap, Mode::Sync),
+        "fresh heap welcomed at tx 5",
+    );
+
+    let (ep, _t) = fake_backup(vec![
+        image(0, hareplica::wire::MAX_HEAP + 1, 10),
+        [image(0, 8192, 4096), image(5000, 8192, 10)].concat(),
+        [image(0, 8192, 4096), welcome(3, 2, 8192)].concat(),
+        [image(0, 4096, 4096), frame(&Message::Ack { tx_id: 1 })].concat(),
+    ]);
+    let attach = || ReplicaClient::attach(&ep, Mode::Sync).map(|r| r.0);
+    protocol(attach(), "out of range");
+    protocol(attach(), "out of order");
+    protocol(attach(), "image of 4096 bytes for a 8192-byte heap");
+    protocol(attach(), "unexpected Ack during attach");
+
+    let (ep, _t) = fake_backup(vec![
+        [welcome(0, 1, heap), frame(&Message::Ack { tx_id: 7 })].concat(),
+        vec![],
+    ]);
+    let mut c = ReplicaClient::connect(&ep, heap, Mode::Sync).unwrap();
+    let h = vec![0u8; HEAP];
+    match c.commit(1, &[DiffRun { offset: 0, len: 1 }], &h) {
+        Err(Error::Protocol(m)) => assert!(m.contains("not awaited"), "{m}"),
+        other => panic!("ack of an unsent tx accepted: {other:?}"),
+    }
+    // A backup that hangs up without answering is unavailable, not a protocol breach.
+    assert!(matches!(
+        ReplicaClient::connect(&ep, heap, Mode::Sync),
+        Err(Error::BackupUnavailable { .. })
+    ));
+    assert!(matches!(
+        ReplicaClient::connect(&ep, heap, Mode::Async { max_lag: 1 << 20 }),
+        Err(Error::LagTooLarge(_))
+    ));
+}

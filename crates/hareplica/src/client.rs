@@ -314,30 +314,25 @@ impl ReplicaClient {
                 stall_limit: self.opts.ack_timeout,
                 idle_limit: Some(self.opts.ack_timeout),
             };
-            match frames.read(&mut conn.reader) {
-                Ok(Message::Ack { tx_id }) => self.acked(tx_id)?,
-                Ok(Message::Error { code, message }) => {
-                    self.conn = None;
-                    return Err(refusal(code, message));
+            let res = match frames.read(&mut conn.reader) {
+                Ok(Message::Ack { tx_id }) => self.acked(tx_id),
+                Ok(Message::Error { code, message }) => Err(refusal(code, message)),
+                Ok(m) => Err(Error::Protocol(format!(
+                    "unexpected {} instead of an ack",
+                    m.kind()
+                ))),
+                Err(e) => Err(self.classify(e)),
+            };
+            match res {
+                Ok(()) => {}
+                Err(e @ Error::BackupUnavailable { .. }) => self.link_failed(e)?,
+                Err(e) => {
+                    // A refusing or misbehaving backup: this link is done.
+                    if let Some(c) = self.conn.take() {
+                        c.writer.shutdown();
+                    }
+                    return Err(e);
                 }
-                Ok(m) => {
-                    return Err(Error::Protocol(format!(
-                        "unexpected {} instead of an ack",
-                        m.kind()
-                    )))
-                }
-                Err(
-                    e @ (WireError::BadMagic(_)
-                    | WireError::BadVersion(_)
-                    | WireError::BadCrc { .. }
-                    | WireError::Malformed { .. }
-                    | WireError::UnknownType(_)
-                    | WireError::Oversized { .. }),
-                ) => {
-                    self.conn = None;
-                    return Err(Error::Protocol(e.to_string()));
-                }
-                Err(e) => self.link_failed(unavailable(&self.ep, e))?,
             }
         }
         Ok(())
@@ -479,14 +474,19 @@ impl ReplicaClient {
         match frames.read(&mut conn.reader) {
             Ok(Message::Error { code, message }) => Err(refusal(code, message)),
             Ok(m) => Ok(m),
-            Err(
-                e @ (WireError::Io(_)
-                | WireError::Closed
-                | WireError::Truncated { .. }
-                | WireError::IdleTimeout(_)
-                | WireError::Stalled(_)),
-            ) => Err(unavailable(&self.ep, e)),
-            Err(e) => Err(Error::Protocol(e.to_string())),
+            Err(e) => Err(self.classify(e)),
+        }
+    }
+
+    /// A broken link means the backup is unavailable; damaged frames are its fault.
+    fn classify(&self, e: WireError) -> Error {
+        match e {
+            WireError::Io(_)
+            | WireError::Closed
+            | WireError::Truncated { .. }
+            | WireError::IdleTimeout(_)
+            | WireError::Stalled(_) => unavailable(&self.ep, e),
+            e => Error::Protocol(e.to_string()),
         }
     }
 

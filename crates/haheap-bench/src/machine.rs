@@ -12,6 +12,8 @@ pub struct Machine {
     pub scan: String,
     pub soft_dirty: bool,
     pub profile: &'static str,
+    /// /proc/loadavg when probed: other work on this shared machine skews timings.
+    pub loadavg: String,
 }
 
 impl Machine {
@@ -34,19 +36,23 @@ impl Machine {
             } else {
                 "release"
             },
+            loadavg: std::fs::read_to_string("/proc/loadavg")
+                .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|e| format!("unreadable: {e}")),
         }
     }
 
     pub fn line(&self) -> String {
         format!(
-            "machine: kernel {}, {} CPUs, page {} B, uffd-wp {}, async-wp+PAGEMAP_SCAN {}, soft-dirty {}, {} build, no accelerator",
+            "machine: kernel {}, {} CPUs, page {} B, uffd-wp {}, async-wp+PAGEMAP_SCAN {}, soft-dirty {}, {} build, no accelerator, load average {}",
             self.kernel,
             self.cpus,
             self.page_size,
             self.uffd_wp,
             self.scan,
             if self.soft_dirty { "present" } else { "absent" },
-            self.profile
+            self.profile,
+            self.loadavg
         )
     }
 }

@@ -117,3 +117,24 @@ pub struct TxStats {
     /// Payload bytes of the diff sent to the backup; without a backup, what would have been sent.
     pub bytes_shipped: usize,
 }
+
+/// Cumulative counters of one heap, for benchmarks and monitoring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapCounters {
+    /// Committed transactions.
+    pub commits: u64,
+    /// Aborted transactions.
+    pub aborts: u64,
+    /// Pages reported written, summed over commits.
+    pub pages: u64,
+    /// Diff runs produced, summed over commits.
+    pub runs: u64,
+    /// Bytes shipped (or that would have been), summed over commits.
+    pub bytes_shipped: u64,
+    /// Nanoseconds in the engine's collection (scan, bitmap drain + re-protect) at tend.
+    pub collect_ns: u64,
+    /// Nanoseconds computing byte diffs (page engines) or runs (log) at tend.
+    pub diff_ns: u64,
+    /// Nanoseconds shipping to the backup and waiting for it at tend.
+    pub ship_ns: u64,
+}

@@ -5,7 +5,9 @@
 //! backup with a commit record → copy the changed bytes into the shadow. `abort` copies the
 //! shadow (page engines) or the undo log (`log`) back over what was written.
 
-use crate::config::{ConfigError, EngineKind, HeapConfig, TxStats};
+use std::time::Instant;
+
+use crate::config::{ConfigError, EngineKind, HeapConfig, HeapCounters, TxStats};
 use crate::engine::{self, Dirty, EngineError, Tracker};
 use crate::region::{Region, RegionError, Shadow};
 use crate::repl::{self, DiffRun, ReplError, Replicator};
@@ -72,6 +74,7 @@ pub struct Heap {
     runs: Vec<DiffRun>,
     last_pages: Vec<usize>,
     last_runs: Vec<DiffRun>,
+    counters: HeapCounters,
 }
 
 impl Heap {
@@ -160,6 +163,7 @@ impl Heap {
             runs: Vec::new(),
             last_pages: Vec::new(),
             last_runs: Vec::new(),
+            counters: HeapCounters::default(),
         })
     }
 
@@ -200,6 +204,10 @@ impl Heap {
     /// Pages the engine reported for the last committed transaction (ascending).
     pub fn dirty_pages_of_last_tx(&self) -> &[usize] {
         &self.last_pages
+    }
+    /// Cumulative counters since the heap was created.
+    pub fn counters(&self) -> HeapCounters {
+        self.counters
     }
     /// Byte ranges shipped for the last committed transaction.
     pub fn dirty_runs_of_last_tx(&self) -> &[DiffRun] {
@@ -265,10 +273,12 @@ impl Heap {
         if !self.in_tx {
             return Err(Error::NoTransaction);
         }
+        let t0 = Instant::now();
         if let Err(e) = self.tracker.take(&mut self.dirty) {
             self.broken = true;
             return Err(e.into());
         }
+        let t1 = Instant::now();
         self.runs.clear();
         match &self.shadow {
             Some(shadow) => repl::diff_pages(
@@ -280,6 +290,9 @@ impl Heap {
             ),
             None => ranges_to_runs(&self.dirty.ranges, &mut self.runs),
         }
+        let t2 = Instant::now();
+        self.counters.collect_ns += (t1 - t0).as_nanos() as u64;
+        self.counters.diff_ns += (t2 - t1).as_nanos() as u64;
         let payload: u64 = self.runs.iter().map(|r| u64::from(r.len)).sum();
         let tx_id = self.tx_id + 1;
         let mut stats = TxStats {
@@ -289,10 +302,13 @@ impl Heap {
             bytes_shipped: payload as usize,
         };
         if let Some(r) = &mut self.repl {
-            match r.commit(tx_id, &self.runs, self.region.as_slice()) {
+            let res = r.commit(tx_id, &self.runs, self.region.as_slice());
+            self.counters.ship_ns += t2.elapsed().as_nanos() as u64;
+            match res {
                 Ok(n) => stats.bytes_shipped = n as usize,
                 Err(e @ ReplError::InDoubt { .. }) => {
                     self.finish_commit(tx_id);
+                    self.counters.commits += 1;
                     self.pending = Some(stats);
                     return Err(Error::Replication(e));
                 }
@@ -304,6 +320,11 @@ impl Heap {
             }
         }
         self.finish_commit(tx_id);
+        let c = &mut self.counters;
+        c.commits += 1;
+        c.pages += stats.pages as u64;
+        c.runs += self.last_runs.len() as u64;
+        c.bytes_shipped += stats.bytes_shipped as u64;
         Ok(stats)
     }
 
@@ -346,6 +367,7 @@ impl Heap {
             return Err(Error::NoTransaction);
         }
         self.in_tx = false;
+        self.counters.aborts += 1;
         if let Err(e) = self.tracker.take(&mut self.dirty) {
             self.broken = true;
             return Err(e.into());

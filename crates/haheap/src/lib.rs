@@ -18,7 +18,7 @@ mod region;
 mod repl;
 mod sys;
 
-pub use config::{ConfigError, EngineKind, HeapConfig, ReplMode, TxStats};
+pub use config::{ConfigError, EngineKind, HeapConfig, HeapCounters, ReplMode, TxStats};
 pub use engine::{capabilities, Capabilities, EngineError};
 pub use heap::{Error, Heap};
 pub use region::RegionError;

@@ -152,6 +152,12 @@ fn run_random(engine: EngineKind, seed: u64, pages: usize, txs: usize) {
         assert_eq!(stats.tx_id, h.committed_tx_id());
     }
     assert!(aborts > 0, "the random mix must include aborts");
+    let c = h.counters();
+    assert_eq!(c.aborts, aborts);
+    assert_eq!(c.commits, h.committed_tx_id());
+    assert!(c.pages > 0 && c.runs > 0 && c.bytes_shipped > 0, "{c:?}");
+    assert!(c.collect_ns > 0 && c.diff_ns > 0, "{c:?}");
+    assert_eq!(c.ship_ns, 0, "no backup, nothing shipped");
     // A transaction that writes nothing reports nothing.
     h.tstart().unwrap();
     let s = h.tend().unwrap();

@@ -73,6 +73,10 @@ fn every_engine_replicates_and_a_new_primary_takes_over() {
         let mut h = Heap::create(cfg(&b, engine, 32 * PAGE)).unwrap();
         random_txs(&mut h, &mut rng, 40, same);
         let (contents, last) = (h.as_slice().to_vec(), h.committed_tx_id());
+        assert!(
+            h.counters().ship_ns > 0,
+            "{engine}: shipping time not counted"
+        );
         drop(h);
 
         let mut h2 = Heap::takeover(cfg(&b, engine, 0)).unwrap();

@@ -13,9 +13,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// Errors of the kernel calls in this module.
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
-    /// Creating a userfaultfd failed both by syscall and through /dev/userfaultfd.
-    #[error("userfaultfd unavailable: syscall: {syscall}; /dev/userfaultfd: {dev}")]
-    NoUserfaultfd { syscall: io::Error, dev: io::Error },
+    /// Creating a userfaultfd failed by syscall, through /dev/userfaultfd and in user-mode-only form.
+    #[error("userfaultfd unavailable: syscall: {syscall}; /dev/userfaultfd: {dev}; user-mode-only syscall: {user_only}{hint}")]
+    NoUserfaultfd {
+        syscall: io::Error,
+        dev: io::Error,
+        user_only: io::Error,
+        hint: &'static str,
+    },
     /// The UFFDIO_API handshake failed.
     #[error("UFFDIO_API handshake failed")]
     Api(#[source] io::Error),
@@ -53,6 +58,7 @@ const IOC_READ: u64 = 2;
 const UFFDIO: u64 = 0xAA;
 
 pub(crate) const UFFD_API: u64 = 0xAA;
+pub(crate) const UFFD_USER_MODE_ONLY: i32 = 1;
 pub(crate) const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 pub(crate) const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
 pub(crate) const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
@@ -157,15 +163,17 @@ const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
 /// A userfaultfd after a successful `UFFDIO_API` handshake.
 pub struct Uffd {
     fd: OwnedFd,
+    access: Access,
 }
 
 impl Uffd {
     /// Opens a userfaultfd (non-blocking, close-on-exec) and negotiates `features`.
     ///
     /// Tries the syscall first; when that is refused (unprivileged userfaultfd is off and we
-    /// lack CAP_SYS_PTRACE) falls back to `/dev/userfaultfd`, which its file mode may allow.
+    /// lack CAP_SYS_PTRACE) falls back to `/dev/userfaultfd`, which its file mode may allow,
+    /// then to a user-mode-only descriptor.
     pub fn open(features: u64) -> Result<Uffd, SysError> {
-        let fd = open_raw()?;
+        let (fd, access) = open_raw()?;
         let mut api = UffdioApi {
             api: UFFD_API,
             features,
@@ -187,7 +195,12 @@ impl Uffd {
                 missing: features & !api.features,
             });
         }
-        Ok(Uffd { fd })
+        Ok(Uffd { fd, access })
+    }
+
+    /// How the descriptor was obtained.
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     pub fn raw(&self) -> i32 {
@@ -267,15 +280,12 @@ fn check(rc: i32, what: &'static str, start: u64, len: u64) -> Result<(), SysErr
     }
 }
 
-fn open_raw() -> Result<OwnedFd, SysError> {
+fn open_raw() -> Result<(OwnedFd, Access), SysError> {
     let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: userfaultfd takes only flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-    if fd >= 0 {
-        // SAFETY: the syscall just returned this descriptor and nothing else owns it.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    }
-    let syscall = io::Error::last_os_error();
+    let syscall = match uffd_syscall(flags) {
+        Ok(fd) => return Ok((fd, Access::Syscall)),
+        Err(e) => e,
+    };
     let dev = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -286,13 +296,61 @@ fn open_raw() -> Result<OwnedFd, SysError> {
             let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
             if fd >= 0 {
                 // SAFETY: the ioctl just returned this descriptor and nothing else owns it.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+                return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, Access::Device));
             }
             io::Error::last_os_error()
         }
         Err(e) => e,
     };
-    Err(SysError::NoUserfaultfd { syscall, dev })
+    // Without privilege the kernel still allows a userfaultfd that only sees faults from
+    // user mode: enough for tracking stores, while a syscall writing into a protected
+    // page gets EFAULT (sync mode) instead of waiting for us.
+    let user_only = match uffd_syscall(flags | UFFD_USER_MODE_ONLY) {
+        Ok(fd) => return Ok((fd, Access::UserModeOnly)),
+        Err(e) => e,
+    };
+    let hint = if syscall.raw_os_error() == Some(libc::EPERM) {
+        " (unprivileged userfaultfd is off: vm.unprivileged_userfaultfd=0; run with CAP_SYS_PTRACE or grant access to /dev/userfaultfd)"
+    } else {
+        ""
+    };
+    Err(SysError::NoUserfaultfd {
+        syscall,
+        dev,
+        user_only,
+        hint,
+    })
+}
+
+fn uffd_syscall(flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: userfaultfd takes only flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// How a userfaultfd was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The userfaultfd syscall with full rights.
+    Syscall,
+    /// Through /dev/userfaultfd.
+    Device,
+    /// The syscall with UFFD_USER_MODE_ONLY (unprivileged).
+    UserModeOnly,
+}
+
+impl Access {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Access::Syscall => "userfaultfd syscall",
+            Access::Device => "/dev/userfaultfd",
+            Access::UserModeOnly => "userfaultfd syscall, user-mode faults only (unprivileged)",
+        }
+    }
 }
 
 /// `/proc/self/pagemap`, for the `PAGEMAP_SCAN` ioctl.

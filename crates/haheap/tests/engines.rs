@@ -436,3 +436,44 @@ impl Drop for Mapping {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+
+/// Without privilege (a child running as nobody, with vm.unprivileged_userfaultfd=0 here)
+/// the library still tracks through a user-mode-only userfaultfd, or says why it cannot.
+#[test]
+fn unprivileged_process_tracks_or_explains() {
+    if std::env::var_os("HAHEAP_UNPRIV_CHILD").is_some() {
+        let caps = haheap::capabilities();
+        println!("uffd={:?}", caps.uffd_wp);
+        println!("scan={:?}", caps.scan);
+        let h = heap_auto();
+        println!("auto={} reason={}", h.engine(), h.engine_reason());
+        run_random(h.engine(), 5, 16, 60);
+        println!("child-ok");
+        return;
+    }
+    // SAFETY: geteuid has no side effects.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: cannot start an unprivileged child; skipped");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "unprivileged_process_tracks_or_explains", "--nocapture", "--test-threads=1"])
+        .env("HAHEAP_UNPRIV_CHILD", "1")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("child-ok"), "{stdout}");
+    let unprivileged_uffd = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if unprivileged_uffd.trim() == "0" {
+        // Either the user-mode-only fallback worked and the reason says so, or the reason
+        // names the sysctl.
+        assert!(
+            stdout.contains("user-mode faults only") || stdout.contains("vm.unprivileged_userfaultfd=0"),
+            "{stdout}"
+        );
+    }
+}

@@ -110,10 +110,12 @@ fn restore_from_shadow(pages: &[usize], page: usize, mem: &mut [u8], shadow: &[u
 pub struct Capabilities {
     /// Kernel release.
     pub kernel: String,
-    /// Synchronous userfaultfd write-protect works (or why not).
-    pub uffd_wp: Result<(), String>,
-    /// Async write-protect plus PAGEMAP_SCAN found exactly one written page (or why not).
-    pub scan: Result<(), String>,
+    /// Synchronous userfaultfd write-protect works, and how the descriptor was obtained
+    /// (or why not).
+    pub uffd_wp: Result<&'static str, String>,
+    /// Async write-protect plus PAGEMAP_SCAN found exactly one written page, and how the
+    /// descriptor was obtained (or why not).
+    pub scan: Result<&'static str, String>,
     /// Soft-dirty bits exist (informational: no engine relies on them).
     pub soft_dirty: bool,
 }
@@ -130,7 +132,7 @@ pub fn capabilities() -> &'static Capabilities {
     })
 }
 
-fn probe_uffd_wp() -> Result<(), EngineError> {
+fn probe_uffd_wp() -> Result<&'static str, EngineError> {
     let r = Region::map(4 * sys::page_size(), sys::page_size()).map_err(|e| {
         EngineError::Unavailable {
             engine: "uffd",
@@ -142,10 +144,10 @@ fn probe_uffd_wp() -> Result<(), EngineError> {
     // registered, and it is unregistered (by unmapping) when `r` drops.
     unsafe { uffd.register_wp(r.addr() as u64, r.len() as u64)? };
     uffd.writeprotect(r.addr() as u64, r.len() as u64, true)?;
-    Ok(())
+    Ok(uffd.access().describe())
 }
 
-fn probe_scan() -> Result<(), EngineError> {
+fn probe_scan() -> Result<&'static str, EngineError> {
     let page = sys::page_size();
     let r = Region::map(4 * page, page).map_err(|e| EngineError::Unavailable {
         engine: "scan",
@@ -165,7 +167,7 @@ fn probe_scan() -> Result<(), EngineError> {
             ),
         });
     }
-    Ok(())
+    Ok(engine.access().describe())
 }
 
 /// The error and its sources on one line.
@@ -190,16 +192,16 @@ pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
     };
     match kind {
         EngineKind::Auto => Ok(match (&caps.scan, &caps.uffd_wp) {
-            (Ok(()), _) => (
+            (Ok(how), _) => (
                 EngineKind::Scan,
                 format!(
-                    "scan: async write-protect + PAGEMAP_SCAN work on kernel {}: one ioctl per transaction; soft-dirty {sd}",
+                    "scan: async write-protect + PAGEMAP_SCAN work on kernel {} (via {how}): one ioctl per transaction; soft-dirty {sd}",
                     caps.kernel
                 ),
             ),
-            (Err(s), Ok(())) => (
+            (Err(s), Ok(how)) => (
                 EngineKind::Uffd,
-                format!("uffd: scan unavailable ({s}); synchronous userfaultfd write-protect works; soft-dirty {sd}"),
+                format!("uffd: scan unavailable ({s}); synchronous userfaultfd write-protect works (via {how}); soft-dirty {sd}"),
             ),
             (Err(s), Err(u)) => (
                 EngineKind::Mprotect,
@@ -209,12 +211,12 @@ pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
         EngineKind::Scan => caps
             .scan
             .clone()
-            .map(|()| (kind, "scan: requested".to_string()))
+            .map(|how| (kind, format!("scan: requested (via {how})")))
             .map_err(|reason| EngineError::Unavailable { engine: "scan", reason }),
         EngineKind::Uffd => caps
             .uffd_wp
             .clone()
-            .map(|()| (kind, "uffd: requested".to_string()))
+            .map(|how| (kind, format!("uffd: requested (via {how})")))
             .map_err(|reason| EngineError::Unavailable { engine: "uffd", reason }),
         EngineKind::Mprotect | EngineKind::Log => Ok((kind, format!("{}: requested", kind.name()))),
     }

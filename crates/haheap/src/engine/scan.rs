@@ -49,6 +49,11 @@ impl ScanEngine {
         })
     }
 
+    /// How the userfaultfd was obtained.
+    pub fn access(&self) -> crate::sys::Access {
+        self.uffd.access()
+    }
+
     /// Appends written pages to `out`; with `reprotect` the same call write-protects them.
     fn scan(&mut self, reprotect: bool, out: &mut Vec<usize>) -> Result<(), EngineError> {
         let flags = PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 };

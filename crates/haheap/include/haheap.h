@@ -87,6 +87,22 @@ int haheap_create(size_t size,
                   uint32_t flags,
                   struct HaHeap **out);
 
+// Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
+// current contents are the committed state. haheap_destroy gives the memory back
+// read-write and untracked (it does not unmap it).
+//
+// # Safety
+// - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
+//   that stays mapped until haheap_destroy, whose protection nobody else changes meanwhile.
+// - `engine`, `backup`: null or NUL-terminated strings, read during the call only.
+// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+int haheap_declare(uint8_t *base,
+                   size_t len,
+                   const char *engine,
+                   const char *backup,
+                   uint32_t flags,
+                   struct HaHeap **out);
+
 // Becomes the new primary after the old one died: attaches to the backup's replica,
 // copies its committed image into a fresh heap and continues replicating to it.
 //

@@ -212,6 +212,39 @@ pub unsafe extern "C" fn haheap_create(
     })
 }
 
+/// Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
+/// current contents are the committed state. haheap_destroy gives the memory back
+/// read-write and untracked (it does not unmap it).
+///
+/// # Safety
+/// - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
+///   that stays mapped until haheap_destroy, whose protection nobody else changes meanwhile.
+/// - `engine`, `backup`: null or NUL-terminated strings, read during the call only.
+/// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_declare(
+    base: *mut u8,
+    len: usize,
+    engine: *const c_char,
+    backup: *const c_char,
+    flags: u32,
+    out: *mut *mut HaHeap,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        if base.is_null() {
+            return Err(null("base"));
+        }
+        // SAFETY: forwarded caller contract for the strings.
+        let cfg = unsafe { config(len, engine, backup, flags)? };
+        // SAFETY: forwarded caller contract for the memory.
+        publish(unsafe { Heap::declare(base, len, cfg)? }, out);
+        Ok(())
+    })
+}
+
 /// Becomes the new primary after the old one died: attaches to the backup's replica,
 /// copies its committed image into a fresh heap and continues replicating to it.
 ///

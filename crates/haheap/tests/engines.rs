@@ -458,21 +458,32 @@ fn unprivileged_process_tracks_or_explains() {
     }
     use std::os::unix::process::CommandExt;
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "unprivileged_process_tracks_or_explains", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "unprivileged_process_tracks_or_explains",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("HAHEAP_UNPRIV_CHILD", "1")
         .uid(65534)
         .gid(65534)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("child-ok"), "{stdout}");
-    let unprivileged_uffd = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    let unprivileged_uffd =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     if unprivileged_uffd.trim() == "0" {
         // Either the user-mode-only fallback worked and the reason says so, or the reason
         // names the sysctl.
         assert!(
-            stdout.contains("user-mode faults only") || stdout.contains("vm.unprivileged_userfaultfd=0"),
+            stdout.contains("user-mode faults only")
+                || stdout.contains("vm.unprivileged_userfaultfd=0"),
             "{stdout}"
         );
     }

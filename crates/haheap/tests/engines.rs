@@ -445,6 +445,7 @@ fn unprivileged_process_tracks_or_explains() {
         let caps = haheap::capabilities();
         println!("uffd={:?}", caps.uffd_wp);
         println!("scan={:?}", caps.scan);
+        println!("access={:?}", caps.uffd_access);
         let h = heap_auto();
         println!("auto={} reason={}", h.engine(), h.engine_reason());
         run_random(h.engine(), 5, 16, 60);

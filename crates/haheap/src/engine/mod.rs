@@ -110,12 +110,13 @@ fn restore_from_shadow(pages: &[usize], page: usize, mem: &mut [u8], shadow: &[u
 pub struct Capabilities {
     /// Kernel release.
     pub kernel: String,
-    /// Synchronous userfaultfd write-protect works, and how the descriptor was obtained
-    /// (or why not).
-    pub uffd_wp: Result<&'static str, String>,
-    /// Async write-protect plus PAGEMAP_SCAN found exactly one written page, and how the
-    /// descriptor was obtained (or why not).
-    pub scan: Result<&'static str, String>,
+    /// Synchronous userfaultfd write-protect works (or why not).
+    pub uffd_wp: Result<(), String>,
+    /// Async write-protect plus PAGEMAP_SCAN found exactly one written page (or why not).
+    pub scan: Result<(), String>,
+    /// How this process obtains a userfaultfd (syscall, /dev/userfaultfd, or user-mode-only
+    /// when unprivileged); None when it cannot.
+    pub uffd_access: Option<&'static str>,
     /// Soft-dirty bits exist (informational: no engine relies on them).
     pub soft_dirty: bool,
 }
@@ -124,11 +125,16 @@ pub struct Capabilities {
 /// async write-protect plus PAGEMAP_SCAN reports exactly the page written.
 pub fn capabilities() -> &'static Capabilities {
     static CAPS: OnceLock<Capabilities> = OnceLock::new();
-    CAPS.get_or_init(|| Capabilities {
-        kernel: sys::kernel_release(),
-        uffd_wp: probe_uffd_wp().map_err(|e| error_chain(&e)),
-        scan: probe_scan().map_err(|e| error_chain(&e)),
-        soft_dirty: sys::soft_dirty_available(),
+    CAPS.get_or_init(|| {
+        let uffd = probe_uffd_wp().map_err(|e| error_chain(&e));
+        let scan = probe_scan().map_err(|e| error_chain(&e));
+        Capabilities {
+            kernel: sys::kernel_release(),
+            uffd_access: uffd.as_ref().or(scan.as_ref()).ok().copied(),
+            uffd_wp: uffd.map(|_| ()),
+            scan: scan.map(|_| ()),
+            soft_dirty: sys::soft_dirty_available(),
+        }
     })
 }
 
@@ -185,6 +191,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// Resolves `Auto` to the fastest engine that works here, with the reason.
 pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
     let caps = capabilities();
+    let how = caps.uffd_access.unwrap_or("none");
     let sd = if caps.soft_dirty {
         "present (unused)"
     } else {
@@ -192,14 +199,14 @@ pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
     };
     match kind {
         EngineKind::Auto => Ok(match (&caps.scan, &caps.uffd_wp) {
-            (Ok(how), _) => (
+            (Ok(()), _) => (
                 EngineKind::Scan,
                 format!(
                     "scan: async write-protect + PAGEMAP_SCAN work on kernel {} (via {how}): one ioctl per transaction; soft-dirty {sd}",
                     caps.kernel
                 ),
             ),
-            (Err(s), Ok(how)) => (
+            (Err(s), Ok(())) => (
                 EngineKind::Uffd,
                 format!("uffd: scan unavailable ({s}); synchronous userfaultfd write-protect works (via {how}); soft-dirty {sd}"),
             ),
@@ -211,12 +218,12 @@ pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
         EngineKind::Scan => caps
             .scan
             .clone()
-            .map(|how| (kind, format!("scan: requested (via {how})")))
+            .map(|()| (kind, format!("scan: requested (via {how})")))
             .map_err(|reason| EngineError::Unavailable { engine: "scan", reason }),
         EngineKind::Uffd => caps
             .uffd_wp
             .clone()
-            .map(|how| (kind, format!("uffd: requested (via {how})")))
+            .map(|()| (kind, format!("uffd: requested (via {how})")))
             .map_err(|reason| EngineError::Unavailable { engine: "uffd", reason }),
         EngineKind::Mprotect | EngineKind::Log => Ok((kind, format!("{}: requested", kind.name()))),
     }

@@ -13,12 +13,15 @@
 //!   data ranges.
 //! - [`vmcoreinfo`]: the kernel's VMCOREINFO note, read at a known address or
 //!   found by scanning; its note and text formats are described there.
+//! - [`pagetable`]: x86-64 kernel virtual → guest physical translation,
+//!   starting from VMCOREINFO's `init_top_pgt` and `phys_base`.
 
 #![allow(clippy::single_range_in_vec_init)] // ranges of offsets, not one-element vectors
 
 pub mod layout;
 pub mod maps;
 pub mod memory;
+pub mod pagetable;
 pub mod procmem;
 pub mod source;
 pub mod vmcoreinfo;
@@ -26,6 +29,7 @@ pub mod vmcoreinfo;
 pub use layout::{Layout, LayoutError, PcOptions, RamRange};
 pub use maps::MapTarget;
 pub use memory::{GuestMemory, MemoryError};
+pub use pagetable::{KernelPageTables, PageTableError, Translation};
 pub use procmem::ProcMemSource;
 pub use source::{FileSource, PageSource, SourceError};
 pub use vmcoreinfo::{

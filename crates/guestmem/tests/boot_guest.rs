@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use rebound_guestmem::maps::MapTarget;
 use rebound_guestmem::vmcoreinfo::parse_sysfs_vmcoreinfo;
-use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
+use rebound_guestmem::{
+    find_vmcoreinfo, read_vmcoreinfo, GuestMemory, KernelPageTables, Layout, PageSource, VmcoreInfo,
+};
 
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -216,7 +218,7 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
             found.info,
             "{what}"
         );
-        assert!(found.info.symbol("init_top_pgt").is_some(), "{what}");
+        assert_eq!(release_via_page_tables(&mem, &found.info), uname, "{what}");
         assert_eq!(found.info.page_size, 4096);
         // The same through the QEMU process (the path a lazily restored guest needs).
         let target = MapTarget::Path(g.ram.clone());
@@ -266,6 +268,23 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
             "{what}: {low_end:#x}"
         );
     }
+}
+
+/// The kernel's `init_uts_ns.name.release`, read through its page tables.
+fn release_via_page_tables<S: PageSource>(mem: &GuestMemory<S>, info: &VmcoreInfo) -> String {
+    let pt = KernelPageTables::from_vmcoreinfo(info).unwrap();
+    let uts = info.symbol("init_uts_ns").unwrap();
+    // The walk and the kernel-image shortcut agree.
+    assert_eq!(
+        Some(pt.translate(mem, uts).unwrap().paddr),
+        pt.symbol_paddr(uts)
+    );
+    // struct new_utsname: sysname[65], nodename[65], release[65], ...
+    let release = uts + info.offset("uts_namespace", "name").unwrap() + 2 * 65;
+    let mut buf = [0u8; 65];
+    pt.read(mem, release, &mut buf).unwrap();
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8(buf[..end].to_vec()).unwrap()
 }
 
 /// Pages QEMU has mapped among `pages` pages from host address `base`.

@@ -37,6 +37,8 @@ pub struct Package {
     pub version: String,
     pub arch: String,
     pub sha256: String,
+    /// The raw `Depends:` field ("" when absent).
+    pub depends: String,
 }
 
 impl Package {
@@ -51,24 +53,33 @@ impl Package {
     }
 }
 
-/// The dependency of a metapackage whose name starts with `prefix`, from `apt-cache depends`.
-pub fn parse_depends(text: &str, prefix: &str) -> Option<String> {
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends:"))
-        .map(|d| d.trim().trim_start_matches('<').trim_end_matches('>'))
-        .find(|d| d.starts_with(prefix))
+/// The first dependency named `prefix*` in a `Depends:` field
+/// ("linux-image-6.1.0-56-amd64 (= 6.1.192-2), foo | bar" → "linux-image-6.1.0-56-amd64").
+pub fn parse_depends(depends: &str, prefix: &str) -> Option<String> {
+    depends
+        .split([',', '|'])
+        .map(|d| d.split_whitespace().next().unwrap_or(""))
+        .find(|d| d.starts_with(prefix) && d.len() > prefix.len())
         .map(str::to_string)
 }
 
-/// The first stanza of `apt-cache show --no-all-versions` output.
+fn stanza_field<'t>(stanza: &'t str, f: &str) -> Option<&'t str> {
+    stanza
+        .lines()
+        .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix(':')))
+        .map(str::trim)
+}
+
+/// The stanza for `name` in `apt-cache show --no-all-versions` output.
 pub fn parse_show(name: &str, text: &str) -> Result<Package, AptError> {
-    let stanza = text.split("\n\n").next().unwrap_or("");
+    let stanza = text
+        .split("\n\n")
+        .find(|s| stanza_field(s, "Package") == Some(name))
+        .ok_or_else(|| AptError::Unknown(name.to_string()))?;
     let field = |f: &'static str| {
-        stanza
-            .lines()
-            .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix(':')))
-            .map(|v| v.trim().to_string())
+        stanza_field(stanza, f)
             .filter(|v| !v.is_empty())
+            .map(str::to_string)
             .ok_or(AptError::Field {
                 pkg: name.to_string(),
                 field: f,
@@ -83,11 +94,13 @@ pub fn parse_show(name: &str, text: &str) -> Result<Package, AptError> {
             field: "SHA256",
         });
     }
+    let depends = stanza_field(stanza, "Depends").unwrap_or("").to_string();
     Ok(Package {
         name: name.to_string(),
         version,
         arch,
         sha256,
+        depends,
     })
 }
 
@@ -95,14 +108,32 @@ pub fn parse_show(name: &str, text: &str) -> Result<Package, AptError> {
 pub struct Apt<'a> {
     tools: &'a Tools,
     updated: bool,
+    /// Where apt keeps its binary package cache for us (see [`Apt::cmd`]).
+    cache_dir: PathBuf,
 }
 
 impl<'a> Apt<'a> {
-    pub fn new(tools: &'a Tools) -> Self {
+    pub fn new(tools: &'a Tools, cache_dir: &Path) -> Self {
         Apt {
             tools,
             updated: false,
+            cache_dir: cache_dir.to_path_buf(),
         }
+    }
+
+    /// An apt command. Debian's docker-style configs disable apt's binary cache, so every
+    /// run re-parses all package lists; a cache of our own in $home makes a lookup several
+    /// times faster (measured 4.0 s → 0.8 s).
+    fn cmd(&self, tool: &str) -> std::process::Command {
+        let mut c = self.tools.cmd(tool);
+        if std::fs::create_dir_all(&self.cache_dir).is_ok() {
+            let opt = |name: &str, file: &str| {
+                format!("Dir::Cache::{name}={}", self.cache_dir.join(file).display())
+            };
+            c.arg("-o").arg(opt("pkgcache", "pkgcache.bin"));
+            c.arg("-o").arg(opt("srcpkgcache", "srcpkgcache.bin"));
+        }
+        c
     }
 
     fn update(&mut self, progress: &mut dyn FnMut(&str)) -> Result<bool, AptError> {
@@ -111,13 +142,13 @@ impl<'a> Apt<'a> {
         }
         self.updated = true;
         progress("package lists lack what we need: running apt-get update");
-        run(self.tools.cmd("apt-get").args(["update", "-qq"]))?;
+        run(self.cmd("apt-get").args(["update", "-qq"]))?;
         Ok(true)
     }
 
     fn query(&mut self, args: &[&str], progress: &mut dyn FnMut(&str)) -> Option<String> {
         loop {
-            match run(self.tools.cmd("apt-cache").args(args)) {
+            match run(self.cmd("apt-cache").args(args)) {
                 Ok(o) if !o.stdout.is_empty() => {
                     return Some(String::from_utf8_lossy(&o.stdout).into_owned())
                 }
@@ -129,28 +160,19 @@ impl<'a> Apt<'a> {
         }
     }
 
-    /// The concrete kernel package `meta` (e.g. linux-image-amd64) depends on.
-    pub fn kernel_package(
-        &mut self,
-        meta: &str,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<String, AptError> {
-        let text = self
-            .query(&["depends", meta], progress)
-            .ok_or_else(|| AptError::Unknown(meta.to_string()))?;
-        parse_depends(&text, "linux-image-").ok_or_else(|| AptError::NoKernelDep(meta.to_string()))
-    }
-
-    /// Version, architecture and checksum of the candidate version of `name`.
+    /// Version, architecture, checksum and dependencies of the candidate versions of
+    /// `names`, in one apt-cache run (each run parses all package lists: ~1 s).
     pub fn show(
         &mut self,
-        name: &str,
+        names: &[&str],
         progress: &mut dyn FnMut(&str),
-    ) -> Result<Package, AptError> {
+    ) -> Result<Vec<Package>, AptError> {
+        let mut args = vec!["show", "--no-all-versions"];
+        args.extend_from_slice(names);
         let text = self
-            .query(&["show", "--no-all-versions", name], progress)
-            .ok_or_else(|| AptError::Unknown(name.to_string()))?;
-        parse_show(name, &text)
+            .query(&args, progress)
+            .ok_or_else(|| AptError::Unknown(names.join(" ")))?;
+        names.iter().map(|n| parse_show(n, &text)).collect()
     }
 
     /// The package's .deb in `cache`, downloaded unless a copy with the right checksum is
@@ -173,7 +195,6 @@ impl<'a> Apt<'a> {
         progress(&format!("downloading {} {}", pkg.name, pkg.version));
         let spec = format!("{}={}", pkg.name, pkg.version);
         run(self
-            .tools
             .cmd("apt-get")
             .current_dir(cache)
             .args(["download", "-qq", &spec]))?;
@@ -219,19 +240,15 @@ mod tests {
 
     #[test]
     fn depends_picks_the_kernel() {
-        let t =
-            "linux-image-amd64\n  Depends: linux-image-6.1.0-56-amd64\n  Recommends: firmware\n";
+        let d = "linux-image-6.1.0-56-amd64 (= 6.1.192-2), firmware | other";
         assert_eq!(
-            parse_depends(t, "linux-image-").as_deref(),
+            parse_depends(d, "linux-image-").as_deref(),
             Some("linux-image-6.1.0-56-amd64")
         );
-        assert_eq!(parse_depends("linux-image-amd64\n", "linux-image-"), None);
+        assert_eq!(parse_depends("", "linux-image-"), None);
+        assert_eq!(parse_depends("linux-image-", "linux-image-"), None);
         assert_eq!(
-            parse_depends(
-                "x\n  Depends: <linux-image-6.1.0-9-amd64>\n",
-                "linux-image-"
-            )
-            .as_deref(),
+            parse_depends("a | linux-image-6.1.0-9-amd64", "linux-image-").as_deref(),
             Some("linux-image-6.1.0-9-amd64")
         );
     }
@@ -239,11 +256,30 @@ mod tests {
     #[test]
     fn show_fields() {
         let sha = "a".repeat(64);
-        let t = format!("Package: busybox-static\nVersion: 1:1.35.0-4+b1\nArchitecture: amd64\nSHA256: {sha}\n\nPackage: busybox-static\nVersion: 0\n");
+        let t = format!(
+            "Package: linux-image-amd64\nVersion: 6.1\nArchitecture: amd64\nDepends: linux-image-6.1.0-56-amd64 (= 6.1.192-2)\nSHA256: {sha}\n\n\
+             Package: busybox-static\nVersion: 1:1.35.0-4+b1\nArchitecture: amd64\nSHA256: {sha}\n"
+        );
         let p = parse_show("busybox-static", &t).unwrap();
         assert_eq!(p.version, "1:1.35.0-4+b1");
+        assert_eq!(p.depends, "");
+        let m = parse_show("linux-image-amd64", &t).unwrap();
+        assert_eq!(
+            parse_depends(&m.depends, "linux-image-").as_deref(),
+            Some("linux-image-6.1.0-56-amd64")
+        );
+        assert!(matches!(
+            parse_show("nosuch", &t),
+            Err(AptError::Unknown(_))
+        ));
         assert_eq!(p.deb_name(), "busybox-static_1%3a1.35.0-4+b1_amd64.deb");
         let bad = "Package: x\nVersion: 1\nArchitecture: amd64\nSHA256: zz\n";
+        assert!(
+            parse_show("x", "Package: x\nVersion: 1\nArchitecture: amd64\n")
+                .unwrap_err()
+                .to_string()
+                .contains("SHA256")
+        );
         assert!(parse_show("x", bad)
             .unwrap_err()
             .to_string()

@@ -7,16 +7,16 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::apt::{sha256_file, Apt, Package};
+use crate::apt::{parse_depends, sha256_file, Apt, AptError, Package};
 use crate::manifest::{FileEntry, Manifest, PackageEntry, FORMAT, VERSION};
 use crate::tools::Tools;
 use crate::{
-    check_name, datadisk, images_dir, initramfs, kernel, open, BuildOptions, Error, Image,
+    check_name, datadisk, images_dir, initramfs, kcache, open, BuildOptions, Error, Image,
     DEFAULT_APPEND,
 };
 
 /// Bumped whenever the builder's output changes for the same inputs.
-const BUILDER_VERSION: u32 = 1;
+const BUILDER_VERSION: u32 = 2;
 /// The init script, compiled in so the image and its hash always match this build.
 const INIT: &str = include_str!("../../../guest/init");
 const KERNEL_META: &str = "linux-image-amd64";
@@ -105,21 +105,6 @@ fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, Error> {
     })
 }
 
-/// The single directory under lib/modules of the unpacked kernel package.
-fn kernel_release(root: &Path) -> Result<String, Error> {
-    let dir = root.join("lib/modules");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(io(&dir))?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    match names.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => Err(Error::KernelPackage(format!(
-            "expected one directory in lib/modules, found {names:?}"
-        ))),
-    }
-}
-
 /// Builds image `name` under `home` (or returns the existing one when nothing changed).
 pub fn build(
     home: &Path,
@@ -135,10 +120,17 @@ pub fn build(
     let _lock = lock(&images, name)?;
 
     progress(&format!("resolving {KERNEL_META} and {BUSYBOX}"));
-    let mut apt = Apt::new(&tools);
-    let kpkg_name = apt.kernel_package(KERNEL_META, progress)?;
-    let kpkg = apt.show(&kpkg_name, progress)?;
-    let bpkg = apt.show(BUSYBOX, progress)?;
+    let mut apt = Apt::new(&tools, &home.join("cache/apt"));
+    let [meta, bpkg]: [Package; 2] = apt
+        .show(&[KERNEL_META, BUSYBOX], progress)?
+        .try_into()
+        .expect("one package per name");
+    let kname = parse_depends(&meta.depends, "linux-image-")
+        .ok_or(AptError::NoKernelDep(KERNEL_META.to_string()))?;
+    let [kpkg]: [Package; 1] = apt
+        .show(&[&kname], progress)?
+        .try_into()
+        .expect("one package per name");
     let hash = inputs_hash(&kpkg, &bpkg, &agent);
 
     if !opts.force {
@@ -157,9 +149,9 @@ pub fn build(
         }
     }
 
-    let cache = home.join("cache/debs");
-    let kdeb = apt.fetch(&kpkg, &cache, progress)?;
-    let bdeb = apt.fetch(&bpkg, &cache, progress)?;
+    let kparts = kcache::prepare(&tools, &mut apt, &kpkg, home, BUILDER_VERSION, progress)?;
+    let release = kparts.release.clone();
+    let bdeb = apt.fetch(&bpkg, &home.join("cache/debs"), progress)?;
 
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".build-{name}-"))
@@ -170,41 +162,39 @@ pub fn build(
     for d in [&work, &out] {
         std::fs::create_dir_all(d).map_err(io(d))?;
     }
-    progress("unpacking packages");
-    let kroot = work.join("kernel");
     let broot = work.join("busybox");
-    apt.extract(&kdeb, &kroot)?;
     apt.extract(&bdeb, &broot)?;
-    let release = kernel_release(&kroot)?;
-    let bzimage = kroot.join("boot").join(format!("vmlinuz-{release}"));
-    if !bzimage.is_file() {
-        return Err(Error::KernelPackage(format!("no boot/vmlinuz-{release}")));
-    }
 
-    progress(&format!("assembling initramfs (kernel {release})"));
+    progress(&format!(
+        "assembling initramfs (kernel {release}, {} modules)",
+        kparts.modules.len()
+    ));
     let agent_path = work.join("rebound-agent");
     std::fs::write(&agent_path, &agent).map_err(io(&agent_path))?;
     let root = work.join("initramfs");
     let inputs = initramfs::Inputs {
-        kernel_root: &kroot,
-        release: &release,
+        modules_root: &kparts.modules_root,
         busybox: &broot.join("bin/busybox"),
         agent: &agent_path,
         init: INIT,
     };
-    let modules = initramfs::populate(&tools, &inputs, &root)?;
+    initramfs::populate(&inputs, &root)?;
     initramfs::archive(&tools, &root, &out.join("initrd.cpio.gz"))?;
-    progress(&format!("initramfs: {} modules", modules.len()));
 
-    progress("preparing kernel");
-    std::fs::copy(&bzimage, out.join("vmlinuz")).map_err(io(&bzimage))?;
+    // Kernel files: copied with the checksums the cache computed once.
     let mut files = BTreeMap::new();
-    if kernel::extract_pvh_elf(&tools, &bzimage, &out.join("vmlinux"))? {
-        files.insert("kernel".to_string(), file_entry(&out, "vmlinux")?);
-        files.insert("kernel_bzimage".to_string(), file_entry(&out, "vmlinuz")?);
-    } else {
-        progress("kernel has no PVH entry: booting the bzImage");
-        files.insert("kernel".to_string(), file_entry(&out, "vmlinuz")?);
+    for (role, f) in [
+        ("kernel_bzimage", Some(&kparts.vmlinuz)),
+        ("kernel", kparts.vmlinux.as_ref()),
+    ] {
+        if let Some(f) = f {
+            let from = kparts.dir.join(&f.path);
+            std::fs::copy(&from, out.join(&f.path)).map_err(io(&from))?;
+            files.insert(role.to_string(), f.clone());
+        }
+    }
+    if kparts.vmlinux.is_none() {
+        files.insert("kernel".to_string(), kparts.vmlinuz.clone());
     }
 
     progress(&format!("making data disk ({})", datadisk::DISK_SIZE));
@@ -235,7 +225,7 @@ pub fn build(
                 sha256: p.sha256.clone(),
             })
             .collect(),
-        modules: modules.into_iter().collect(),
+        modules: kparts.modules.clone(),
         files,
     };
     manifest.write(&out.join("manifest.json"))?;

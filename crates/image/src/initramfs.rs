@@ -53,9 +53,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InitramfsError + '_ {
 
 /// What goes into the initramfs.
 pub struct Inputs<'a> {
-    /// Root of the unpacked kernel package (has lib/modules/<release>).
-    pub kernel_root: &'a Path,
-    pub release: &'a str,
+    /// A reduced module tree made by [`reduce_modules`] (has lib/modules/<release>).
+    pub modules_root: &'a Path,
     /// The static busybox binary.
     pub busybox: &'a Path,
     pub agent: &'a Path,
@@ -68,11 +67,8 @@ fn copy_exec(from: &Path, to: &Path) -> Result<(), InitramfsError> {
 }
 
 /// Builds the tree under `root`; returns the module files included.
-pub fn populate(
-    tools: &Tools,
-    inp: &Inputs,
-    root: &Path,
-) -> Result<BTreeSet<String>, InitramfsError> {
+/// Builds the tree under `root`.
+pub fn populate(inp: &Inputs, root: &Path) -> Result<(), InitramfsError> {
     for d in [
         "bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "run", "data", "etc",
     ] {
@@ -103,22 +99,36 @@ pub fn populate(
     std::fs::write(&init, inp.init).map_err(io(&init))?;
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).map_err(io(&init))?;
     copy_exec(inp.agent, &root.join("sbin/rebound-agent"))?;
-    install_modules(tools, inp, root)
+    copy_tree(&inp.modules_root.join("lib"), &root.join("lib"))
 }
 
-fn install_modules(
+fn copy_tree(from: &Path, to: &Path) -> Result<(), InitramfsError> {
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    for e in std::fs::read_dir(from).map_err(io(from))? {
+        let e = e.map_err(io(from))?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().map_err(io(&src))?.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst).map_err(io(&src))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dst/lib/modules/<release>` hold the modules in [`MODULES`] and their dependency
+/// closure from the unpacked kernel package at `kernel_root`, indexed by depmod. Returns
+/// the module files chosen.
+pub fn reduce_modules(
     tools: &Tools,
-    inp: &Inputs,
-    root: &Path,
+    kernel_root: &Path,
+    release: &str,
+    dst: &Path,
 ) -> Result<BTreeSet<String>, InitramfsError> {
-    let src = inp.kernel_root.join("lib/modules").join(inp.release);
+    let src = kernel_root.join("lib/modules").join(release);
     // Debian's package leaves modules.dep to its postinst: index the full tree first.
     if !src.join("modules.dep").is_file() {
-        run(tools
-            .cmd("depmod")
-            .arg("-b")
-            .arg(inp.kernel_root)
-            .arg(inp.release))?;
+        run(tools.cmd("depmod").arg("-b").arg(kernel_root).arg(release))?;
     }
     let dep_path = src.join("modules.dep");
     let deps = ModDeps::parse(&std::fs::read_to_string(&dep_path).map_err(io(&dep_path))?)?;
@@ -126,10 +136,10 @@ fn install_modules(
         .map(|t| parse_builtin(&t))
         .unwrap_or_default();
     let chosen = deps.closure(MODULES, &builtin)?;
-    let dst = root.join("lib/modules").join(inp.release);
+    let out = dst.join("lib/modules").join(release);
     for m in &chosen {
-        let to = dst.join(m);
-        let parent = to.parent().unwrap_or(&dst);
+        let to = out.join(m);
+        let parent = to.parent().unwrap_or(&out);
         std::fs::create_dir_all(parent).map_err(io(parent))?;
         std::fs::copy(src.join(m), &to).map_err(io(&src.join(m)))?;
     }
@@ -139,10 +149,10 @@ fn install_modules(
         "modules.builtin.modinfo",
     ] {
         if src.join(f).is_file() {
-            std::fs::copy(src.join(f), dst.join(f)).map_err(io(&src.join(f)))?;
+            std::fs::copy(src.join(f), out.join(f)).map_err(io(&src.join(f)))?;
         }
     }
-    run(tools.cmd("depmod").arg("-b").arg(root).arg(inp.release))?;
+    run(tools.cmd("depmod").arg("-b").arg(dst).arg(release))?;
     Ok(chosen)
 }
 

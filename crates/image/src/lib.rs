@@ -15,6 +15,7 @@ mod apt;
 mod build;
 mod datadisk;
 mod initramfs;
+mod kcache;
 mod kernel;
 pub mod manifest;
 pub mod modules;
@@ -27,6 +28,7 @@ pub use apt::AptError;
 pub use build::build;
 pub use datadisk::{blob, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE};
 pub use initramfs::{InitramfsError, MODULES};
+pub use kcache::KernelCacheError;
 pub use kernel::KernelError;
 use manifest::{Manifest, ManifestError};
 pub use modules::ModulesError;
@@ -55,8 +57,6 @@ pub enum Error {
     Agent { path: PathBuf, what: String },
     #[error("cannot use {}: {err}", path.display())]
     Io { path: PathBuf, err: std::io::Error },
-    #[error("unpacked kernel package: {0}")]
-    KernelPackage(String),
     #[error(transparent)]
     Tool(#[from] ToolError),
     #[error(transparent)]
@@ -64,7 +64,7 @@ pub enum Error {
     #[error(transparent)]
     Initramfs(#[from] InitramfsError),
     #[error(transparent)]
-    Kernel(#[from] KernelError),
+    KernelCache(#[from] KernelCacheError),
     #[error(transparent)]
     DataDisk(#[from] DataDiskError),
     #[error(transparent)]
@@ -209,4 +209,100 @@ pub fn list(home: &Path) -> Result<Vec<ImageInfo>, Error> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manifest::FileEntry;
+
+    /// A small image directory written by hand (no packages needed).
+    fn fake_image(home: &Path) -> PathBuf {
+        let dir = images_dir(home).join("default");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = std::collections::BTreeMap::new();
+        for (role, name, data) in [
+            ("kernel", "vmlinux", &b"kernel"[..]),
+            ("initrd", "initrd.cpio.gz", b"initrd"),
+            ("disk", "data.ext4", b"disk"),
+        ] {
+            std::fs::write(dir.join(name), data).unwrap();
+            let entry = FileEntry {
+                path: name.into(),
+                size: data.len() as u64,
+                sha256: "00".repeat(32),
+            };
+            files.insert(role.to_string(), entry);
+        }
+        let m = Manifest {
+            format: manifest::FORMAT.into(),
+            version: manifest::VERSION,
+            name: "default".into(),
+            kernel_release: "6.1.0-test".into(),
+            append: DEFAULT_APPEND.into(),
+            inputs_hash: "ab".repeat(32),
+            built_at: "2026-11-22T00:00:00Z".into(),
+            builder_version: 1,
+            packages: vec![],
+            modules: vec![],
+            files,
+        };
+        m.write(&dir.join("manifest.json")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn open_and_list_a_good_image() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = fake_image(home.path());
+        let img = open(home.path(), "default").unwrap();
+        assert_eq!(img.kernel, dir.join("vmlinux"));
+        assert_eq!(img.kernel_release, "6.1.0-test");
+        assert_eq!(img.append, DEFAULT_APPEND);
+        // A build in progress is not listed.
+        std::fs::create_dir_all(images_dir(home.path()).join(".build-default-x")).unwrap();
+        let l = list(home.path()).unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!((l[0].name.as_str(), l[0].size_bytes), ("default", 16));
+    }
+
+    #[test]
+    fn damaged_images_are_named() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = fake_image(home.path());
+        std::fs::write(dir.join("initrd.cpio.gz"), b"init").unwrap();
+        let e = open(home.path(), "default").unwrap_err().to_string();
+        assert!(
+            e.contains("damaged") && e.contains("initrd.cpio.gz is 4 bytes, the manifest says 6"),
+            "{e}"
+        );
+        std::fs::remove_file(dir.join("data.ext4")).unwrap();
+        std::fs::write(dir.join("initrd.cpio.gz"), b"initrd").unwrap();
+        let e = open(home.path(), "default").unwrap_err().to_string();
+        assert!(e.contains("data.ext4"), "{e}");
+        std::fs::write(
+            dir.join("manifest.json"),
+            b"{\"format\":\"rebound-image\",\"vers",
+        )
+        .unwrap();
+        let e = open(home.path(), "default").unwrap_err().to_string();
+        assert!(
+            e.contains("damaged") && e.contains("not a valid manifest"),
+            "{e}"
+        );
+        assert!(list(home.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn missing_tools_are_named() {
+        assert!(tools::find("rebound-no-such-tool").is_none());
+        let e = ToolError::Missing {
+            tool: "mke2fs",
+            package: "e2fsprogs",
+        };
+        assert_eq!(
+            e.to_string(),
+            "host tool `mke2fs` not found (install the Debian package e2fsprogs)"
+        );
+    }
 }

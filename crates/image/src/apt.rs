@@ -3,8 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 use crate::tools::{run, ToolError, Tools};
 
 /// Errors resolving, downloading or unpacking packages.
@@ -222,16 +220,10 @@ impl<'a> Apt<'a> {
 
 /// SHA-256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String, AptError> {
-    let mut f = std::fs::File::open(path).map_err(|err| AptError::Io {
+    crate::manifest::sha256_of(path).map_err(|err| AptError::Io {
         path: path.to_path_buf(),
         err,
-    })?;
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).map_err(|err| AptError::Io {
-        path: path.to_path_buf(),
-        err,
-    })?;
-    Ok(hex::encode(h.finalize()))
+    })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::apt::{parse_depends, sha256_file, Apt, AptError, Package};
+use crate::apt::{parse_depends, Apt, AptError, Package};
 use crate::manifest::{FileEntry, Manifest, PackageEntry, FORMAT, VERSION};
 use crate::tools::Tools;
 use crate::{
@@ -96,13 +96,7 @@ fn lock(images: &Path, name: &str) -> Result<BuildLock, Error> {
 }
 
 fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, Error> {
-    let p = dir.join(name);
-    let size = std::fs::metadata(&p).map_err(io(&p))?.len();
-    Ok(FileEntry {
-        path: name.to_string(),
-        size,
-        sha256: sha256_file(&p)?,
-    })
+    FileEntry::of(dir, name).map_err(io(&dir.join(name)))
 }
 
 /// Builds image `name` under `home` (or returns the existing one when nothing changed).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::apt::{sha256_file, Apt, AptError, Package};
+use crate::apt::{Apt, AptError, Package};
 use crate::initramfs::{reduce_modules, InitramfsError, MODULES};
 use crate::kernel::{extract_pvh_elf, KernelError};
 use crate::manifest::FileEntry;
@@ -115,13 +115,7 @@ fn kernel_release(root: &Path) -> Result<String, KernelCacheError> {
 }
 
 fn entry(dir: &Path, name: &str) -> Result<FileEntry, KernelCacheError> {
-    let p = dir.join(name);
-    let size = std::fs::metadata(&p).map_err(io(&p))?.len();
-    Ok(FileEntry {
-        path: name.to_string(),
-        size,
-        sha256: sha256_file(&p)?,
-    })
+    FileEntry::of(dir, name).map_err(io(&dir.join(name)))
 }
 
 /// Returns the cached parts for `pkg`, making them first when needed.

@@ -37,6 +37,27 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
+impl FileEntry {
+    /// Size and SHA-256 of `dir/name`.
+    pub fn of(dir: &Path, name: &str) -> std::io::Result<FileEntry> {
+        let p = dir.join(name);
+        Ok(FileEntry {
+            path: name.to_string(),
+            size: std::fs::metadata(&p)?.len(),
+            sha256: sha256_of(&p)?,
+        })
+    }
+}
+
+/// SHA-256 of a file, hex.
+pub fn sha256_of(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(hex::encode(h.finalize()))
+}
+
 /// A package the image was built from.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]

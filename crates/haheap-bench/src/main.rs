@@ -89,6 +89,9 @@ struct Common {
     /// Print one JSON document on stdout instead of tables.
     #[arg(long)]
     json: bool,
+    /// Also write the JSON document to this file.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -105,6 +108,9 @@ struct MicroCli {
     /// Writes per page.
     #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
     wpp: Vec<usize>,
+    /// Runs per cell, engines interleaved; the median is reported.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
 }
 
 #[derive(Args)]
@@ -231,9 +237,17 @@ fn backup_kind(c: &Common) -> Result<BackupKind> {
     })
 }
 
+/// Where results go besides the terminal.
+struct Out<'a> {
+    /// JSON on stdout instead of tables.
+    json: bool,
+    /// JSON also to this file.
+    json_out: Option<&'a PathBuf>,
+}
+
 /// Prints the results: JSON, or the machine line, the table and the goals.
 fn emit(
-    json: bool,
+    out: Out,
     command: &str,
     backup: &str,
     results: serde_json::Value,
@@ -241,8 +255,12 @@ fn emit(
     goals: &[String],
 ) -> Result<()> {
     let m = Machine::probe();
-    if json {
-        let doc = json!({ "command": command, "machine": m, "backup": backup, "results": results, "goals": goals });
+    let doc = json!({ "command": command, "machine": m, "backup": backup, "results": results, "goals": goals });
+    if let Some(p) = out.json_out {
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if out.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("{}", m.line());
@@ -269,16 +287,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 engines: engines(&c.common.engines)?,
                 backup: c.common.backup.list(),
                 seed: c.common.seed,
+                repeat: c.repeat as usize,
             };
             eprintln!("{}", Machine::probe().line());
             let cells = micro::run(&a, &kind)?;
             let goals = micro::goals(&cells);
             let cmd = format!(
-                "micro: {} tx, {} MB heap, seed {}",
-                a.txs, a.heap_mb, a.seed
+                "micro: {} tx, {} MB heap, seed {}, median of {} interleaved runs",
+                a.txs, a.heap_mb, a.seed, a.repeat
             );
             emit(
-                c.common.json,
+                Out {
+                    json: c.common.json,
+                    json_out: c.common.json_out.as_ref(),
+                },
                 &cmd,
                 &kind.describe(),
                 serde_json::to_value(&cells)?,
@@ -305,7 +327,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 a.ops, a.heap_mb, a.seed
             );
             emit(
-                c.common.json,
+                Out {
+                    json: c.common.json,
+                    json_out: c.common.json_out.as_ref(),
+                },
                 &cmd,
                 &kind.describe(),
                 serde_json::to_value(&cells)?,
@@ -337,7 +362,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 c.ops, c.ops, c.seed
             );
             emit(
-                c.json,
+                Out {
+                    json: c.json,
+                    json_out: None,
+                },
                 &cmd,
                 "",
                 serde_json::Value::Array(results),
@@ -371,7 +399,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             let failed = trials.iter().filter(|t| !t.ok).count();
             emit(
-                c.json,
+                Out {
+                    json: c.json,
+                    json_out: None,
+                },
                 &cmd,
                 &backup,
                 serde_json::to_value(&trials)?,

@@ -21,6 +21,8 @@ pub struct MicroArgs {
     pub engines: Vec<EngineKind>,
     pub backup: Vec<bool>,
     pub seed: u64,
+    /// Runs per cell; the median time is reported.
+    pub repeat: usize,
 }
 
 /// One measured cell.
@@ -39,6 +41,17 @@ pub struct Cell {
     /// Payload bytes without a backup; frame bytes sent with one.
     pub shipped_bytes_per_tx: f64,
     pub shipped_over_written: f64,
+    /// Times of all repeats, µs per transaction.
+    pub runs_us: Vec<f64>,
+}
+
+/// The run with the median time, carrying all runs' times.
+fn median_run(mut runs: Vec<Cell>) -> Cell {
+    runs.sort_by(|a, b| a.us_per_tx.total_cmp(&b.us_per_tx));
+    let times: Vec<f64> = runs.iter().map(|c| c.us_per_tx).collect();
+    let mut c = runs.swap_remove(runs.len() / 2);
+    c.runs_us = times;
+    c
 }
 
 /// Runs `txs` transactions of `ppt` x `wpp` stores on `heap`; returns the cell (without
@@ -100,6 +113,7 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
         written_bytes_per_tx: written as f64 / n,
         shipped_bytes_per_tx: shipped as f64 / n,
         shipped_over_written: ratio(shipped as f64, written as f64),
+        runs_us: Vec::new(),
     })
 }
 
@@ -120,8 +134,10 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
     for &with_backup in &a.backup {
         for &ppt in &a.ppts {
             for &wpp in &a.wpps {
-                let mut row = Vec::new();
-                for &engine in &a.engines {
+                // Repeats interleave the engines so that load from other work on the
+                // machine falls on all of them alike; each engine keeps its median run.
+                let mut runs: Vec<Vec<Cell>> = vec![Vec::new(); a.engines.len()];
+                for (ei, &engine) in (0..a.repeat).flat_map(|_| a.engines.iter().enumerate()) {
                     // A fresh backup per run: the heap announces itself as new.
                     let dir = tempfile::tempdir().context("temp dir for the backup")?;
                     let backup = match with_backup {
@@ -147,8 +163,9 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
                         "  micro {:<8} backup={:<5} ppt={:<2} wpp={:<2} {:>9.2} us/tx",
                         c.engine, with_backup, ppt, wpp, c.us_per_tx
                     );
-                    row.push(c);
+                    runs[ei].push(c);
                 }
+                let mut row: Vec<Cell> = runs.into_iter().map(median_run).collect();
                 let base = row
                     .iter()
                     .find(|c| c.engine == "mprotect")

@@ -24,6 +24,7 @@
 #define CHILD_LINE_MAX 4096
 #define PORT_RETRY_MS 100
 #define RESPAWN_DELAY_MS 1000
+#define RESPAWN_DELAY_MAX_MS 30000
 
 struct child {
 	enum workload_kind kind;
@@ -31,6 +32,8 @@ struct child {
 	int fd;    /* read end of its pipe, -1 when not running */
 	int ready;
 	uint64_t respawn_at;
+	uint64_t respawn_delay; /* doubles while a workload keeps dying early */
+	uint64_t started_at;
 	char line[CHILD_LINE_MAX];
 	size_t len;
 };
@@ -261,6 +264,8 @@ static void read_port(void)
 				handle_line(inbuf + start, i - start);
 			discarding = 0;
 			start = i + 1;
+			if (port_hup)
+				return; /* port_lost() dropped the rest: it belonged to the old host */
 		}
 		memmove(inbuf, inbuf + start, end - start);
 		inlen = end - start;
@@ -339,6 +344,7 @@ static void spawn(struct child *ch)
 	close(fds[1]);
 	fcntl(fds[0], F_SETFL, O_NONBLOCK);
 	ch->pid = pid;
+	ch->started_at = now_ms();
 	ch->fd = fds[0];
 	ch->len = 0;
 	ch->ready = 0;
@@ -366,16 +372,22 @@ static void child_exited(struct child *ch)
 	ch->fd = -1;
 	if (waitpid(ch->pid, &status, 0) < 0)
 		status = -1;
+	ch->pid = 0;
+	/* A workload that ran a while restarts after 1 s; one that keeps dying (e.g. killed
+	 * by the OOM killer right away) backs off up to 30 s instead of spinning. */
+	if (now_ms() - ch->started_at > RESPAWN_DELAY_MAX_MS || ch->respawn_delay == 0)
+		ch->respawn_delay = RESPAWN_DELAY_MS;
+	else if (ch->respawn_delay < RESPAWN_DELAY_MAX_MS)
+		ch->respawn_delay *= 2;
+	ch->respawn_at = now_ms() + ch->respawn_delay;
 	if (WIFSIGNALED(status))
-		snprintf(msg, sizeof(msg), "workload %s died of signal %d; restarting it",
-			 workload_name(ch->kind), WTERMSIG(status));
+		snprintf(msg, sizeof(msg), "workload %s died of signal %d; restarting it in %llu s",
+			 workload_name(ch->kind), WTERMSIG(status), (unsigned long long)(ch->respawn_delay / 1000));
 	else
-		snprintf(msg, sizeof(msg), "workload %s exited with status %d; restarting it",
-			 workload_name(ch->kind), WEXITSTATUS(status));
+		snprintf(msg, sizeof(msg), "workload %s exited with status %d; restarting it in %llu s",
+			 workload_name(ch->kind), WEXITSTATUS(status), (unsigned long long)(ch->respawn_delay / 1000));
 	logmsg("%s", msg);
 	send_error(msg);
-	ch->pid = 0;
-	ch->respawn_at = now_ms() + RESPAWN_DELAY_MS;
 }
 
 static void read_child(struct child *ch)

@@ -15,17 +15,23 @@
 //!   found by scanning; its note and text formats are described there.
 //! - [`pagetable`]: x86-64 kernel virtual → guest physical translation,
 //!   starting from VMCOREINFO's `init_top_pgt` and `phys_base`.
+//! - [`buddy`]: the guest kernel's free pages (buddy blocks), read from its
+//!   `struct page`s, so dumps can leave them out.
 
 #![allow(clippy::single_range_in_vec_init)] // ranges of offsets, not one-element vectors
 
+pub mod buddy;
 pub mod layout;
 pub mod maps;
 pub mod memory;
 pub mod pagetable;
 pub mod procmem;
 pub mod source;
+#[cfg(test)]
+mod testutil;
 pub mod vmcoreinfo;
 
+pub use buddy::{free_pages, BuddyError, FreePages};
 pub use layout::{Layout, LayoutError, PcOptions, RamRange};
 pub use maps::MapTarget;
 pub use memory::{GuestMemory, MemoryError};

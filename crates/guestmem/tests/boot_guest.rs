@@ -16,7 +16,8 @@ use common::*;
 use rebound_guestmem::maps::MapTarget;
 use rebound_guestmem::vmcoreinfo::parse_sysfs_vmcoreinfo;
 use rebound_guestmem::{
-    find_vmcoreinfo, read_vmcoreinfo, GuestMemory, KernelPageTables, Layout, PageSource, VmcoreInfo,
+    find_vmcoreinfo, free_pages, read_vmcoreinfo, GuestMemory, KernelPageTables, Layout,
+    PageSource, VmcoreInfo,
 };
 
 const INIT: &str = r#"#!/bin/busybox sh
@@ -26,6 +27,7 @@ mount -t sysfs sys /sys
 echo "UNAME=$(uname -r)"
 echo "VMCOREINFO=$(cat /sys/kernel/vmcoreinfo)"
 grep "System RAM" /proc/iomem | sed 's/^/IOMEM /'
+echo "MEMFREE=$(grep MemFree /proc/meminfo | tr -s ' ' | cut -d' ' -f2)"
 echo READY
 while true; do sleep 1000; done
 "#;
@@ -147,8 +149,18 @@ fn boot(dir: &Path, k: &Kernel, machine: &str, size: &str, extra: &[&str]) -> Gu
     Guest { child, serial, ram }
 }
 
-/// What the guest printed: (uname -r, /sys/kernel/vmcoreinfo, System RAM ranges).
-fn guest_report(g: &mut Guest) -> (String, String, Vec<(u64, u64)>) {
+/// What the guest printed about itself.
+struct Report {
+    uname: String,
+    /// `/sys/kernel/vmcoreinfo`.
+    sysfs: String,
+    /// "System RAM" ranges of /proc/iomem.
+    iomem: Vec<(u64, u64)>,
+    /// MemFree in bytes.
+    memfree: u64,
+}
+
+fn guest_report(g: &mut Guest) -> Report {
     let t0 = Instant::now();
     loop {
         assert!(g.child.try_wait().unwrap().is_none(), "guest QEMU exited");
@@ -171,7 +183,12 @@ fn guest_report(g: &mut Guest) -> (String, String, Vec<(u64, u64)>) {
                     )
                 })
                 .collect();
-            return (value("UNAME="), value("VMCOREINFO="), iomem);
+            return Report {
+                uname: value("UNAME="),
+                sysfs: value("VMCOREINFO="),
+                iomem,
+                memfree: value("MEMFREE=").parse::<u64>().unwrap() * 1024,
+            };
         }
         assert!(
             t0.elapsed() < Duration::from_secs(180),
@@ -189,13 +206,23 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         ("pc", "5G", Layout::pc(5 * GIB).unwrap()),
         ("q35", "4G", Layout::q35(4 * GIB).unwrap()),
     ];
+    let monitor = |i: usize| dir.path().join(format!("mon-{i}.sock"));
     let mut guests: Vec<Guest> = cases
         .iter()
-        .map(|(m, s, _)| boot(dir.path(), &k, m, s, &[]))
+        .enumerate()
+        .map(|(i, (m, s, _))| {
+            let mon = format!("unix:{},server=on,wait=off", monitor(i).display());
+            boot(dir.path(), &k, m, s, &["-monitor", &mon])
+        })
         .collect();
-    for ((machine, size, layout), g) in cases.iter().zip(guests.iter_mut()) {
+    for (i, ((machine, size, layout), g)) in cases.iter().zip(guests.iter_mut()).enumerate() {
         let what = format!("{machine} {size}");
-        let (uname, sysfs, iomem) = guest_report(g);
+        let Report {
+            uname,
+            sysfs,
+            iomem,
+            memfree,
+        } = guest_report(g);
         let mem = GuestMemory::open_ram_file(&g.ram, *layout).unwrap();
 
         let before = allocated(&g.ram);
@@ -220,6 +247,9 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         );
         assert_eq!(release_via_page_tables(&mem, &found.info), uname, "{what}");
         assert_eq!(found.info.page_size, 4096);
+        // Free pages of the paused guest against its own MemFree.
+        hmp(&monitor(i), "stop");
+        check_free_pages(&mem, &found.info, memfree, paddr, &what);
         // The same through the QEMU process (the path a lazily restored guest needs).
         let target = MapTarget::Path(g.ram.clone());
         let via_proc = GuestMemory::open_process(g.child.id(), &target, *layout).unwrap();
@@ -287,6 +317,47 @@ fn release_via_page_tables<S: PageSource>(mem: &GuestMemory<S>, info: &VmcoreInf
     String::from_utf8(buf[..end].to_vec()).unwrap()
 }
 
+fn check_free_pages<S: PageSource>(
+    mem: &GuestMemory<S>,
+    info: &VmcoreInfo,
+    memfree: u64,
+    note: u64,
+    what: &str,
+) {
+    let pt = KernelPageTables::from_vmcoreinfo(info).unwrap();
+    let t0 = Instant::now();
+    let free = free_pages(mem, info, &pt).unwrap();
+    let took = t0.elapsed();
+    eprintln!(
+        "{what}: buddy free {} KiB, guest MemFree {} KiB ({:.1} ms)",
+        free.bytes >> 10,
+        memfree >> 10,
+        took.as_secs_f64() * 1e3
+    );
+    // MemFree also counts per-CPU lists (not marked buddy); the shell that
+    // printed it freed a little since.
+    assert!(
+        free.bytes <= memfree + 8 * MIB,
+        "{what}: {} > {memfree}",
+        free.bytes
+    );
+    assert!(
+        free.bytes + 32 * MIB >= memfree,
+        "{what}: {} << {memfree}",
+        free.bytes
+    );
+    // Pages the kernel is using are never free.
+    assert!(
+        !free.contains(note),
+        "{what}: the VMCOREINFO page is 'free'"
+    );
+    let uts = pt
+        .symbol_paddr(info.symbol("init_uts_ns").unwrap())
+        .unwrap();
+    assert!(!free.contains(uts), "{what}: init_uts_ns is 'free'");
+    assert!(!free.contains(pt.top), "{what}: init_top_pgt is 'free'");
+}
+
 /// Pages QEMU has mapped among `pages` pages from host address `base`.
 fn present_pages(pid: u32, base: u64, pages: u64) -> usize {
     use std::os::unix::fs::FileExt;
@@ -321,7 +392,7 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
     let mon_a = d.join("mon-a.sock");
     let mon_arg = format!("unix:{},server=on,wait=off", mon_a.display());
     let mut g = boot(d, &k, "pc", "256M", &["-monitor", &mon_arg]);
-    let (uname, sysfs, _) = guest_report(&mut g);
+    let Report { uname, sysfs, .. } = guest_report(&mut g);
     let (paddr, _) = parse_sysfs_vmcoreinfo(&sysfs).unwrap();
 
     // Snapshot as PLATFORM-NOTES describes: device state only, RAM file copied sparsely.

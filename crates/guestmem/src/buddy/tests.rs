@@ -1,0 +1,107 @@
+use std::os::unix::fs::FileExt;
+
+use super::*;
+use crate::layout::Layout;
+use crate::testutil::{ram, Builder, RAM};
+
+const DIRECT_MAP: u64 = 0xffff_8880_0000_0000;
+const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
+/// Physical home of the struct page array (RAM / 4 KiB * 64 B = 1 MiB).
+const MEM_MAP_PA: u64 = 0x40_0000;
+
+fn info(length: u64, mem_section_va: u64) -> VmcoreInfo {
+    let text = format!(
+        "OSRELEASE=6.1\nPAGESIZE=4096\nSYMBOL(mem_section)={mem_section_va:x}\n\
+         LENGTH(mem_section)={length}\nSIZE(mem_section)=16\n\
+         OFFSET(mem_section.section_mem_map)=0\nNUMBER(SECTION_SIZE_BITS)=27\n\
+         NUMBER(MAX_PHYSMEM_BITS)=46\nSIZE(page)=64\nOFFSET(page._mapcount)=48\n\
+         OFFSET(page.private)=40\nNUMBER(PAGE_BUDDY_MAPCOUNT_VALUE)=-129\n"
+    );
+    VmcoreInfo::parse(text.as_bytes()).unwrap()
+}
+
+/// A 64 MiB "kernel": direct map in 2 MiB pages, vmemmap in 4 KiB pages,
+/// section roots at PA 0x200000, the section page at PA 0x201000.
+fn kernel(extreme: bool) -> (tempfile::TempDir, GuestMemory, KernelPageTables, VmcoreInfo) {
+    let (dir, path, f) = ram();
+    let mut b = Builder::new(f, 4);
+    for pa in (0..RAM).step_by(0x20_0000) {
+        b.map(DIRECT_MAP + pa, pa, 0x20_0000);
+    }
+    for off in (0..RAM / 4096 * 64).step_by(4096) {
+        b.map(VMEMMAP + off, MEM_MAP_PA + off, 0x1000);
+    }
+    let coded = VMEMMAP | 3; // mem_map of pfn 0, present, has mem_map
+    let (length, symbol) = if extreme {
+        b.file
+            .write_all_at(&(DIRECT_MAP + 0x20_1000).to_le_bytes(), 0x20_0000)
+            .unwrap();
+        (2048, DIRECT_MAP + 0x20_0000)
+    } else {
+        (1 << 19, DIRECT_MAP + 0x20_1000)
+    };
+    b.file
+        .write_all_at(&coded.to_le_bytes(), 0x20_1000)
+        .unwrap();
+    // Free blocks: (pfn, order written in page.private).
+    for (pfn, order) in [(0x1000u64, 3u64), (0x2000, 0), (0x3000, 10), (0x3800, 99)] {
+        let at = MEM_MAP_PA + pfn * 64;
+        b.file
+            .write_all_at(&(-129i32).to_le_bytes(), at + 48)
+            .unwrap();
+        b.file.write_all_at(&order.to_le_bytes(), at + 40).unwrap();
+    }
+    let pt = b.tables(0);
+    let mem = GuestMemory::open_ram_file(&path, Layout::pc(RAM).unwrap()).unwrap();
+    (dir, mem, pt, info(length, symbol))
+}
+
+#[test]
+fn finds_free_blocks_by_order() {
+    for extreme in [true, false] {
+        let (_d, mem, pt, info) = kernel(extreme);
+        let free = free_pages(&mem, &info, &pt).unwrap();
+        assert_eq!(
+            free.ranges,
+            vec![
+                0x100_0000..0x100_8000,
+                0x200_0000..0x200_1000,
+                0x300_0000..0x340_0000,
+                // order 99 is corrupt: one page.
+                0x380_0000..0x380_1000,
+            ],
+            "extreme {extreme}"
+        );
+        assert_eq!(free.bytes, 0x8000 + 0x1000 + 0x40_0000 + 0x1000);
+        assert!(free.contains(0x300_0000 + 0x3f_ffff));
+        assert!(!free.contains(0x340_0000));
+        assert!(!free.contains(0));
+    }
+}
+
+#[test]
+fn absent_sections_have_no_free_pages() {
+    let (_d, mem, pt, info) = kernel(true);
+    // Clear the root pointer through the file behind `mem`.
+    let path = mem.source().path().to_path_buf();
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.write_all_at(&0u64.to_le_bytes(), 0x20_0000).unwrap();
+    assert_eq!(free_pages(&mem, &info, &pt).unwrap(), FreePages::default());
+}
+
+#[test]
+fn inconsistent_or_missing_values_are_errors() {
+    let (_d, mem, pt, _) = kernel(true);
+    let e = free_pages(&mem, &info(5, DIRECT_MAP), &pt).unwrap_err();
+    assert!(
+        e.to_string().contains("LENGTH(mem_section) 5 fits neither"),
+        "{e}"
+    );
+    let bare = VmcoreInfo::parse(b"OSRELEASE=6.1\nPAGESIZE=4096\n").unwrap();
+    let e = free_pages(&mem, &bare, &pt).unwrap_err();
+    assert_eq!(e.to_string(), "VMCOREINFO has no NUMBER(SECTION_SIZE_BITS)");
+    // A mem_section pointer into unmapped kernel space is a read error.
+    let e = free_pages(&mem, &info(2048, 0xffff_c900_0000_0000), &pt).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains("not mapped"), "{chain}");
+}

@@ -205,6 +205,15 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
     let line = format!("counter seq={seq} checksum={:016x}", counter_checksum(seq));
     assert!(serial.contains(&line), "serial log lacks {line:?}");
 
+    // A host that goes away and comes back gets `ready` again.
+    drop(agent);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut agent = g.agent(Instant::now() + Duration::from_secs(5))?;
+    agent.send(r#"{"cmd":"hello"}"#)?;
+    agent.wait_for(Duration::from_secs(10), "ready after reconnect", |v| {
+        is_type(v, "ready")
+    })?;
+
     // crash -> pvpanic -> GUEST_PANICKED, VM paused with its RAM intact.
     let mut q = g.qmp(Instant::now() + Duration::from_secs(10))?;
     let t = Instant::now();

@@ -54,6 +54,32 @@ impl FreePages {
         let i = self.ranges.partition_point(|r| r.end <= gpa);
         self.ranges.get(i).is_some_and(|r| r.contains(&gpa))
     }
+
+    /// `ranges` (sorted, disjoint; e.g. [`GuestMemory::data_ranges`]) minus
+    /// the free pages: what a dump that leaves out free memory must write.
+    pub fn exclude_from(&self, ranges: &[Range<u64>]) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        let mut free = self.ranges.iter().peekable();
+        for r in ranges {
+            let mut start = r.start;
+            // Skip free ranges wholly before this one.
+            while free.peek().is_some_and(|f| f.end <= start) {
+                free.next();
+            }
+            let mut rest = free.clone();
+            while let Some(f) = rest.peek().filter(|f| f.start < r.end) {
+                if f.start > start {
+                    out.push(start..f.start);
+                }
+                start = start.max(f.end);
+                rest.next();
+            }
+            if start < r.end {
+                out.push(start..r.end);
+            }
+        }
+        out
+    }
 }
 
 /// The kernel constants the scan uses, from VMCOREINFO.

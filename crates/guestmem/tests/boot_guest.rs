@@ -328,11 +328,22 @@ fn check_free_pages<S: PageSource>(
     let t0 = Instant::now();
     let free = free_pages(mem, info, &pt).unwrap();
     let took = t0.elapsed();
+    let data = mem.data_ranges().unwrap();
+    let dump = free.exclude_from(&data);
+    let total = |v: &[std::ops::Range<u64>]| v.iter().map(|r| r.end - r.start).sum::<u64>();
     eprintln!(
-        "{what}: buddy free {} KiB, guest MemFree {} KiB ({:.1} ms)",
+        "{what}: buddy free {} KiB, guest MemFree {} KiB ({:.1} ms); \
+         allocated {} MiB, to dump without free pages {} MiB",
         free.bytes >> 10,
         memfree >> 10,
-        took.as_secs_f64() * 1e3
+        took.as_secs_f64() * 1e3,
+        total(&data) >> 20,
+        total(&dump) >> 20
+    );
+    assert!(total(&dump) <= total(&data));
+    assert!(
+        dump.iter().any(|r| r.contains(&note)),
+        "{what}: the note is not dumped"
     );
     // MemFree also counts per-CPU lists (not marked buddy); the shell that
     // printed it freed a little since.
@@ -392,7 +403,12 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
     let mon_a = d.join("mon-a.sock");
     let mon_arg = format!("unix:{},server=on,wait=off", mon_a.display());
     let mut g = boot(d, &k, "pc", "256M", &["-monitor", &mon_arg]);
-    let Report { uname, sysfs, .. } = guest_report(&mut g);
+    let Report {
+        uname,
+        sysfs,
+        memfree,
+        ..
+    } = guest_report(&mut g);
     let (paddr, _) = parse_sysfs_vmcoreinfo(&sysfs).unwrap();
 
     // Snapshot as PLATFORM-NOTES describes: device state only, RAM file copied sparsely.
@@ -447,6 +463,9 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
         (found.paddr, found.info.osrelease.as_str()),
         (paddr, uname.as_str())
     );
+    // Page-table walk and free pages through QEMU, too: still nothing faulted in.
+    assert_eq!(release_via_page_tables(&mem, &found.info), uname);
+    check_free_pages(&mem, &found.info, memfree, paddr, "restored pc 256M");
     assert_eq!(
         present_pages(pid, mem.source().base(), pages),
         present_before

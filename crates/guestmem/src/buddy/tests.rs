@@ -105,3 +105,24 @@ fn inconsistent_or_missing_values_are_errors() {
     let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
     assert!(chain.contains("not mapped"), "{chain}");
 }
+
+#[test]
+fn exclude_from_subtracts_free_ranges() {
+    let free = FreePages {
+        ranges: vec![0x1000..0x3000, 0x5000..0x6000, 0x9000..0xa000],
+        bytes: 0x4000,
+    };
+    let data = [0..0x2000, 0x2800..0x7000, 0x8000..0x9800, 0xb000..0xc000];
+    assert_eq!(
+        free.exclude_from(&data),
+        vec![
+            0..0x1000,
+            0x3000..0x5000,
+            0x6000..0x7000,
+            0x8000..0x9000,
+            0xb000..0xc000
+        ]
+    );
+    assert_eq!(FreePages::default().exclude_from(&data), data.to_vec());
+    assert_eq!(free.exclude_from(&[0x1000..0x3000]), vec![]);
+}

@@ -28,6 +28,14 @@ pub enum ClientError {
     Start(String),
 }
 
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Bytes,
+}
+
 /// A client bound to one daemon socket.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -52,6 +60,17 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Bytes), ClientError> {
+        let r = self.exchange(method, path, body).await?;
+        Ok((r.status, r.body))
+    }
+
+    /// Sends a request; returns the whole answer whatever the status.
+    pub async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Answer, ClientError> {
         let stream = UnixStream::connect(&self.socket)
             .await
             .map_err(|e| ClientError::Connect(self.socket.clone(), e))?;
@@ -74,13 +93,23 @@ impl Client {
             .await
             .map_err(|e| ClientError::Http(e.to_string()))?;
         let status = resp.status();
-        let bytes = resp
+        let content_type = resp
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| ClientError::Http(e.to_string()))?
             .to_bytes();
-        Ok((status, bytes))
+        Ok(Answer {
+            status,
+            content_type,
+            body,
+        })
     }
 
     /// Sends a request and decodes a JSON success; error statuses become [`ClientError::Api`].

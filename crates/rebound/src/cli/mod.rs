@@ -117,6 +117,12 @@ fn parse_size_arg(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+fn parse_hex(s: &str) -> Result<String, String> {
+    crate::daemon::guest::check_marker_hex(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
 fn parse_ready(s: &str) -> Result<String, String> {
     s.parse::<crate::spec::ReadySpec>()
         .map(|_| s.to_string())
@@ -167,6 +173,7 @@ pub enum VmCmd {
     /// Have the guest write HEX bytes into a page; prints its guest physical address.
     Marker {
         name: String,
+        #[arg(value_parser = parse_hex)]
         hex: String,
         #[arg(long)]
         json: bool,

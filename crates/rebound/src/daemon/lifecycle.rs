@@ -276,11 +276,22 @@ pub fn cleanup_run_dir(vm: &VmHandle) {
     let _ = std::fs::remove_dir_all(vm.run.path());
 }
 
-/// Drops the QMP/agent connections and the supervisor, marks the VM stopped.
-fn finish(vm: &VmHandle, kind: &str, detail: serde_json::Value) {
-    if let Some(t) = vm.supervisor.lock().expect("supervisor lock").take() {
-        t.abort();
+/// Like [`finish_record`], after letting the supervisor reap QEMU (no zombie stays).
+async fn finish(vm: &VmHandle, kind: &str, detail: serde_json::Value) {
+    let task = vm.supervisor.lock().expect("supervisor lock").take();
+    if let Some(mut t) = task {
+        if tokio::time::timeout(Duration::from_secs(5), &mut t)
+            .await
+            .is_err()
+        {
+            t.abort();
+        }
     }
+    finish_record(vm, kind, detail);
+}
+
+/// Drops the connections, removes the run dir, marks the VM stopped.
+fn finish_record(vm: &VmHandle, kind: &str, detail: serde_json::Value) {
     *vm.qmp.lock().expect("qmp lock") = None;
     *vm.agent.lock().expect("agent lock") = None;
     cleanup_run_dir(vm);
@@ -324,7 +335,7 @@ pub async fn stop(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
         process::sigkill(pid);
         process::wait_gone(pid, Duration::from_secs(5)).await;
     }
-    finish(&vm, "stopped", json!({"how": how}));
+    finish(&vm, "stopped", json!({"how": how})).await;
     Ok(vm.status())
 }
 
@@ -337,7 +348,7 @@ pub async fn kill(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
         vm.stopping.store(true, Ordering::Relaxed);
         process::sigkill(pid);
         process::wait_gone(pid, Duration::from_secs(5)).await;
-        finish(&vm, "killed", json!({"pid": pid}));
+        finish(&vm, "killed", json!({"pid": pid})).await;
     }
     Ok(vm.status())
 }
@@ -347,7 +358,9 @@ pub fn exited(vm: &VmHandle, detail: serde_json::Value) {
     if vm.stopping.load(Ordering::Relaxed) {
         return;
     }
-    finish(vm, "exited", detail);
+    // Called from the supervisor itself: forget its handle, do not wait on it.
+    drop(vm.supervisor.lock().expect("supervisor lock").take());
+    finish_record(vm, "exited", detail);
 }
 
 /// What `wait` can wait for.

@@ -1,0 +1,208 @@
+//! Bad input: each case ends in one line on stderr starting with `error:`, a
+//! non-zero exit, and nothing saved.
+
+mod common;
+
+use common::Env;
+use serde_json::json;
+
+#[test]
+fn unknown_vm() {
+    let env = Env::bare();
+    for args in [
+        &["vm", "status", "nope"][..],
+        &["vm", "stop", "nope"],
+        &["vm", "kill", "nope"],
+        &["vm", "crash", "nope"],
+        &["vm", "logs", "nope"],
+        &["vm", "marker", "nope", "00"],
+        &["vm", "vmcoreinfo", "nope"],
+        &["vm", "wait", "nope", "ready"],
+    ] {
+        let e = env.fails(args);
+        assert!(e.contains("unknown VM \"nope\""), "{args:?}: {e}");
+    }
+    let (code, v) = env.call("GET", "/v1/vms/nope", None).unwrap();
+    assert_eq!(code, 404);
+    assert!(v["error"].as_str().unwrap().contains("nope"));
+}
+
+#[test]
+fn malformed_sizes_and_flags() {
+    let env = Env::bare();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["vm", "start", "a", "--memory", "12X"],
+            "malformed size \"12X\"",
+        ),
+        (&["vm", "start", "a", "--memory", "1.5G"], "malformed size"),
+        (&["vm", "start", "a", "--memory", "8M"], "below the minimum"),
+        (
+            &["vm", "start", "a", "--memfill", "lots"],
+            "malformed size \"lots\"",
+        ),
+        (
+            &["vm", "start", "a", "--cpus", "0"],
+            "cpus must be between 1 and 64",
+        ),
+        (&["vm", "start", "a", "--cpus", "many"], "--cpus"),
+        (
+            &["vm", "start", "a", "--forward", "8080"],
+            "malformed forward",
+        ),
+        (
+            &["vm", "start", "a", "--ready", "udp:53"],
+            "malformed readiness",
+        ),
+        (
+            &["vm", "start", "a", "--ready", "serial:("],
+            "invalid serial regex",
+        ),
+        (
+            &["vm", "start", "a", "--accel", "hvf"],
+            "unknown accelerator",
+        ),
+        (
+            &["vm", "start", "a", "--workload", "dance"],
+            "unknown workload",
+        ),
+        (&["vm", "start", "bad/name"], "invalid VM name"),
+        (&["vm", "start", "a", "--bogus"], "--bogus"),
+        (&["vm", "marker", "a", "XYZ"], "lowercase hex"),
+    ];
+    for (args, want) in cases {
+        let e = env.fails(args);
+        assert!(e.contains(want), "{args:?}: {e:?} lacks {want:?}");
+    }
+    // The daemon refuses a bad spec too (the API's own check), with an Error body.
+    env.ok(&["vm", "list"]);
+    let client = rebound::client::Client::new(&env.socket());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for body in [
+        json!({"name": "a", "memory_mib": 8}),
+        json!({"name": "a", "cpus": 0}),
+        json!({"name": "a", "colour": 1}),
+    ] {
+        // Sent unchecked on purpose: the request breaks the spec.
+        let a = rt
+            .block_on(client.exchange(hyper::Method::POST, "/v1/vms", Some(&body)))
+            .unwrap();
+        assert_eq!(a.status.as_u16(), 400, "{body}");
+        env.api
+            .check_response("POST", "/v1/vms", 400, &a.content_type, &a.body)
+            .unwrap();
+    }
+    // Nothing was saved.
+    assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
+}
+
+#[test]
+fn missing_kernel_file() {
+    let env = Env::bare();
+    let e = env.fails(&[
+        "vm",
+        "start",
+        "k",
+        "--kernel",
+        "/nonexistent/vmlinuz",
+        "--ready",
+        "tcp:22",
+    ]);
+    assert!(
+        e.contains("kernel file /nonexistent/vmlinuz not found"),
+        "{e}"
+    );
+    // The daemon checks as well, before spawning anything.
+    env.ok(&["vm", "list"]);
+    let (code, v) = env
+        .call(
+            "POST",
+            "/v1/vms",
+            Some(&json!({"name": "k", "kernel": "/nonexistent/vmlinuz", "ready": "tcp:22"})),
+        )
+        .unwrap();
+    assert_eq!(code, 400);
+    assert!(v["error"].as_str().unwrap().contains("not found"), "{v}");
+    assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
+    assert!(
+        std::fs::read_dir(env.run.path()).unwrap().next().is_none(),
+        "run dir created"
+    );
+    // An image that was never built.
+    let e = env.fails(&["vm", "start", "i"]);
+    assert!(e.contains("rebound image build"), "{e}");
+}
+
+#[test]
+fn qemu_missing() {
+    let args = [
+        "vm",
+        "start",
+        "q",
+        "--kernel",
+        "/bin/true",
+        "--ready",
+        "tcp:22",
+    ];
+    for (var, value, want) in [
+        (
+            "REBOUND_QEMU",
+            "/nonexistent/qemu-system-x86_64",
+            "QEMU not found at /nonexistent/qemu-system-x86_64",
+        ),
+        ("PATH", "/nonexistent", "qemu-system-x86_64 is not on PATH"),
+    ] {
+        let mut env = Env::bare();
+        env.set_env(var, value);
+        let e = env.fails(&args);
+        assert!(e.contains(want), "{var}={value}: {e}");
+    }
+}
+
+#[test]
+fn second_daemon_and_stale_socket() {
+    let env = Env::bare();
+    env.ok(&["vm", "list"]); // starts the daemon
+    let pid = env.daemon_pid();
+    let e = env.fails(&["daemon"]);
+    assert!(e.contains("already serving"), "{e}");
+    let sock = env.socket();
+    let e = env.fails(&["daemon", "--socket", sock.to_str().unwrap()]);
+    assert!(e.contains("already serving"), "{e}");
+    assert_eq!(env.daemon_pid(), pid, "the first daemon must be untouched");
+
+    // A daemon that died leaves its socket file; the next one removes it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::eventually(
+        std::time::Duration::from_secs(10),
+        "the daemon to die",
+        || {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None)
+                .is_err()
+                .then_some(())
+        },
+    );
+    assert!(sock.exists());
+    env.ok(&["vm", "list"]);
+    assert_ne!(env.daemon_pid(), pid);
+    env.ok(&["daemon", "stop"]);
+    assert!(!sock.exists());
+}
+
+#[test]
+fn name_in_use() {
+    let env = Env::new();
+    env.ok(&["vm", "start", "dup", "--no-wait"]);
+    let e = env.fails(&["vm", "start", "dup", "--no-wait"]);
+    assert!(e.contains("VM name \"dup\" is already in use"), "{e}");
+    let (code, _) = env
+        .call("POST", "/v1/vms", Some(&json!({"name": "dup"})))
+        .unwrap();
+    assert_eq!(code, 409);
+    env.ok(&["vm", "kill", "dup"]);
+    assert_eq!(env.status("dup")["state"], "stopped");
+}

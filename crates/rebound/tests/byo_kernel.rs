@@ -1,0 +1,104 @@
+//! A guest from the user's own kernel, initrd and disk, without our agent link:
+//! readiness comes from an HTTP probe through a forwarded port, then from a serial
+//! regex.
+
+mod common;
+
+use common::{ext4_file, http_get, Env};
+use serde_json::Value;
+
+#[test]
+fn user_kernel_ready_by_http_and_serial() {
+    let env = Env::new();
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    // The user's disk: a private copy of the image's data disk.
+    let disk = env.home.path().join("my-data.ext4");
+    let st = std::process::Command::new("cp")
+        .args(["--sparse=always"])
+        .arg(&img.disk)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let append = format!("{} rebound.workload=web", img.append);
+    let out = env.ok(&[
+        "vm",
+        "start",
+        "byo",
+        "--kernel",
+        img.kernel.to_str().unwrap(),
+        "--initrd",
+        img.initrd.to_str().unwrap(),
+        "--append",
+        &append,
+        "--disk",
+        disk.to_str().unwrap(),
+        "--ready",
+        "http:8080/index.html",
+        "--forward",
+        "0:8080",
+        "--json",
+    ]);
+    let st: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st["ready"], true, "{st}");
+    assert!(
+        st["kernel_release"].is_null(),
+        "no agent facts for a user kernel"
+    );
+    let port = env.host_port("byo", 8080);
+    let (code, body) = http_get(port, "/").unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(body, ext4_file(&disk, "/index.html").unwrap());
+    let evs = env.events("byo");
+    let ready = evs.iter().find(|e| e["kind"] == "ready").unwrap();
+    assert_eq!(ready["detail"]["probe"], "http:8080/index.html");
+    // (No agent and no ACPI daemon in this guest: `stop` would wait out its grace period.)
+    env.ok(&["vm", "kill", "byo"]);
+
+    // Same kernel, readiness by TCP: counts only once slirp reaches the guest's
+    // listener (QEMU accepts host connections before the guest is even up).
+    let out = env.ok(&[
+        "vm",
+        "start",
+        "byo2",
+        "--kernel",
+        img.kernel.to_str().unwrap(),
+        "--initrd",
+        img.initrd.to_str().unwrap(),
+        "--append",
+        &format!("{} rebound.workload=kv", img.append),
+        "--ready",
+        "tcp:7070",
+        "--json",
+    ]);
+    let st: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st["ready"], true);
+    // Ready means the service answers right away.
+    let kvp = env.host_port("byo2", 7070);
+    assert_eq!(common::kv(kvp, "SET a 1").unwrap(), "OK");
+    env.ok(&["vm", "kill", "byo2"]);
+
+    // Readiness from a regex over the serial console.
+    let out = env.ok(&[
+        "vm",
+        "start",
+        "byo3",
+        "--kernel",
+        img.kernel.to_str().unwrap(),
+        "--initrd",
+        img.initrd.to_str().unwrap(),
+        "--append",
+        &format!("{} rebound.workload=none", img.append),
+        "--ready",
+        "serial:rebound-agent: ready \\(workload none\\)",
+        "--json",
+    ]);
+    let st: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st["ready"], true);
+    let logs = env.ok(&["vm", "logs", "byo3"]);
+    assert!(
+        logs.contains("rebound-agent: ready (workload none)"),
+        "{logs}"
+    );
+    env.ok(&["vm", "kill", "byo3"]);
+}

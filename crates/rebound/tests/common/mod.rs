@@ -1,0 +1,293 @@
+//! Test harness: a real guest image, a private REBOUND_HOME/REBOUND_RUN per test,
+//! the real `rebound` binary, an API client that checks every call against
+//! `api/openapi.yaml`, and cleanup of VMs and the daemon even when a test fails.
+
+#![allow(dead_code)] // each test binary uses part of the harness
+
+pub mod openapi;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds (or reuses) the default image once per test binary, in a home shared by
+/// all tests; each test links it into its own REBOUND_HOME.
+pub fn image_home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| {
+        let root = workspace_root();
+        let st = Command::new("make")
+            .args(["-s", "-C"])
+            .arg(root.join("guest/agent"))
+            .status()
+            .expect("run make for the guest agent");
+        assert!(st.success(), "make -C guest/agent failed");
+        let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rebound-vm-tests-home");
+        let opts = rebound_image::BuildOptions {
+            agent: root.join("guest/agent/rebound-agent"),
+            force: false,
+        };
+        rebound_image::build(&home, "default", &opts, &mut |l: &str| {
+            eprintln!("image: {l}")
+        })
+        .expect("build the default guest image");
+        home
+    })
+}
+
+/// One test's private Rebound installation.
+pub struct Env {
+    pub home: tempfile::TempDir,
+    pub run: tempfile::TempDir,
+    pub api: openapi::OpenApi,
+    rt: tokio::runtime::Runtime,
+    extra_env: Vec<(String, String)>,
+}
+
+impl Env {
+    /// With the default image available.
+    pub fn new() -> Env {
+        let img = image_home();
+        let env = Env::bare();
+        std::os::unix::fs::symlink(img.join("images"), env.home.path().join("images")).unwrap();
+        env
+    }
+
+    /// Without any image.
+    pub fn bare() -> Env {
+        Env {
+            home: tempfile::Builder::new()
+                .prefix("rb-home")
+                .tempdir()
+                .unwrap(),
+            // tmpfs, like the default /dev/shm/rebound-<uid>
+            run: tempfile::Builder::new()
+                .prefix("rb-run")
+                .tempdir_in("/dev/shm")
+                .unwrap(),
+            api: openapi::OpenApi::load().expect("load api/openapi.yaml"),
+            rt: tokio::runtime::Runtime::new().unwrap(),
+            extra_env: Vec::new(),
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.home.path().join("reboundd.sock")
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"));
+        c.args(args)
+            .env("REBOUND_HOME", self.home.path())
+            .env("REBOUND_RUN", self.run.path())
+            .env_remove("REBOUND_QEMU");
+        for (k, v) in &self.extra_env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs `rebound ARGS`.
+    pub fn rebound(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run rebound")
+    }
+
+    /// Runs `rebound ARGS`, which must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.rebound(args);
+        assert!(
+            o.status.success(),
+            "rebound {args:?} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// Runs `rebound ARGS`, which must fail with exactly one line on stderr starting
+    /// with `error:`; returns that line.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.rebound(args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success(),
+            "rebound {args:?} succeeded: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "rebound {args:?}: not one line: {err:?}"
+        );
+        assert!(err.starts_with("error: "), "rebound {args:?}: {err:?}");
+        err.trim_end().to_string()
+    }
+
+    /// Calls the daemon API, checking the request and the response against the spec.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        self.api.check_request(method, path, body)?;
+        let client = rebound::client::Client::new(&self.socket());
+        let m: hyper::Method = method.parse()?;
+        let ans = self.rt.block_on(client.exchange(m, path, body))?;
+        let (status, bytes, ct) = (ans.status, ans.body, ans.content_type.as_str());
+        self.api
+            .check_response(method, path, status.as_u16(), ct, &bytes)?;
+        let v = if ct.starts_with("text/plain") {
+            Value::String(String::from_utf8_lossy(&bytes).into_owned())
+        } else {
+            serde_json::from_slice(&bytes)?
+        };
+        Ok((status.as_u16(), v))
+    }
+
+    /// Calls the API and insists on a 2xx answer.
+    pub fn get_ok(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let (s, v) = self
+            .call(method, path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e:#}"));
+        assert!((200..300).contains(&s), "{method} {path}: {s} {v}");
+        v
+    }
+
+    pub fn status(&self, name: &str) -> Value {
+        self.get_ok("GET", &format!("/v1/vms/{name}"), None)
+    }
+
+    pub fn events(&self, name: &str) -> Vec<Value> {
+        self.get_ok("GET", &format!("/v1/vms/{name}/events"), None)
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    pub fn event_kinds(&self, name: &str) -> Vec<String> {
+        self.events(name)
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Host port forwarded to a guest port.
+    pub fn host_port(&self, name: &str, guest: u16) -> u16 {
+        let st = self.status(name);
+        st["forwards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["guest"] == guest)
+            .and_then(|f| f["host"].as_u64())
+            .unwrap_or_else(|| panic!("no forward for guest port {guest}: {st}")) as u16
+    }
+
+    pub fn set_env(&mut self, k: &str, v: &str) {
+        self.extra_env.push((k.to_string(), v.to_string()));
+    }
+
+    /// The daemon's pid from /v1/health.
+    pub fn daemon_pid(&self) -> u32 {
+        self.get_ok("GET", "/v1/health", None)["pid"]
+            .as_u64()
+            .unwrap() as u32
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Kill every VM this test started, through the daemon if it answers ...
+        if let Ok((_, Value::Array(vms))) = self.call("GET", "/v1/vms", None) {
+            for v in vms {
+                if v["state"] != "stopped" {
+                    let _ = self.call(
+                        "POST",
+                        &format!("/v1/vms/{}/kill", v["name"].as_str().unwrap()),
+                        None,
+                    );
+                }
+            }
+        }
+        let _ = self.cmd(&["daemon", "stop"]).output();
+        // ... and directly, in case the daemon was gone.
+        if let Ok(dirs) = std::fs::read_dir(self.run.path()) {
+            for d in dirs.flatten() {
+                if let Ok(pid) = std::fs::read_to_string(d.path().join("qemu.pid")) {
+                    if let Ok(pid) = pid.trim().parse::<i32>() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET; returns (status, body).
+pub fn http_get(port: u16, path: &str) -> Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no header end")?;
+    let head = String::from_utf8_lossy(&resp[..split]).to_string();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .context("no status")?
+        .parse()?;
+    Ok((status, resp[split + 4..].to_vec()))
+}
+
+/// One request line to the kv service; returns the answer line.
+pub fn kv(port: u16, line: &str) -> Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut out = Vec::new();
+    let mut b = [0u8; 1];
+    while s.read(&mut b)? == 1 && b[0] != b'\n' {
+        out.push(b[0]);
+    }
+    Ok(String::from_utf8(out)?.trim_end().to_string())
+}
+
+/// Reads a file from an ext4 image without mounting it.
+pub fn ext4_file(image: &Path, path: &str) -> Result<Vec<u8>> {
+    let o = Command::new("debugfs")
+        .args(["-R", &format!("cat {path}")])
+        .arg(image)
+        .output()?;
+    if !o.status.success() || o.stdout.is_empty() {
+        bail!("debugfs cat {path}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(o.stdout)
+}
+
+/// Polls `f` until it returns Some, or fails after `timeout`.
+pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -9,8 +9,8 @@
 //!   [`maps`] parser).
 //! - [`layout`]: where the RAM block sits in guest physical address space on
 //!   the `pc` and `q35` machines (RAM below the PCI hole, RAM above 4 GiB).
-//! - [`memory`]: [`GuestMemory`], reads by GPA across the hole and lists the
-//!   data ranges.
+//! - [`memory`]: [`GuestMemory`], reads by GPA across the hole (and from
+//!   virtio-mem/DIMM device memory blocks) and lists the data ranges.
 //! - [`vmcoreinfo`]: the kernel's VMCOREINFO note, read at a known address or
 //!   found by scanning; its note and text formats are described there.
 //! - [`pagetable`]: x86-64 kernel virtual → guest physical translation,

@@ -52,7 +52,7 @@ struct sysinfo_facts {
 };
 void sysinfo_collect(struct sysinfo_facts *f);
 int parse_vmcoreinfo(const char *text, uint64_t *paddr, uint64_t *size);
-int parse_meminfo_total(const char *text, uint64_t *kib);
+int parse_meminfo(const char *text, const char *field, uint64_t *kib);
 
 /* ---- port.c: the virtio-serial channel ---- */
 /* Finds /dev/vportNpM for PORT_NAME (creating the node if needed) and opens it

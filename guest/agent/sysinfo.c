@@ -23,16 +23,20 @@ int parse_vmcoreinfo(const char *text, uint64_t *paddr, uint64_t *size)
 	return 0;
 }
 
-int parse_meminfo_total(const char *text, uint64_t *kib)
+/* Finds "<field>: N kB" at the start of a line of /proc/meminfo. */
+int parse_meminfo(const char *text, const char *field, uint64_t *kib)
 {
-	const char *p = strstr(text, "MemTotal:");
+	size_t n = strlen(field);
 	unsigned long long v;
-	if (!p || (p != text && p[-1] != '\n'))
-		return -1;
-	if (sscanf(p + 9, " %llu kB", &v) != 1)
-		return -1;
-	*kib = v;
-	return 0;
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		if (strncmp(p, field, n) != 0 || p[n] != ':')
+			continue;
+		if (sscanf(p + n + 1, " %llu kB", &v) != 1)
+			return -1;
+		*kib = v;
+		return 0;
+	}
+	return -1;
 }
 
 void sysinfo_collect(struct sysinfo_facts *f)
@@ -43,7 +47,7 @@ void sysinfo_collect(struct sysinfo_facts *f)
 	if (uname(&u) == 0)
 		snprintf(f->kernel_release, sizeof(f->kernel_release), "%s", u.release);
 	if (read_small_file("/proc/meminfo", buf, sizeof(buf)) > 0)
-		parse_meminfo_total(buf, &f->mem_total_kib);
+		parse_meminfo(buf, "MemTotal", &f->mem_total_kib);
 	if (read_small_file("/sys/kernel/vmcoreinfo", buf, sizeof(buf)) > 0 &&
 	    parse_vmcoreinfo(buf, &f->vmcoreinfo_paddr, &f->vmcoreinfo_size) == 0)
 		f->has_vmcoreinfo = 1;

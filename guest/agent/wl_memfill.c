@@ -9,6 +9,7 @@
 
 #define WORDS_PER_PAGE 512
 #define PROGRESS_EVERY (64ULL << 20)
+#define MARGIN_KIB (16 * 1024) /* left for the agent, the page cache and the kernel */
 
 static void report(struct wl_ctx *ctx, uint64_t filled, uint64_t rounds, uint64_t errors)
 {
@@ -22,9 +23,21 @@ int wl_memfill(struct wl_ctx *ctx)
 {
 	uint64_t bytes = ctx->cfg->memfill_bytes & ~4095ULL;
 	uint64_t pages = bytes / 4096, rounds = 0, errors = 0;
+	char info[4096], line[200];
+	uint64_t avail_kib;
+	/* Refuse what cannot fit rather than be OOM-killed over and over. */
+	if (read_small_file("/proc/meminfo", info, sizeof(info)) > 0 &&
+	    parse_meminfo(info, "MemAvailable", &avail_kib) == 0 && (bytes >> 10) + MARGIN_KIB > avail_kib) {
+		snprintf(line, sizeof(line),
+			 "{\"type\":\"error\",\"message\":\"memfill: %llu MiB requested, %llu MiB available\"}\n",
+			 (unsigned long long)(bytes >> 20), (unsigned long long)(avail_kib >> 10));
+		wl_send(ctx, line);
+		logmsg("memfill: %llu MiB requested, only %llu MiB available", (unsigned long long)(bytes >> 20),
+		       (unsigned long long)(avail_kib >> 10));
+		return 2;
+	}
 	uint64_t *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (mem == MAP_FAILED) {
-		char line[160];
 		snprintf(line, sizeof(line), "{\"type\":\"error\",\"message\":\"memfill: cannot map %llu bytes\"}\n",
 			 (unsigned long long)bytes);
 		wl_send(ctx, line);

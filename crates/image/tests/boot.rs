@@ -202,6 +202,10 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
         agent.seen.len()
     );
     let serial = g.serial();
+    assert!(
+        serial.contains("rebound-agent: feeding /dev/watchdog"),
+        "agent did not open the i6300esb watchdog"
+    );
     let line = format!("counter seq={seq} checksum={:016x}", counter_checksum(seq));
     assert!(serial.contains(&line), "serial log lacks {line:?}");
 

@@ -233,14 +233,16 @@ pub fn goals(cells: &[DsCell]) -> Vec<String> {
             })
             .expect("non-empty");
         let wr = ratio(worst.shipped_bytes_per_tx, worst.written_bytes_per_tx);
+        let all = ratio(shipped, written);
         out.push(crate::report::verdict(
-            ratio(shipped, written) <= 2.0,
+            all <= 2.0,
+            &format!("ds suite, {e}: bytes shipped / bytes written = {all:.2} summed over all runs with a backup (goal <= 2)"),
+        ));
+        out.push(crate::report::verdict(
+            wr <= 2.0,
             &format!(
-                "ds suite, {e}: bytes shipped / bytes written = {:.2} over all runs (worst {wr:.2}: {} {} opt {}) (goal <= 2)",
-                ratio(shipped, written),
-                worst.structure,
-                worst.op,
-                worst.opt
+                "ds suite, {e}: worst run {wr:.2}: {} {} opt {} (goal <= 2 in every run)",
+                worst.structure, worst.op, worst.opt
             ),
         ));
     }

@@ -34,6 +34,8 @@ pub struct FaultArgs {
     pub max_ms: u64,
     pub backup_restart: bool,
     pub backup_bin: PathBuf,
+    /// Asynchronous replication with this lag bound (None: synchronous).
+    pub max_lag: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -89,6 +91,9 @@ impl Primary {
         .args(["--heap-kb", &a.heap_kb.to_string()]);
         if retry {
             cmd.arg("--retry");
+        }
+        if let Some(n) = a.max_lag {
+            cmd.args(["--max-lag", &n.to_string()]);
         }
         let stderr = std::fs::File::create(&log).context("primary log file")?;
         let mut child = cmd
@@ -302,7 +307,7 @@ fn restart_backup(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> R
     let at_kill = p.acked();
     std::thread::sleep(Duration::from_millis(300));
     let during = p.acked();
-    if during > at_kill + 1 {
+    if during > at_kill + 1 + u64::from(a.max_lag.unwrap_or(0)) {
         bail!(
             "the primary acknowledged {} transactions while its backup was dead",
             during - at_kill

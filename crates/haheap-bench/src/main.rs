@@ -161,6 +161,10 @@ struct FaultsCli {
     min_ms: u64,
     #[arg(long, default_value_t = 400)]
     max_ms: u64,
+    /// Replicate asynchronously (at most N unacknowledged transactions) instead of
+    /// synchronously: the replica may then lag the primary's commits by up to N.
+    #[arg(long)]
+    max_lag: Option<u32>,
     /// Skip the backup kill-and-restart scenario.
     #[arg(long)]
     no_backup_restart: bool,
@@ -190,6 +194,9 @@ struct PrimaryCli {
     /// Report replication failures and retry instead of exiting.
     #[arg(long)]
     retry: bool,
+    /// Replicate asynchronously with at most this many unacknowledged transactions.
+    #[arg(long)]
+    max_lag: Option<u32>,
 }
 
 #[derive(Args)]
@@ -384,6 +391,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 min_ms: c.min_ms,
                 max_ms: c.max_ms,
                 backup_restart: !c.no_backup_restart,
+                max_lag: c.max_lag,
                 backup_bin: match &c.rebound_ha {
                     Some(p) => p.clone(),
                     None => std::env::current_exe()?,
@@ -394,8 +402,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let goals = faults::summary(&trials);
             let backup = BackupKind::Process(a.backup_bin.clone()).describe();
             let cmd = format!(
-                "faults: {} kill trials per engine, seed {}",
-                a.trials, a.seed
+                "faults: {} kill trials per engine, seed {}, {}",
+                a.trials,
+                a.seed,
+                a.max_lag
+                    .map_or("sync replication".to_string(), |n| format!(
+                        "async replication, max lag {n}"
+                    ))
             );
             let failed = trials.iter().filter(|t| !t.ok).count();
             emit(
@@ -428,6 +441,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 heap_kb: c.heap_kb,
                 max_tx: c.max_tx,
                 retry: c.retry,
+                max_lag: c.max_lag,
             })?;
         }
         Cmd::Backup(c) => {

@@ -1,6 +1,7 @@
 //! The primary of a fault trial (a child process): runs the workload's transactions on a
 //! replicated heap and prints `ack N` after transaction N's `tend` returned, i.e. after
-//! the backup acknowledged it. With `retry`, replication failures are printed as
+//! the backup acknowledged it (asynchronous mode: once at most `max_lag` transactions
+//! were unacknowledged). With `retry`, replication failures are printed as
 //! `fail N: ...` and the transaction is retried until the backup is back.
 
 use std::io::Write;
@@ -22,6 +23,8 @@ pub struct PrimaryArgs {
     pub heap_kb: usize,
     pub max_tx: u64,
     pub retry: bool,
+    /// Asynchronous replication with this many unacknowledged transactions at most.
+    pub max_lag: Option<u32>,
 }
 
 /// One transaction: start, apply, commit.
@@ -44,7 +47,9 @@ pub fn run(a: &PrimaryArgs) -> Result<()> {
         size: a.heap_kb << 10,
         engine: a.engine,
         backup: Some(a.backup.clone()),
-        mode: ReplMode::Sync,
+        mode: a
+            .max_lag
+            .map_or(ReplMode::Sync, |max_lag| ReplMode::Async { max_lag }),
     };
     let mut heap = Heap::create(cfg).context("creating the primary heap")?;
     let out = std::io::stdout();

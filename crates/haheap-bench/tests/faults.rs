@@ -83,3 +83,34 @@ fn a_primary_without_its_backup_fails_cleanly() {
     assert!(err.contains("creating the primary heap"), "{err}");
     assert!(out.stdout.is_empty(), "nothing acknowledged");
 }
+
+#[test]
+fn asynchronous_replication_loses_at_most_the_lag_and_never_part_of_a_transaction() {
+    let out = bench()
+        .args([
+            "faults",
+            "--trials",
+            "2",
+            "--max-lag",
+            "4",
+            "--max-ms",
+            "200",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "async faults failed:\n{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["command"].as_str().unwrap().contains("max lag 4"));
+    let trials = doc["results"].as_array().unwrap();
+    assert_eq!(trials.len(), 4 * 3);
+    for t in trials {
+        assert_eq!(t["ok"], true, "trial failed: {t}");
+        let (acked, replica) = (
+            t["acked"].as_u64().unwrap(),
+            t["replica_tx"].as_u64().unwrap(),
+        );
+        assert!(replica + 4 >= acked && replica <= acked + 1, "{t}");
+    }
+}

@@ -70,32 +70,31 @@ fn workloads_answer_and_survive_a_daemon_restart() {
     assert_eq!(mf["errors"], 0, "{mf}");
     assert!(mf["filled_kib"].as_u64().unwrap() >= 32 * 1024, "{mf}");
 
-    // Kill the daemon outright; the guests run on.
+    // Kill the daemon outright; the guests run on. While it is down, one QEMU dies.
     let old = env.daemon_pid();
     let kv_pid = env.status("kv1")["qemu_pid"].clone();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(old as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    eventually(Duration::from_secs(10), "the old daemon to die", || {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), None)
-            .is_err()
-            .then_some(())
-    });
+    let mf_pid = env.status("mf1")["qemu_pid"].as_u64().unwrap() as u32;
+    let mf_run = env.status("mf1")["run_dir"].as_str().unwrap().to_string();
+    sigkill_and_wait(old);
+    sigkill_and_wait(mf_pid);
 
     // Any command starts a new daemon, which re-attaches.
     let st: Value = serde_json::from_str(&env.ok(&["vm", "status", "kv1", "--json"])).unwrap();
     assert_ne!(env.daemon_pid(), old);
     assert_eq!(st["state"], "running");
     assert_eq!(st["qemu_pid"], kv_pid, "same QEMU, not a new one");
-    for n in ["kv1", "ctr1", "mf1"] {
+    for n in ["kv1", "ctr1"] {
         assert!(
             env.event_kinds(n).contains(&"reattached".to_string()),
             "{n} not re-attached"
         );
         assert_eq!(env.status(n)["state"], "running");
     }
+    // The QEMU that died meanwhile is recorded as stopped, its runtime files gone.
+    assert_eq!(env.status("mf1")["state"], "stopped");
+    let last = env.events("mf1").pop().unwrap();
+    assert_eq!(last["kind"], "stopped", "{last}");
+    assert!(!std::path::Path::new(&mf_run).exists());
     assert_eq!(
         kv(kvp, "GET color").unwrap(),
         "VALUE teal",
@@ -129,4 +128,41 @@ fn workloads_answer_and_survive_a_daemon_restart() {
     let pid = kv_pid.as_u64().unwrap() as i32;
     assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
     assert_eq!(kv(kvp, "COUNT").unwrap(), "COUNT 1");
+
+    // A graceful stop of a re-attached guest: the agent powers it off.
+    env.ok(&["vm", "stop", "kv1"]);
+    let last = env.events("kv1").pop().unwrap();
+    assert_eq!(last["kind"], "stopped");
+    assert_eq!(last["detail"]["how"], "guest poweroff", "{last}");
+    // Its parent was the killed daemon: whoever adopted it reaps it, so allow a zombie.
+    assert!(gone(pid as u32), "QEMU still running after stop");
+}
+
+fn gone(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.is_empty()
+        || stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+}
+
+/// SIGKILLs a process we did not start as a child and waits until it is gone.
+fn sigkill_and_wait(pid: u32) {
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually(Duration::from_secs(10), "the process to die", || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie nobody has reaped yet.
+        (stat.is_empty()
+            || stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z'))
+        .then_some(())
+    });
 }

@@ -457,3 +457,32 @@ pub extern "C" fn haheap_last_error() -> *const c_char {
     })
     .unwrap_or(c"".as_ptr())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message() -> String {
+        // SAFETY: haheap_last_error returns a valid NUL-terminated thread-local string.
+        unsafe { CStr::from_ptr(haheap_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_code_not_an_unwind() {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {})); // keep the expected panic quiet
+        let rc = guard(|| panic!("boom"));
+        std::panic::set_hook(prev);
+        assert_eq!(rc, HAHEAP_ERR_PANIC);
+        assert!(message().contains("panicked"), "{}", message());
+        assert_eq!(
+            guard(|| Err(Fail(HAHEAP_ERR_INVALID, "bad".into()))),
+            HAHEAP_ERR_INVALID
+        );
+        assert_eq!(message(), "bad");
+        assert_eq!(guard(|| Ok(())), HAHEAP_OK);
+        assert_eq!(message(), "bad", "success keeps the last failure's message");
+    }
+}

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rebound_guestmem::maps::MapTarget;
-use rebound_guestmem::vmcoreinfo::parse_sysfs_vmcoreinfo;
+use rebound_guestmem::vmcoreinfo::{encode_note, parse_sysfs_vmcoreinfo};
 use rebound_guestmem::{
-    find_vmcoreinfo, free_pages, read_vmcoreinfo, GuestMemory, KernelPageTables, Layout,
-    PageSource, VmcoreInfo,
+    find_vmcoreinfo, find_vmcoreinfo_all, free_pages, read_vmcoreinfo, Found, FreePages,
+    GuestMemory, KernelPageTables, Layout, PageSource, VmcoreInfo,
 };
 
 const INIT: &str = r#"#!/bin/busybox sh
@@ -249,7 +249,10 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         assert_eq!(found.info.page_size, 4096);
         // Free pages of the paused guest against its own MemFree.
         hmp(&monitor(i), "stop");
-        check_free_pages(&mem, &found.info, memfree, paddr, &what);
+        let free = check_free_pages(&mem, &found.info, memfree, paddr, &what);
+        if i == 0 {
+            check_stale_notes(dir.path(), &g.ram, *layout, &found, &free);
+        }
         // The same through the QEMU process (the path a lazily restored guest needs).
         let target = MapTarget::Path(g.ram.clone());
         let via_proc = GuestMemory::open_process(g.child.id(), &target, *layout).unwrap();
@@ -323,7 +326,7 @@ fn check_free_pages<S: PageSource>(
     memfree: u64,
     note: u64,
     what: &str,
-) {
+) -> FreePages {
     let pt = KernelPageTables::from_vmcoreinfo(info).unwrap();
     let t0 = Instant::now();
     let free = free_pages(mem, info, &pt).unwrap();
@@ -367,6 +370,49 @@ fn check_free_pages<S: PageSource>(
         .unwrap();
     assert!(!free.contains(uts), "{what}: init_uts_ns is 'free'");
     assert!(!free.contains(pt.top), "{what}: init_top_pgt is 'free'");
+    free
+}
+
+/// Plants notes "left by a previous boot" in a copy of a paused guest's RAM:
+/// one in a free page is told apart from the live note, one in a page the
+/// kernel uses makes the scan refuse to choose.
+fn check_stale_notes(dir: &Path, ram: &Path, layout: Layout, live: &Found, free: &FreePages) {
+    let copy = dir.join("ram-with-stale-notes");
+    let cp = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(ram)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let ko = live.info.kernel_offset.unwrap();
+    let stale = live.info.text.replace(
+        &format!("KERNELOFFSET={ko:x}\n"),
+        &format!("KERNELOFFSET={:x}\n", ko + 0x20_0000),
+    );
+    assert_ne!(stale, live.info.text);
+    let note = encode_note(stale.as_bytes());
+    let in_free = free
+        .ranges
+        .iter()
+        .find(|r| r.start >= 16 * MIB && r.end - r.start >= 0x2000)
+        .unwrap()
+        .start
+        + 0x1000;
+    write_at(&copy, layout.gpa_to_offset(in_free).unwrap(), &note);
+    let mem = GuestMemory::open_ram_file(&copy, layout).unwrap();
+    let (all, _) = find_vmcoreinfo_all(&mem).unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(find_vmcoreinfo(&mem).unwrap().paddr, live.paddr);
+
+    let pt = KernelPageTables::from_vmcoreinfo(&live.info).unwrap();
+    let text = pt
+        .symbol_paddr(live.info.symbol("_stext").unwrap())
+        .unwrap()
+        + 0x100;
+    write_at(&copy, layout.gpa_to_offset(text).unwrap(), &note);
+    let e = find_vmcoreinfo(&mem).unwrap_err().to_string();
+    assert!(e.contains("3 different VMCOREINFO notes"), "{e}");
 }
 
 /// Pages QEMU has mapped among `pages` pages from host address `base`.

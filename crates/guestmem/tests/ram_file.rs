@@ -146,7 +146,9 @@ fn note_straddling_a_scan_chunk_is_found() {
 }
 
 #[test]
-fn stale_note_from_a_previous_boot_is_reported_as_ambiguous() {
+fn differing_notes_no_kernel_vouches_for_are_ambiguous() {
+    // Neither note comes with page tables or struct pages to tell which
+    // kernel is live (boot_guest.rs covers the case where one does).
     let (_dir, path) = sparse_ram(Some("/dev/shm"), 256 * MIB);
     write_at(
         &path,

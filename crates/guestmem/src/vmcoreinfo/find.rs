@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use super::note::{NoteHeader, NOTE_NAME, PREFIX};
 use super::{VmcoreInfo, VmcoreinfoError};
+use crate::buddy::free_pages;
 use crate::memory::GuestMemory;
+use crate::pagetable::KernelPageTables;
 use crate::source::PageSource;
 
 /// Scan chunk: large reads keep the syscall count low.
@@ -140,8 +142,11 @@ fn candidate<S: PageSource>(
 ///
 /// RAM survives a guest reset, so a note from a previous boot may remain.
 /// Copies with identical text are equivalent and the lowest address is
-/// returned; differing notes are an [`VmcoreinfoError::Ambiguous`] error:
-/// prefer the address the guest reports (`/sys/kernel/vmcoreinfo`).
+/// returned. Of differing notes, the one whose kernel holds every other
+/// note's page as free memory is live; if no single note qualifies (the old
+/// page was reused but not overwritten) the result is an
+/// [`VmcoreinfoError::Ambiguous`] error. Prefer the address the guest
+/// reports (`/sys/kernel/vmcoreinfo`) when there is one.
 pub fn find_vmcoreinfo<S: PageSource>(mem: &GuestMemory<S>) -> Result<Found, VmcoreinfoError> {
     let (mut found, rejected) = find_vmcoreinfo_all(mem)?;
     if found.is_empty() {
@@ -154,9 +159,39 @@ pub fn find_vmcoreinfo<S: PageSource>(mem: &GuestMemory<S>) -> Result<Found, Vmc
         });
     }
     if found.iter().any(|f| f.info.text != found[0].info.text) {
-        return Err(VmcoreinfoError::Ambiguous {
-            addresses: found.iter().map(|f| f.paddr).collect(),
-        });
+        return match pick_live(mem, &found) {
+            Some(i) => Ok(found.swap_remove(i)),
+            None => Err(VmcoreinfoError::Ambiguous {
+                addresses: found.iter().map(|f| f.paddr).collect(),
+            }),
+        };
     }
     Ok(found.swap_remove(0))
+}
+
+/// Among differing notes, the live one: the only note whose own kernel
+/// (its page tables and `struct page`s) reads as consistent, keeps its note
+/// page in use, and has every other note's page on its free lists, as a
+/// note left by a previous boot is once the new kernel owns the memory.
+fn pick_live<S: PageSource>(mem: &GuestMemory<S>, found: &[Found]) -> Option<usize> {
+    let mut live = None;
+    for (i, c) in found.iter().enumerate() {
+        let Ok(pt) = KernelPageTables::from_vmcoreinfo(&c.info) else {
+            continue;
+        };
+        let Ok(free) = free_pages(mem, &c.info, &pt) else {
+            continue;
+        };
+        let others_free = found
+            .iter()
+            .enumerate()
+            .all(|(j, o)| j == i || free.contains(o.paddr));
+        if others_free && !free.contains(c.paddr) {
+            if live.is_some() {
+                return None;
+            }
+            live = Some(i);
+        }
+    }
+    live
 }

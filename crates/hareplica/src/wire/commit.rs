@@ -15,6 +15,8 @@ pub struct Commit {
     pub run_count: u32,
     /// The whole commit payload, header included.
     pub payload: Vec<u8>,
+    /// Decoded once by `parse`: (heap offset, length, position of the bytes in `payload`).
+    spans: Vec<(u64, u32, u32)>,
 }
 
 fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
@@ -61,7 +63,7 @@ fn run_header(b: &[u8], pos: &mut usize, prev_end: u64) -> Result<(u64, usize), 
         return Err("run of length 0".into());
     }
     off.checked_add(u64::from(len))
-        .ok_or(format!("run at {off} overflows"))?;
+        .ok_or_else(|| format!("run at {off} overflows"))?;
     Ok((off, len as usize))
 }
 
@@ -82,6 +84,8 @@ impl Commit {
         let epoch = le_u64(&payload[8..16]);
         let run_count = le_u32(&payload[16..20]);
         let (mut pos, mut prev_end) = (COMMIT_HEADER, 0u64);
+        // Each run takes at least 3 bytes, so this cannot be made to over-allocate.
+        let mut spans = Vec::with_capacity((run_count as usize).min(payload.len() / 3));
         for i in 0..run_count {
             let (off, len) = run_header(&payload, &mut pos, prev_end)
                 .map_err(|why| bad(format!("run {i} of {run_count}: {why}")))?;
@@ -91,6 +95,7 @@ impl Commit {
                     payload.len() - pos
                 )));
             }
+            spans.push((off, len as u32, pos as u32));
             pos += len;
             prev_end = off + len as u64;
         }
@@ -102,19 +107,15 @@ impl Commit {
             epoch,
             run_count,
             payload,
+            spans,
         })
     }
 
     /// The runs as (heap offset, bytes).
     pub fn runs(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        let (mut pos, mut prev_end) = (COMMIT_HEADER, 0u64);
-        let p = &self.payload;
-        (0..self.run_count).map(move |_| {
-            let (off, len) = run_header(p, &mut pos, prev_end).expect("validated by parse");
-            let data = &p[pos..pos + len];
-            pos += len;
-            prev_end = off + len as u64;
-            (off, data)
+        self.spans.iter().map(|&(off, len, pos)| {
+            let pos = pos as usize;
+            (off, &self.payload[pos..pos + len as usize])
         })
     }
 

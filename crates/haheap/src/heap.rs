@@ -80,15 +80,11 @@ pub struct Heap {
 impl Heap {
     /// Maps a fresh zeroed heap of `cfg.size` bytes (rounded up to pages).
     pub fn create(cfg: HeapConfig) -> Result<Heap, Error> {
-        let page = sys::page_size();
-        let region = Region::map(cfg.size, page)?;
-        let repl = match &cfg.backup {
-            Some(ep) => {
-                Some(repl::connect(ep, region.len() as u64, cfg.mode).map_err(Error::Replication)?)
-            }
-            None => None,
-        };
-        Heap::build(region, cfg.engine, repl, 0, None)
+        let region = Region::map(cfg.size, sys::page_size())?;
+        // Engine first, backup last: a heap that cannot track must not announce itself.
+        let parts = Parts::new(region, cfg.engine, None)?;
+        let repl = connect(&cfg, parts.region.len())?;
+        Ok(parts.into_heap(repl, 0))
     }
 
     /// Tracks memory the caller already has; its current contents are the committed state.
@@ -100,21 +96,19 @@ impl Heap {
     pub unsafe fn declare(ptr: *mut u8, len: usize, cfg: HeapConfig) -> Result<Heap, Error> {
         // SAFETY: forwarded caller contract.
         let region = unsafe { Region::declare(ptr, len, sys::page_size())? };
-        let repl = match &cfg.backup {
-            Some(ep) => {
-                Some(repl::connect(ep, region.len() as u64, cfg.mode).map_err(Error::Replication)?)
-            }
-            None => None,
-        };
         // SAFETY: the caller guarantees the memory is readable for `len` bytes.
         let current = unsafe { std::slice::from_raw_parts(ptr, len) };
-        Heap::build(region, cfg.engine, repl, 0, Some(current))
+        let parts = Parts::new(region, cfg.engine, Some(current))?;
+        let repl = connect(&cfg, parts.region.len())?;
+        Ok(parts.into_heap(repl, 0))
     }
 
     /// Becomes the new primary: fetches the committed image from the backup named in
     /// `cfg.backup` and continues replicating after its last transaction.
     pub fn takeover(cfg: HeapConfig) -> Result<Heap, Error> {
         let ep = cfg.backup.as_deref().ok_or(Error::NoBackup)?;
+        // Attaching fences the old primary: check that the engine works before doing that.
+        engine::resolve(cfg.engine)?;
         let (client, image, last_tx) = repl::attach(ep, cfg.mode).map_err(Error::Replication)?;
         let page = sys::page_size();
         if cfg.size != 0 && crate::region::round_up(cfg.size, page) != Some(image.len()) {
@@ -125,46 +119,8 @@ impl Heap {
         }
         let mut region = Region::map(image.len(), page)?;
         region.as_mut_slice().copy_from_slice(&image);
-        Heap::build(region, cfg.engine, Some(client), last_tx, Some(&image))
-    }
-
-    fn build(
-        region: Region,
-        engine: EngineKind,
-        repl: Option<Box<dyn Replicator>>,
-        tx_id: u64,
-        initial: Option<&[u8]>,
-    ) -> Result<Heap, Error> {
-        let (kind, reason) = engine::resolve(engine)?;
-        let shadow = if kind.is_page_level() {
-            let mut s = Shadow::zeroed(region.len())?;
-            if let Some(init) = initial {
-                s.as_mut_slice().copy_from_slice(init);
-            }
-            Some(s)
-        } else {
-            None
-        };
-        let tracker = engine::build(kind, &region)?;
-        debug_assert_eq!(tracker.kind(), kind);
-        Ok(Heap {
-            tracker,
-            repl,
-            shadow,
-            region,
-            kind,
-            reason,
-            in_tx: false,
-            broken: false,
-            pending: None,
-            tx_id,
-            written_hint: 0,
-            dirty: Dirty::default(),
-            runs: Vec::new(),
-            last_pages: Vec::new(),
-            last_runs: Vec::new(),
-            counters: HeapCounters::default(),
-        })
+        let parts = Parts::new(region, cfg.engine, Some(&image))?;
+        Ok(parts.into_heap(Some(client), last_tx))
     }
 
     /// The engine in use (never `Auto`).
@@ -390,6 +346,72 @@ impl Heap {
             Some(r) => r.flush().map_err(Error::Replication),
             None => Ok(()),
         }
+    }
+}
+
+/// A heap's local parts, built before any backup hears of it.
+struct Parts {
+    tracker: Box<dyn Tracker>,
+    shadow: Option<Shadow>,
+    region: Region,
+    kind: EngineKind,
+    reason: String,
+}
+
+impl Parts {
+    /// Resolves and arms the engine over `region`; `initial` is the committed state when it
+    /// is not all zeroes.
+    fn new(region: Region, engine: EngineKind, initial: Option<&[u8]>) -> Result<Parts, Error> {
+        let (kind, reason) = engine::resolve(engine)?;
+        let shadow = if kind.is_page_level() {
+            let mut s = Shadow::zeroed(region.len())?;
+            if let Some(init) = initial {
+                s.as_mut_slice().copy_from_slice(init);
+            }
+            Some(s)
+        } else {
+            None
+        };
+        let tracker = engine::build(kind, &region)?;
+        debug_assert_eq!(tracker.kind(), kind);
+        Ok(Parts {
+            tracker,
+            shadow,
+            region,
+            kind,
+            reason,
+        })
+    }
+
+    fn into_heap(self, repl: Option<Box<dyn Replicator>>, tx_id: u64) -> Heap {
+        Heap {
+            tracker: self.tracker,
+            repl,
+            shadow: self.shadow,
+            region: self.region,
+            kind: self.kind,
+            reason: self.reason,
+            in_tx: false,
+            broken: false,
+            pending: None,
+            tx_id,
+            written_hint: 0,
+            dirty: Dirty::default(),
+            runs: Vec::new(),
+            last_pages: Vec::new(),
+            last_runs: Vec::new(),
+            counters: HeapCounters::default(),
+        }
+    }
+}
+
+/// Connects to the configured backup, if any, for a fresh heap of `len` bytes.
+fn connect(cfg: &HeapConfig, len: usize) -> Result<Option<Box<dyn Replicator>>, Error> {
+    match &cfg.backup {
+        Some(ep) => repl::connect(ep, len as u64, cfg.mode)
+            .map(Some)
+            .map_err(Error::Replication),
+        None => Ok(None),
     }
 }
 

@@ -23,7 +23,7 @@ use crate::wire::{
 /// How long a new primary waits for a previous session to end before being refused.
 const SESSION_HANDOVER: Duration = Duration::from_secs(2);
 const MAX_CONNECTIONS: usize = 64;
-const READ_TICK: Duration = Duration::from_millis(500);
+const READ_TICK: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -47,6 +47,9 @@ pub struct BackupConfig {
     /// Checkpoint the image once the log exceeds this many bytes (0: the larger of
     /// 64 MiB and the heap size).
     pub checkpoint_bytes: u64,
+    /// A peer that stops sending inside a frame for this long is dropped (its partial
+    /// frame discarded), so a half-sent commit cannot hold the primary session forever.
+    pub frame_timeout: Duration,
 }
 
 impl BackupConfig {
@@ -57,6 +60,7 @@ impl BackupConfig {
             durable: false,
             allow_reset: false,
             checkpoint_bytes: 0,
+            frame_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -335,7 +339,10 @@ impl<'a> Connection<'a> {
     }
 
     fn run(mut self) {
-        let frames = FrameReader::default();
+        let frames = FrameReader {
+            stall_limit: self.shared.cfg.frame_timeout,
+            idle_limit: None,
+        };
         loop {
             let msg = match frames.read(&mut self.reader) {
                 Ok(m) => m,

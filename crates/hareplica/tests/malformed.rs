@@ -391,3 +391,46 @@ fn the_client_rejects_a_misbehaving_backup() {
         Err(Error::LagTooLarge(_))
     ));
 }
+
+/// A primary whose link stalls halfway through a commit (the connection stays open):
+/// the backup drops it after `--frame-timeout-ms`, the half commit is never applied,
+/// and a new primary can take over without a promote.
+#[test]
+fn a_commit_stalled_mid_frame_is_dropped_and_never_applied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("replica");
+    let backup = BackupProc::start(
+        &format!("unix:{}/b.sock", tmp.path().display()),
+        &dir,
+        &["--frame-timeout-ms", "300"],
+    );
+    {
+        let client = ReplicaClient::connect(&backup.ep, HEAP as u64, Mode::Sync).unwrap();
+        let mut p = Primary::new(client, vec![0; HEAP], 0);
+        for _ in 0..5 {
+            p.step().unwrap();
+        }
+    }
+    assert!(wait_for(Duration::from_secs(5), || backup
+        .status()
+        .primary
+        .is_none()));
+    let epoch = backup.status().epoch;
+    let mut s = backup.ep.connect(Duration::from_secs(5)).unwrap();
+    let commit = workload_frame(6, epoch);
+    s.write_all(&[resume(epoch), commit[..commit.len() / 2].to_vec()].concat())
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(2), || backup
+        .status()
+        .primary
+        .is_some()));
+    // Dropped after the frame timeout, while our end is still open.
+    assert!(wait_for(Duration::from_secs(5), || backup
+        .status()
+        .primary
+        .is_none()));
+    let (_c, image, last_tx) = ReplicaClient::attach(&backup.ep, Mode::Sync).unwrap();
+    assert_eq!(last_tx, 5);
+    assert!(image == model(5));
+    drop(s);
+}

@@ -46,6 +46,9 @@ enum Cmd {
         /// (default: the larger of 64 MiB and the heap size).
         #[arg(long)]
         checkpoint_kb: Option<u64>,
+        /// Drop a peer that stalls inside a frame for this many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        frame_timeout_ms: u64,
     },
     /// Show a backup's state, from its directory or by asking it.
     Status {
@@ -103,11 +106,13 @@ fn run(cmd: Cmd) -> Result<()> {
             durable,
             allow_reset,
             checkpoint_kb,
+            frame_timeout_ms,
         } => {
             let cfg = BackupConfig {
                 durable,
                 allow_reset,
                 checkpoint_bytes: checkpoint_kb.unwrap_or(0) << 10,
+                frame_timeout: Duration::from_millis(frame_timeout_ms),
                 ..BackupConfig::new(listen, &dir)
             };
             let (server, report) =

@@ -20,6 +20,13 @@ struct Run {
     ready_ms: u64,
     ram_file_bytes: u64,
     qemu_rss_bytes: u64,
+    /// QEMU's private memory (TCG code cache, device state, heap).
+    qemu_anon_bytes: u64,
+    /// Shared memory QEMU has mapped: guest RAM when the run dir is on tmpfs.
+    qemu_shmem_bytes: u64,
+    /// File pages QEMU has mapped: its binary and libraries (and guest RAM when the
+    /// run dir is not on tmpfs).
+    qemu_file_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -63,31 +70,42 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
     let ready = summary(runs.iter().map(|r| r.ready_ms).collect());
     let ram = summary(runs.iter().map(|r| r.ram_file_bytes).collect());
     let rss = summary(runs.iter().map(|r| r.qemu_rss_bytes).collect());
+    let anon = summary(runs.iter().map(|r| r.qemu_anon_bytes).collect());
+    let shmem = summary(runs.iter().map(|r| r.qemu_shmem_bytes).collect());
+    let file = summary(runs.iter().map(|r| r.qemu_file_bytes).collect());
     if json {
         let v = serde_json::json!({
             "date": date, "accel": accel, "accel_reason": reason, "memory_mib": memory,
             "runs": runs, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
+            "qemu_anon_bytes": anon, "qemu_shmem_bytes": shmem, "qemu_file_bytes": file,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        println!("rebound bench boot: {} guests side by side, {memory} MiB each, accel {accel} ({reason}), {date}", runs.len());
         println!(
-            "spawn -> agent ready  min {} ms  median {} ms  max {} ms",
-            ready.min, ready.median, ready.max
+            "rebound bench boot: {} guests side by side, {memory} MiB each, accel {accel} ({reason}), {date}",
+            runs.len()
         );
-        println!(
-            "RAM file allocated    min {:.1} MiB  median {:.1} MiB  max {:.1} MiB",
-            mib(ram.min),
-            mib(ram.median),
-            mib(ram.max)
-        );
-        println!(
-            "QEMU RSS              min {:.1} MiB  median {:.1} MiB  max {:.1} MiB",
-            mib(rss.min),
-            mib(rss.median),
-            mib(rss.max)
-        );
+        let ms = |v: u64| format!("{v} ms");
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+        for (label, sm, f) in [
+            (
+                "spawn -> agent ready",
+                &ready,
+                &ms as &dyn Fn(u64) -> String,
+            ),
+            ("RAM file allocated", &ram, &mib),
+            ("QEMU RSS", &rss, &mib),
+            ("  RssShmem (guest RAM)", &shmem, &mib),
+            ("  RssAnon (QEMU's own)", &anon, &mib),
+            ("  RssFile (binaries)", &file, &mib),
+        ] {
+            println!(
+                "{label:<22} min {:>10}  median {:>10}  max {:>10}",
+                f(sm.min),
+                f(sm.median),
+                f(sm.max)
+            );
+        }
     }
     Ok(())
 }
@@ -130,6 +148,9 @@ async fn measure(
             ready_ms: v["ready_after_ms"].as_u64().unwrap_or(0),
             ram_file_bytes: process::allocated_bytes(&ram).unwrap_or(0),
             qemu_rss_bytes: process::rss_bytes(pid).unwrap_or(0),
+            qemu_anon_bytes: process::status_bytes(pid, "RssAnon").unwrap_or(0),
+            qemu_shmem_bytes: process::status_bytes(pid, "RssShmem").unwrap_or(0),
+            qemu_file_bytes: process::status_bytes(pid, "RssFile").unwrap_or(0),
         });
     }
     let accel = statuses[0]["accel"].as_str().unwrap_or("?").to_string();

@@ -133,12 +133,17 @@ pub async fn wait_gone(pid: u32, timeout: std::time::Duration) -> bool {
     }
 }
 
-/// Resident set size of a process in bytes (`VmRSS`).
-pub fn rss_bytes(pid: u32) -> Option<u64> {
+/// A `/proc/PID/status` memory field (e.g. `VmRSS`, `RssAnon`, `RssShmem`) in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = s.lines().find(|l| l.split(':').next() == Some(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Resident set size of a process in bytes (`VmRSS`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS")
 }
 
 /// Bytes a file really occupies (allocated blocks, not its length).

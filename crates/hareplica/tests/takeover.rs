@@ -97,6 +97,12 @@ fn promote_fences_the_old_primary_and_lets_a_new_one_attach() {
     for _ in 0..5 {
         old.step().unwrap();
     }
+    let st = backup.status();
+    let p = st.primary.as_ref().expect("a primary is connected");
+    assert!(p.current && p.peer.starts_with("tcp:127.0.0.1:") && p.mode == Mode::Sync);
+    assert_eq!((st.last_tx, st.txs_applied), (5, 5));
+    assert!(st.bytes_applied > 0 && st.wal_bytes > st.bytes_applied);
+    assert!(st.ms_since_commit.is_some());
     // A second primary may not take over while the first is current.
     match ReplicaClient::attach(&backup.ep, Mode::Sync) {
         Err(Error::Rejected {

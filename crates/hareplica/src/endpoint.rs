@@ -4,6 +4,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -191,6 +192,26 @@ pub enum Listener {
 }
 
 impl Listener {
+    /// Waits up to `timeout` for a connection to accept; `false` on timeout.
+    pub fn wait_pending(&self, timeout: Duration) -> io::Result<bool> {
+        let fd = match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `pfd` is one valid pollfd on our stack for the duration of the call, and
+        // `fd` stays open because `self` borrows the listener that owns it.
+        match unsafe { libc::poll(&mut pfd, 1, ms) } {
+            n if n < 0 => Err(io::Error::last_os_error()),
+            n => Ok(n > 0),
+        }
+    }
+
     pub fn accept(&self) -> io::Result<Stream> {
         match self {
             Listener::Tcp(l) => {

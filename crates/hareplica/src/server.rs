@@ -24,6 +24,7 @@ use crate::wire::{
 const SESSION_HANDOVER: Duration = Duration::from_secs(2);
 const MAX_CONNECTIONS: usize = 64;
 const READ_TICK: Duration = Duration::from_millis(100);
+const ACCEPT_TICK: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -160,6 +161,14 @@ impl BackupServer {
     /// Accepts connections until stopped.
     pub fn serve(self) -> Result<(), ServerError> {
         loop {
+            // Poll with a timeout so a stop request is seen even if no one connects.
+            match self.listener.wait_pending(ACCEPT_TICK) {
+                _ if self.shared.stop.load(Ordering::SeqCst) => return Ok(()),
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ServerError::Accept(e)),
+            }
             let stream = match self.listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -246,8 +255,6 @@ impl BackupHandle {
         for (_, s) in self.shared.open_streams.lock().expect("streams").iter() {
             s.shutdown();
         }
-        // Wake the accept call; failure means the listener is gone already.
-        let _ = self.local.connect(Duration::from_secs(1));
         let served = thread.join().expect("backup thread panicked");
         let mut inner = lock(&self.shared);
         let inner = &mut *inner;

@@ -489,3 +489,18 @@ fn unprivileged_process_tracks_or_explains() {
         );
     }
 }
+
+/// Heaps of every engine used at once from several threads: the process-wide SIGSEGV table,
+/// several userfaultfd handler threads and scans must not see each other's pages.
+#[test]
+fn heaps_of_every_engine_in_parallel_threads() {
+    let threads: Vec<_> = (0..8u64)
+        .map(|i| {
+            let engine = EngineKind::CONCRETE[i as usize % 4];
+            std::thread::spawn(move || run_random(engine, 1000 + i, 24, 120))
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a heap thread failed");
+    }
+}

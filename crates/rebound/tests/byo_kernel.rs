@@ -45,6 +45,10 @@ fn user_kernel_ready_by_http_and_serial() {
         st["kernel_release"].is_null(),
         "no agent facts for a user kernel"
     );
+    // Without the agent's address, VMCOREINFO is found by scanning guest RAM.
+    let vci = env.get_ok("GET", "/v1/vms/byo/vmcoreinfo", None);
+    assert_eq!(vci["source"], "scan");
+    assert_eq!(vci["osrelease"], img.kernel_release.as_str());
     let port = env.host_port("byo", 8080);
     let (code, body) = http_get(port, "/").unwrap();
     assert_eq!(code, 200);

@@ -10,18 +10,14 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
 
 fn image_dir() -> PathBuf {
-    let home = std::env::var_os("REBOUND_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".local/share/rebound")
-        });
+    let home = rebound_home();
     let dir = home.join("images/default");
     assert!(
         dir.join("manifest.json").exists(),
@@ -54,17 +50,11 @@ fn json_u64(text: &str, after: &str, key: &str) -> Option<u64> {
 }
 
 struct Vm {
-    child: Child,
+    /// Held so QEMU dies with the test.
+    _qemu: ChildGuard,
     ram: PathBuf,
     sock: PathBuf,
     serial: PathBuf,
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn boot(dir: &Path, image: &Path, size: &str) -> Vm {
@@ -102,7 +92,7 @@ fn boot(dir: &Path, image: &Path, size: &str) -> Vm {
         .spawn()
         .expect("qemu-system-x86_64");
     Vm {
-        child,
+        _qemu: ChildGuard(child),
         ram,
         sock,
         serial,

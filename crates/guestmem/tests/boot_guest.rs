@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -36,11 +36,7 @@ fn kernel() -> PathBuf {
     if let Some(k) = std::env::var_os("REBOUND_TEST_KERNEL") {
         return k.into();
     }
-    let home = std::env::var_os("REBOUND_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".local/share/rebound")
-        });
+    let home = rebound_home();
     let k = home.join("images/default/vmlinuz");
     assert!(
         k.exists(),
@@ -74,16 +70,9 @@ fn initramfs(dir: &Path) -> PathBuf {
 }
 
 struct Guest {
-    child: Child,
+    child: ChildGuard,
     serial: PathBuf,
     ram: PathBuf,
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A scratch directory on tmpfs with the kernel and a fresh initramfs.
@@ -146,7 +135,11 @@ fn boot(dir: &Path, k: &Kernel, machine: &str, size: &str, extra: &[&str]) -> Gu
         .args(extra)
         .spawn()
         .expect("qemu-system-x86_64");
-    Guest { child, serial, ram }
+    Guest {
+        child: ChildGuard(child),
+        serial,
+        ram,
+    }
 }
 
 /// What the guest printed about itself.
@@ -485,7 +478,7 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
         .spawn()
         .unwrap();
     let restored = Guest {
-        child,
+        child: ChildGuard(child),
         serial,
         ram: image.clone(),
     };

@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -13,15 +13,8 @@ use rebound_guestmem::{GuestMemory, Layout, PageSource};
 
 const RAM: u64 = 64 * MIB;
 
-/// A paused QEMU, killed on drop.
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+// A paused QEMU, killed on drop.
+use common::ChildGuard as Qemu;
 
 fn qemu(backend: &str) -> Qemu {
     qemu_with(backend, &["-m", "64M", "-monitor", "none"])

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 pub const MIB: u64 = 1 << 20;
@@ -69,4 +70,36 @@ pub fn hmp(sock: &Path, cmd: &str) -> String {
         out.extend_from_slice(&buf[..n]);
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A child process (QEMU), killed and reaped when dropped.
+pub struct ChildGuard(pub Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `$REBOUND_HOME`, by default `~/.local/share/rebound` (as the CLI does).
+pub fn rebound_home() -> PathBuf {
+    std::env::var_os("REBOUND_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".local/share/rebound")
+        })
 }

@@ -3,6 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
+
+/// The C tests share one build output: one `make` at a time.
+static C_BUILD: Mutex<()> = Mutex::new(());
 
 /// Cargo's output directory for this profile (this test binary lives in <it>/deps) and
 /// the profile's name.
@@ -19,6 +23,7 @@ fn target_dir() -> (PathBuf, &'static str) {
 
 #[test]
 fn c_example_builds_and_runs_with_every_engine() {
+    let _one_make = C_BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
     let (target_dir, profile) = target_dir();
     let out = Command::new("make")
@@ -42,6 +47,68 @@ fn c_example_builds_and_runs_with_every_engine() {
         );
     }
     assert_eq!(stdout.matches("list ok").count(), 5, "{stdout}");
+}
+
+/// Builds the C example (`make all`) and returns its path; hold C_BUILD around it.
+fn c_list() -> PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
+    let (target_dir, profile) = target_dir();
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&dir)
+        .arg("all")
+        .arg(format!("PROFILE={profile}"))
+        .arg(format!("TARGET_DIR={}", target_dir.display()))
+        .output()
+        .expect("make");
+    assert!(
+        out.status.success(),
+        "make all failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target_dir.join("haheap-c-example/list")
+}
+
+/// The C program replicates to a real backup; a second C process takes over from the
+/// replica, finds every committed transaction and carries on.
+#[test]
+fn c_example_replicates_and_takes_over() {
+    let _one_make = C_BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let list = c_list();
+    for engine in ["mprotect", "uffd", "scan", "log"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = format!("unix:{}", dir.path().join("b.sock").display());
+        let cfg = hareplica::BackupConfig::new(ep.parse().unwrap(), &dir.path().join("replica"));
+        let backup = hareplica::BackupServer::bind(cfg).unwrap().0.spawn();
+        let first = Command::new(&list).args([engine, &ep]).output().unwrap();
+        let out = String::from_utf8_lossy(&first.stdout);
+        assert!(
+            first.status.success(),
+            "{engine}: {out}{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        assert_eq!(
+            backup.state().last_tx,
+            22,
+            "{engine}: backup missed transactions"
+        );
+        let second = Command::new(&list)
+            .args([engine, &ep, "takeover"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&second.stdout);
+        assert!(
+            second.status.success(),
+            "{engine}: {out}{}",
+            String::from_utf8_lossy(&second.stderr)
+        );
+        assert!(
+            out.contains("19 nodes, sum 210") && out.contains("continued at tx 23"),
+            "{engine}: {out}"
+        );
+        assert_eq!(backup.state().last_tx, 23);
+        backup.shutdown().unwrap();
+    }
 }
 
 #[test]

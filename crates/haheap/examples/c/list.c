@@ -1,7 +1,10 @@
 /* A linked list kept in a haheap heap, updated in transactions, from C.
  *
- * Usage: list [ENGINE [BACKUP]]   ENGINE: auto (default), mprotect, uffd, scan, log
+ * Usage: list [ENGINE [BACKUP [takeover]]]   ENGINE: auto (default), mprotect, uffd, scan, log
+ *        BACKUP: tcp:HOST:PORT or unix:PATH of a running backup
  * Every update goes through haheap_write, so it works with every engine, "log" included.
+ * With "takeover" the program does not build the list: it becomes the new primary from the
+ * backup's replica and checks that the list a previous run committed is all there.
  * Exit status 0 when the list holds exactly what the committed transactions put there.
  */
 #include <inttypes.h>
@@ -79,6 +82,23 @@ int main(int argc, char **argv)
     HaHeap *h = NULL;
     HaheapTxStats st;
     uint64_t sum, n, i;
+
+    if (argc > 3 && strcmp(argv[3], "takeover") == 0) {
+        check(haheap_takeover(engine, backup, 0, &h), "takeover");
+        n = walk(h, &sum);
+        printf("takeover: engine=%s, %" PRIu64 " nodes, sum %" PRIu64 "\n", haheap_engine_name(h), n, sum);
+        if (n != 19 || sum != 210) {
+            fprintf(stderr, "list: replica lost committed transactions\n");
+            return 1;
+        }
+        check(haheap_tstart(h), "tstart"); /* the new primary carries on */
+        push(h, 7);
+        check(haheap_tend(h, &st), "tend");
+        printf("takeover: continued at tx %" PRIu64 "\n", st.tx_id);
+        check(haheap_destroy(h), "destroy");
+        printf("takeover ok\n");
+        return 0;
+    }
 
     check(haheap_create(1 << 20, engine, backup, 0, &h), "create");
     printf("engine=%s (%s)\n", haheap_engine_name(h), haheap_engine_reason(h));

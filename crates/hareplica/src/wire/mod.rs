@@ -37,6 +37,23 @@
 //! - `Error` (4 + up to [`MAX_ERROR_MESSAGE`] bytes): `code u16`, `len u16`, UTF-8 message.
 //!   The sender closes the connection after it.
 //!
+//! # Conversations
+//! - Primary: `Hello` → `Welcome`, then `Commit`s, each answered by an `Ack` in order
+//!   (acks may be batched: the backup sends them once no further frame is buffered).
+//!   A fresh `Hello` is refused (`Exists`) when the backup holds transactions, unless it
+//!   runs with `--allow-reset`; a resume `Hello` needs the backup's current epoch and heap
+//!   size. At most one primary session is current; a second one waits up to 2 s for the
+//!   first to end and is then refused (`PrimaryActive`) unless a promote fenced it.
+//! - New primary: `Attach` → `Image`… → `Welcome`, then as a primary.
+//! - Operator: any number of `Status` → `StatusReply`, or `Promote` → `Welcome`.
+//! - Any refusal: `Error`, then the backup closes the connection. A frame that stalls
+//!   midway longer than the backup's frame timeout is dropped without a reply.
+//!
+//! Error codes: 1 malformed frame, 2 fenced (stale epoch), 3 out-of-order tx, 4 replayed
+//! tx (an applied id with other bytes, or older than the remembered window), 5 another
+//! primary is current, 6 heap size mismatch, 7 no heap yet, 8 backup storage failure,
+//! 9 run outside the heap, 10 unexpected message, 11 fresh heap over an existing replica.
+//!
 //! # Caps
 //! Every length is capped: frame payloads per type (a commit at most
 //! [`MAX_COMMIT_PAYLOAD`]), heap sizes at [`MAX_HEAP`], messages at [`MAX_ERROR_MESSAGE`].

@@ -67,6 +67,20 @@ fn malformed_sizes_and_flags() {
             "unknown workload",
         ),
         (&["vm", "start", "bad/name"], "invalid VM name"),
+        (
+            &[
+                "vm",
+                "start",
+                "a",
+                "--kernel",
+                "/bin/true",
+                "--ready",
+                "tcp:22",
+                "--memory",
+                "64T",
+            ],
+            "does not fit in",
+        ),
         (&["vm", "start", "a", "--bogus"], "--bogus"),
         (&["vm", "marker", "a", "XYZ"], "lowercase hex"),
     ];
@@ -203,6 +217,12 @@ fn name_in_use() {
         .call("POST", "/v1/vms", Some(&json!({"name": "dup"})))
         .unwrap();
     assert_eq!(code, 409);
+    let e = env.fails(&["vm", "rm", "dup"]);
+    assert!(e.contains("stop or kill it before removing it"), "{e}");
     env.ok(&["vm", "kill", "dup"]);
     assert_eq!(env.status("dup")["state"], "stopped");
+    // A stopped VM can be forgotten; then the name is free and nothing is left.
+    env.get_ok("DELETE", "/v1/vms/dup", None);
+    assert!(env.fails(&["vm", "status", "dup"]).contains("unknown VM"));
+    assert!(!env.home.path().join("vms/dup").exists());
 }

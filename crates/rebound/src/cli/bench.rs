@@ -64,6 +64,9 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
         let _ = c
             .call::<Value>(Method::POST, &format!("/v1/vms/{n}/kill"), None)
             .await;
+        let _ = c
+            .call::<Value>(Method::DELETE, &format!("/v1/vms/{n}"), None)
+            .await;
     }
     let (accel, reason, runs) = result?;
     let date = crate::vm::events::wall_now();

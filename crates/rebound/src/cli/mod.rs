@@ -148,6 +148,8 @@ pub enum VmCmd {
     Stop { name: String },
     /// Kill QEMU at once and remove the VM's runtime files.
     Kill { name: String },
+    /// Forget a stopped VM (record, logs, disk copy).
+    Rm { name: String },
     /// Attach to the serial console (Ctrl-] to detach).
     Console { name: String },
     /// Print the serial console log.
@@ -235,18 +237,20 @@ async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
         None => Ok(crate::daemon::run(paths.clone(), socket).await?),
         Some(DaemonAction::Stop) => {
             let c = Client::new(&socket);
-            if !c.is_up().await {
+            let Ok(health) = c
+                .call::<serde_json::Value>(hyper::Method::GET, "/v1/health", None)
+                .await
+            else {
                 println!("no daemon is running on {}", socket.display());
                 return Ok(());
-            }
+            };
+            let pid = health["pid"].as_u64().unwrap_or(0) as u32;
             c.call::<serde_json::Value>(hyper::Method::POST, "/v1/daemon/shutdown", None)
                 .await?;
-            for _ in 0..200 {
-                if !c.is_up().await {
-                    println!("daemon stopped");
-                    return Ok(());
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            // Gone means the process has exited (it removes its socket first).
+            if crate::vm::process::wait_gone(pid, std::time::Duration::from_secs(10)).await {
+                println!("daemon stopped");
+                return Ok(());
             }
             anyhow::bail!("daemon on {} did not exit within 10 s", socket.display())
         }

@@ -37,6 +37,14 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
         }
         VmCmd::Stop { name } => simple(paths, &name, "stop", "stopped").await,
         VmCmd::Kill { name } => simple(paths, &name, "kill", "killed").await,
+        VmCmd::Rm { name } => {
+            let c = connect(paths).await?;
+            let _: Value = c
+                .call(Method::DELETE, &format!("/v1/vms/{}", enc(&name)), None)
+                .await?;
+            println!("removed {name}");
+            Ok(())
+        }
         VmCmd::Crash { name } => simple(paths, &name, "crash", "crash requested for").await,
         VmCmd::Console { name } => {
             let v = status(&connect(paths).await?, &name).await?;

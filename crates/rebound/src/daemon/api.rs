@@ -45,7 +45,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/daemon/shutdown", post(shutdown))
         .route("/v1/vms", get(list).post(start))
-        .route("/v1/vms/{name}", get(status))
+        .route("/v1/vms/{name}", get(status).delete(remove))
         .route("/v1/vms/{name}/wait", post(wait))
         .route("/v1/vms/{name}/stop", post(stop))
         .route("/v1/vms/{name}/kill", post(kill))
@@ -96,6 +96,10 @@ fn vm_or_404(d: &Daemon, name: &str) -> ApiResult<Arc<super::state::VmHandle>> {
 
 async fn status(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
     Ok(Json(vm_or_404(&d, &name)?.status()))
+}
+
+async fn remove(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(lifecycle::remove(&d, &name).await?))
 }
 
 async fn wait(

@@ -29,6 +29,8 @@ pub enum BootError {
     Disk(#[from] DiskError),
     #[error("cannot create {0}: {1}")]
     Dir(PathBuf, std::io::Error),
+    #[error("memory {0} MiB does not fit in {1} ({2} MiB in all), where guest RAM lives")]
+    MemoryTooLarge(u64, PathBuf, u64),
 }
 
 impl BootError {
@@ -108,6 +110,25 @@ pub fn plan_forwards(spec: &VmSpec, ready: &ReadySpec) -> Result<Vec<PortForward
     Ok(out)
 }
 
+/// Guest RAM is a file on the run dir's filesystem (tmpfs): a guest larger than the
+/// whole filesystem would die of SIGBUS once it touched enough memory. (Sparse files
+/// let several guests share the space; only the impossible is refused.)
+fn check_ram_fits(run: &Path, memory_mib: u64) -> Result<(), BootError> {
+    std::fs::create_dir_all(run).map_err(|e| BootError::Dir(run.to_path_buf(), e))?;
+    let Ok(st) = nix::sys::statvfs::statvfs(run) else {
+        return Ok(()); // cannot tell: let QEMU try
+    };
+    let total_mib = st.blocks().saturating_mul(st.fragment_size()) >> 20;
+    if memory_mib > total_mib {
+        return Err(BootError::MemoryTooLarge(
+            memory_mib,
+            run.to_path_buf(),
+            total_mib,
+        ));
+    }
+    Ok(())
+}
+
 /// Resolves `spec` for this host, creating the VM's writable disk copy last.
 pub fn resolve(
     paths: &Paths,
@@ -145,6 +166,7 @@ pub fn resolve(
         user_disks.push(disks::user_disk(Path::new(d))?);
     }
     let accel = accel::choose(spec.accel, host)?;
+    check_ram_fits(&paths.run, spec.memory_mib)?;
     let forwards = plan_forwards(spec, &ready)?;
 
     let dir = paths.vm(&spec.name);

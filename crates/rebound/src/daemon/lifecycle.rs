@@ -45,6 +45,8 @@ pub async fn start(d: &Arc<Daemon>, spec: VmSpec) -> Result<VmStatus, OpError> {
         Err(e) => {
             // Forget the VM only if nothing of it existed before this attempt.
             if !placeholder.dir.record().exists() {
+                // Nothing of this VM existed before: leave nothing behind (disk copy).
+                let _ = std::fs::remove_dir_all(placeholder.dir.path());
                 d.vms.lock().expect("vms lock").remove(&placeholder.name);
             } else {
                 placeholder.update(|r| {
@@ -351,6 +353,24 @@ pub async fn kill(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
         finish(&vm, "killed", json!({"pid": pid})).await;
     }
     Ok(vm.status())
+}
+
+/// Forgets a stopped VM: its record, logs and disk copy.
+pub async fn remove(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
+    let vm = d.find(name)?;
+    let _op = vm.op.lock().await;
+    let status = vm.status();
+    if status.state != VmState::Stopped {
+        return Err(OpError::WrongState(
+            name.to_string(),
+            status.state,
+            "stop or kill it before removing it",
+        ));
+    }
+    d.vms.lock().expect("vms lock").remove(name);
+    std::fs::remove_dir_all(vm.dir.path())
+        .map_err(|e| OpError::Io(format!("cannot remove {}: {e}", vm.dir.path().display())))?;
+    Ok(status)
 }
 
 /// Called by the supervisor when QEMU went away on its own.

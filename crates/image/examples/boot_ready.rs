@@ -34,7 +34,7 @@ fn main() -> Result<()> {
         img.kernel_release,
         img.kernel.display()
     );
-    let (mut walls, mut uptimes) = (Vec::new(), Vec::new());
+    let (mut walls, mut uptimes, mut cpus) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..runs {
         let mut g = Guest::boot(&img, &format!("rebound.workload={workload}"), 256)?;
         let mut agent = g.agent(std::time::Instant::now() + Duration::from_secs(30))?;
@@ -42,6 +42,7 @@ fn main() -> Result<()> {
             .wait_for(Duration::from_secs(60), "ready", |v| is_type(v, "ready"))
             .context("no ready")?;
         let wall = g.spawned.elapsed().as_secs_f64();
+        let cpu = g.cpu_seconds()?;
         let uptime = ready["uptime_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
         let serial = g.serial();
         let init_at = serial
@@ -50,13 +51,18 @@ fn main() -> Result<()> {
             .and_then(|r| r.split('s').next())
             .unwrap_or("?")
             .to_string();
-        println!("run {}: spawn->ready {wall:.2} s wall; guest uptime at ready {uptime:.2} s; init started at {init_at} s", i + 1);
+        println!(
+            "run {}: spawn->ready {wall:.2} s wall, {cpu:.2} s QEMU CPU; guest uptime at ready {uptime:.2} s; init started at {init_at} s",
+            i + 1
+        );
         walls.push(wall);
         uptimes.push(uptime);
+        cpus.push(cpu);
     }
     println!(
-        "median of {runs}: spawn->ready {:.2} s wall, guest uptime at ready {:.2} s (workload {workload})",
+        "median of {runs}: spawn->ready {:.2} s wall, {:.2} s QEMU CPU, guest uptime at ready {:.2} s (workload {workload})",
         median(&mut walls),
+        median(&mut cpus),
         median(&mut uptimes)
     );
     Ok(())

@@ -1,7 +1,7 @@
 //! The kernel files of an image. Debian ships an xz-compressed bzImage; we also keep the
 //! uncompressed ELF inside it, which QEMU boots through its PVH entry point (the kernel's
-//! Xen PVH note). That skips the decompressor and the real-mode setup: under TCG it saves
-//! about 6 s of wall time per boot (measured 13.5 s → 7.4 s to agent ready).
+//! Xen PVH note). That skips the decompressor and the real-mode setup: under TCG, QEMU's
+//! CPU time from spawn to the agent's `ready` went from 8.45 s to 3.69 s (medians of 3).
 
 use std::io::Write;
 use std::path::Path;

@@ -155,6 +155,18 @@ impl Guest {
         })
     }
 
+    /// CPU time QEMU has used so far (user + system), in seconds: under TCG this is the
+    /// guest's work, nearly independent of how busy the host is.
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the ")" closing the command name; utime and stime are 14th and 15th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 =
+            f.get(11).unwrap_or(&"0").parse::<f64>()? + f.get(12).unwrap_or(&"0").parse::<f64>()?;
+        Ok(ticks / 100.0) // USER_HZ is 100 on Linux
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

@@ -23,6 +23,9 @@
 #define OUTBUF_CAP (64 * 1024)
 #define CHILD_LINE_MAX 4096
 #define PORT_RETRY_MS 100
+/* Without a virtio-serial port (a VM started without one) stop scanning sysfs 10x a second. */
+#define PORT_SCAN_SLOW_AFTER_MS 10000
+#define PORT_SCAN_SLOW_MS 1000
 #define RESPAWN_DELAY_MS 1000
 #define RESPAWN_DELAY_MAX_MS 30000
 
@@ -284,7 +287,14 @@ static void read_port(void)
 
 static void check_port(void)
 {
+	static uint64_t started, next_scan;
 	if (port_fd < 0) {
+		uint64_t now = now_ms();
+		if (!started)
+			started = now;
+		if (now < next_scan)
+			return;
+		next_scan = now + (now - started > PORT_SCAN_SLOW_AFTER_MS ? PORT_SCAN_SLOW_MS : 0);
 		port_fd = port_open();
 		if (port_fd < 0)
 			return;

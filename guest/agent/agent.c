@@ -317,6 +317,7 @@ static void check_port(void)
 static void spawn(struct child *ch)
 {
 	int fds[2];
+	ch->respawn_at = now_ms() + RESPAWN_DELAY_MS; /* if this attempt fails */
 	if (pipe2(fds, O_CLOEXEC) < 0) {
 		logmsg("pipe: %s", strerror(errno));
 		return;

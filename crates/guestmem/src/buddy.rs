@@ -141,7 +141,11 @@ impl Model {
         let page_struct = need(info.size("page"), "SIZE(page)")?;
         let mapcount_offset = need(info.offset("page", "_mapcount"), "OFFSET(page._mapcount)")?;
         let private_offset = need(info.offset("page", "private"), "OFFSET(page.private)")?;
-        if page_struct < mapcount_offset + 4 || page_struct < private_offset + 8 {
+        // struct page is 64 bytes on x86-64; anything near a page is corrupt.
+        if page_struct < mapcount_offset + 4
+            || page_struct < private_offset + 8
+            || page_struct > 1024
+        {
             return Err(bad(format!("SIZE(page) {page_struct}")));
         }
         Ok(Model {
@@ -219,38 +223,68 @@ pub fn free_pages<S: PageSource>(
                 pfn = section_end;
                 continue;
             };
-            // The section's struct pages in one read (2 MiB for 128 MiB of RAM).
-            let count = section_end - pfn;
-            structs.resize((count * m.page_struct) as usize, 0);
-            let va = mem_map.wrapping_add(pfn * m.page_struct);
-            pt.read(mem, va, &mut structs)?;
-            let mut i = 0;
-            while i < count {
-                let s = &structs[(i * m.page_struct) as usize..][..m.page_struct as usize];
-                let at = m.mapcount_offset as usize;
-                let mapcount = i32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
-                if mapcount != m.buddy_value {
-                    i += 1;
-                    continue;
-                }
-                let at = m.private_offset as usize;
-                let order = u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-                // A corrupt order (the kernel's MAX_ORDER is 10 or 11) counts one page.
-                let pages = if order < 20 { 1u64 << order } else { 1 };
-                let pages = pages.min(count - i);
-                let start = (pfn + i) * m.page_size;
-                let stop = start + pages * m.page_size;
-                match out.ranges.last_mut() {
-                    Some(last) if last.end == start => last.end = stop,
-                    _ => out.ranges.push(start..stop),
-                }
-                out.bytes += stop - start;
-                i += pages;
+            let mut at_pfn = pfn;
+            while at_pfn < section_end {
+                at_pfn = scan_batch(
+                    mem,
+                    pt,
+                    &m,
+                    mem_map,
+                    at_pfn,
+                    section_end,
+                    &mut structs,
+                    &mut out,
+                )?;
             }
             pfn = section_end;
         }
     }
     Ok(out)
+}
+
+/// Struct pages read at once (512 KiB with 64-byte pages).
+const BATCH: u64 = 8192;
+
+/// Scans up to [`BATCH`] struct pages from `pfn`; returns where to go on
+/// (past the batch, or past a free block that runs beyond it).
+#[allow(clippy::too_many_arguments)]
+fn scan_batch<S: PageSource>(
+    mem: &GuestMemory<S>,
+    pt: &KernelPageTables,
+    m: &Model,
+    mem_map: u64,
+    pfn: u64,
+    section_end: u64,
+    structs: &mut Vec<u8>,
+    out: &mut FreePages,
+) -> Result<u64, BuddyError> {
+    let n = BATCH.min(section_end - pfn);
+    structs.resize((n * m.page_struct) as usize, 0);
+    pt.read(mem, mem_map.wrapping_add(pfn * m.page_struct), structs)?;
+    let mut i = 0;
+    while i < n {
+        let s = &structs[(i * m.page_struct) as usize..][..m.page_struct as usize];
+        let at = m.mapcount_offset as usize;
+        let mapcount = i32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
+        if mapcount != m.buddy_value {
+            i += 1;
+            continue;
+        }
+        let at = m.private_offset as usize;
+        let order = u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+        // A corrupt order (the kernel's MAX_ORDER is 10 or 11) counts one page.
+        let pages = if order < 20 { 1u64 << order } else { 1 };
+        let pages = pages.min(section_end - (pfn + i));
+        let start = (pfn + i) * m.page_size;
+        let stop = start + pages * m.page_size;
+        match out.ranges.last_mut() {
+            Some(last) if last.end == start => last.end = stop,
+            _ => out.ranges.push(start..stop),
+        }
+        out.bytes += stop - start;
+        i += pages;
+    }
+    Ok(pfn + i)
 }
 
 #[cfg(test)]

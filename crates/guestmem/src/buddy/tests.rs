@@ -44,7 +44,15 @@ fn kernel(extreme: bool) -> (tempfile::TempDir, GuestMemory, KernelPageTables, V
         .write_all_at(&coded.to_le_bytes(), 0x20_1000)
         .unwrap();
     // Free blocks: (pfn, order written in page.private).
-    for (pfn, order) in [(0x1000u64, 3u64), (0x2000, 0), (0x3000, 10), (0x3800, 99)] {
+    // 0x1f00 order 9 (unaligned, as only corruption makes it) runs across the
+    // 8192-page read batch and over the "head" at 0x2000, which is inside it.
+    for (pfn, order) in [
+        (0x1000u64, 3u64),
+        (0x1f00, 9),
+        (0x2000, 0),
+        (0x3000, 10),
+        (0x3800, 99),
+    ] {
         let at = MEM_MAP_PA + pfn * 64;
         b.file
             .write_all_at(&(-129i32).to_le_bytes(), at + 48)
@@ -65,14 +73,14 @@ fn finds_free_blocks_by_order() {
             free.ranges,
             vec![
                 0x100_0000..0x100_8000,
-                0x200_0000..0x200_1000,
+                0x1f0_0000..0x210_0000,
                 0x300_0000..0x340_0000,
                 // order 99 is corrupt: one page.
                 0x380_0000..0x380_1000,
             ],
             "extreme {extreme}"
         );
-        assert_eq!(free.bytes, 0x8000 + 0x1000 + 0x40_0000 + 0x1000);
+        assert_eq!(free.bytes, 0x8000 + 0x20_0000 + 0x40_0000 + 0x1000);
         assert!(free.contains(0x300_0000 + 0x3f_ffff));
         assert!(!free.contains(0x340_0000));
         assert!(!free.contains(0));
@@ -97,6 +105,12 @@ fn inconsistent_or_missing_values_are_errors() {
         e.to_string().contains("LENGTH(mem_section) 5 fits neither"),
         "{e}"
     );
+    // An absurd struct page size is refused before anything is allocated.
+    let huge = info(2048, DIRECT_MAP + 0x20_0000)
+        .text
+        .replace("SIZE(page)=64", "SIZE(page)=1000000000");
+    let e = free_pages(&mem, &VmcoreInfo::parse(huge.as_bytes()).unwrap(), &pt).unwrap_err();
+    assert!(e.to_string().contains("SIZE(page) 1000000000"), "{e}");
     let bare = VmcoreInfo::parse(b"OSRELEASE=6.1\nPAGESIZE=4096\n").unwrap();
     let e = free_pages(&mem, &bare, &pt).unwrap_err();
     assert_eq!(e.to_string(), "VMCOREINFO has no NUMBER(SECTION_SIZE_BITS)");

@@ -97,6 +97,63 @@ static void test_json_malformed(void)
 	CHECK(parse(full, &c, err) == 0);
 }
 
+/* Mutations of valid commands and random bytes: the reader must never crash or read out of
+ * bounds (ASan), and whatever it accepts must be a well-formed result. */
+static void test_json_fuzz(void)
+{
+	static const char *seeds[] = {
+		"{\"cmd\":\"marker\",\"id\":7,\"value_hex\":\"dead\",\"x\":[true,{\"y\":\"\\u00e9\"}]}",
+		"{\"cmd\":\"hello\"}", "{\"a\":[[[[1.5e-3]]]],\"cmd\":\"crash\"}",
+	};
+	uint64_t rng = 12345;
+	struct host_cmd c;
+	char err[128];
+	for (int iter = 0; iter < 200000; iter++) {
+		char buf[256];
+		size_t n;
+		rng = splitmix64(rng);
+		if (iter % 4 == 0) {
+			n = rng % sizeof(buf);
+			for (size_t i = 0; i < n; i++)
+				buf[i] = (char)(splitmix64(rng + i) & 0xff);
+		} else {
+			const char *seed = seeds[rng % 3];
+			n = strlen(seed);
+			memcpy(buf, seed, n);
+			for (int k = 0; k < 1 + (int)(rng >> 60); k++) {
+				uint64_t r = splitmix64(rng + (uint64_t)k);
+				if (n == 0)
+					break;
+				size_t pos = (size_t)(r % n);
+				switch ((r >> 32) % 3) {
+				case 0: /* change a byte */
+					buf[pos] = (char)(r >> 40);
+					break;
+				case 1: /* cut */
+					n = pos;
+					break;
+				default: /* insert a structural character */
+					if (n + 1 < sizeof(buf)) {
+						memmove(buf + pos + 1, buf + pos, n - pos);
+						buf[pos] = "{}[]\",:\\"[(r >> 40) % 9];
+						n++;
+					}
+				}
+				}
+			}
+		}
+		char *exact = malloc(n ? n : 1);
+		memcpy(exact, buf, n);
+		if (json_parse_cmd(exact, n, &c, err, sizeof(err)) == 0) {
+			CHECK(!c.has_cmd || strlen(c.cmd) <= CMD_NAME_MAX);
+			CHECK(!c.has_value_hex || strlen(c.value_hex) <= 2 * MARKER_MAX_BYTES);
+		} else {
+			CHECK(err[0] != '\0');
+		}
+		free(exact);
+	}
+}
+
 static void test_json_writer(void)
 {
 	char buf[64];
@@ -241,6 +298,7 @@ int main(void)
 {
 	test_json_valid();
 	test_json_malformed();
+	test_json_fuzz();
 	test_json_writer();
 	test_sizes_and_cmdline();
 	test_web_paths();

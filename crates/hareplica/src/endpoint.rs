@@ -217,6 +217,7 @@ impl Listener {
             Listener::Tcp(l) => {
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
+                set_keepalive(&s)?;
                 Ok(Stream::Tcp(s))
             }
             Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
@@ -236,6 +237,35 @@ impl Listener {
             }
         }
     }
+}
+
+/// TCP keepalive: a peer whose host died (no FIN ever comes) is noticed after about
+/// 5 + 3 × 2 = 11 s of silence, which ends its session.
+fn set_keepalive(s: &TcpStream) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    for (level, opt, val) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ] {
+        let v: libc::c_int = val;
+        // SAFETY: `fd` is the open socket `s` borrows; the option value is a c_int on our
+        // stack whose size we pass, as these options expect.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -264,6 +294,36 @@ mod tests {
         ] {
             assert!(s.parse::<Endpoint>().is_err(), "{s} accepted");
         }
+    }
+
+    #[test]
+    fn accepted_tcp_streams_have_keepalive_and_nodelay() {
+        let l = Endpoint::Tcp("127.0.0.1:0".into()).listen().unwrap();
+        let ep = l.local_endpoint().unwrap();
+        let _c = ep.connect(Duration::from_secs(5)).unwrap();
+        let Stream::Tcp(s) = l.accept().unwrap() else {
+            panic!("not tcp")
+        };
+        assert!(s.nodelay().unwrap());
+        let get = |level, opt| {
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `s` keeps the descriptor open; `v` and `len` are live locals sized
+            // for the c_int these options return.
+            let rc = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    level,
+                    opt,
+                    (&mut v as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            v
+        };
+        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 5);
     }
 
     #[test]

@@ -139,7 +139,6 @@ static void test_json_fuzz(void)
 						n++;
 					}
 				}
-				}
 			}
 		}
 		char *exact = malloc(n ? n : 1);

@@ -116,27 +116,27 @@ int haheap_takeover(const char *engine, const char *backup, uint32_t flags, stru
 // transaction are tracked by the page engines (mprotect, uffd, scan), not by "log".
 //
 // # Safety
-// `heap`: null or a live heap from haheap_create/haheap_takeover.
+// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 uint8_t *haheap_base(struct HaHeap *heap);
 
 // Size of the heap in bytes (whole pages), or 0 if `heap` is null.
 //
 // # Safety
-// `heap`: null or a live heap from haheap_create/haheap_takeover.
+// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 size_t haheap_size(const struct HaHeap *heap);
 
 // Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
 // string; null if `heap` is null.
 //
 // # Safety
-// `heap`: null or a live heap from haheap_create/haheap_takeover.
+// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 const char *haheap_engine_name(const struct HaHeap *heap);
 
 // Why the engine was chosen (for "auto": what was probed), valid until haheap_destroy;
 // null if `heap` is null.
 //
 // # Safety
-// `heap`: null or a live heap from haheap_create/haheap_takeover.
+// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 const char *haheap_engine_reason(const struct HaHeap *heap);
 
 // Opens a transaction. HAHEAP_ERR_NESTED if one is open.

@@ -49,6 +49,8 @@ const ASYNC_MAX_LAG: u32 = 64;
 pub struct HaHeap {
     heap: Heap,
     reason: CString,
+    /// The heap's base address, fixed for its life.
+    base: *mut u8,
 }
 
 /// What one committed transaction did.
@@ -115,11 +117,6 @@ fn guard(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
     }
 }
 
-/// Runs an accessor that cannot fail; a panic yields `default`.
-fn guard_value<T>(default: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
-}
-
 /// Reads an optional C string; null gives None.
 ///
 /// # Safety
@@ -173,9 +170,10 @@ unsafe fn config(
     })
 }
 
-fn publish(heap: Heap, out: *mut *mut HaHeap) {
+fn publish(mut heap: Heap, out: *mut *mut HaHeap) {
     let reason = CString::new(heap.engine_reason().replace('\0', " ")).unwrap_or_default();
-    let boxed = Box::into_raw(Box::new(HaHeap { heap, reason }));
+    let base = heap.as_mut_ptr();
+    let boxed = Box::into_raw(Box::new(HaHeap { heap, reason, base }));
     // SAFETY: callers checked `out` for null; the caller promised it is writable.
     unsafe { *out = boxed };
 }
@@ -282,68 +280,70 @@ unsafe fn heap_mut<'a>(h: *mut HaHeap) -> Result<&'a mut HaHeap, Fail> {
     unsafe { h.as_mut() }.ok_or_else(|| null("heap"))
 }
 
+/// Reads a property of the heap behind `heap`, or returns `default` for null (or a panic).
+///
+/// # Safety
+/// `heap` is null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+unsafe fn property<T>(heap: *const HaHeap, default: T, f: impl FnOnce(&HaHeap) -> T) -> T {
+    // SAFETY: caller contract.
+    let h = unsafe { heap.as_ref() };
+    catch_unwind(AssertUnwindSafe(|| h.map(f)))
+        .ok()
+        .flatten()
+        .unwrap_or(default)
+}
+
 /// Base address of the heap's memory, or null if `heap` is null. Stores through it inside a
 /// transaction are tracked by the page engines (mprotect, uffd, scan), not by "log".
 ///
 /// # Safety
-/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+/// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 #[no_mangle]
 pub unsafe extern "C" fn haheap_base(heap: *mut HaHeap) -> *mut u8 {
-    guard_value(std::ptr::null_mut(), || {
-        // SAFETY: caller contract.
-        let h = unsafe { heap.as_mut() };
-        h.map_or(std::ptr::null_mut(), |h| h.heap.as_mut_ptr())
-    })
+    // SAFETY: caller contract.
+    unsafe { property(heap, std::ptr::null_mut(), |h| h.base) }
 }
 
 /// Size of the heap in bytes (whole pages), or 0 if `heap` is null.
 ///
 /// # Safety
-/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+/// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 #[no_mangle]
 pub unsafe extern "C" fn haheap_size(heap: *const HaHeap) -> usize {
-    guard_value(0, || {
-        // SAFETY: caller contract.
-        let h = unsafe { heap.as_ref() };
-        h.map_or(0, |h| h.heap.len())
-    })
+    // SAFETY: caller contract.
+    unsafe { property(heap, 0, |h| h.heap.len()) }
 }
 
 /// Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
 /// string; null if `heap` is null.
 ///
 /// # Safety
-/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+/// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 #[no_mangle]
 pub unsafe extern "C" fn haheap_engine_name(heap: *const HaHeap) -> *const c_char {
-    guard_value(std::ptr::null(), || {
-        // SAFETY: caller contract.
-        let Some(h) = (unsafe { heap.as_ref() }) else {
-            return std::ptr::null();
-        };
-        let name: &'static CStr = match h.heap.engine() {
+    let name = |h: &HaHeap| -> *const c_char {
+        match h.heap.engine() {
             EngineKind::Mprotect => c"mprotect",
             EngineKind::Uffd => c"uffd",
             EngineKind::Scan => c"scan",
             EngineKind::Log => c"log",
             EngineKind::Auto => c"auto",
-        };
-        name.as_ptr()
-    })
+        }
+        .as_ptr()
+    };
+    // SAFETY: caller contract.
+    unsafe { property(heap, std::ptr::null(), name) }
 }
 
 /// Why the engine was chosen (for "auto": what was probed), valid until haheap_destroy;
 /// null if `heap` is null.
 ///
 /// # Safety
-/// `heap`: null or a live heap from haheap_create/haheap_takeover.
+/// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
 #[no_mangle]
 pub unsafe extern "C" fn haheap_engine_reason(heap: *const HaHeap) -> *const c_char {
-    guard_value(std::ptr::null(), || {
-        // SAFETY: caller contract.
-        let h = unsafe { heap.as_ref() };
-        h.map_or(std::ptr::null(), |h| h.reason.as_ptr())
-    })
+    // SAFETY: caller contract.
+    unsafe { property(heap, std::ptr::null(), |h| h.reason.as_ptr()) }
 }
 
 /// Opens a transaction. HAHEAP_ERR_NESTED if one is open.

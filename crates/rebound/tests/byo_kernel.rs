@@ -104,5 +104,21 @@ fn user_kernel_ready_by_http_and_serial() {
         logs.contains("rebound-agent: ready (workload none)"),
         "{logs}"
     );
-    env.ok(&["vm", "kill", "byo3"]);
+    // QEMU dying on its own (here: killed behind the daemon's back) is noticed.
+    let pid = st["qemu_pid"].as_u64().unwrap() as i32;
+    let run_dir = st["run_dir"].as_str().unwrap().to_string();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let st = env.get_ok(
+        "POST",
+        "/v1/vms/byo3/wait?for=stopped&timeout_ms=30000",
+        None,
+    );
+    assert!(st["qemu_pid"].is_null());
+    let last = env.events("byo3").pop().unwrap();
+    assert_eq!(last["kind"], "exited", "{last}");
+    assert!(!std::path::Path::new(&run_dir).exists());
 }

@@ -195,3 +195,21 @@ fn zero_pages_become_holes_and_read_back_as_zeros() {
     let (_, got, _) = Store::open(dir.path(), false).unwrap();
     assert_eq!(got, st);
 }
+
+#[test]
+fn a_record_announcing_an_oversized_payload_is_a_torn_tail_not_an_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = populated(dir.path(), 4);
+    let mut wal = fs::read(wal_path(dir.path())).unwrap();
+    let good_len = wal.len();
+    let mut rec = [0u8; REC_HEADER];
+    rec[0] = REC_COMMIT;
+    rec[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    wal.extend_from_slice(&rec);
+    wal.extend_from_slice(&[0xab; 100]);
+    fs::write(wal_path(dir.path()), &wal).unwrap();
+    let (_s, got, report) = Store::open(dir.path(), false).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(report.torn_tail_bytes as usize, REC_HEADER + 100);
+    assert_eq!(fs::read(wal_path(dir.path())).unwrap().len(), good_len);
+}

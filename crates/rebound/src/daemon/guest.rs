@@ -103,13 +103,14 @@ pub async fn vmcoreinfo(d: &Arc<Daemon>, name: &str) -> Result<VmcoreinfoReply, 
         let layout = Layout::pc(size).map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
         let mem = GuestMemory::open_ram_file(&ram, layout)
             .map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
-        let (paddr, source, info) = match at {
-            Some(a) => (
-                a.paddr,
-                "agent",
-                read_vmcoreinfo(&mem, a.paddr, a.size)
-                    .map_err(|e| OpError::Vmcoreinfo(e.to_string()))?,
-            ),
+        // The agent's address can be stale (the guest rebooted since): then scan.
+        let at_agent = at.and_then(|a| {
+            read_vmcoreinfo(&mem, a.paddr, a.size)
+                .ok()
+                .map(|i| (a.paddr, i))
+        });
+        let (paddr, source, info) = match at_agent {
+            Some((paddr, info)) => (paddr, "agent", info),
             None => {
                 let f = find_vmcoreinfo(&mem).map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
                 (f.paddr, "scan", f.info)

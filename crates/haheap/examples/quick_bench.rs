@@ -1,13 +1,14 @@
 //! Quick cost check: µs per transaction for 0, 1, 8 and 32 pages per transaction on a
 //! 10 MB heap, 4 writes of 8 bytes per page through `Heap::write`, every engine, diff
-//! included, no backup. Each cell is the median of 5 batches (the machine is shared).
+//! included, no backup (with `--backup`: shipped to an in-process backup over a unix
+//! socket, synchronously). Each cell is the median of 5 batches (the machine is shared).
 //!
-//! `cargo run --release -p haheap --example quick_bench [-- --txs N]`
+//! `cargo run --release -p haheap --example quick_bench [-- --txs N] [--backup]`
 //! The full benchmark (the talk's suite, with a backup) is in crates/haheap-bench.
 
 use std::time::Instant;
 
-use haheap::{EngineKind, Heap, HeapConfig};
+use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
 
 const HEAP: usize = 10 << 20;
 const PAGE: usize = 4096;
@@ -24,18 +25,39 @@ fn main() -> anyhow::Result<()> {
             .parse()?,
         None => 4000,
     };
+    let with_backup = args.iter().any(|a| a == "--backup");
     let auto = Heap::create(HeapConfig::local(PAGE, EngineKind::Auto))?;
     println!("auto picks {}: {}", auto.engine(), auto.engine_reason());
     println!(
-        "{txs} transactions per cell, 10 MB heap, {WPP} writes/page, no backup; µs per transaction"
+        "{txs} transactions per cell, 10 MB heap, {WPP} writes/page, {}; µs per transaction",
+        if with_backup {
+            "sync backup over a unix socket"
+        } else {
+            "no backup"
+        }
     );
     println!(
-        "{:<9} {:>8} {:>8} {:>8} {:>8}   at 32 pages: {:>8} {:>8} {:>9}",
-        "engine", "0 pages", "1 page", "8 pages", "32 pages", "collect", "diff", "bytes/tx"
+        "{:<9} {:>8} {:>8} {:>8} {:>8}   at 32 pages: {:>8} {:>8} {:>8} {:>9}",
+        "engine", "0 pages", "1 page", "8 pages", "32 pages", "collect", "diff", "ship", "bytes/tx"
     );
     let mut at32 = Vec::new();
     for engine in EngineKind::CONCRETE {
-        let mut h = match Heap::create(HeapConfig::local(HEAP, engine)) {
+        // A fresh backup per engine: a replica serves one fresh heap.
+        let dir = tempfile::tempdir()?;
+        let backup = if with_backup {
+            let ep = format!("unix:{}", dir.path().join("b.sock").display()).parse()?;
+            let cfg = hareplica::BackupConfig::new(ep, &dir.path().join("replica"));
+            Some(hareplica::BackupServer::bind(cfg)?.0.spawn())
+        } else {
+            None
+        };
+        let cfg = HeapConfig {
+            size: HEAP,
+            engine,
+            backup: backup.as_ref().map(|b| b.endpoint().to_string()),
+            mode: ReplMode::Sync,
+        };
+        let mut h = match Heap::create(cfg) {
             Ok(h) => h,
             Err(e) => {
                 println!("{engine:<9} unavailable: {e}");
@@ -44,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         };
         touch_all(&mut h)?;
         let mut row = Vec::new();
-        let mut breakdown = (0.0, 0.0, 0.0);
+        let mut breakdown = (0.0, 0.0, 0.0, 0.0);
         for ppt in PPTS {
             let before = h.counters();
             let mut batches: Vec<f64> = (0..BATCHES)
@@ -57,12 +79,13 @@ fn main() -> anyhow::Result<()> {
             breakdown = (
                 (c.collect_ns - before.collect_ns) as f64 / n / 1e3,
                 (c.diff_ns - before.diff_ns) as f64 / n / 1e3,
+                (c.ship_ns - before.ship_ns) as f64 / n / 1e3,
                 (c.bytes_shipped - before.bytes_shipped) as f64 / n,
             );
         }
         at32.push((engine, row[3]));
         println!(
-            "{:<9} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   at 32 pages: {:>8.2} {:>8.2} {:>9.0}",
+            "{:<9} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   at 32 pages: {:>8.2} {:>8.2} {:>8.2} {:>9.0}",
             engine.name(),
             row[0],
             row[1],
@@ -70,7 +93,8 @@ fn main() -> anyhow::Result<()> {
             row[3],
             breakdown.0,
             breakdown.1,
-            breakdown.2
+            breakdown.2,
+            breakdown.3
         );
     }
     if let Some(&(_, mp)) = at32.iter().find(|(e, _)| *e == EngineKind::Mprotect) {

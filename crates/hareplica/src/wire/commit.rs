@@ -1,9 +1,10 @@
 //! Commit payloads: the transaction's runs, encoded straight from the heap.
 
-use super::{begin_frame, finish_frame, le_u32, le_u64, FrameType, WireError, MAX_COMMIT_PAYLOAD};
+use super::{begin_frame, finish_frame, FrameType, WireError, MAX_COMMIT_PAYLOAD};
 use crate::diff::DiffRun;
 
-const COMMIT_HEADER: usize = 20;
+/// Longest commit header: three varints (tx id, epoch, run count).
+const MAX_COMMIT_HEADER: usize = 3 * MAX_VARINT;
 /// Longest LEB128 encoding of a u64.
 const MAX_VARINT: usize = 10;
 
@@ -74,16 +75,16 @@ impl Commit {
             ty: FrameType::Commit,
             why,
         };
-        if payload.len() < COMMIT_HEADER {
-            return Err(bad(format!(
-                "{} bytes, header needs {COMMIT_HEADER}",
-                payload.len()
-            )));
-        }
-        let tx_id = le_u64(&payload[0..8]);
-        let epoch = le_u64(&payload[8..16]);
-        let run_count = le_u32(&payload[16..20]);
-        let (mut pos, mut prev_end) = (COMMIT_HEADER, 0u64);
+        let mut pos = 0;
+        let mut field = |name: &str| {
+            get_varint(&payload, &mut pos)
+                .ok_or_else(|| bad(format!("{name} is cut short or too long")))
+        };
+        let tx_id = field("tx id")?;
+        let epoch = field("epoch")?;
+        let run_count =
+            u32::try_from(field("run count")?).map_err(|_| bad("run count exceeds u32".into()))?;
+        let mut prev_end = 0u64;
         // Each run takes at least 3 bytes, so this cannot be made to over-allocate.
         let mut spans = Vec::with_capacity((run_count as usize).min(payload.len() / 3));
         for i in 0..run_count {
@@ -145,15 +146,15 @@ pub fn encode_commit(
     buf: &mut Vec<u8>,
 ) -> Option<usize> {
     let data = crate::diff::run_bytes(runs);
-    let bound = COMMIT_HEADER as u64 + 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
-    if COMMIT_HEADER as u64 + data > u64::from(MAX_COMMIT_PAYLOAD) {
+    let bound = MAX_COMMIT_HEADER as u64 + 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
+    if data > u64::from(MAX_COMMIT_PAYLOAD) {
         return None;
     }
     begin_frame(buf, FrameType::Commit);
     buf.reserve(bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize);
-    buf.extend_from_slice(&tx_id.to_le_bytes());
-    buf.extend_from_slice(&epoch.to_le_bytes());
-    buf.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    put_varint(buf, tx_id);
+    put_varint(buf, epoch);
+    put_varint(buf, runs.len() as u64);
     let mut prev_end = 0u64;
     for r in runs {
         put_varint(buf, zigzag(r.offset.wrapping_sub(prev_end) as i64));
@@ -216,9 +217,25 @@ mod tests {
     }
 
     #[test]
+    fn cut_headers_are_refused() {
+        for (bytes, needle) in [
+            (&[][..], "tx id"),
+            (&[5][..], "epoch"),
+            (&[5, 1][..], "run count"),
+            (&[5, 1, 0x80][..], "run count"),
+            (&[5, 1, 0xff, 0xff, 0xff, 0xff, 0x7f][..], "exceeds u32"),
+        ] {
+            let e = Commit::parse(bytes.to_vec()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e} lacks {needle}");
+        }
+    }
+
+    #[test]
     fn negative_offsets_and_zero_lengths_are_refused() {
-        let mut p = vec![0u8; COMMIT_HEADER];
-        p[16] = 1;
+        let mut p = vec![];
+        for v in [9, 1, 1] {
+            put_varint(&mut p, v); // tx 9, epoch 1, one run
+        }
         let mut bad_neg = p.clone();
         put_varint(&mut bad_neg, zigzag(-5));
         put_varint(&mut bad_neg, 1);

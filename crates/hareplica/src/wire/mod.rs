@@ -23,13 +23,14 @@
 //!   then a `Welcome` with the last tx id and the new epoch.
 //! - `Image` (16 + up to [`IMAGE_CHUNK`] bytes): `offset u64`, `total u64`, then bytes.
 //!   Chunks arrive in order and cover `0..total`.
-//! - `Commit` (primary → backup): `tx_id u64`, `epoch u64`, `run_count u32`, then per run
-//!   a run header of two LEB128 varints, `gap` (the run's offset minus the previous run's
-//!   end, zigzag-encoded so any order works; the first run counts from 0) and `len`
-//!   (1..=u32::MAX), then `len` bytes. Varints keep a run header at 2–4 bytes instead of 12:
-//!   diffs of small writes are mostly headers. The backup applies it atomically iff `epoch` is
-//!   current and `tx_id` is its last tx + 1. A resend of an already applied tx (same bytes)
-//!   is acknowledged again without being applied; anything else out of order is refused.
+//! - `Commit` (primary → backup): three LEB128 varints `tx_id`, `epoch`, `run_count`
+//!   (at most u32), then per run two varints, `gap` (the run's offset minus the previous
+//!   run's end, zigzag-encoded so any order works; the first run counts from 0) and `len`
+//!   (1..=u32::MAX), then `len` bytes. Varints keep a run header at 2–4 bytes instead of
+//!   12 and the commit header at about 5 instead of 20: diffs of small writes are mostly
+//!   headers. The backup applies a commit atomically iff `epoch` is current and `tx_id` is
+//!   its last tx + 1. A resend of an already applied tx (same bytes) is acknowledged again
+//!   without being applied; anything else out of order is refused.
 //! - `Ack` (8 bytes): `tx_id u64`, the tx is applied (and on disk when the backup is durable).
 //! - `Status` (empty) → `StatusReply` (see [`StatusInfo::encode`]).
 //! - `Promote` (empty): the backup bumps its epoch, fencing the current primary: its next

@@ -115,11 +115,12 @@ pub fn build(cfg: &QemuConfig) -> Vec<String> {
     for (h, g) in &cfg.forwards {
         netdev.push_str(&format!(",hostfwd=tcp:127.0.0.1:{h}-:{g}"));
     }
+    // romfile= : no iPXE option ROM, we never boot from the network.
     push(&[
         "-netdev",
         &netdev,
         "-device",
-        "virtio-net-pci,netdev=net0,id=nic0",
+        "virtio-net-pci,netdev=net0,id=nic0,romfile=",
     ]);
 
     push(&["-device", "virtio-serial-pci,id=vser0"]);

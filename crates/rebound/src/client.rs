@@ -186,7 +186,8 @@ impl Client {
             .stderr(err);
         crate::vm::process::new_session(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ClientError::Start(e.to_string()))?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let mut deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let mut exited: Option<String> = None;
         loop {
             if self.is_up().await {
                 // The daemon lives on in its own session; reap it if it ever exits
@@ -194,17 +195,16 @@ impl Client {
                 std::thread::spawn(move || child.wait());
                 return Ok(());
             }
-            if let Ok(Some(st)) = child.try_wait() {
-                let last = std::fs::read_to_string(log)
-                    .ok()
-                    .and_then(|s| {
-                        s.lines()
-                            .rev()
-                            .find(|l| !l.trim().is_empty())
-                            .map(str::to_string)
-                    })
-                    .unwrap_or_default();
-                return Err(ClientError::Start(format!("daemon exited ({st}): {last}")));
+            if exited.is_none() {
+                if let Ok(Some(st)) = child.try_wait() {
+                    // Another CLI may have started a daemon at the same moment (ours
+                    // then exits, "already serving"): give that one a moment.
+                    exited = Some(format!("daemon exited ({st}): {}", last_line(log)));
+                    deadline = deadline.min(std::time::Instant::now() + Duration::from_secs(3));
+                }
+            }
+            if let (Some(why), true) = (&exited, std::time::Instant::now() > deadline) {
+                return Err(ClientError::Start(why.clone()));
             }
             if std::time::Instant::now() > deadline {
                 return Err(ClientError::Start(format!(
@@ -215,4 +215,17 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The last non-empty line of a log file, or nothing.
+fn last_line(log: &Path) -> String {
+    std::fs::read_to_string(log)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
 }

@@ -226,3 +226,23 @@ fn name_in_use() {
     assert!(env.fails(&["vm", "status", "dup"]).contains("unknown VM"));
     assert!(!env.home.path().join("vms/dup").exists());
 }
+
+#[test]
+fn concurrent_clients_start_one_daemon() {
+    let env = Env::bare();
+    let procs: Vec<_> = (0..4)
+        .map(|_| {
+            env.cmd(&["vm", "list", "--json"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for p in procs {
+        let o = p.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+    }
+    env.daemon_pid();
+}

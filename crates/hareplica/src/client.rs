@@ -19,7 +19,7 @@ use crate::wire::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("the backup at {endpoint} is unavailable")]
+    #[error("the backup is unavailable")]
     BackupUnavailable {
         endpoint: String,
         #[source]

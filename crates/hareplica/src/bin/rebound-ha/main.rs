@@ -145,8 +145,7 @@ fn run(cmd: Cmd) -> Result<()> {
             json,
             ..
         } => {
-            let st = hareplica::query_status(&ep, ADMIN_TIMEOUT)
-                .with_context(|| format!("status of {ep}"))?;
+            let st = hareplica::query_status(&ep, ADMIN_TIMEOUT).context("status")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {
@@ -156,8 +155,8 @@ fn run(cmd: Cmd) -> Result<()> {
         }
         Cmd::Status { .. } => bail!("give --dir or --connect"),
         Cmd::Promote { connect, json } => {
-            let (epoch, last_tx) = hareplica::promote(&connect, ADMIN_TIMEOUT)
-                .with_context(|| format!("promote {connect}"))?;
+            let (epoch, last_tx) =
+                hareplica::promote(&connect, ADMIN_TIMEOUT).context("promote")?;
             if json {
                 println!(
                     "{}",

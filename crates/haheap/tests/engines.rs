@@ -504,3 +504,44 @@ fn heaps_of_every_engine_in_parallel_threads() {
         t.join().expect("a heap thread failed");
     }
 }
+
+/// A system call writing into the heap (read(2) from a pipe): the uffd engines see it like
+/// a store; with mprotect the region is read-only, so the kernel refuses with EFAULT and the
+/// heap is unchanged (a documented limit of that engine).
+#[test]
+fn kernel_writes_into_the_heap() {
+    for engine in [EngineKind::Mprotect, EngineKind::Uffd, EngineKind::Scan] {
+        let mut h = heap(engine, 8);
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a live array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let msg = b"written by the kernel on behalf of read(2)";
+        // SAFETY: writing our buffer to our pipe.
+        assert_eq!(
+            unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) },
+            msg.len() as isize
+        );
+        h.tstart().unwrap();
+        let at = 3 * PAGE + 100;
+        // SAFETY: reading at most msg.len() bytes into the heap, inside its bounds.
+        let n = unsafe { libc::read(fds[0], h.as_mut_ptr().add(at).cast(), msg.len()) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        h.tend().unwrap();
+        if engine == EngineKind::Mprotect {
+            assert_eq!((n, errno), (-1, Some(libc::EFAULT)), "{engine}");
+            assert!(h.as_slice().iter().all(|&b| b == 0));
+        } else {
+            assert_eq!(n, msg.len() as isize, "{engine}");
+            assert_eq!(&h.as_slice()[at..at + msg.len()], msg);
+            assert_eq!(
+                h.dirty_pages_of_last_tx(),
+                &[3],
+                "{engine}: kernel write not tracked"
+            );
+        }
+        // SAFETY: closing our own pipe.
+        unsafe { libc::close(fds[0]) };
+        // SAFETY: as above.
+        unsafe { libc::close(fds[1]) };
+    }
+}

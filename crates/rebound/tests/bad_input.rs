@@ -246,3 +246,17 @@ fn concurrent_clients_start_one_daemon() {
     }
     env.daemon_pid();
 }
+
+#[test]
+fn qemu_failing_at_start_leaves_nothing() {
+    let env = Env::new();
+    // A host port someone else holds: QEMU refuses the forward and exits.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fwd = format!("{}:8080", busy.local_addr().unwrap().port());
+    let e = env.fails(&["vm", "start", "busy", "--forward", &fwd, "--no-wait"]);
+    assert!(e.contains("QEMU failed to start"), "{e}");
+    assert!(e.contains("forward"), "{e}");
+    assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
+    assert!(!env.home.path().join("vms/busy").exists());
+    assert!(!env.run.path().join("busy").exists());
+}

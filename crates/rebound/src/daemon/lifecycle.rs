@@ -27,36 +27,38 @@ const QMP_WAIT: Duration = Duration::from_secs(15);
 pub async fn start(d: &Arc<Daemon>, spec: VmSpec) -> Result<VmStatus, OpError> {
     let (boot, ready) = spec.validate()?;
     // Reserve the name before any slow work so concurrent starts cannot collide.
-    let placeholder = {
+    let (placeholder, previous) = {
         let mut vms = d.vms.lock().expect("vms lock");
-        if let Some(v) = vms.get(&spec.name) {
+        let previous = vms.get(&spec.name).cloned();
+        if let Some(v) = &previous {
             let st = v.record().state;
             if st != VmState::Stopped {
                 return Err(OpError::NameInUse(spec.name.clone(), st));
             }
         }
-        let rec = new_record(d, &spec);
-        let h = VmHandle::new(&d.paths, rec);
+        let h = VmHandle::new(&d.paths, new_record(d, &spec));
         vms.insert(spec.name.clone(), h.clone());
-        h
+        (h, previous)
     };
-    match spawn(d, &placeholder, spec, boot, ready).await {
-        Ok(s) => Ok(s),
-        Err(e) => {
-            // Forget the VM only if nothing of it existed before this attempt.
-            if !placeholder.dir.record().exists() {
-                // Nothing of this VM existed before: leave nothing behind (disk copy).
-                let _ = std::fs::remove_dir_all(placeholder.dir.path());
-                d.vms.lock().expect("vms lock").remove(&placeholder.name);
-            } else {
-                placeholder.update(|r| {
-                    r.state = VmState::Stopped;
-                    r.qemu_pid = None;
-                });
+    let result = spawn(d, &placeholder, spec, boot, ready).await;
+    if result.is_err() {
+        let mut vms = d.vms.lock().expect("vms lock");
+        match previous {
+            // A stopped VM of that name stays as it was.
+            Some(old) => {
+                if let Err(e) = old.record().save(&old.dir.record()) {
+                    eprintln!("vm {}: {e}", old.name);
+                }
+                vms.insert(old.name.clone(), old);
             }
-            Err(e)
+            // Nothing of this VM existed before: leave nothing behind.
+            None => {
+                vms.remove(&placeholder.name);
+                let _ = std::fs::remove_dir_all(placeholder.dir.path());
+            }
         }
     }
+    result
 }
 
 fn new_record(d: &Daemon, spec: &VmSpec) -> VmRecord {

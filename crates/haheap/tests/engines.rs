@@ -517,10 +517,8 @@ fn kernel_writes_into_the_heap() {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let msg = b"written by the kernel on behalf of read(2)";
         // SAFETY: writing our buffer to our pipe.
-        assert_eq!(
-            unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) },
-            msg.len() as isize
-        );
+        let wrote = unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) };
+        assert_eq!(wrote, msg.len() as isize);
         h.tstart().unwrap();
         let at = 3 * PAGE + 100;
         // SAFETY: reading at most msg.len() bytes into the heap, inside its bounds.

@@ -612,20 +612,22 @@ impl FrameReader {
             });
         }
         let want = HEADER_LEN + len as usize;
-        // Grow with the bytes that arrive, so a lying header cannot make us allocate.
-        let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
-        let mut chunk = [0u8; 64 * 1024];
-        while payload.len() < len as usize {
-            let n = (len as usize - payload.len()).min(chunk.len());
-            self.fill(r, &mut chunk[..n], true, want)
+        // Grow by at most 1 MiB ahead of the bytes that arrived, so a lying header cannot
+        // make us allocate; read straight into the payload (no bounce buffer to zero).
+        const STEP: usize = 1 << 20;
+        let len = len as usize;
+        let mut payload = Vec::with_capacity(len.min(STEP));
+        while payload.len() < len {
+            let start = payload.len();
+            payload.resize(start + (len - start).min(STEP), 0);
+            self.fill(r, &mut payload[start..], true, want)
                 .map_err(|e| match e {
                     WireError::Truncated { got, .. } => WireError::Truncated {
-                        got: HEADER_LEN + payload.len() + got,
+                        got: HEADER_LEN + start + got,
                         want,
                     },
                     e => e,
                 })?;
-            payload.extend_from_slice(&chunk[..n]);
         }
         let mut h = crc32fast::Hasher::new();
         h.update(&hdr[0..12]);

@@ -260,3 +260,31 @@ fn qemu_failing_at_start_leaves_nothing() {
     assert!(!env.home.path().join("vms/busy").exists());
     assert!(!env.run.path().join("busy").exists());
 }
+
+#[test]
+fn kvm_requested_where_unusable() {
+    let host = rebound::vm::accel::HostFacts::probe();
+    let Some(reason) = host.kvm_unusable_reason() else {
+        eprintln!("KVM is usable on this host: nothing to refuse");
+        return;
+    };
+    let env = Env::bare();
+    let args = [
+        "vm",
+        "start",
+        "k",
+        "--kernel",
+        "/bin/true",
+        "--ready",
+        "tcp:22",
+        "--accel",
+        "kvm",
+    ];
+    let e = env.fails(&args);
+    assert!(
+        e.contains("--accel kvm requested but KVM is unusable here"),
+        "{e}"
+    );
+    assert!(e.contains(&reason), "{e}");
+    assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
+}

@@ -116,6 +116,9 @@ fn workloads_answer_and_survive_a_daemon_restart() {
     });
     assert!(m.1["paddr"].as_u64().unwrap() > 0);
 
+    // The serial console shows the counter ticking; Ctrl-] detaches.
+    console_shows(&env, "ctr1", "counter seq=");
+
     // kill: at once, runtime files gone.
     let run_dir = env.status("ctr1")["run_dir"].as_str().unwrap().to_string();
     env.ok(&["vm", "kill", "ctr1"]);
@@ -165,4 +168,43 @@ fn sigkill_and_wait(pid: u32) {
                 .starts_with('Z'))
         .then_some(())
     });
+}
+
+/// Attaches `rebound vm console` (stdin a pipe, not a terminal), waits for `needle`
+/// in what the guest prints, then detaches with Ctrl-].
+fn console_shows(env: &Env, name: &str, needle: &str) {
+    use std::io::{Read, Write};
+    let mut child = env
+        .cmd(&["vm", "console", name])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let t0 = std::time::Instant::now();
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "console never showed {needle:?}"
+        );
+        if let Ok(b) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.extend(b);
+        }
+    }
+    child.stdin.as_mut().unwrap().write_all(&[0x1d]).unwrap();
+    let st = eventually(Duration::from_secs(10), "the console to detach", || {
+        child.try_wait().unwrap()
+    });
+    assert!(st.success());
 }

@@ -7,11 +7,12 @@
 //! merged: a run header on the wire costs 12 bytes, so a short equal gap is cheaper to
 //! ship than a new header.
 //!
-//! Speed: a 256-byte span is checked with one OR of its sixteen 16-byte XORs (SSE2, part
-//! of every x86-64), then only differing spans are checked per 64-byte block, and only
-//! differing blocks per 8-byte word; a differing word's exact bytes come from its XOR's
-//! trailing and leading zeros. A page with a few small writes costs about one pass of
-//! vector loads over both copies.
+//! Speed: a 256-byte span is checked with one OR of its XORs (32-byte AVX2 vectors when
+//! the CPU has them, else 16-byte SSE2 ones, part of every x86-64), then only differing
+//! spans are checked per 64-byte block, and only differing blocks per 8-byte word; a
+//! differing word's exact bytes come from its XOR's trailing and leading zeros. A page with
+//! a few small writes costs about one pass of vector loads over both copies (~150 ns for
+//! a 4 KiB page in cache here, `examples/diff_speed.rs`).
 
 /// Runs closer than this many equal bytes are merged into one.
 pub const MERGE_GAP: u64 = 16;
@@ -70,20 +71,73 @@ pub fn diff_pages(
     }
 }
 
-/// Diffs one page-aligned range; `base` is its offset in the heap.
+/// Diffs one page-aligned range with the widest vector compare the CPU has.
 fn diff_range(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only precondition.
+        unsafe { diff_range_avx2(a, b, base, out) };
+        return;
+    }
+    scan::<false>(a, b, base, out);
+}
+
+/// The scan compiled with AVX2 enabled, so its span tests use 32-byte compares.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn diff_range_avx2(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+    scan::<true>(a, b, base, out);
+}
+
+/// Tests `a` and `b` for a difference: AVX2 when `AVX` (only instantiated inside
+/// [`diff_range_avx2`]), SSE2 or portable code otherwise.
+#[inline(always)]
+fn span_differs<const AVX: bool, const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: `AVX` is true only in the instance inlined into `diff_range_avx2`,
+        // which runs only after AVX2 was detected.
+        return unsafe { differs_avx2(a, b) };
+    }
+    differs(a, b)
+}
+
+/// Whether two equal-sized chunks (a multiple of 32 bytes) differ, 32 bytes at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn differs_avx2<const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
+    use std::arch::x86_64::{
+        __m256i, _mm256_loadu_si256, _mm256_or_si256, _mm256_setzero_si256, _mm256_testz_si256,
+        _mm256_xor_si256,
+    };
+    const { assert!(N.is_multiple_of(32)) };
+    let (pa, pb) = (a.as_ptr().cast::<__m256i>(), b.as_ptr().cast::<__m256i>());
+    let mut acc = _mm256_setzero_si256();
+    for i in 0..N / 32 {
+        // SAFETY: each unaligned load reads the 32 bytes at lane i*32 < N of the N-byte
+        // arrays that `a` and `b` borrow for this call.
+        let (x, y) = unsafe { (_mm256_loadu_si256(pa.add(i)), _mm256_loadu_si256(pb.add(i))) };
+        acc = _mm256_or_si256(acc, _mm256_xor_si256(x, y));
+    }
+    _mm256_testz_si256(acc, acc) == 0
+}
+
+/// Diffs one page-aligned range; `base` is its offset in the heap.
+#[inline(always)]
+fn scan<const AVX: bool>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
     // Fixed-size chunks: no length checks inside the hot loop. Most of a dirty page is
     // unchanged, so 256-byte spans are tested first, then their 64-byte blocks.
     let (aspans, _) = a.as_chunks::<SPAN>();
     let (bspans, _) = b.as_chunks::<SPAN>();
     for (s, (aspan, bspan)) in aspans.iter().zip(bspans).enumerate() {
-        if !differs(aspan, bspan) {
+        if !span_differs::<AVX, SPAN>(aspan, bspan) {
             continue;
         }
         let (ablocks, _) = aspan.as_chunks::<BLOCK>();
         let (bblocks, _) = bspan.as_chunks::<BLOCK>();
         for (n, (ablk, bblk)) in ablocks.iter().zip(bblocks).enumerate() {
-            if !differs(ablk, bblk) {
+            if !span_differs::<AVX, BLOCK>(ablk, bblk) {
                 continue;
             }
             let (awords, _) = ablk.as_chunks::<WORD>();
@@ -317,6 +371,14 @@ mod tests {
             let mut applied = shadow.clone();
             apply(&mut applied, &cur, &out);
             prop_assert_eq!(&applied, &cur);
+
+            // The SSE2/portable scan (used on CPUs without AVX2) gives the same runs.
+            let mut plain = Vec::new();
+            for &p in &pages {
+                let r = p * PS..(p + 1) * PS;
+                scan::<false>(&shadow[r.clone()], &cur[r.clone()], r.start as u64, &mut plain);
+            }
+            prop_assert_eq!(&plain, &out);
 
             let exact = exact_runs(&shadow, &cur);
             let changed: usize = exact.iter().map(|(s, e)| e - s).sum();

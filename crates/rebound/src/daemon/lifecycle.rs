@@ -15,7 +15,7 @@ use crate::vm::agent::AgentLink;
 use crate::vm::argv;
 use crate::vm::events::{mono_ns, wall_now};
 use crate::vm::process;
-use crate::vm::qmp::Qmp;
+use crate::vm::qmp::{Qmp, QmpSession};
 use crate::vm::record::{VmRecord, VmState, RECORD_VERSION};
 
 /// How long a guest gets to power off before QEMU is told to quit.
@@ -147,16 +147,7 @@ async fn spawn(
 }
 
 /// Waits for QEMU's QMP socket and connects; on failure explains why (QEMU's last log line).
-async fn connect_qmp(
-    vm: &VmHandle,
-    pid: u32,
-) -> Result<
-    (
-        Arc<Qmp>,
-        tokio::sync::mpsc::UnboundedReceiver<crate::vm::qmp::QmpEvent>,
-    ),
-    String,
-> {
+async fn connect_qmp(vm: &VmHandle, pid: u32) -> Result<QmpSession, String> {
     let deadline = tokio::time::Instant::now() + QMP_WAIT;
     let sock = vm.run.qmp();
     loop {

@@ -41,6 +41,9 @@ pub struct QmpEvent {
     pub data: Value,
 }
 
+/// A negotiated session and its event stream.
+pub type QmpSession = (Arc<Qmp>, mpsc::UnboundedReceiver<QmpEvent>);
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, QmpError>>>>>;
 
 /// A connected, negotiated QMP session.
@@ -92,9 +95,7 @@ fn parse(line: &str) -> Result<Message, String> {
 
 impl Qmp {
     /// Connects, reads the greeting, negotiates capabilities.
-    pub async fn connect(
-        path: &Path,
-    ) -> Result<(Arc<Qmp>, mpsc::UnboundedReceiver<QmpEvent>), QmpError> {
+    pub async fn connect(path: &Path) -> Result<QmpSession, QmpError> {
         let stream = UnixStream::connect(path)
             .await
             .map_err(|e| QmpError::Connect(path.display().to_string(), e.to_string()))?;

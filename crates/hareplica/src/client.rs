@@ -313,6 +313,7 @@ impl ReplicaClient {
             let frames = FrameReader {
                 stall_limit: self.opts.ack_timeout,
                 idle_limit: Some(self.opts.ack_timeout),
+                ..FrameReader::default()
             };
             let res = match frames.read(&mut conn.reader) {
                 Ok(Message::Ack { tx_id }) => self.acked(tx_id),
@@ -470,6 +471,7 @@ impl ReplicaClient {
         let frames = FrameReader {
             stall_limit: self.opts.ack_timeout,
             idle_limit: Some(self.opts.ack_timeout),
+            ..FrameReader::default()
         };
         match frames.read(&mut conn.reader) {
             Ok(Message::Error { code, message }) => Err(refusal(code, message)),

@@ -25,6 +25,17 @@ const SESSION_HANDOVER: Duration = Duration::from_secs(2);
 const MAX_CONNECTIONS: usize = 64;
 const READ_TICK: Duration = Duration::from_millis(100);
 const ACCEPT_TICK: Duration = Duration::from_millis(100);
+/// Before a session exists a commit is refused anyway; do not read a big one.
+const PRE_SESSION_COMMIT_CAP: u32 = 64 << 10;
+
+/// A generous bound on a commit for a `heap_size`-byte heap: diff runs are disjoint (at
+/// most the heap's bytes) with headers of a few bytes; 4x plus 64 KiB leaves room for
+/// callers that send overlapping runs (a write log), and still ties the memory a peer
+/// can make us hold to the heap it declared.
+fn session_commit_cap(heap_size: u64) -> u32 {
+    let cap = 4 * heap_size + (64 << 10);
+    cap.min(u64::from(wire::MAX_COMMIT_PAYLOAD)) as u32
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -327,6 +338,8 @@ struct Connection<'a> {
     peer: String,
     session: Option<u64>,
     pending_acks: Vec<u8>,
+    /// Largest commit payload accepted: small until a session names its heap size.
+    commit_cap: u32,
 }
 
 impl<'a> Connection<'a> {
@@ -342,15 +355,17 @@ impl<'a> Connection<'a> {
             peer,
             session: None,
             pending_acks: Vec::new(),
+            commit_cap: PRE_SESSION_COMMIT_CAP,
         }
     }
 
     fn run(mut self) {
-        let frames = FrameReader {
-            stall_limit: self.shared.cfg.frame_timeout,
-            idle_limit: None,
-        };
         loop {
+            let frames = FrameReader {
+                stall_limit: self.shared.cfg.frame_timeout,
+                idle_limit: None,
+                commit_cap: self.commit_cap,
+            };
             let msg = match frames.read(&mut self.reader) {
                 Ok(m) => m,
                 Err(WireError::Closed) => break,
@@ -449,6 +464,7 @@ impl<'a> Connection<'a> {
     fn start_session(&mut self, inner: &mut Inner, mode: Mode) {
         let id = inner.next_id;
         inner.next_id += 1;
+        self.commit_cap = session_commit_cap(inner.state.heap_size);
         inner.session = Some(Session {
             id,
             peer: self.peer.clone(),

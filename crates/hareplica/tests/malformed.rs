@@ -41,6 +41,7 @@ fn exchange(ep: &hareplica::Endpoint, bytes: &[u8]) -> Vec<Message> {
     let reader = FrameReader {
         stall_limit: Duration::from_secs(5),
         idle_limit: Some(Duration::from_secs(5)),
+        ..FrameReader::default()
     };
     loop {
         match reader.read(&mut s) {
@@ -138,6 +139,25 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
         &huge[..HEADER_LEN],
         ErrorCode::Malformed,
         "exceeds its cap",
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // Commit caps tighter than the global one: before a session, and from the heap size.
+    let mut pre = commit_frame(1, epoch, &[], &[]);
+    pre[8..12].copy_from_slice(&(100u32 << 10).to_le_bytes());
+    expect_refusal(
+        &ep,
+        &pre[..HEADER_LEN],
+        ErrorCode::Malformed,
+        "cap of 65536",
+    );
+    let mut in_session = commit_frame(11, epoch, &[], &[]);
+    in_session[8..12].copy_from_slice(&(5u32 << 20).to_le_bytes());
+    let t = Instant::now();
+    expect_refusal(
+        &ep,
+        &[resume(epoch), in_session[..HEADER_LEN].to_vec()].concat(),
+        ErrorCode::Malformed,
+        &format!("cap of {}", 4 * HEAP + (64 << 10)),
     );
     assert!(t.elapsed() < Duration::from_secs(2));
     // A Hello whose fields lie.
@@ -294,6 +314,7 @@ fn frame_reader_rejects_damage_through_a_socket_pair() {
     let reader = FrameReader {
         stall_limit: Duration::from_millis(300),
         idle_limit: None,
+        ..FrameReader::default()
     };
     let mut s = Stream::Unix(b);
     assert!(matches!(reader.read(&mut s), Err(WireError::Stalled(_))));

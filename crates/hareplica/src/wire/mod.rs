@@ -571,6 +571,9 @@ pub fn decode(ty: FrameType, payload: Vec<u8>) -> Result<Message, WireError> {
 pub struct FrameReader {
     pub stall_limit: Duration,
     pub idle_limit: Option<Duration>,
+    /// A tighter cap for `Commit` payloads than [`MAX_COMMIT_PAYLOAD`] (the backup sets it
+    /// from the session's heap size).
+    pub commit_cap: u32,
 }
 
 impl Default for FrameReader {
@@ -578,6 +581,7 @@ impl Default for FrameReader {
         FrameReader {
             stall_limit: Duration::from_secs(30),
             idle_limit: None,
+            commit_cap: MAX_COMMIT_PAYLOAD,
         }
     }
 }
@@ -604,12 +608,12 @@ impl FrameReader {
         let raw_ty = le_u16(&hdr[6..]);
         let ty = FrameType::from_u16(raw_ty).ok_or(WireError::UnknownType(raw_ty))?;
         let len = le_u32(&hdr[8..]);
-        if len > ty.cap() {
-            return Err(WireError::Oversized {
-                ty,
-                len,
-                cap: ty.cap(),
-            });
+        let cap = match ty {
+            FrameType::Commit => ty.cap().min(self.commit_cap),
+            _ => ty.cap(),
+        };
+        if len > cap {
+            return Err(WireError::Oversized { ty, len, cap });
         }
         let want = HEADER_LEN + len as usize;
         // Grow by at most 1 MiB ahead of the bytes that arrived, so a lying header cannot

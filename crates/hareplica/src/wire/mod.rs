@@ -58,8 +58,9 @@
 //! # Caps
 //! Every length is capped: frame payloads per type (a commit at most
 //! [`MAX_COMMIT_PAYLOAD`]), heap sizes at [`MAX_HEAP`], messages at [`MAX_ERROR_MESSAGE`].
-//! A frame whose header announces more than its cap is refused before any allocation;
-//! payload buffers grow only as bytes actually arrive.
+//! The backup caps commits tighter per connection: 64 KiB before a session exists, then
+//! 4x the session's heap size plus 64 KiB. A frame whose header announces more than its
+//! cap is refused before any allocation; payload buffers grow only as bytes arrive.
 
 use std::io::{self, Read};
 use std::time::{Duration, Instant};

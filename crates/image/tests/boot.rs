@@ -240,6 +240,8 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
 
 /// The agent must keep running while no host is connected (its writes would block
 /// forever on a blocking port), answer `hello` once one connects, and power the guest off.
+/// The guest has room for hotplug (`maxmem`) and a virtio-mem device: memory plugged by the
+/// host must show in the guest's MemTotal (our kernel parameters once broke virtio there).
 #[test]
 fn agent_without_host_then_poweroff() -> Result<()> {
     if !qemu_available() {
@@ -247,7 +249,19 @@ fn agent_without_host_then_poweroff() -> Result<()> {
         return Ok(());
     }
     let img = ensure_image(&home())?;
-    let mut g = Guest::boot(&img, "rebound.workload=counter rebound.counter_hz=50", 256)?;
+    let vmem = [
+        "-object",
+        "memory-backend-ram,id=vmem0,size=512M",
+        "-device",
+        "virtio-mem-pci,id=vm0,memdev=vmem0,requested-size=0,block-size=2M",
+    ];
+    let mut g = Guest::boot_with(
+        &img,
+        "rebound.workload=counter rebound.counter_hz=50",
+        256,
+        Some(1024),
+        &vmem,
+    )?;
     g.wait_serial("rebound-agent: ready", Duration::from_secs(60))?;
     let ready_seen = Instant::now();
     // Ticks keep reaching the console with nobody on the agent socket.
@@ -271,6 +285,27 @@ fn agent_without_host_then_poweroff() -> Result<()> {
     );
     let c = agent.wait_for(Duration::from_secs(5), "counter", |v| is_type(v, "counter"))?;
     ensure!(c["seq"].as_u64().unwrap_or(0) > 150, "counter {c}");
+
+    // virtio-mem: plug 128 MiB and watch MemTotal grow by it.
+    let before = ready["mem_total_kib"].as_u64().context("mem_total_kib")?;
+    let mut q = g.qmp(Instant::now() + Duration::from_secs(10))?;
+    q.execute_args(
+        "qom-set",
+        serde_json::json!({"path": "/machine/peripheral/vm0", "property": "requested-size", "value": 128u64 << 20}),
+        Instant::now() + Duration::from_secs(5),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut after = before;
+    while after < before + (120 << 10) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        agent.send(r#"{"cmd":"hello"}"#)?;
+        let r = agent.wait_for(Duration::from_secs(5), "ready", |v| is_type(v, "ready"))?;
+        after = r["mem_total_kib"].as_u64().unwrap_or(0);
+    }
+    ensure!(
+        after >= before + (120 << 10),
+        "MemTotal {before} -> {after} KiB after plugging 128 MiB"
+    );
 
     agent.send(r#"{"cmd":"poweroff"}"#)?;
     let st = g

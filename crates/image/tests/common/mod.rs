@@ -75,6 +75,18 @@ impl Drop for Guest {
 impl Guest {
     /// Boots `img` (on a copy of its data disk) with `extra` appended to its command line.
     pub fn boot(img: &Image, extra: &str, ram_mib: u64) -> Result<Guest> {
+        Guest::boot_with(img, extra, ram_mib, None, &[])
+    }
+
+    /// As [`Guest::boot`], with room for hotplugged memory up to `maxmem_mib` and more QEMU
+    /// arguments (e.g. a virtio-mem device).
+    pub fn boot_with(
+        img: &Image,
+        extra: &str,
+        ram_mib: u64,
+        maxmem_mib: Option<u64>,
+        qemu_args: &[&str],
+    ) -> Result<Guest> {
         let dir = tempfile::tempdir()?;
         let disk = dir.path().join("data.ext4");
         std::fs::copy(&img.disk, &disk)?;
@@ -87,13 +99,16 @@ impl Guest {
         ));
         let (web_port, kv_port) = (free_port()?, free_port()?);
         let p = |name: &str| dir.path().join(name).display().to_string();
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "-machine".into(),
             "pc,memory-backend=ram".into(),
             "-object".into(),
             format!("memory-backend-file,id=ram,size={ram_mib}M,mem-path={},share=on", ram.display()),
             "-m".into(),
-            format!("{ram_mib}M"),
+            match maxmem_mib {
+                Some(max) => format!("{ram_mib}M,maxmem={max}M"),
+                None => format!("{ram_mib}M"),
+            },
             "-accel".into(),
             "tcg".into(),
             "-nographic".into(),
@@ -136,6 +151,7 @@ impl Guest {
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", p("qmp.sock")),
         ];
+        args.extend(qemu_args.iter().map(|a| a.to_string()));
         let log = std::fs::File::create(dir.path().join("qemu.log"))?;
         let spawned = Instant::now();
         let child = Command::new("qemu-system-x86_64")
@@ -328,8 +344,15 @@ impl Qmp {
     }
 
     pub fn execute(&mut self, cmd: &str, deadline: Instant) -> Result<Value> {
-        self.stream
-            .write_all(format!("{{\"execute\":\"{cmd}\"}}\n").as_bytes())?;
+        self.execute_args(cmd, Value::Null, deadline)
+    }
+
+    pub fn execute_args(&mut self, cmd: &str, args: Value, deadline: Instant) -> Result<Value> {
+        let mut req = serde_json::json!({ "execute": cmd });
+        if !args.is_null() {
+            req["arguments"] = args;
+        }
+        self.stream.write_all(format!("{req}\n").as_bytes())?;
         loop {
             let v = self.read(deadline)?;
             if v.get("return").is_some() {

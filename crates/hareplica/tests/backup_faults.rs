@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,36 +31,43 @@ fn blocking_mode_resumes(listen: &str, mode: Mode, extra: &[&str]) {
     let client = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts(mode, RETRY)).unwrap();
     let mut primary = Primary::new(client, vec![0; HEAP], 0);
     let done = Arc::new(AtomicU64::new(0));
-    let d2 = Arc::clone(&done);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (d2, s2) = (Arc::clone(&done), Arc::clone(&stop));
+    // Commits until told to stop, so both kills land mid-stream however fast it runs.
     let worker = std::thread::spawn(move || {
-        for _ in 0..600 {
+        while !s2.load(Ordering::SeqCst) {
             primary.step().expect("commit in blocking mode");
             d2.store(primary.next_tx - 1, Ordering::SeqCst);
         }
         primary.client.flush().unwrap();
         primary
     });
-    for _ in 0..2 {
+    let progress = |n: u64| {
         let before = done.load(Ordering::SeqCst);
         assert!(wait_for(Duration::from_secs(20), || done
             .load(Ordering::SeqCst)
-            > before + 50));
+            > before + n));
+    };
+    for _ in 0..2 {
+        progress(50);
         backup.kill9();
         std::thread::sleep(Duration::from_millis(300));
         backup.restart();
     }
+    progress(50);
+    stop.store(true, Ordering::SeqCst);
     let primary = worker.join().unwrap();
+    let n = primary.next_tx - 1;
     assert!(
         primary.client.stats().reconnects >= 2,
         "{:?}",
         primary.client.stats()
     );
-    assert_eq!(primary.client.last_acked(), 600);
-    let st = backup.status();
-    assert_eq!(st.last_tx, 600);
+    assert_eq!(primary.client.last_acked(), n);
+    assert_eq!(backup.status().last_tx, n);
     drop(backup);
     let (image, last_tx) = dump(&dir);
-    assert_eq!(last_tx, 600);
+    assert_eq!(last_tx, n);
     assert!(image == primary.heap, "replica differs from the primary");
 }
 

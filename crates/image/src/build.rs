@@ -112,6 +112,8 @@ pub fn build(
     let images = images_dir(home);
     std::fs::create_dir_all(&images).map_err(io(&images))?;
     let _lock = lock(&images, name)?;
+    remove_leftovers(&images, &format!(".build-{name}-"));
+    remove_leftovers(&home.join("cache/kernels"), ".tmp-");
 
     progress(&format!("resolving {KERNEL_META} and {BUSYBOX}"));
     let mut apt = Apt::new(&tools, &home.join("cache/apt"));
@@ -232,6 +234,20 @@ pub fn build(
     open(home, name)
 }
 
+/// Removes temporary directories a killed build left behind. Called with the build lock
+/// held, so none of them belongs to a running build (only `default` can be built, and its
+/// builds are serialized by that lock).
+fn remove_leftovers(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Replaces `images/NAME` with `new`: the old image is moved into the build's temporary
 /// directory (deleted with it), so `images/NAME` is either the old or the new image
 /// except for the instant between the two renames.
@@ -270,6 +286,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("make -C guest/agent"), "{e}");
+    }
+
+    #[test]
+    fn leftovers_of_killed_builds_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in [".build-default-abc/work", ".build-other-x", "default"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        remove_leftovers(dir.path(), ".build-default-");
+        assert!(!dir.path().join(".build-default-abc").exists());
+        assert!(dir.path().join(".build-other-x").exists());
+        assert!(dir.path().join("default").exists());
     }
 
     #[test]

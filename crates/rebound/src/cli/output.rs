@@ -54,6 +54,9 @@ pub fn table(vms: &[Value]) -> String {
 pub fn status(v: &Value) -> String {
     let opt = |k: &str| match v.get(k) {
         Some(Value::Null) | None => "-".to_string(),
+        Some(Value::Number(n)) if k == "vmcoreinfo_paddr" => {
+            format!("{:#x}", n.as_u64().unwrap_or(0))
+        }
         Some(Value::String(s)) => s.clone(),
         Some(x) => x.to_string(),
     };

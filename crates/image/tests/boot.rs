@@ -274,13 +274,14 @@ fn agent_without_host_then_poweroff() -> Result<()> {
     })?;
     assert_eq!(ready["workload"], "counter");
     assert!(ready["service_port"].is_null());
-    // The heartbeat counter advanced once a second while we were away.
+    // The heartbeat counter kept advancing while we were away. An agent blocked on its
+    // first write would have stopped at 1 or 2; a starved vCPU skips ticks, hence the slack.
     let hb = agent.wait_for(Duration::from_secs(5), "heartbeat", |v| {
         is_type(v, "heartbeat")
     })?;
     let seq = hb["seq"].as_u64().context("seq")?;
     ensure!(
-        seq >= away,
+        seq >= 3 && seq * 2 >= away,
         "heartbeat seq {seq} after {away} s away from the agent"
     );
     let c = agent.wait_for(Duration::from_secs(5), "counter", |v| is_type(v, "counter"))?;

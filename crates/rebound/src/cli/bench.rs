@@ -46,12 +46,52 @@ fn summary(mut v: Vec<u64>) -> Summary {
 }
 
 pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
-    let BenchCmd::Boot {
-        runs,
-        memory,
-        settle,
-        json,
-    } = cmd;
+    let (runs, memory, settle, parallel, json) = match cmd {
+        BenchCmd::Ha { args } => return ha(&args),
+        BenchCmd::Boot {
+            runs,
+            memory,
+            settle,
+            parallel,
+            json,
+        } => (runs, memory, settle, parallel, json),
+    };
+    boot(paths, runs, memory, settle, parallel, json).await
+}
+
+/// `rebound bench ha ...`: the HA heap benchmarks live in their own binary, built
+/// with the workspace; run it from next to this executable, else from PATH.
+fn ha(args: &[String]) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let sibling = exe.with_file_name("rebound-ha-bench");
+    let prog = if sibling.is_file() {
+        sibling
+    } else {
+        std::path::PathBuf::from("rebound-ha-bench")
+    };
+    let status = std::process::Command::new(&prog)
+        .args(args)
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", prog.display()))?;
+    if !status.success() {
+        anyhow::bail!("{} failed ({status})", prog.display());
+    }
+    Ok(())
+}
+
+async fn boot(
+    paths: &Paths,
+    runs: usize,
+    memory: u64,
+    settle: u64,
+    parallel: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let how = if parallel {
+        "side by side"
+    } else {
+        "one after another"
+    };
     if runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
@@ -59,7 +99,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
     let names: Vec<String> = (0..runs)
         .map(|i| format!("bench-{}-{i}", std::process::id()))
         .collect();
-    let result = measure(&c, &names, memory, settle, json).await;
+    let result = measure(&c, &names, memory, settle, parallel, json).await;
     for n in &names {
         let _ = c
             .call::<Value>(Method::POST, &format!("/v1/vms/{n}/kill"), None)
@@ -78,14 +118,14 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
     let file = summary(runs.iter().map(|r| r.qemu_file_bytes).collect());
     if json {
         let v = serde_json::json!({
-            "date": date, "accel": accel, "accel_reason": reason, "memory_mib": memory,
+            "date": date, "mode": how, "accel": accel, "accel_reason": reason, "memory_mib": memory,
             "runs": runs, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
             "qemu_anon_bytes": anon, "qemu_shmem_bytes": shmem, "qemu_file_bytes": file,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "rebound bench boot: {} guests side by side, {memory} MiB each, accel {accel} ({reason}), {date}",
+            "rebound bench boot: {} guests {how}, {memory} MiB each, accel {accel} ({reason}), {date}",
             runs.len()
         );
         let ms = |v: u64| format!("{v} ms");
@@ -118,28 +158,38 @@ async fn measure(
     names: &[String],
     memory: u64,
     settle: u64,
+    parallel: bool,
     json: bool,
 ) -> anyhow::Result<(String, String, Vec<Run>)> {
-    for n in names {
-        let mut s = VmSpec::new(n);
-        s.memory_mib = memory;
-        let _: Value = c
-            .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&s)?))
-            .await?;
-    }
+    // One at a time unless asked: concurrent TCG boots on a small host measure CPU
+    // contention, not boot time. Earlier guests stay up (idle) for the memory figures.
+    let waves: Vec<&[String]> = if parallel {
+        vec![names]
+    } else {
+        names.chunks(1).collect()
+    };
     let mut statuses = Vec::new();
-    for n in names {
-        let v: Value = c
-            .call(
-                Method::POST,
-                &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
-                None,
-            )
-            .await?;
-        if !json {
-            eprintln!("{n}: ready after {} ms", v["ready_after_ms"]);
+    for wave in waves {
+        for n in wave {
+            let mut s = VmSpec::new(n);
+            s.memory_mib = memory;
+            let _: Value = c
+                .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&s)?))
+                .await?;
         }
-        statuses.push(v);
+        for n in wave {
+            let v: Value = c
+                .call(
+                    Method::POST,
+                    &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
+                    None,
+                )
+                .await?;
+            if !json {
+                eprintln!("{n}: ready after {} ms", v["ready_after_ms"]);
+            }
+            statuses.push(v);
+        }
     }
     tokio::time::sleep(Duration::from_secs(settle)).await;
     let mut out = Vec::new();

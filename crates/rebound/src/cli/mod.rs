@@ -206,7 +206,8 @@ pub enum DaemonAction {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// Boot the default image N times side by side: spawn→agent-ready and idle memory.
+    /// Boot the default image N times (one after another unless --parallel):
+    /// spawn→agent-ready and idle memory.
     Boot {
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -215,8 +216,17 @@ pub enum BenchCmd {
         /// Seconds to let the guests settle before measuring memory.
         #[arg(long, default_value_t = 5)]
         settle: u64,
+        /// Boot all guests at once (measures contention on small hosts).
+        #[arg(long)]
+        parallel: bool,
         #[arg(long)]
         json: bool,
+    },
+    /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
+    /// with the remaining arguments, e.g. `rebound bench ha micro`.
+    Ha {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 

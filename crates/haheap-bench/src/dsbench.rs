@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
 use haheap_ds::{stats::keys, Ds, Kind, SplitMix64};
 use serde::Serialize;
 
@@ -110,6 +110,7 @@ fn run_one(
         engine,
         backup: backup.map(|b| b.endpoint().to_string()),
         mode: ReplMode::Sync,
+        on_backup_failure: BackupFailure::Fail,
     };
     let mut heap = Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;
     tx(&mut heap, |m| Ok((ds.init)(m)?))?;

@@ -2,24 +2,27 @@
 //! we SIGKILL the primary at a random moment, take over from the backup's replica in this
 //! process, and require that the structure's invariants hold and that the replica equals
 //! an exact replay of the acknowledged transactions (plus, possibly, the one in flight,
-//! entirely). The taken-over heap must then go on committing. A second scenario SIGKILLs
-//! and restarts the backup under a running primary.
+//! entirely). The taken-over heap must then go on committing. Two more scenarios SIGKILL
+//! and restart the backup under a running primary: one whose heap fails at once
+//! (`BackupFailure::Fail`) and retries, and one whose heap blocks in `tend` until the
+//! backup is back (`BackupFailure::Block`).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
 use haheap_ds::{Ds, SplitMix64};
 use serde::Serialize;
 
 use crate::backup::{Backup, BackupKind};
 use crate::heapmem::{HeapMem, SliceMem};
+use crate::primary::mono_ns;
 use crate::workload::{apply, Replay};
 
 #[derive(Debug, Clone)]
@@ -52,17 +55,37 @@ pub struct Trial {
     /// The in-flight transaction was in the replica (entirely).
     pub in_flight_present: bool,
     pub keys: usize,
-    /// Failures the primary reported while the backup was down (restart scenario).
+    /// Failures the primary reported while the backup was down (restart scenarios).
     pub primary_failures: u64,
+    /// Block scenario: how long the backup was dead, and how long the primary's
+    /// transaction that spanned the restart took.
+    pub down_ms: u64,
+    pub blocked_ms: u64,
     pub ok: bool,
     pub error: Option<String>,
 }
+
+/// What the primary child does when its backup is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnDown {
+    /// Exit with the error.
+    Exit,
+    /// Print `fail` and retry (the heap fails at once).
+    Retry,
+    /// The heap blocks in `tend` (failures are still printed, and must not happen).
+    Block,
+}
+
+/// How long a blocking primary may wait for its backup.
+const BLOCK_SECS: u64 = 30;
 
 /// The primary child and the reader of its stdout.
 struct Primary {
     child: Child,
     acked: Arc<AtomicU64>,
     fails: Arc<AtomicU64>,
+    /// `blocked` lines: (tx, start, end) in CLOCK_MONOTONIC ns.
+    blocked: Arc<Mutex<Vec<(u64, u64, u64)>>>,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -73,7 +96,7 @@ impl Primary {
         ds: Ds,
         seed: u64,
         ep: &str,
-        retry: bool,
+        on_down: OnDown,
         log: PathBuf,
     ) -> Result<Primary> {
         let exe = std::env::current_exe().context("locating this binary")?;
@@ -89,8 +112,11 @@ impl Primary {
         ])
         .args(["--seed", &seed.to_string(), "--opt", &a.opt.to_string()])
         .args(["--heap-kb", &a.heap_kb.to_string()]);
-        if retry {
+        if on_down != OnDown::Exit {
             cmd.arg("--retry");
+        }
+        if on_down == OnDown::Block {
+            cmd.args(["--block-secs", &BLOCK_SECS.to_string()]);
         }
         if let Some(n) = a.max_lag {
             cmd.args(["--max-lag", &n.to_string()]);
@@ -107,13 +133,21 @@ impl Primary {
             .take()
             .ok_or_else(|| anyhow!("primary stdout"))?;
         let (acked, fails) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let (a2, f2) = (Arc::clone(&acked), Arc::clone(&fails));
+        let blocked = Arc::new(Mutex::new(Vec::new()));
+        let (a2, f2, b2) = (Arc::clone(&acked), Arc::clone(&fails), Arc::clone(&blocked));
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(n) = line.strip_prefix("ack ").and_then(|s| s.parse().ok()) {
                     a2.store(n, Ordering::SeqCst);
                 } else if line.starts_with("fail ") {
                     f2.fetch_add(1, Ordering::SeqCst);
+                } else if let Some(rest) = line.strip_prefix("blocked ") {
+                    let v: Vec<u64> = rest.split(' ').filter_map(|s| s.parse().ok()).collect();
+                    if let [tx, start, end] = v[..] {
+                        b2.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((tx, start, end));
+                    }
                 }
             }
         });
@@ -121,6 +155,7 @@ impl Primary {
             child,
             acked,
             fails,
+            blocked,
             reader: Some(reader),
         })
     }
@@ -187,6 +222,7 @@ fn take_over_and_verify(
         engine,
         backup: Some(ep.to_string()),
         mode: ReplMode::Sync,
+        on_backup_failure: BackupFailure::Fail,
     };
     let t0 = Instant::now();
     let mut heap = loop {
@@ -256,12 +292,15 @@ fn trial(a: &FaultArgs, scenario: &'static str, engine: EngineKind, ds: Ds, seed
         in_flight_present: false,
         keys: 0,
         primary_failures: 0,
+        down_ms: 0,
+        blocked_ms: 0,
         ok: false,
         error: None,
     };
     let r = match scenario {
         "kill-primary" => kill_primary(&mut t, a, engine, ds),
-        _ => restart_backup(&mut t, a, engine, ds),
+        "restart-backup-block" => restart_backup(&mut t, a, engine, ds, OnDown::Block),
+        _ => restart_backup(&mut t, a, engine, ds, OnDown::Retry),
     };
     match r {
         Ok(()) => t.ok = true,
@@ -279,7 +318,7 @@ fn kill_primary(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> Res
         ds,
         t.seed,
         backup.endpoint(),
-        false,
+        OnDown::Exit,
         dir.path().join("primary.log"),
     )?;
     p.wait_acked(1, Duration::from_secs(20))?;
@@ -290,7 +329,16 @@ fn kill_primary(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> Res
     take_over_and_verify(t, a, engine, ds, backup.endpoint())
 }
 
-fn restart_backup(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> Result<()> {
+/// SIGKILLs the backup under a running primary and restarts it 300 ms later. `Retry`: the
+/// primary must report failures and get through after the restart. `Block`: it must
+/// report none; one of its transactions must span the restart (it waited for the backup).
+fn restart_backup(
+    t: &mut Trial,
+    a: &FaultArgs,
+    engine: EngineKind,
+    ds: Ds,
+    on_down: OnDown,
+) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut backup = Backup::start(&BackupKind::Process(a.backup_bin.clone()), dir.path())?;
     let mut p = Primary::spawn(
@@ -299,11 +347,12 @@ fn restart_backup(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> R
         ds,
         t.seed,
         backup.endpoint(),
-        true,
+        on_down,
         dir.path().join("primary.log"),
     )?;
     p.wait_acked(30, Duration::from_secs(20))?;
     backup.kill()?;
+    let killed = mono_ns();
     let at_kill = p.acked();
     std::thread::sleep(Duration::from_millis(300));
     let during = p.acked();
@@ -314,11 +363,44 @@ fn restart_backup(t: &mut Trial, a: &FaultArgs, engine: EngineKind, ds: Ds) -> R
         );
     }
     t.primary_failures = p.fails.load(Ordering::SeqCst);
-    if t.primary_failures == 0 {
-        bail!("the primary reported no failure while its backup was dead");
+    match on_down {
+        OnDown::Block if t.primary_failures > 0 => bail!(
+            "the blocking primary reported {} failures while its backup was dead",
+            t.primary_failures
+        ),
+        OnDown::Retry if t.primary_failures == 0 => {
+            bail!("the primary reported no failure while its backup was dead")
+        }
+        _ => {}
     }
+    if let Some(st) = p.child.try_wait()? {
+        bail!("the primary exited ({st}) while its backup was dead");
+    }
+    let restarted = mono_ns();
     backup.restart()?;
-    p.wait_acked(during + 30, Duration::from_secs(30))?;
+    p.wait_acked(during + 30, Duration::from_secs(30))
+        .inspect_err(|_| dump_log(dir.path()))?;
+    t.down_ms = (restarted - killed) / 1_000_000;
+    if on_down == OnDown::Block {
+        t.primary_failures = p.fails.load(Ordering::SeqCst);
+        if t.primary_failures > 0 {
+            bail!(
+                "the blocking primary reported {} failures",
+                t.primary_failures
+            );
+        }
+        let blocked = p.blocked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (_, start, end) = blocked
+            .iter()
+            .copied()
+            .find(|&(_, s, e)| s < restarted && e > restarted)
+            .ok_or_else(|| {
+                anyhow!(
+                    "no transaction of the primary waited across the backup's restart (slow ones: {blocked:?})"
+                )
+            })?;
+        t.blocked_ms = (end - start) / 1_000_000;
+    }
     t.killed_after_ms = 0;
     t.acked = p.kill()?;
     take_over_and_verify(t, a, engine, ds, backup.endpoint())
@@ -344,10 +426,16 @@ pub fn run(a: &FaultArgs) -> Vec<Trial> {
             out.push(t);
         }
         if a.backup_restart {
-            let ds = a.structures[ei % a.structures.len()];
-            let t = trial(a, "restart-backup", engine, ds, a.seed ^ 0xb00 ^ ei as u64);
-            report(&t);
-            out.push(t);
+            for (k, sc) in ["restart-backup", "restart-backup-block"]
+                .into_iter()
+                .enumerate()
+            {
+                let ds = a.structures[(ei + k) % a.structures.len()];
+                let seed = a.seed ^ 0xb00 ^ ei as u64 ^ ((k as u64) << 20);
+                let t = trial(a, sc, engine, ds, seed);
+                report(&t);
+                out.push(t);
+            }
         }
     }
     out
@@ -356,10 +444,11 @@ pub fn run(a: &FaultArgs) -> Vec<Trial> {
 fn report(t: &Trial) {
     let when = match t.scenario {
         "kill-primary" => format!("killed after {:>4} ms", t.killed_after_ms),
+        "restart-backup-block" => format!("blocked {:>4} ms of {:>3}", t.blocked_ms, t.down_ms),
         _ => format!("{:>3} primary failures", t.primary_failures),
     };
     eprintln!(
-        "  {:<14} {:<8} {:<13} {when}: acked {:>5}, replica {:>5}{} {} keys, {}",
+        "  {:<20} {:<8} {:<13} {when}: acked {:>5}, replica {:>5}{} {} keys, {}",
         t.scenario,
         t.engine,
         t.structure,
@@ -383,7 +472,7 @@ pub fn summary(trials: &[Trial]) -> Vec<String> {
     engines.dedup();
     let mut out = Vec::new();
     for e in engines {
-        for sc in ["kill-primary", "restart-backup"] {
+        for sc in ["kill-primary", "restart-backup", "restart-backup-block"] {
             let ts: Vec<&Trial> = trials
                 .iter()
                 .filter(|t| t.engine == e && t.scenario == sc)
@@ -393,10 +482,17 @@ pub fn summary(trials: &[Trial]) -> Vec<String> {
             }
             let ok = ts.iter().filter(|t| t.ok).count();
             let inflight = ts.iter().filter(|t| t.in_flight_present).count();
+            let how = match sc {
+                "restart-backup" => "tend failed cleanly while the backup was dead, retried; ",
+                "restart-backup-block" => {
+                    "tend blocked across the backup's restart, no failure reported; "
+                }
+                _ => "",
+            };
             out.push(crate::report::verdict(
                 ok == ts.len(),
                 &format!(
-                    "{e} {sc}: {ok}/{} trials: invariants hold, replica == replay of acknowledged txs ({inflight} with the in-flight tx present entirely), takeover continues",
+                    "{e} {sc}: {ok}/{} trials: {how}invariants hold, replica == replay of acknowledged txs ({inflight} with the in-flight tx present entirely), takeover continues",
                     ts.len()
                 ),
             ));

@@ -165,7 +165,7 @@ struct FaultsCli {
     /// synchronously: the replica may then lag the primary's commits by up to N.
     #[arg(long)]
     max_lag: Option<u32>,
-    /// Skip the backup kill-and-restart scenario.
+    /// Skip the backup kill-and-restart scenarios (fail-and-retry and blocking).
     #[arg(long)]
     no_backup_restart: bool,
     /// Run this `rebound-ha` binary as the backup instead of this binary's `backup` mode.
@@ -197,6 +197,10 @@ struct PrimaryCli {
     /// Replicate asynchronously with at most this many unacknowledged transactions.
     #[arg(long)]
     max_lag: Option<u32>,
+    /// While the backup is gone, block in tend for up to this many seconds (the heap's
+    /// `BackupFailure::Block`) instead of failing at once.
+    #[arg(long)]
+    block_secs: Option<u64>,
 }
 
 #[derive(Args)]
@@ -442,6 +446,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 max_tx: c.max_tx,
                 retry: c.retry,
                 max_lag: c.max_lag,
+                block: c.block_secs.map(std::time::Duration::from_secs),
             })?;
         }
         Cmd::Backup(c) => {

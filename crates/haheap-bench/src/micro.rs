@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
 use haheap_ds::SplitMix64;
 use serde::Serialize;
 
@@ -149,6 +149,7 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
                         engine,
                         backup: backup.as_ref().map(|b| b.endpoint().to_string()),
                         mode: ReplMode::Sync,
+                        on_backup_failure: BackupFailure::Fail,
                     };
                     let mut heap =
                         Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;

@@ -2,13 +2,16 @@
 //! replicated heap and prints `ack N` after transaction N's `tend` returned, i.e. after
 //! the backup acknowledged it (asynchronous mode: once at most `max_lag` transactions
 //! were unacknowledged). With `retry`, replication failures are printed as
-//! `fail N: ...` and the transaction is retried until the backup is back.
+//! `fail N: ...` and the transaction is retried until the backup is back. With
+//! `block`, the heap itself waits for a missing backup (`BackupFailure::Block`), and a
+//! transaction that took longer than [`SLOW`] is printed as `blocked N START END`
+//! (CLOCK_MONOTONIC nanoseconds, comparable with [`mono_ns`] in the parent).
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use haheap::{EngineKind, Error, Heap, HeapConfig, ReplError, ReplMode};
+use haheap::{BackupFailure, EngineKind, Error, Heap, HeapConfig, ReplError, ReplMode};
 use haheap_ds::Ds;
 
 use crate::heapmem::HeapMem;
@@ -25,6 +28,23 @@ pub struct PrimaryArgs {
     pub retry: bool,
     /// Asynchronous replication with this many unacknowledged transactions at most.
     pub max_lag: Option<u32>,
+    /// Block in `tend` up to this long while the backup is gone (None: fail at once).
+    pub block: Option<Duration>,
+}
+
+/// Transactions slower than this are reported as `blocked` lines.
+pub const SLOW: Duration = Duration::from_millis(50);
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for the primary process and its parent.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One transaction: start, apply, commit.
@@ -43,19 +63,28 @@ fn run_tx(heap: &mut Heap, a: &PrimaryArgs, tx: u64) -> Result<(), Error> {
 }
 
 pub fn run(a: &PrimaryArgs) -> Result<()> {
-    let cfg = HeapConfig {
-        size: a.heap_kb << 10,
-        engine: a.engine,
-        backup: Some(a.backup.clone()),
-        mode: a
-            .max_lag
-            .map_or(ReplMode::Sync, |max_lag| ReplMode::Async { max_lag }),
-    };
+    let cfg =
+        HeapConfig {
+            size: a.heap_kb << 10,
+            engine: a.engine,
+            backup: Some(a.backup.clone()),
+            mode: a
+                .max_lag
+                .map_or(ReplMode::Sync, |max_lag| ReplMode::Async { max_lag }),
+            on_backup_failure: a.block.map_or(BackupFailure::Fail, |timeout| {
+                BackupFailure::Block { timeout }
+            }),
+        };
     let mut heap = Heap::create(cfg).context("creating the primary heap")?;
     let out = std::io::stdout();
     for tx in 1..=a.max_tx {
         loop {
-            match run_tx(&mut heap, a, tx) {
+            let (start, t0) = (mono_ns(), Instant::now());
+            let res = run_tx(&mut heap, a, tx);
+            if t0.elapsed() > SLOW {
+                writeln!(out.lock(), "blocked {tx} {start} {}", mono_ns())?;
+            }
+            match res {
                 Ok(()) => break,
                 Err(e) if a.retry => {
                     writeln!(out.lock(), "fail {tx}: {}", chain(&e))?;

@@ -6,7 +6,7 @@
 //! backup's replica or in a new primary after takeover.
 
 use anyhow::{bail, Context};
-use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
 
 /// Root at offset 0: head, next free offset, count. Nodes (value, next) from offset 64.
 const ROOT: usize = 0;
@@ -75,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         engine,
         backup: args.get(2).cloned(),
         mode: ReplMode::Sync,
+        on_backup_failure: BackupFailure::Fail,
     };
     let mut heap = Heap::create(cfg).context("creating the heap")?;
     println!("engine {} ({})", heap.engine(), heap.engine_reason());

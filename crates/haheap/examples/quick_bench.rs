@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use haheap::{EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
 
 const HEAP: usize = 10 << 20;
 const PAGE: usize = 4096;
@@ -56,6 +56,7 @@ fn main() -> anyhow::Result<()> {
             engine,
             backup: backup.as_ref().map(|b| b.endpoint().to_string()),
             mode: ReplMode::Sync,
+            on_backup_failure: BackupFailure::Fail,
         };
         let mut h = match Heap::create(cfg) {
             Ok(h) => h,

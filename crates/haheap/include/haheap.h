@@ -50,6 +50,20 @@
 // unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
 #define HAHEAP_FLAG_ASYNC 1
 
+// haheap_create/haheap_declare/haheap_takeover flag: while the backup is gone (killed,
+// restarting), haheap_tend blocks, reconnecting every 50 ms, until the backup is back and
+// has acknowledged, for up to the timeout in the flags' upper 16 bits (seconds; 0 there
+// means HAHEAP_BLOCK_DEFAULT_SECS), then returns HAHEAP_ERR_IN_DOUBT. Without this flag
+// haheap_tend returns HAHEAP_ERR_IN_DOUBT at once.
+// Example: `HAHEAP_FLAG_BLOCK | (30u << HAHEAP_BLOCK_SECS_SHIFT)` blocks up to 30 s.
+#define HAHEAP_FLAG_BLOCK 2
+
+// Bit position of the HAHEAP_FLAG_BLOCK timeout (seconds, 16 bits) in the flags.
+#define HAHEAP_BLOCK_SECS_SHIFT 16
+
+// The HAHEAP_FLAG_BLOCK timeout when the flags give none.
+#define HAHEAP_BLOCK_DEFAULT_SECS 60
+
 // An open heap. Opaque to C.
 typedef struct HaHeap HaHeap;
 
@@ -75,7 +89,7 @@ extern "C" {
 //
 // `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
 // `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
-// `flags`: 0 or HAHEAP_FLAG_ASYNC.
+// `flags`: 0, or HAHEAP_FLAG_ASYNC and/or HAHEAP_FLAG_BLOCK (with its timeout).
 //
 // # Safety
 // - `engine`: null or a NUL-terminated string, read during the call only.
@@ -89,7 +103,7 @@ int haheap_create(size_t size,
 
 // Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
 // current contents are the committed state. haheap_destroy gives the memory back
-// read-write and untracked (it does not unmap it).
+// read-write and untracked (it does not unmap it). `flags` as for haheap_create.
 //
 // # Safety
 // - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
@@ -105,6 +119,7 @@ int haheap_declare(uint8_t *base,
 
 // Becomes the new primary after the old one died: attaches to the backup's replica,
 // copies its committed image into a fresh heap and continues replicating to it.
+// `flags` as for haheap_create.
 //
 // # Safety
 // - `engine`: null or a NUL-terminated string, read during the call only.
@@ -157,7 +172,9 @@ int haheap_write(struct HaHeap *heap, size_t offset, const uint8_t *src, size_t 
 // (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
 // committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
 // HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
-// again until it returns HAHEAP_OK (new transactions are refused meanwhile).
+// again until it returns HAHEAP_OK (new transactions are refused meanwhile). With
+// HAHEAP_FLAG_BLOCK a missing backup makes this call wait (up to the flag's timeout)
+// for the backup to come back instead.
 //
 // # Safety
 // - `heap`: null or a live heap, not used by another thread during the call.

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Errors parsing configuration values.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +82,24 @@ pub enum ReplMode {
     Async { max_lag: u32 },
 }
 
+/// What `tend` does when the backup is gone (killed, restarting, unreachable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackupFailure {
+    /// Return at once: `Error::Replication(ReplError::InDoubt)` if the transaction was
+    /// queued for the backup (it stays committed here; `tend` again waits for it).
+    #[default]
+    Fail,
+    /// Block, reconnecting every [`BackupFailure::RETRY_DELAY`], until the backup is back
+    /// and has acknowledged, for about `timeout` (plus up to one connect timeout); then
+    /// fail as with `Fail`.
+    Block { timeout: Duration },
+}
+
+impl BackupFailure {
+    /// Pause between reconnect attempts while blocked.
+    pub const RETRY_DELAY: Duration = Duration::from_millis(50);
+}
+
 /// How to build a heap.
 #[derive(Debug, Clone)]
 pub struct HeapConfig {
@@ -90,6 +109,9 @@ pub struct HeapConfig {
     /// Backup endpoint, `tcp:HOST:PORT` or `unix:PATH`; `None` keeps the heap local.
     pub backup: Option<String>,
     pub mode: ReplMode,
+    /// What a commit does while the backup is gone; the backup must be reachable when the
+    /// heap is created or taken over.
+    pub on_backup_failure: BackupFailure,
 }
 
 impl HeapConfig {
@@ -100,6 +122,7 @@ impl HeapConfig {
             engine,
             backup: None,
             mode: ReplMode::Sync,
+            on_backup_failure: BackupFailure::Fail,
         }
     }
 }

@@ -8,8 +8,9 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
 
-use crate::config::{EngineKind, HeapConfig, ReplMode};
+use crate::config::{BackupFailure, EngineKind, HeapConfig, ReplMode};
 use crate::heap::{Error, Heap};
 use crate::repl::ReplError;
 
@@ -44,6 +45,17 @@ pub const HAHEAP_ERR_IN_DOUBT: c_int = -11;
 /// unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
 pub const HAHEAP_FLAG_ASYNC: u32 = 1;
 const ASYNC_MAX_LAG: u32 = 64;
+/// haheap_create/haheap_declare/haheap_takeover flag: while the backup is gone (killed,
+/// restarting), haheap_tend blocks, reconnecting every 50 ms, until the backup is back and
+/// has acknowledged, for up to the timeout in the flags' upper 16 bits (seconds; 0 there
+/// means HAHEAP_BLOCK_DEFAULT_SECS), then returns HAHEAP_ERR_IN_DOUBT. Without this flag
+/// haheap_tend returns HAHEAP_ERR_IN_DOUBT at once.
+/// Example: `HAHEAP_FLAG_BLOCK | (30u << HAHEAP_BLOCK_SECS_SHIFT)` blocks up to 30 s.
+pub const HAHEAP_FLAG_BLOCK: u32 = 2;
+/// Bit position of the HAHEAP_FLAG_BLOCK timeout (seconds, 16 bits) in the flags.
+pub const HAHEAP_BLOCK_SECS_SHIFT: u32 = 16;
+/// The HAHEAP_FLAG_BLOCK timeout when the flags give none.
+pub const HAHEAP_BLOCK_DEFAULT_SECS: u32 = 60;
 
 /// An open heap. Opaque to C.
 pub struct HaHeap {
@@ -149,12 +161,30 @@ unsafe fn config(
     };
     // SAFETY: forwarded caller contract.
     let backup = unsafe { opt_str(backup, "backup endpoint")? }.map(str::to_string);
-    if flags & !HAHEAP_FLAG_ASYNC != 0 {
+    let secs = flags >> HAHEAP_BLOCK_SECS_SHIFT;
+    let low = flags & ((1 << HAHEAP_BLOCK_SECS_SHIFT) - 1);
+    if low & !(HAHEAP_FLAG_ASYNC | HAHEAP_FLAG_BLOCK) != 0 {
         return Err(Fail(
             HAHEAP_ERR_INVALID,
             format!("unknown flags {flags:#x}"),
         ));
     }
+    let on_backup_failure = match (low & HAHEAP_FLAG_BLOCK != 0, secs) {
+        (false, 0) => BackupFailure::Fail,
+        (false, _) => {
+            return Err(Fail(
+                HAHEAP_ERR_INVALID,
+                format!("flags {flags:#x} give a block timeout without HAHEAP_FLAG_BLOCK"),
+            ))
+        }
+        (true, s) => BackupFailure::Block {
+            timeout: Duration::from_secs(u64::from(if s == 0 {
+                HAHEAP_BLOCK_DEFAULT_SECS
+            } else {
+                s
+            })),
+        },
+    };
     let mode = if flags & HAHEAP_FLAG_ASYNC != 0 {
         ReplMode::Async {
             max_lag: ASYNC_MAX_LAG,
@@ -167,6 +197,7 @@ unsafe fn config(
         engine,
         backup,
         mode,
+        on_backup_failure,
     })
 }
 
@@ -182,7 +213,7 @@ fn publish(mut heap: Heap, out: *mut *mut HaHeap) {
 ///
 /// `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
 /// `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
-/// `flags`: 0 or HAHEAP_FLAG_ASYNC.
+/// `flags`: 0, or HAHEAP_FLAG_ASYNC and/or HAHEAP_FLAG_BLOCK (with its timeout).
 ///
 /// # Safety
 /// - `engine`: null or a NUL-terminated string, read during the call only.
@@ -212,7 +243,7 @@ pub unsafe extern "C" fn haheap_create(
 
 /// Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
 /// current contents are the committed state. haheap_destroy gives the memory back
-/// read-write and untracked (it does not unmap it).
+/// read-write and untracked (it does not unmap it). `flags` as for haheap_create.
 ///
 /// # Safety
 /// - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
@@ -245,6 +276,7 @@ pub unsafe extern "C" fn haheap_declare(
 
 /// Becomes the new primary after the old one died: attaches to the backup's replica,
 /// copies its committed image into a fresh heap and continues replicating to it.
+/// `flags` as for haheap_create.
 ///
 /// # Safety
 /// - `engine`: null or a NUL-terminated string, read during the call only.
@@ -386,7 +418,9 @@ pub unsafe extern "C" fn haheap_write(
 /// (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
 /// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
 /// HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
-/// again until it returns HAHEAP_OK (new transactions are refused meanwhile).
+/// again until it returns HAHEAP_OK (new transactions are refused meanwhile). With
+/// HAHEAP_FLAG_BLOCK a missing backup makes this call wait (up to the flag's timeout)
+/// for the backup to come back instead.
 ///
 /// # Safety
 /// - `heap`: null or a live heap, not used by another thread during the call.

@@ -44,7 +44,9 @@ mod region;
 mod repl;
 mod sys;
 
-pub use config::{ConfigError, EngineKind, HeapConfig, HeapCounters, ReplMode, TxStats};
+pub use config::{
+    BackupFailure, ConfigError, EngineKind, HeapConfig, HeapCounters, ReplMode, TxStats,
+};
 pub use engine::{capabilities, Capabilities, EngineError};
 pub use heap::{Error, Heap};
 pub use region::RegionError;

@@ -2,9 +2,9 @@
 //! backup (`hareplica::ReplicaClient`), kept behind a small trait so the heap does not care
 //! how a commit reaches the backup.
 
-use crate::config::ReplMode;
+use crate::config::{BackupFailure, ReplMode};
 pub use hareplica::{diff_pages, DiffRun};
-use hareplica::{Endpoint, ReplicaClient};
+use hareplica::{ClientOptions, Endpoint, OnFailure, ReplicaClient};
 
 /// Errors of replication.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +61,24 @@ impl Replicator for ReplicaClient {
     }
 }
 
-fn wire_mode(mode: ReplMode) -> hareplica::Mode {
-    match mode {
+fn options(mode: ReplMode, on_failure: BackupFailure) -> ClientOptions {
+    let mut o = ClientOptions::new(match mode {
         ReplMode::Sync => hareplica::Mode::Sync,
         ReplMode::Async { max_lag } => hareplica::Mode::Async { max_lag },
-    }
+    });
+    o.on_failure = match on_failure {
+        BackupFailure::Fail => OnFailure::Fail,
+        BackupFailure::Block { timeout } => {
+            // hareplica counts attempts: the first one is immediate, the rest a delay apart.
+            let delay = BackupFailure::RETRY_DELAY;
+            let waits = timeout.as_nanos().div_ceil(delay.as_nanos());
+            OnFailure::Reconnect {
+                attempts: u32::try_from(waits + 1).unwrap_or(u32::MAX),
+                delay,
+            }
+        }
+    };
+    o
 }
 
 /// Connects to a backup for a fresh heap of `heap_size` bytes.
@@ -73,10 +86,11 @@ pub fn connect(
     endpoint: &str,
     heap_size: u64,
     mode: ReplMode,
+    on_failure: BackupFailure,
 ) -> Result<Box<dyn Replicator>, ReplError> {
     let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
-    let client =
-        ReplicaClient::connect(&ep, heap_size, wire_mode(mode)).map_err(ReplError::Connect)?;
+    let client = ReplicaClient::connect_with(&ep, heap_size, options(mode, on_failure))
+        .map_err(ReplError::Connect)?;
     Ok(Box::new(client))
 }
 
@@ -84,9 +98,13 @@ pub fn connect(
 pub type Attached = (Box<dyn Replicator>, Vec<u8>, u64);
 
 /// Attaches to a backup's replica for takeover.
-pub fn attach(endpoint: &str, mode: ReplMode) -> Result<Attached, ReplError> {
+pub fn attach(
+    endpoint: &str,
+    mode: ReplMode,
+    on_failure: BackupFailure,
+) -> Result<Attached, ReplError> {
     let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
     let (client, image, last_tx) =
-        ReplicaClient::attach(&ep, wire_mode(mode)).map_err(ReplError::Connect)?;
+        ReplicaClient::attach_with(&ep, options(mode, on_failure)).map_err(ReplError::Connect)?;
     Ok((Box::new(client), image, last_tx))
 }

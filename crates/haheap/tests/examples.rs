@@ -1,25 +1,16 @@
 //! The examples run: the C one built against the header and the static library, the Rust
 //! one through cargo, each with every engine.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
+use common::{cargo_executable, target_dir};
+
 /// The C tests share one build output: one `make` at a time.
 static C_BUILD: Mutex<()> = Mutex::new(());
-
-/// Cargo's output directory for this profile (this test binary lives in <it>/deps) and
-/// the profile's name.
-fn target_dir() -> (PathBuf, &'static str) {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    let profile = if dir.ends_with("release") {
-        "release"
-    } else {
-        "debug"
-    };
-    (dir, profile)
-}
 
 #[test]
 fn c_example_builds_and_runs_with_every_engine() {
@@ -113,36 +104,7 @@ fn c_example_replicates_and_takes_over() {
 
 #[test]
 fn rust_list_example_runs_with_every_engine() {
-    // Build it (a filtered `cargo test` does not) and ask cargo where the binary is: a
-    // fresh build does not always refresh the un-hashed copy in examples/.
-    let (_, profile) = target_dir();
-    let mut build = Command::new(env!("CARGO"));
-    build.args([
-        "build",
-        "--quiet",
-        "-p",
-        "haheap",
-        "--example",
-        "list",
-        "--message-format=json",
-    ]);
-    if profile == "release" {
-        build.arg("--release");
-    }
-    let out = build.output().unwrap();
-    assert!(out.status.success(), "building examples/list failed");
-    let json = String::from_utf8_lossy(&out.stdout);
-    let list = json
-        .lines()
-        .filter(|l| l.contains("\"name\":\"list\"") && l.contains("\"example\""))
-        .find_map(|l| {
-            l.split("\"executable\":\"")
-                .nth(1)?
-                .split('"')
-                .next()
-                .map(PathBuf::from)
-        })
-        .expect("cargo reported no executable for examples/list");
+    let list = cargo_executable("haheap", "example", "list");
     for engine in ["mprotect", "uffd", "scan", "log", "auto"] {
         let out = Command::new(&list)
             .arg(engine)

@@ -94,3 +94,87 @@ fn null_and_bad_arguments_are_refused() {
         assert_eq!(haheap_destroy(h), HAHEAP_OK);
     }
 }
+
+#[test]
+fn block_flag_and_its_timeout_are_checked() {
+    // SAFETY: every pointer is null, a valid C string or a live out-pointer.
+    unsafe {
+        let mut h: *mut HaHeap = null_mut();
+        let secs = |s: u32| s << HAHEAP_BLOCK_SECS_SHIFT;
+        assert_eq!(
+            haheap_create(4096, null(), null(), secs(5), &mut h),
+            HAHEAP_ERR_INVALID
+        );
+        assert!(
+            last_error().contains("without HAHEAP_FLAG_BLOCK"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            haheap_create(4096, null(), null(), HAHEAP_FLAG_BLOCK | 0x40, &mut h),
+            HAHEAP_ERR_INVALID
+        );
+        assert!(h.is_null());
+        for flags in [
+            HAHEAP_FLAG_BLOCK,
+            HAHEAP_FLAG_BLOCK | secs(0xffff),
+            HAHEAP_FLAG_BLOCK | HAHEAP_FLAG_ASYNC | secs(1),
+        ] {
+            assert_eq!(
+                haheap_create(4096, null(), null(), flags, &mut h),
+                HAHEAP_OK
+            );
+            assert_eq!(haheap_destroy(h), HAHEAP_OK);
+            h = null_mut();
+        }
+    }
+}
+
+/// HAHEAP_FLAG_BLOCK with a 1 s timeout: with the backup gone haheap_tend waits that long,
+/// then reports the transaction in doubt; once the backup is back it completes.
+#[test]
+fn block_flag_waits_its_timeout_then_reports_in_doubt() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = format!("unix:{}", dir.path().join("b.sock").display());
+    let start = || {
+        let cfg = hareplica::BackupConfig::new(ep.parse().unwrap(), &dir.path().join("replica"));
+        hareplica::BackupServer::bind(cfg).unwrap().0.spawn()
+    };
+    let b = start();
+    let c_ep = std::ffi::CString::new(ep.clone()).unwrap();
+    let flags = HAHEAP_FLAG_BLOCK | (1 << HAHEAP_BLOCK_SECS_SHIFT);
+    // SAFETY: valid C strings, a live out-pointer, and `h` used on this thread only.
+    unsafe {
+        let mut h: *mut HaHeap = null_mut();
+        assert_eq!(
+            haheap_create(8192, c"scan".as_ptr(), c_ep.as_ptr(), flags, &mut h),
+            HAHEAP_OK,
+            "{}",
+            last_error()
+        );
+        assert_eq!(haheap_tstart(h), HAHEAP_OK);
+        assert_eq!(haheap_write(h, 0, c"one".as_ptr().cast(), 3), HAHEAP_OK);
+        assert_eq!(haheap_tend(h, null_mut()), HAHEAP_OK);
+        b.shutdown().unwrap();
+
+        assert_eq!(haheap_tstart(h), HAHEAP_OK);
+        assert_eq!(haheap_write(h, 4096, c"two".as_ptr().cast(), 3), HAHEAP_OK);
+        let t0 = std::time::Instant::now();
+        assert_eq!(haheap_tend(h, null_mut()), HAHEAP_ERR_IN_DOUBT);
+        let waited = t0.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_secs(1),
+            "gave up after {waited:?}, before its 1 s timeout"
+        );
+
+        let b = start();
+        let mut st = HaheapTxStats::default();
+        assert_eq!(haheap_tend(h, &mut st), HAHEAP_OK, "{}", last_error());
+        assert_eq!(st.tx_id, 2);
+        let img = b.state().image;
+        assert_eq!(b.state().last_tx, 2);
+        assert_eq!((&img[..3], &img[4096..4099]), (&b"one"[..], &b"two"[..]));
+        assert_eq!(haheap_destroy(h), HAHEAP_OK);
+        b.shutdown().unwrap();
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use haheap::{EngineKind, Error, Heap, HeapConfig, ReplError, ReplMode};
+use haheap::{BackupFailure, EngineKind, Error, Heap, HeapConfig, ReplError, ReplMode};
 use hareplica::{BackupConfig, BackupHandle, BackupServer};
 
 const PAGE: usize = 4096;
@@ -22,6 +22,7 @@ fn cfg(b: &BackupHandle, engine: EngineKind, size: usize) -> HeapConfig {
         engine,
         backup: Some(b.endpoint().to_string()),
         mode: ReplMode::Sync,
+        on_backup_failure: BackupFailure::Fail,
     }
 }
 

@@ -82,9 +82,12 @@ int main(int argc, char **argv)
     HaHeap *h = NULL;
     HaheapTxStats st;
     uint64_t sum, n, i;
+    /* With a backup: if it dies and restarts, haheap_tend waits for it (up to 10 s)
+     * instead of returning HAHEAP_ERR_IN_DOUBT at once. */
+    uint32_t flags = backup ? HAHEAP_FLAG_BLOCK | (10u << HAHEAP_BLOCK_SECS_SHIFT) : 0;
 
     if (argc > 3 && strcmp(argv[3], "takeover") == 0) {
-        check(haheap_takeover(engine, backup, 0, &h), "takeover");
+        check(haheap_takeover(engine, backup, flags, &h), "takeover");
         n = walk(h, &sum);
         printf("takeover: engine=%s, %" PRIu64 " nodes, sum %" PRIu64 "\n", haheap_engine_name(h), n, sum);
         if (n != 19 || sum != 210) {
@@ -100,7 +103,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    check(haheap_create(1 << 20, engine, backup, 0, &h), "create");
+    check(haheap_create(1 << 20, engine, backup, flags, &h), "create");
     printf("engine=%s (%s)\n", haheap_engine_name(h), haheap_engine_reason(h));
 
     check(haheap_tstart(h), "tstart");

@@ -44,17 +44,25 @@ pub struct Backup {
     kind: BackupKind,
     dir: PathBuf,
     endpoint: String,
+    /// The server's busy-poll for the next frame (zero: off).
+    spin: Duration,
     running: Running,
 }
 
 impl Backup {
     /// Starts a backup whose socket and replica live under `dir`.
     pub fn start(kind: &BackupKind, dir: &Path) -> Result<Backup> {
+        Self::start_spinning(kind, dir, Duration::ZERO)
+    }
+
+    /// Starts a backup that busy-polls `spin` for each next frame before blocking.
+    pub fn start_spinning(kind: &BackupKind, dir: &Path, spin: Duration) -> Result<Backup> {
         let endpoint = format!("unix:{}", dir.join("backup.sock").display());
         let mut b = Backup {
             kind: kind.clone(),
             dir: dir.to_path_buf(),
             endpoint,
+            spin,
             running: Running::Stopped,
         };
         b.restart()?;
@@ -72,8 +80,11 @@ impl Backup {
         match &self.kind {
             BackupKind::Thread => {
                 let ep: Endpoint = self.endpoint.parse().context("backup endpoint")?;
-                let (server, _report) = BackupServer::bind(BackupConfig::new(ep, &replica))
-                    .context("binding the backup")?;
+                let cfg = BackupConfig {
+                    spin: self.spin,
+                    ..BackupConfig::new(ep, &replica)
+                };
+                let (server, _report) = BackupServer::bind(cfg).context("binding the backup")?;
                 self.running = Running::Thread(server.spawn());
             }
             BackupKind::Process(bin) => {
@@ -84,12 +95,17 @@ impl Backup {
                     .append(true)
                     .open(self.dir.join("backup.log"))
                     .context("backup log file")?;
-                let child = Command::new(bin)
-                    .arg("backup")
+                let mut cmd = Command::new(bin);
+                cmd.arg("backup")
                     .arg("--listen")
                     .arg(&self.endpoint)
                     .arg("--dir")
-                    .arg(&replica)
+                    .arg(&replica);
+                if !self.spin.is_zero() {
+                    // Only when asked: backups without the option keep working.
+                    cmd.arg("--spin-us").arg(self.spin.as_micros().to_string());
+                }
+                let child = cmd
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(log)

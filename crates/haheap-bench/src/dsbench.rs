@@ -111,6 +111,7 @@ fn run_one(
         backup: backup.map(|b| b.endpoint().to_string()),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
+        spin: Duration::ZERO,
     };
     let mut heap = Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;
     tx(&mut heap, |m| Ok((ds.init)(m)?))?;

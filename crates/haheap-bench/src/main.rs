@@ -111,6 +111,15 @@ struct MicroCli {
     /// Runs per cell, engines interleaved; the median is reported.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
+    /// Busy-poll this many µs before blocking, in the primary's client (for an Ack) and
+    /// the backup (for the next frame); 0 blocks at once.
+    #[arg(long, default_value_t = 0, value_parser = spin_us())]
+    spin_us: u64,
+}
+
+/// `--spin-us`: at most a second.
+fn spin_us() -> clap::builder::RangedU64ValueParser {
+    clap::value_parser!(u64).range(0..=1_000_000)
 }
 
 #[derive(Args)]
@@ -211,6 +220,9 @@ struct BackupCli {
     dir: PathBuf,
     #[arg(long)]
     durable: bool,
+    /// Busy-poll this many µs for the next frame before blocking (0: off).
+    #[arg(long, default_value_t = 0, value_parser = spin_us())]
+    spin_us: u64,
 }
 
 fn engines(names: &[String]) -> Result<Vec<EngineKind>> {
@@ -299,13 +311,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 backup: c.common.backup.list(),
                 seed: c.common.seed,
                 repeat: c.repeat as usize,
+                spin: std::time::Duration::from_micros(c.spin_us),
             };
             eprintln!("{}", Machine::probe().line());
             let cells = micro::run(&a, &kind)?;
             let goals = micro::goals(&cells);
             let cmd = format!(
-                "micro: {} tx, {} MB heap, seed {}, median of {} interleaved runs",
-                a.txs, a.heap_mb, a.seed, a.repeat
+                "micro: {} tx, {} MB heap, seed {}, median of {} interleaved runs, spin {} us",
+                a.txs, a.heap_mb, a.seed, a.repeat, c.spin_us
             );
             emit(
                 Out {
@@ -453,6 +466,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let ep: hareplica::Endpoint = c.listen.parse().context("--listen")?;
             let mut cfg = hareplica::BackupConfig::new(ep, &c.dir);
             cfg.durable = c.durable;
+            cfg.spin = std::time::Duration::from_micros(c.spin_us);
             let (server, _report) =
                 hareplica::BackupServer::bind(cfg).context("starting the backup")?;
             server.serve().context("serving")?;

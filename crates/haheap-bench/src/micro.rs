@@ -23,6 +23,8 @@ pub struct MicroArgs {
     pub seed: u64,
     /// Runs per cell; the median time is reported.
     pub repeat: usize,
+    /// Busy-poll before blocking, in the client and the backup (zero: off).
+    pub spin: Duration,
 }
 
 /// One measured cell.
@@ -141,7 +143,7 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
                     // A fresh backup per run: the heap announces itself as new.
                     let dir = tempfile::tempdir().context("temp dir for the backup")?;
                     let backup = match with_backup {
-                        true => Some(Backup::start(backup_kind, dir.path())?),
+                        true => Some(Backup::start_spinning(backup_kind, dir.path(), a.spin)?),
                         false => None,
                     };
                     let cfg = HeapConfig {
@@ -150,6 +152,7 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
                         backup: backup.as_ref().map(|b| b.endpoint().to_string()),
                         mode: ReplMode::Sync,
                         on_backup_failure: BackupFailure::Fail,
+                        spin: a.spin,
                     };
                     let mut heap =
                         Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;

@@ -112,6 +112,9 @@ pub struct HeapConfig {
     /// What a commit does while the backup is gone; the backup must be reachable when the
     /// heap is created or taken over.
     pub on_backup_failure: BackupFailure,
+    /// Busy-poll this long for the backup's acknowledgement before blocking (zero: off).
+    /// Saves an idle CPU's wakeup latency per commit at the cost of CPU time.
+    pub spin: Duration,
 }
 
 impl HeapConfig {
@@ -123,6 +126,7 @@ impl HeapConfig {
             backup: None,
             mode: ReplMode::Sync,
             on_backup_failure: BackupFailure::Fail,
+            spin: Duration::ZERO,
         }
     }
 }

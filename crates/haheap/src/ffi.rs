@@ -198,6 +198,7 @@ unsafe fn config(
         backup,
         mode,
         on_backup_failure,
+        spin: Duration::ZERO,
     })
 }
 

@@ -109,8 +109,7 @@ impl Heap {
         let ep = cfg.backup.as_deref().ok_or(Error::NoBackup)?;
         // Attaching fences the old primary: check that the engine works before doing that.
         engine::resolve(cfg.engine)?;
-        let (client, image, last_tx) =
-            repl::attach(ep, cfg.mode, cfg.on_backup_failure).map_err(Error::Replication)?;
+        let (client, image, last_tx) = repl::attach(ep, &cfg).map_err(Error::Replication)?;
         let page = sys::page_size();
         if cfg.size != 0 && crate::region::round_up(cfg.size, page) != Some(image.len()) {
             return Err(Error::SizeMismatch {
@@ -409,7 +408,7 @@ impl Parts {
 /// Connects to the configured backup, if any, for a fresh heap of `len` bytes.
 fn connect(cfg: &HeapConfig, len: usize) -> Result<Option<Box<dyn Replicator>>, Error> {
     match &cfg.backup {
-        Some(ep) => repl::connect(ep, len as u64, cfg.mode, cfg.on_backup_failure)
+        Some(ep) => repl::connect(ep, len as u64, cfg)
             .map(Some)
             .map_err(Error::Replication),
         None => Ok(None),

@@ -2,7 +2,7 @@
 //! backup (`hareplica::ReplicaClient`), kept behind a small trait so the heap does not care
 //! how a commit reaches the backup.
 
-use crate::config::{BackupFailure, ReplMode};
+use crate::config::{BackupFailure, HeapConfig, ReplMode};
 pub use hareplica::{diff_pages, DiffRun};
 use hareplica::{ClientOptions, Endpoint, OnFailure, ReplicaClient};
 
@@ -61,12 +61,12 @@ impl Replicator for ReplicaClient {
     }
 }
 
-fn options(mode: ReplMode, on_failure: BackupFailure) -> ClientOptions {
-    let mut o = ClientOptions::new(match mode {
+fn options(cfg: &HeapConfig) -> ClientOptions {
+    let mut o = ClientOptions::new(match cfg.mode {
         ReplMode::Sync => hareplica::Mode::Sync,
         ReplMode::Async { max_lag } => hareplica::Mode::Async { max_lag },
     });
-    o.on_failure = match on_failure {
+    o.on_failure = match cfg.on_backup_failure {
         BackupFailure::Fail => OnFailure::Fail,
         BackupFailure::Block { timeout } => {
             // hareplica counts attempts: the first one is immediate, the rest a delay apart.
@@ -78,33 +78,29 @@ fn options(mode: ReplMode, on_failure: BackupFailure) -> ClientOptions {
             }
         }
     };
+    o.spin = cfg.spin;
     o
 }
 
-/// Connects to a backup for a fresh heap of `heap_size` bytes.
+/// Connects to a backup for a fresh heap of `heap_size` bytes, as `cfg` says.
 pub fn connect(
     endpoint: &str,
     heap_size: u64,
-    mode: ReplMode,
-    on_failure: BackupFailure,
+    cfg: &HeapConfig,
 ) -> Result<Box<dyn Replicator>, ReplError> {
     let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
-    let client = ReplicaClient::connect_with(&ep, heap_size, options(mode, on_failure))
-        .map_err(ReplError::Connect)?;
+    let client =
+        ReplicaClient::connect_with(&ep, heap_size, options(cfg)).map_err(ReplError::Connect)?;
     Ok(Box::new(client))
 }
 
 /// A takeover's result: the client, the committed image, the last committed tx id.
 pub type Attached = (Box<dyn Replicator>, Vec<u8>, u64);
 
-/// Attaches to a backup's replica for takeover.
-pub fn attach(
-    endpoint: &str,
-    mode: ReplMode,
-    on_failure: BackupFailure,
-) -> Result<Attached, ReplError> {
+/// Attaches to a backup's replica for takeover, as `cfg` says.
+pub fn attach(endpoint: &str, cfg: &HeapConfig) -> Result<Attached, ReplError> {
     let ep: Endpoint = endpoint.parse().map_err(ReplError::Endpoint)?;
     let (client, image, last_tx) =
-        ReplicaClient::attach_with(&ep, options(mode, on_failure)).map_err(ReplError::Connect)?;
+        ReplicaClient::attach_with(&ep, options(cfg)).map_err(ReplError::Connect)?;
     Ok((Box::new(client), image, last_tx))
 }

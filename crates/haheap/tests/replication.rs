@@ -23,6 +23,7 @@ fn cfg(b: &BackupHandle, engine: EngineKind, size: usize) -> HeapConfig {
         backup: Some(b.endpoint().to_string()),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
+        spin: std::time::Duration::ZERO,
     }
 }
 
@@ -177,4 +178,35 @@ fn async_mode_flush_waits_for_every_ack() {
     assert!(b.state().image == h.as_slice());
     drop(h);
     b.shutdown().unwrap();
+}
+
+#[test]
+fn spinning_heap_and_backup_replicate_every_commit() {
+    let spin = std::time::Duration::from_micros(200);
+    for (i, engine) in EngineKind::CONCRETE.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = format!("unix:{}", dir.path().join("backup.sock").display());
+        let bcfg = BackupConfig {
+            spin,
+            ..BackupConfig::new(ep.parse().unwrap(), &dir.path().join("replica"))
+        };
+        let b = BackupServer::bind(bcfg).unwrap().0.spawn();
+        let mut rng = fastrand::Rng::with_seed(300 + i as u64);
+        let mut h = Heap::create(HeapConfig {
+            spin,
+            ..cfg(&b, engine, 32 * PAGE)
+        })
+        .unwrap();
+        random_txs(&mut h, &mut rng, 60, |h| {
+            let st = b.state();
+            assert_eq!(
+                st.last_tx,
+                h.committed_tx_id(),
+                "{engine}: backup at another tx"
+            );
+            assert!(st.image == h.as_slice(), "{engine}: backup image differs");
+        });
+        drop(h);
+        b.shutdown().unwrap();
+    }
 }

@@ -49,6 +49,10 @@ enum Cmd {
         /// Drop a peer that stalls inside a frame for this many milliseconds.
         #[arg(long, default_value_t = 30_000)]
         frame_timeout_ms: u64,
+        /// Busy-poll this many µs for the next frame before blocking (0: off). Cuts the
+        /// wakeup latency of an idle CPU from each commit at the cost of CPU time.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+        spin_us: u64,
     },
     /// Show a backup's state, from its directory or by asking it.
     Status {
@@ -107,12 +111,14 @@ fn run(cmd: Cmd) -> Result<()> {
             allow_reset,
             checkpoint_kb,
             frame_timeout_ms,
+            spin_us,
         } => {
             let cfg = BackupConfig {
                 durable,
                 allow_reset,
                 checkpoint_bytes: checkpoint_kb.unwrap_or(0) << 10,
                 frame_timeout: Duration::from_millis(frame_timeout_ms),
+                spin: Duration::from_micros(spin_us),
                 ..BackupConfig::new(listen, &dir)
             };
             let (server, report) =

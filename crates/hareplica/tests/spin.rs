@@ -1,0 +1,68 @@
+//! Busy-polling client and backup (`spin`, `--spin-us`) deliver every commit intact.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hareplica::{BackupConfig, ClientOptions, Endpoint, Mode, ReplicaClient};
+
+/// Runs `n` commits in `mode` with a client spinning `client_spin` against a backup
+/// process started with `--spin-us backup_spin_us`; the replica must equal the primary.
+fn delivers(listen: &str, mode: Mode, client_spin: Duration, backup_spin_us: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let listen = listen.replace("DIR", tmp.path().to_str().unwrap());
+    let dir = tmp.path().join("replica");
+    let spin = backup_spin_us.to_string();
+    let backup = BackupProc::start(&listen, &dir, &["--spin-us", &spin]);
+    let mut opts = ClientOptions::new(mode);
+    opts.spin = client_spin;
+    let client = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts).unwrap();
+    let mut primary = Primary::new(client, vec![0; HEAP], 0);
+    let n = 300;
+    for _ in 0..n {
+        primary.step().unwrap();
+    }
+    primary.client.flush().unwrap();
+    assert_eq!(primary.client.last_acked(), n);
+    drop(primary);
+    drop(backup);
+    let (image, last_tx) = dump(&dir);
+    assert_eq!(last_tx, n);
+    assert!(image == model(n), "replica differs from the primary");
+}
+
+#[test]
+fn spinning_client_and_backup_deliver_every_commit() {
+    let spin = Duration::from_micros(200);
+    delivers("tcp:127.0.0.1:0", Mode::Sync, spin, 200);
+    delivers("unix:DIR/b.sock", Mode::Sync, spin, 200);
+    delivers("unix:DIR/b.sock", Mode::Async { max_lag: 8 }, spin, 200);
+    // Only one side spinning, and spin shorter than a round trip (falls back to blocking).
+    delivers("tcp:127.0.0.1:0", Mode::Sync, spin, 0);
+    delivers("unix:DIR/b.sock", Mode::Sync, Duration::ZERO, 200);
+    delivers("unix:DIR/b.sock", Mode::Sync, Duration::from_micros(1), 1);
+}
+
+#[test]
+fn spin_is_off_unless_asked_for() {
+    assert_eq!(ClientOptions::new(Mode::Sync).spin, Duration::ZERO);
+    let cfg = BackupConfig::new(
+        "unix:/nonexistent".parse::<Endpoint>().unwrap(),
+        "/x".as_ref(),
+    );
+    assert_eq!(cfg.spin, Duration::ZERO);
+    let o = cli(&[
+        "backup",
+        "--listen",
+        "unix:/x",
+        "--dir",
+        "/x",
+        "--spin-us",
+        "2000000",
+    ]);
+    assert!(
+        !o.status.success(),
+        "an out-of-range --spin-us was accepted"
+    );
+}

@@ -94,6 +94,15 @@ struct Common {
     json_out: Option<PathBuf>,
 }
 
+impl Common {
+    fn out(&self) -> Out<'_> {
+        Out {
+            json: self.json,
+            json_out: self.json_out.as_ref(),
+        }
+    }
+}
+
 #[derive(Args)]
 struct MicroCli {
     #[command(flatten)]
@@ -321,10 +330,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 a.txs, a.heap_mb, a.seed, a.repeat, c.spin_us
             );
             emit(
-                Out {
-                    json: c.common.json,
-                    json_out: c.common.json_out.as_ref(),
-                },
+                c.common.out(),
                 &cmd,
                 &kind.describe(),
                 serde_json::to_value(&cells)?,
@@ -351,10 +357,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 a.ops, a.heap_mb, a.seed
             );
             emit(
-                Out {
-                    json: c.common.json,
-                    json_out: c.common.json_out.as_ref(),
-                },
+                c.common.out(),
                 &cmd,
                 &kind.describe(),
                 serde_json::to_value(&cells)?,

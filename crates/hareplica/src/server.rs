@@ -537,15 +537,7 @@ impl<'a> Connection<'a> {
             let inner = lock(self.shared);
             let mut inner = self.wait_no_current_session(inner)?;
             let inner = &mut *inner;
-            if !inner.state.is_initialized() {
-                return Err(Refusal(
-                    ErrorCode::Empty,
-                    "the backup holds no heap to take over".into(),
-                ));
-            }
-            let epoch = inner.state.epoch + 1;
-            inner.store.append_epoch(epoch).map_err(internal)?;
-            inner.state.epoch = epoch;
+            let epoch = bump_epoch(inner, "take over")?;
             self.start_session(inner, mode);
             log::info!(
                 "{}: takeover at tx {}, epoch {epoch}",
@@ -582,15 +574,7 @@ impl<'a> Connection<'a> {
         let welcome = {
             let mut inner = lock(self.shared);
             let inner = &mut *inner;
-            if !inner.state.is_initialized() {
-                return Err(Refusal(
-                    ErrorCode::Empty,
-                    "the backup holds no heap to promote".into(),
-                ));
-            }
-            let epoch = inner.state.epoch + 1;
-            inner.store.append_epoch(epoch).map_err(internal)?;
-            inner.state.epoch = epoch;
+            let epoch = bump_epoch(inner, "promote")?;
             log::info!("promoted to epoch {epoch} at tx {}", inner.state.last_tx);
             Message::Welcome {
                 last_tx: inner.state.last_tx,
@@ -689,6 +673,21 @@ fn check_resume(st: &ReplicaState, h: &Hello) -> Result<(), Refusal> {
         ));
     }
     Ok(())
+}
+
+/// Fences every earlier primary (takeover, promote): the new epoch is in the log before it
+/// takes effect, so a restarted backup never forgets it.
+fn bump_epoch(inner: &mut Inner, to: &str) -> Result<u64, Refusal> {
+    if !inner.state.is_initialized() {
+        return Err(Refusal(
+            ErrorCode::Empty,
+            format!("the backup holds no heap to {to}"),
+        ));
+    }
+    let epoch = inner.state.epoch + 1;
+    inner.store.append_epoch(epoch).map_err(internal)?;
+    inner.state.epoch = epoch;
+    Ok(epoch)
 }
 
 fn internal(e: StoreError) -> Refusal {

@@ -46,17 +46,16 @@ fn summary(mut v: Vec<u64>) -> Summary {
 }
 
 pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
-    let (runs, memory, settle, parallel, json) = match cmd {
-        BenchCmd::Ha { args } => return ha(&args),
+    match cmd {
+        BenchCmd::Ha { args } => ha(&args),
         BenchCmd::Boot {
             runs,
             memory,
             settle,
             parallel,
             json,
-        } => (runs, memory, settle, parallel, json),
-    };
-    boot(paths, runs, memory, settle, parallel, json).await
+        } => boot(paths, runs, memory, settle, parallel, json).await,
+    }
 }
 
 /// `rebound bench ha ...`: the HA heap benchmarks live in their own binary, built

@@ -45,6 +45,12 @@ pub struct Cell {
     pub shipped_over_written: f64,
     /// Times of all repeats, µs per transaction.
     pub runs_us: Vec<f64>,
+    /// Where tend's time went, µs per transaction: the engine's collection of written
+    /// pages, the byte diff, shipping and waiting for the backup's ack. The rest of
+    /// `us_per_tx` is the stores themselves, with their write faults.
+    pub collect_us: f64,
+    pub diff_us: f64,
+    pub ship_us: f64,
 }
 
 /// The run with the median time, carrying all runs' times.
@@ -66,6 +72,7 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
     let mut plan: Vec<(usize, u64)> = Vec::with_capacity(ppt * wpp);
     let mut chosen: Vec<usize> = Vec::with_capacity(ppt);
     let (mut total, mut pages_sum, mut shipped, mut written) = (Duration::ZERO, 0usize, 0u64, 0u64);
+    let before = heap.counters();
     for _ in 0..txs {
         // Plan outside the timed part: distinct pages, random aligned offsets, new values.
         chosen.clear();
@@ -103,6 +110,8 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
         written += (plan.len() * 8) as u64;
     }
     let n = txs as f64;
+    let after = heap.counters();
+    let per_tx = |a: u64, b: u64| (a - b) as f64 / 1e3 / n;
     Ok(Cell {
         engine: heap.engine().to_string(),
         backup: false,
@@ -116,6 +125,9 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
         shipped_bytes_per_tx: shipped as f64 / n,
         shipped_over_written: ratio(shipped as f64, written as f64),
         runs_us: Vec::new(),
+        collect_us: per_tx(after.collect_ns, before.collect_ns),
+        diff_us: per_tx(after.diff_ns, before.diff_ns),
+        ship_us: per_tx(after.ship_ns, before.ship_ns),
     })
 }
 
@@ -186,7 +198,7 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
 
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
-        "{:<7}{:>4}{:>4}  {:<9}{:>10}{:>9}{:>9}{:>11}{:>11}{:>8}\n",
+        "{:<7}{:>4}{:>4}  {:<9}{:>10}{:>9}{:>9}{:>11}{:>11}{:>8}{:>9}{:>8}{:>8}\n",
         "backup",
         "ppt",
         "wpp",
@@ -196,11 +208,14 @@ pub fn table(cells: &[Cell]) -> String {
         "pages",
         "written B",
         "shipped B",
-        "ship/wr"
+        "ship/wr",
+        "collect",
+        "diff",
+        "ship"
     );
     for c in cells {
         s += &format!(
-            "{:<7}{:>4}{:>4}  {:<9}{:>10.2}{:>9.2}{:>9.2}{:>11.0}{:>11.0}{:>8.2}\n",
+            "{:<7}{:>4}{:>4}  {:<9}{:>10.2}{:>9.2}{:>9.2}{:>11.0}{:>11.0}{:>8.2}{:>9.2}{:>8.2}{:>8.2}\n",
             if c.backup { "yes" } else { "no" },
             c.ppt,
             c.wpp,
@@ -210,7 +225,10 @@ pub fn table(cells: &[Cell]) -> String {
             c.pages_per_tx,
             c.written_bytes_per_tx,
             c.shipped_bytes_per_tx,
-            c.shipped_over_written
+            c.shipped_over_written,
+            c.collect_us,
+            c.diff_us,
+            c.ship_us
         );
     }
     s

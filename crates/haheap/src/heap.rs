@@ -257,13 +257,16 @@ impl Heap {
             bytes_written_hint: self.written_hint,
             bytes_shipped: payload as usize,
         };
+        // Send, then bring the shadow up to date and re-arm tracking while the backup
+        // works, then wait for its acknowledgement.
+        let mut waited = Ok(());
         if let Some(r) = &mut self.repl {
-            let res = r.commit(tx_id, &self.runs, self.region.as_slice());
+            let res = r.send(tx_id, &self.runs, self.region.as_slice());
             self.counters.ship_ns += t2.elapsed().as_nanos() as u64;
             match res {
                 Ok(n) => stats.bytes_shipped = n as usize,
                 Err(e @ ReplError::InDoubt { .. }) => {
-                    self.finish_commit(tx_id);
+                    self.finish_commit(tx_id)?;
                     self.counters.commits += 1;
                     self.pending = Some(stats);
                     return Err(Error::Replication(e));
@@ -275,7 +278,18 @@ impl Heap {
                 }
             }
         }
-        self.finish_commit(tx_id);
+        self.finish_commit(tx_id)?;
+        if let Some(r) = &mut self.repl {
+            let t3 = Instant::now();
+            waited = r.wait(tx_id);
+            self.counters.ship_ns += t3.elapsed().as_nanos() as u64;
+        }
+        if let Err(e) = waited {
+            // Queued and committed here; the next tend waits for the acknowledgement.
+            self.counters.commits += 1;
+            self.pending = Some(stats);
+            return Err(Error::Replication(e));
+        }
         let c = &mut self.counters;
         c.commits += 1;
         c.pages += stats.pages as u64;
@@ -284,8 +298,10 @@ impl Heap {
         Ok(stats)
     }
 
-    /// Makes the taken transaction the committed state locally.
-    fn finish_commit(&mut self, tx_id: u64) {
+    /// Makes the taken transaction the committed state locally and re-arms tracking of
+    /// its pages.
+    fn finish_commit(&mut self, tx_id: u64) -> Result<(), Error> {
+        let t0 = Instant::now();
         if let Some(shadow) = &mut self.shadow {
             let (cur, sh) = (self.region.as_slice(), shadow.as_mut_slice());
             for r in &self.runs {
@@ -295,8 +311,17 @@ impl Heap {
         }
         self.tx_id = tx_id;
         self.in_tx = false;
+        let t1 = Instant::now();
+        let armed = self.tracker.rearm(&self.dirty);
+        self.counters.diff_ns += (t1 - t0).as_nanos() as u64;
+        self.counters.collect_ns += t1.elapsed().as_nanos() as u64;
         std::mem::swap(&mut self.last_pages, &mut self.dirty.pages);
         std::mem::swap(&mut self.last_runs, &mut self.runs);
+        if let Err(e) = armed {
+            self.broken = true;
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// Waits again for the acknowledgement of the in-doubt transaction.
@@ -306,8 +331,9 @@ impl Heap {
             return Ok(stats);
         };
         let n = r
-            .commit(stats.tx_id, &[], self.region.as_slice())
+            .send(stats.tx_id, &[], self.region.as_slice())
             .map_err(Error::Replication)?;
+        r.wait(stats.tx_id).map_err(Error::Replication)?;
         stats.bytes_shipped = n as usize;
         self.pending = None;
         Ok(stats)

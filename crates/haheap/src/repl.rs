@@ -36,24 +36,32 @@ pub enum ReplError {
 
 /// Where committed transactions go.
 pub trait Replicator: Send {
-    /// Ships one transaction's runs (contents read from `heap`); returns bytes sent.
-    /// Called again with the same `tx_id` after `InDoubt`, it waits for that transaction.
-    fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError>;
+    /// Queues and sends one transaction's runs (contents read from `heap`); returns bytes
+    /// sent. Called again with the same `tx_id` after `InDoubt`, it gets that one resent.
+    fn send(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError>;
+    /// Waits for the backup as the mode says (sync: every sent transaction acknowledged).
+    fn wait(&mut self, tx_id: u64) -> Result<(), ReplError>;
     /// Waits until every shipped transaction is acknowledged.
     fn flush(&mut self) -> Result<(), ReplError>;
 }
 
+/// Whether `tx_id` made it into the client's queue: unacknowledged transactions are kept
+/// in order after the last acknowledged one.
+fn classify(c: &ReplicaClient, tx_id: u64, source: hareplica::Error) -> ReplError {
+    if c.last_acked() + c.unacked() as u64 >= tx_id {
+        ReplError::InDoubt { tx: tx_id, source }
+    } else {
+        ReplError::Refused { tx: tx_id, source }
+    }
+}
+
 impl Replicator for ReplicaClient {
-    fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError> {
-        ReplicaClient::commit(self, tx_id, runs, heap).map_err(|source| {
-            // Unacknowledged transactions are kept in order after the last acknowledged one,
-            // so this tells whether ours made it into the queue.
-            if self.last_acked() + self.unacked() as u64 >= tx_id {
-                ReplError::InDoubt { tx: tx_id, source }
-            } else {
-                ReplError::Refused { tx: tx_id, source }
-            }
-        })
+    fn send(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError> {
+        ReplicaClient::send(self, tx_id, runs, heap).map_err(|e| classify(self, tx_id, e))
+    }
+
+    fn wait(&mut self, tx_id: u64) -> Result<(), ReplError> {
+        ReplicaClient::wait(self).map_err(|e| classify(self, tx_id, e))
     }
 
     fn flush(&mut self) -> Result<(), ReplError> {

@@ -251,6 +251,15 @@ impl ReplicaClient {
     /// Calling again with the id of a transaction whose commit failed waits for that
     /// transaction instead (after a reconnect and resend).
     pub fn commit(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, Error> {
+        let bytes = self.send(tx_id, runs, heap)?;
+        self.wait()?;
+        Ok(bytes)
+    }
+
+    /// The first half of [`commit`](Self::commit): queues and sends the transaction (or,
+    /// for the id of a failed commit, gets it resent) without waiting for the backup.
+    /// The caller can do its own work meanwhile, then [`wait`](Self::wait).
+    pub fn send(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, Error> {
         let is_last = tx_id + 1 == self.next_tx;
         if is_last && tx_id > 0 && tx_id <= self.last_acked {
             return Ok(0); // a failed commit that a reconnect has since seen acknowledged
@@ -285,12 +294,17 @@ impl ReplicaClient {
             // Sends the queued frames, this one included.
             self.reconnect_per_policy()?;
         }
+        Ok(bytes)
+    }
+
+    /// The second half of [`commit`](Self::commit): sync mode returns once every sent
+    /// transaction is acknowledged, async mode once at most `max_lag` are not.
+    pub fn wait(&mut self) -> Result<(), Error> {
         let allowed = match self.opts.mode {
             Mode::Sync => 0,
             Mode::Async { max_lag } => max_lag as usize,
         };
-        self.wait_until(|c| c.unacked.len() <= allowed)?;
-        Ok(bytes)
+        self.wait_until(|c| c.unacked.len() <= allowed)
     }
 
     /// Waits until every transaction sent so far is acknowledged.

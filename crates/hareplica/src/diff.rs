@@ -7,19 +7,17 @@
 //! merged: a run header on the wire costs 12 bytes, so a short equal gap is cheaper to
 //! ship than a new header.
 //!
-//! Speed: a 256-byte span is checked with one OR of its XORs (32-byte AVX2 vectors when
-//! the CPU has them, else 16-byte SSE2 ones, part of every x86-64), then only differing
-//! spans are checked per 64-byte block, and only differing blocks per 8-byte word; a
-//! differing word's exact bytes come from its XOR's trailing and leading zeros. A page with
-//! a few small writes costs about one pass of vector loads over both copies (~150 ns for
-//! a 4 KiB page in cache here, `examples/diff_speed.rs`).
+//! Speed: each 64-byte block of the two copies becomes a 64-bit mask of differing bytes
+//! (byte compares and movemask, 32-byte AVX2 vectors when the CPU has them, else 16-byte
+//! SSE2 ones, part of every x86-64); runs are read off the mask with trailing-zero counts.
+//! No branch depends on where the writes fell inside a block, so many small writes cost
+//! little more than a few: one pass of vector loads over both copies
+//! (`examples/diff_speed.rs`). Cold pages are bound by memory bandwidth.
 
 /// Runs closer than this many equal bytes are merged into one.
 pub const MERGE_GAP: u64 = 16;
 
-const WORD: usize = 8;
 const BLOCK: usize = 64;
-const SPAN: usize = 256;
 
 /// A byte range of the heap whose contents changed in a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +41,7 @@ impl DiffRun {
 /// boundary merge (any order gives correct runs). Runs never exceed a `u32` length.
 ///
 /// # Panics
-/// If the two regions differ in length, `page_size` is not a non-zero multiple of 256,
+/// If the two regions differ in length, `page_size` is not a non-zero multiple of 64,
 /// or a page lies outside the region: these are caller bugs, not input errors.
 pub fn diff_pages(
     shadow: &[u8],
@@ -58,8 +56,8 @@ pub fn diff_pages(
         "shadow and current differ in length"
     );
     assert!(
-        page_size > 0 && page_size.is_multiple_of(SPAN),
-        "page size {page_size} is not a multiple of {SPAN}"
+        page_size > 0 && page_size.is_multiple_of(BLOCK),
+        "page size {page_size} is not a multiple of {BLOCK}"
     );
     for &page in pages {
         let start = page
@@ -82,113 +80,95 @@ fn diff_range(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
     scan::<false>(a, b, base, out);
 }
 
-/// The scan compiled with AVX2 enabled, so its span tests use 32-byte compares.
+/// The scan compiled with AVX2 enabled, so its block masks use 32-byte compares.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn diff_range_avx2(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
     scan::<true>(a, b, base, out);
 }
 
-/// Tests `a` and `b` for a difference: AVX2 when `AVX` (only instantiated inside
-/// [`diff_range_avx2`]), SSE2 or portable code otherwise.
+/// Bit i set where byte i of two 64-byte blocks differs: AVX2 when `AVX` (only
+/// instantiated inside [`diff_range_avx2`]), SSE2 or portable code otherwise.
 #[inline(always)]
-fn span_differs<const AVX: bool, const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
+fn differing_bytes<const AVX: bool>(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if AVX {
         // SAFETY: `AVX` is true only in the instance inlined into `diff_range_avx2`,
         // which runs only after AVX2 was detected.
-        return unsafe { differs_avx2(a, b) };
+        return unsafe { differing_bytes_avx2(a, b) };
     }
-    differs(a, b)
+    differing_bytes_plain(a, b)
 }
 
-/// Whether two equal-sized chunks (a multiple of 32 bytes) differ, 32 bytes at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-fn differs_avx2<const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
-    use std::arch::x86_64::{
-        __m256i, _mm256_loadu_si256, _mm256_or_si256, _mm256_setzero_si256, _mm256_testz_si256,
-        _mm256_xor_si256,
-    };
-    const { assert!(N.is_multiple_of(32)) };
+fn differing_bytes_avx2(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+    use std::arch::x86_64::{__m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8};
     let (pa, pb) = (a.as_ptr().cast::<__m256i>(), b.as_ptr().cast::<__m256i>());
-    let mut acc = _mm256_setzero_si256();
-    for i in 0..N / 32 {
-        // SAFETY: each unaligned load reads the 32 bytes at lane i*32 < N of the N-byte
-        // arrays that `a` and `b` borrow for this call.
-        let (x, y) = unsafe { (_mm256_loadu_si256(pa.add(i)), _mm256_loadu_si256(pb.add(i))) };
-        acc = _mm256_or_si256(acc, _mm256_xor_si256(x, y));
-    }
-    _mm256_testz_si256(acc, acc) == 0
+    // SAFETY: the two unaligned loads per side read bytes 0..32 and 32..64 of the 64-byte
+    // arrays that `a` and `b` borrow for this call.
+    let (lo, hi) = unsafe {
+        (
+            _mm256_cmpeq_epi8(_mm256_loadu_si256(pa), _mm256_loadu_si256(pb)),
+            _mm256_cmpeq_epi8(_mm256_loadu_si256(pa.add(1)), _mm256_loadu_si256(pb.add(1))),
+        )
+    };
+    let eq = u64::from(_mm256_movemask_epi8(lo) as u32)
+        | u64::from(_mm256_movemask_epi8(hi) as u32) << 32;
+    !eq
 }
 
-/// Diffs one page-aligned range; `base` is its offset in the heap.
-#[inline(always)]
-fn scan<const AVX: bool>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
-    // Fixed-size chunks: no length checks inside the hot loop. Most of a dirty page is
-    // unchanged, so 256-byte spans are tested first, then their 64-byte blocks.
-    let (aspans, _) = a.as_chunks::<SPAN>();
-    let (bspans, _) = b.as_chunks::<SPAN>();
-    for (s, (aspan, bspan)) in aspans.iter().zip(bspans).enumerate() {
-        if !span_differs::<AVX, SPAN>(aspan, bspan) {
-            continue;
-        }
-        let (ablocks, _) = aspan.as_chunks::<BLOCK>();
-        let (bblocks, _) = bspan.as_chunks::<BLOCK>();
-        for (n, (ablk, bblk)) in ablocks.iter().zip(bblocks).enumerate() {
-            if !span_differs::<AVX, BLOCK>(ablk, bblk) {
-                continue;
-            }
-            let (awords, _) = ablk.as_chunks::<WORD>();
-            let (bwords, _) = bblk.as_chunks::<WORD>();
-            for (i, (aw, bw)) in awords.iter().zip(bwords).enumerate() {
-                let x = u64::from_le_bytes(*aw) ^ u64::from_le_bytes(*bw);
-                if x == 0 {
-                    continue;
-                }
-                // Little-endian loads: the lowest address is the least significant byte.
-                let word = base + (s * SPAN + n * BLOCK + i * WORD) as u64;
-                let first = word + u64::from(x.trailing_zeros() / 8);
-                let last = word + WORD as u64 - u64::from(x.leading_zeros() / 8);
-                push_run(out, first, last);
-            }
-        }
-    }
-}
-
-/// Whether two equal-sized chunks (a multiple of 16 bytes) differ: 16-byte XORs folded
-/// by OR, one test at the end.
+/// SSE2 (part of every x86-64): four 16-byte compares.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn differs<const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
-    use std::arch::x86_64::{
-        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
-        _mm_setzero_si128, _mm_xor_si128,
-    };
-    const { assert!(N.is_multiple_of(16)) };
+fn differing_bytes_plain(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+    use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8};
     let (pa, pb) = (a.as_ptr().cast::<__m128i>(), b.as_ptr().cast::<__m128i>());
-    // SAFETY: SSE2 is part of the x86_64 baseline. Each unaligned load reads the 16 bytes
-    // at lane i*16 < N of the N-byte arrays that `a` and `b` borrow for this call.
-    unsafe {
-        let mut acc = _mm_setzero_si128();
-        for i in 0..N / 16 {
-            let x = _mm_xor_si128(_mm_loadu_si128(pa.add(i)), _mm_loadu_si128(pb.add(i)));
-            acc = _mm_or_si128(acc, x);
-        }
-        _mm_movemask_epi8(_mm_cmpeq_epi8(acc, _mm_setzero_si128())) != 0xffff
+    let mut eq = 0u64;
+    for i in 0..BLOCK / 16 {
+        // SAFETY: SSE2 is part of the x86_64 baseline; each unaligned load reads the 16
+        // bytes at lane i*16 < 64 of the 64-byte arrays `a` and `b` borrow for this call.
+        let m = unsafe {
+            _mm_movemask_epi8(_mm_cmpeq_epi8(
+                _mm_loadu_si128(pa.add(i)),
+                _mm_loadu_si128(pb.add(i)),
+            ))
+        };
+        eq |= u64::from(m as u16) << (16 * i);
     }
+    !eq
 }
 
-/// Whether two equal-sized chunks differ (portable: word XORs folded by OR).
+/// Portable: one bit per byte from word XORs.
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn differs<const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
-    let (aw, _) = a.as_chunks::<WORD>();
-    let (bw, _) = b.as_chunks::<WORD>();
-    aw.iter().zip(bw).fold(0u64, |acc, (x, y)| {
-        acc | (u64::from_le_bytes(*x) ^ u64::from_le_bytes(*y))
-    }) != 0
+fn differing_bytes_plain(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+    let mut d = 0u64;
+    for i in 0..BLOCK {
+        d |= u64::from(a[i] != b[i]) << i;
+    }
+    d
+}
+
+/// Diffs one page-aligned range; `base` is its offset in the heap. Each 64-byte block
+/// gives a 64-bit mask of differing bytes; runs are read off the mask with bit counts.
+#[inline(always)]
+fn scan<const AVX: bool>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+    // Fixed-size chunks: no length checks inside the hot loop.
+    let (ablocks, _) = a.as_chunks::<BLOCK>();
+    let (bblocks, _) = b.as_chunks::<BLOCK>();
+    for (n, (ablk, bblk)) in ablocks.iter().zip(bblocks).enumerate() {
+        let mut d = differing_bytes::<AVX>(ablk, bblk);
+        let blk = base + (n * BLOCK) as u64;
+        while d != 0 {
+            let first = d.trailing_zeros();
+            let len = (!(d >> first)).trailing_zeros(); // 64 - first when the run reaches the end
+            push_run(out, blk + u64::from(first), blk + u64::from(first + len));
+            // Clear bits first..first+len (shifts of 64 would overflow: use checked).
+            d &= u64::MAX.checked_shl(first + len).unwrap_or(0);
+        }
+    }
 }
 
 /// Adds the differing range `[first, last)`, merging with the previous run when the

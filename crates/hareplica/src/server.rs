@@ -342,6 +342,9 @@ struct Connection<'a> {
     peer: String,
     session: Option<u64>,
     pending_acks: Vec<u8>,
+    /// Commits judged and logged but not yet applied to the image: they are applied
+    /// right after their acknowledgement goes out, so the primary does not wait for it.
+    logged: Vec<Commit>,
     /// Largest commit payload accepted: small until a session names its heap size.
     commit_cap: u32,
 }
@@ -359,6 +362,7 @@ impl<'a> Connection<'a> {
             peer,
             session: None,
             pending_acks: Vec::new(),
+            logged: Vec::new(),
             commit_cap: PRE_SESSION_COMMIT_CAP,
         }
     }
@@ -399,16 +403,18 @@ impl<'a> Connection<'a> {
                 Ok(false) => break,
                 Err(Refusal(code, why)) => {
                     log::warn!("{}: refused: {why}", self.peer);
-                    self.flush_acks();
+                    self.settle(true);
                     send(self.reader.get_mut(), &error_msg(code, why));
                     break;
                 }
             }
-            if self.reader.buffer().is_empty() && !self.flush_acks() {
+            // Acks go out once no further frame is buffered (a batch in async mode);
+            // logged commits are applied after that, before the next frame is judged.
+            if !self.settle(self.reader.buffer().is_empty()) {
                 break;
             }
         }
-        self.flush_acks();
+        self.settle(true);
         if let Some(id) = self.session {
             let mut inner = lock(self.shared);
             if inner.session.as_ref().is_some_and(|s| s.id == id) {
@@ -603,45 +609,69 @@ impl<'a> Connection<'a> {
                 ),
             ));
         }
+        let tx_id = c.tx_id;
         match inner.state.judge(&c) {
+            // In the log (on disk once the barrier before the ack passed) it is committed
+            // here: a restarted backup replays it. The image catches up in settle.
             Verdict::Apply => {
                 inner.store.append_commit(&c.payload).map_err(internal)?;
-                inner.state.apply(&c);
-                inner.txs_applied += 1;
-                inner.bytes_applied += c.data_bytes();
-                inner.last_commit = Some(Instant::now());
-                let limit = match self.shared.cfg.checkpoint_bytes {
-                    0 => inner.state.heap_size.max(64 << 20),
-                    n => n,
-                };
-                if inner.store.wal_bytes() > limit {
-                    inner.store.barrier().map_err(internal)?;
-                    inner.store.checkpoint(&inner.state).map_err(internal)?;
-                }
+                self.logged.push(c);
             }
             Verdict::Duplicate => {
-                log::info!("{}: tx {} resent, acknowledged again", self.peer, c.tx_id)
+                log::info!("{}: tx {tx_id} resent, acknowledged again", self.peer)
             }
             Verdict::Refuse(code, why) => return Err(Refusal(code, why)),
         }
         let mut ack = Vec::new();
-        wire::encode(&Message::Ack { tx_id: c.tx_id }, &mut ack);
+        wire::encode(&Message::Ack { tx_id }, &mut ack);
         self.pending_acks.extend_from_slice(&ack);
         Ok(())
     }
 
-    /// Makes logged commits durable, then sends their acknowledgements.
-    fn flush_acks(&mut self) -> bool {
-        if self.pending_acks.is_empty() {
+    /// With `send_acks`, makes the logged commits durable and acknowledges them; then
+    /// applies them to the image, in order, and checkpoints a long log. One lock spans
+    /// both, so a status never shows an acknowledged commit missing. Returns false when
+    /// the acknowledgements could not be made durable or sent.
+    fn settle(&mut self, send_acks: bool) -> bool {
+        if self.logged.is_empty() && (self.pending_acks.is_empty() || !send_acks) {
             return true;
         }
-        if let Err(e) = lock(self.shared).store.barrier() {
-            log::error!("log barrier failed, acknowledgements withheld: {e}");
+        let mut guard = lock(self.shared);
+        let inner = &mut *guard;
+        let mut ok = true;
+        if send_acks && !self.pending_acks.is_empty() {
+            ok = match inner.store.barrier() {
+                Ok(()) => self.reader.get_mut().write_all(&self.pending_acks).is_ok(),
+                Err(e) => {
+                    log::error!("log barrier failed, acknowledgements withheld: {e}");
+                    false
+                }
+            };
             self.pending_acks.clear();
-            return false;
         }
-        let ok = self.reader.get_mut().write_all(&self.pending_acks).is_ok();
-        self.pending_acks.clear();
+        if self.logged.is_empty() {
+            return ok;
+        }
+        for c in self.logged.drain(..) {
+            inner.state.apply(&c);
+            inner.txs_applied += 1;
+            inner.bytes_applied += c.data_bytes();
+        }
+        inner.last_commit = Some(Instant::now());
+        let limit = match self.shared.cfg.checkpoint_bytes {
+            0 => inner.state.heap_size.max(64 << 20),
+            n => n,
+        };
+        if inner.store.wal_bytes() > limit {
+            // A failed checkpoint keeps the log, which still holds every commit.
+            if let Err(e) = inner
+                .store
+                .barrier()
+                .and_then(|()| inner.store.checkpoint(&inner.state))
+            {
+                log::error!("replica checkpoint failed, the log keeps growing: {e}");
+            }
+        }
         ok
     }
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use hareplica::endpoint::Stream;
 use hareplica::wire::{
-    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, HEADER_LEN,
-    MAX_COMMIT_PAYLOAD,
+    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, CRC_AT, HEADER_LEN,
+    LEN_AT, MAX_COMMIT_PAYLOAD, TYPE_AT, VERSION_AT,
 };
 use hareplica::{diff_pages, DiffRun, ReplicaClient};
 
@@ -23,10 +23,10 @@ fn frame(msg: &Message) -> Vec<u8> {
 
 fn reseal(mut f: Vec<u8>) -> Vec<u8> {
     let mut h = crc32fast::Hasher::new();
-    h.update(&f[0..12]);
+    h.update(&f[..CRC_AT]);
     h.update(&f[HEADER_LEN..]);
     let crc = h.finalize();
-    f[12..16].copy_from_slice(&crc.to_le_bytes());
+    f[CRC_AT..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
     f
 }
 
@@ -116,14 +116,14 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
         ErrorCode::Malformed,
         "bad frame magic",
     );
-    let mut v2 = status.clone();
-    v2[4] = 2;
-    expect_refusal(&ep, &reseal(v2), ErrorCode::Malformed, "version 2");
+    let mut v1 = status.clone();
+    v1[VERSION_AT] = 1;
+    expect_refusal(&ep, &reseal(v1), ErrorCode::Malformed, "version 1");
     let mut crc = status.clone();
-    crc[12] ^= 1;
+    crc[CRC_AT] ^= 1;
     expect_refusal(&ep, &crc, ErrorCode::Malformed, "checksum");
     let mut unknown = status.clone();
-    unknown[6] = 99;
+    unknown[TYPE_AT] = 99;
     expect_refusal(
         &ep,
         &reseal(unknown),
@@ -132,7 +132,7 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
     );
     // An oversized header is refused at once, without the payload ever being sent.
     let mut huge = commit_frame(1, epoch, &[], &[]);
-    huge[8..12].copy_from_slice(&(MAX_COMMIT_PAYLOAD + 1).to_le_bytes());
+    huge[LEN_AT..LEN_AT + 4].copy_from_slice(&(MAX_COMMIT_PAYLOAD + 1).to_le_bytes());
     let t = Instant::now();
     expect_refusal(
         &ep,
@@ -143,7 +143,7 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
     assert!(t.elapsed() < Duration::from_secs(2));
     // Commit caps tighter than the global one: before a session, and from the heap size.
     let mut pre = commit_frame(1, epoch, &[], &[]);
-    pre[8..12].copy_from_slice(&(100u32 << 10).to_le_bytes());
+    pre[LEN_AT..LEN_AT + 4].copy_from_slice(&(100u32 << 10).to_le_bytes());
     expect_refusal(
         &ep,
         &pre[..HEADER_LEN],
@@ -151,7 +151,7 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
         "cap of 65536",
     );
     let mut in_session = commit_frame(11, epoch, &[], &[]);
-    in_session[8..12].copy_from_slice(&(5u32 << 20).to_le_bytes());
+    in_session[LEN_AT..LEN_AT + 4].copy_from_slice(&(5u32 << 20).to_le_bytes());
     let t = Instant::now();
     expect_refusal(
         &ep,
@@ -239,7 +239,7 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
     );
     cut.truncate(cut.len() - 10);
     let n = (cut.len() - HEADER_LEN) as u32;
-    cut[8..12].copy_from_slice(&n.to_le_bytes());
+    cut[LEN_AT..LEN_AT + 4].copy_from_slice(&n.to_le_bytes());
     expect_refusal(&ep, &s(&reseal(cut)), ErrorCode::Malformed, "announced");
     // A good commit after a broken one in the same stream is never applied.
     let mut bad_crc = workload_frame(11, epoch);
@@ -279,29 +279,29 @@ fn frame_reader_rejects_damage_through_a_socket_pair() {
     assert!(matches!(read(&[]), Err(WireError::Closed)));
     assert!(matches!(
         read(&ack[..10]),
-        Err(WireError::Truncated { got: 10, want: 16 })
+        Err(WireError::Truncated { got: 10, want: 12 })
     ));
     assert!(matches!(
-        read(&ack[..20]),
-        Err(WireError::Truncated { got: 20, want: 24 })
+        read(&ack[..16]),
+        Err(WireError::Truncated { got: 16, want: 20 })
     ));
     let mut m = ack.clone();
     m[0] = b'X';
     assert!(matches!(read(&m), Err(WireError::BadMagic(_))));
     let mut v = ack.clone();
-    v[4] = 7;
+    v[VERSION_AT] = 7;
     assert!(matches!(read(&reseal(v)), Err(WireError::BadVersion(7))));
     let mut c = ack.clone();
     c[HEADER_LEN] ^= 1;
     assert!(matches!(read(&c), Err(WireError::BadCrc { .. })));
     let mut big = ack.clone();
-    big[8..12].copy_from_slice(&9u32.to_le_bytes());
+    big[LEN_AT..LEN_AT + 4].copy_from_slice(&9u32.to_le_bytes());
     assert!(matches!(
         read(&big),
         Err(WireError::Oversized { len: 9, cap: 8, .. })
     ));
     let mut short = ack[..HEADER_LEN + 4].to_vec();
-    short[8..12].copy_from_slice(&4u32.to_le_bytes());
+    short[LEN_AT..LEN_AT + 4].copy_from_slice(&4u32.to_le_bytes());
     assert!(matches!(
         read(&reseal(short)),
         Err(WireError::Malformed { .. })

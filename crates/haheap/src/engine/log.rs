@@ -68,6 +68,13 @@ impl Tracker for LogEngine {
         Ok(())
     }
 
+    fn rearm(&mut self, _taken: &Dirty) -> Result<(), EngineError> {
+        // Nothing is protected; the next transaction starts a new log.
+        self.writes.clear();
+        self.undo_bytes.clear();
+        Ok(())
+    }
+
     fn restore(
         &mut self,
         _taken: &Dirty,

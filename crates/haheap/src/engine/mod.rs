@@ -2,10 +2,10 @@
 //!
 //! | engine     | mechanism                                   | per written page       | at tend              |
 //! |------------|---------------------------------------------|------------------------|----------------------|
-//! | `mprotect` | read-only region, SIGSEGV handler           | signal + mprotect      | mprotect per run     |
-//! | `uffd`     | userfaultfd sync write-protect, thread      | fault + 2 switches     | ioctl per run        |
-//! | `scan`     | userfaultfd async write-protect, PAGEMAP_SCAN | in-kernel minor fault | one ioctl           |
-//! | `log`      | explicit `Heap::write` logging              | a memcpy of undo bytes | none (ranges known)  |
+//! | `mprotect` | read-only region, SIGSEGV handler           | signal + mprotect      | bitmap; mprotect per run to re-arm  |
+//! | `uffd`     | userfaultfd sync write-protect, thread      | fault + 2 switches     | bitmap; ioctl per run to re-arm     |
+//! | `scan`     | userfaultfd async write-protect, PAGEMAP_SCAN | in-kernel minor fault | one ioctl; one more to re-arm     |
+//! | `log`      | explicit `Heap::write` logging              | a memcpy of undo bytes | none (ranges known)                 |
 //!
 //! Page engines stay armed between transactions: whatever is stored into the region outside
 //! a transaction is reported with the next one.
@@ -78,8 +78,12 @@ pub trait Tracker: Send {
     fn begin(&mut self) -> Result<(), EngineError>;
     /// `Heap::write` is about to store `len` bytes at `off` of `mem` (bounds already checked).
     fn before_write(&mut self, mem: &[u8], off: usize, len: usize);
-    /// Reports what was written since the last `take` into `out` and re-arms tracking.
+    /// Reports into `out` what was written since tracking was last armed. The reported
+    /// pages stay untracked until [`rearm`](Self::rearm), so the heap can re-arm while the
+    /// backup works instead of before shipping.
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError>;
+    /// Tracks again what `take` reported in `taken`.
+    fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError>;
     /// Puts back the last committed bytes of what `take` reported (`shadow` holds them for
     /// page engines) and re-arms, so the restore itself is not reported later.
     fn restore(&mut self, taken: &Dirty, mem: &mut [u8], shadow: &[u8]) -> Result<(), EngineError>;

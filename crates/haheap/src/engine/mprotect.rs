@@ -73,8 +73,12 @@ impl Tracker for MprotectEngine {
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError> {
         out.clear();
         self.bitmap.drain(&mut out.pages);
+        Ok(())
+    }
+
+    fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError> {
         let mut res = Ok(());
-        for_each_run(&out.pages, |first, count| {
+        for_each_run(&taken.pages, |first, count| {
             if res.is_ok() {
                 res = self.protect(
                     self.addr + first * self.page,
@@ -87,9 +91,9 @@ impl Tracker for MprotectEngine {
     }
 
     fn restore(&mut self, taken: &Dirty, mem: &mut [u8], shadow: &[u8]) -> Result<(), EngineError> {
+        // The taken pages are still writable: restoring them does not fault.
         restore_from_shadow(&taken.pages, self.page, mem, shadow);
-        let mut scratch = Dirty::default();
-        self.take(&mut scratch)
+        self.rearm(taken)
     }
 }
 

@@ -1,12 +1,10 @@
 //! `scan` engine: userfaultfd asynchronous write-protection plus the `PAGEMAP_SCAN` ioctl
 //! (Linux 6.7+), the modern form of the talk's "Scanxen". A store to a protected page is
 //! resolved inside the kernel without a signal or a thread switch: it only clears the PTE's
-//! write-protect bit. At the end of a transaction one ioctl reports the written pages and
-//! protects them again.
-//!
-//! The scan walks only the heap's range, asks the kernel for written pages only and re-protects
-//! only those (`PM_SCAN_WP_MATCHING` with category `PAGE_IS_WRITTEN`), so clean and never
-//! populated parts cost a page-table walk and no PTE updates. `PM_SCAN_CHECK_WPASYNC` makes the
+//! write-protect bit. At the end of a transaction one ioctl reports the written pages; once
+//! the diff is shipped, a second one over the span of those pages protects them again
+//! (`PM_SCAN_WP_MATCHING` with category `PAGE_IS_WRITTEN`, so only written PTEs change)
+//! while the backup applies the transaction. `PM_SCAN_CHECK_WPASYNC` makes the
 //! kernel fail loudly rather than report nothing if the range ever left async tracking.
 
 use super::{restore_from_shadow, Dirty, EngineError, Tracker};
@@ -25,6 +23,9 @@ pub struct ScanEngine {
     uffd: Uffd,
     pagemap: Pagemap,
     vec: Vec<PageRegion>,
+    /// Pages found written while re-arming that the taken set did not hold.
+    carry: Vec<usize>,
+    scratch: Vec<usize>,
     addr: usize,
     len: usize,
     page: usize,
@@ -43,6 +44,8 @@ impl ScanEngine {
             uffd,
             pagemap,
             vec: vec![PageRegion::default(); VEC_LEN],
+            carry: Vec::new(),
+            scratch: Vec::new(),
             addr,
             len,
             page: region.page_size(),
@@ -54,11 +57,17 @@ impl ScanEngine {
         self.uffd.access()
     }
 
-    /// Appends written pages to `out`; with `reprotect` the same call write-protects them.
-    fn scan(&mut self, reprotect: bool, out: &mut Vec<usize>) -> Result<(), EngineError> {
+    /// Appends the written pages of `[start, end)` to `out`; with `reprotect` the same
+    /// call write-protects them.
+    fn scan(
+        &mut self,
+        start: usize,
+        end: usize,
+        reprotect: bool,
+        out: &mut Vec<usize>,
+    ) -> Result<(), EngineError> {
         let flags = PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 };
-        let end = (self.addr + self.len) as u64;
-        let mut start = self.addr as u64;
+        let (mut start, end) = (start as u64, end as u64);
         while start < end {
             let (n, walk_end) =
                 self.pagemap
@@ -94,13 +103,42 @@ impl Tracker for ScanEngine {
 
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError> {
         out.clear();
-        self.scan(true, &mut out.pages)
+        out.pages.append(&mut self.carry);
+        let (start, end) = (self.addr, self.addr + self.len);
+        self.scan(start, end, false, &mut out.pages)?;
+        if !out.pages.is_empty() {
+            out.pages.sort_unstable();
+            out.pages.dedup();
+        }
+        Ok(())
+    }
+
+    fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError> {
+        let (Some(&first), Some(&last)) = (taken.pages.first(), taken.pages.last()) else {
+            return Ok(());
+        };
+        // One walk over the span of the taken pages protects what is written in it.
+        let (start, end) = (
+            self.addr + first * self.page,
+            self.addr + (last + 1) * self.page,
+        );
+        let mut seen = std::mem::take(&mut self.scratch);
+        seen.clear();
+        let res = self.scan(start, end, true, &mut seen);
+        // A page written since `take` (a store outside any transaction) belongs to the
+        // next transaction: keep it rather than lose it to the re-protection.
+        self.carry.extend(
+            seen.iter()
+                .filter(|p| taken.pages.binary_search(p).is_err()),
+        );
+        self.scratch = seen;
+        res
     }
 
     fn restore(&mut self, taken: &Dirty, mem: &mut [u8], shadow: &[u8]) -> Result<(), EngineError> {
+        // The taken pages are still unprotected: restoring them is not a new write.
         restore_from_shadow(&taken.pages, self.page, mem, shadow);
-        let mut scratch = Vec::new();
-        self.scan(true, &mut scratch)
+        self.rearm(taken)
     }
 }
 
@@ -108,5 +146,37 @@ impl Drop for ScanEngine {
     fn drop(&mut self) {
         // Leaves the memory plain and writable; the descriptors close after this.
         let _ = self.uffd.unregister(self.addr as u64, self.len as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store between `take` and `rearm` to a page the transaction did not take (another
+    /// thread breaking the single-writer rule) is reported by the next `take`, not lost
+    /// to the re-protection.
+    #[test]
+    fn a_page_written_before_rearm_is_carried_to_the_next_take() {
+        let page = crate::sys::page_size();
+        let mut region = Region::map(8 * page, page).unwrap();
+        let mut e = match ScanEngine::new(&region) {
+            Ok(e) => e,
+            Err(err) => panic!("the scan engine must work on the test machines: {err}"),
+        };
+        let mem = region.as_mut_slice();
+        mem[page] = 1;
+        mem[5 * page] = 1;
+        let mut taken = Dirty::default();
+        e.take(&mut taken).unwrap();
+        assert_eq!(taken.pages, vec![1, 5]);
+        region.as_mut_slice()[3 * page] = 1; // inside the span that rearm walks
+        e.rearm(&taken).unwrap();
+        let mut next = Dirty::default();
+        e.take(&mut next).unwrap();
+        assert_eq!(next.pages, vec![3]);
+        e.rearm(&next).unwrap();
+        e.take(&mut next).unwrap();
+        assert!(next.pages.is_empty(), "{:?}", next.pages);
     }
 }

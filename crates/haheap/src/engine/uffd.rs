@@ -153,10 +153,14 @@ impl Tracker for UffdEngine {
 
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError> {
         out.clear();
+        self.shared.bitmap.drain(&mut out.pages);
+        Ok(())
+    }
+
+    fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError> {
         let s = &self.shared;
-        s.bitmap.drain(&mut out.pages);
         let mut res = Ok(());
-        for_each_run(&out.pages, |first, count| {
+        for_each_run(&taken.pages, |first, count| {
             if res.is_ok() {
                 res = s
                     .uffd
@@ -172,9 +176,9 @@ impl Tracker for UffdEngine {
     }
 
     fn restore(&mut self, taken: &Dirty, mem: &mut [u8], shadow: &[u8]) -> Result<(), EngineError> {
+        // The taken pages are still unprotected: restoring them does not fault.
         restore_from_shadow(&taken.pages, self.shared.page, mem, shadow);
-        let mut scratch = Dirty::default();
-        self.take(&mut scratch)
+        self.rearm(taken)
     }
 }
 

@@ -20,6 +20,21 @@ pub struct Commit {
     spans: Vec<(u64, u32, u32)>,
 }
 
+/// Extra bytes kept at the end of the encode buffer for the fixed-size copy of short runs.
+const SLACK: usize = 16;
+
+/// Writes a varint at `pos` of a buffer with room for it; returns the position after it.
+#[inline]
+fn put_varint_at(buf: &mut [u8], mut pos: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        buf[pos] = v as u8 | 0x80;
+        v >>= 7;
+        pos += 1;
+    }
+    buf[pos] = v as u8;
+    pos + 1
+}
+
 fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         buf.push(v as u8 | 0x80);
@@ -29,7 +44,20 @@ fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Reads a varint at `*pos`; `None` when cut short or longer than a u64.
+#[inline(always)]
 fn get_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    // Run headers are mostly 1- and 2-byte varints: decode those without the loop.
+    match b.get(*pos..*pos + 2) {
+        Some(&[b0, _]) if b0 < 0x80 => {
+            *pos += 1;
+            return Some(u64::from(b0));
+        }
+        Some(&[b0, b1]) if b1 < 0x80 => {
+            *pos += 2;
+            return Some(u64::from(b0 & 0x7f) | u64::from(b1) << 7);
+        }
+        _ => {}
+    }
     let mut v = 0u64;
     for i in 0..MAX_VARINT {
         let byte = *b.get(*pos + i)?;
@@ -54,6 +82,7 @@ fn unzigzag(v: u64) -> i64 {
 }
 
 /// Decodes the run header at `*pos` given the previous run's end: (offset, len).
+#[inline(always)]
 fn run_header(b: &[u8], pos: &mut usize, prev_end: u64) -> Result<(u64, usize), String> {
     let gap = get_varint(b, pos).ok_or("run gap is cut short or too long")?;
     let len = get_varint(b, pos).ok_or("run length is cut short or too long")?;
@@ -151,17 +180,30 @@ pub fn encode_commit(
         return None;
     }
     begin_frame(buf, FrameType::Commit);
-    buf.reserve(bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize);
     put_varint(buf, tx_id);
     put_varint(buf, epoch);
     put_varint(buf, runs.len() as u64);
+    // Encode into a zeroed buffer of the worst-case size by index, then cut it to what
+    // was used: a run header and a short run cost a few stores, not a push per byte.
+    let start = buf.len();
+    let room =
+        (bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize).saturating_sub(MAX_COMMIT_HEADER);
+    buf.resize(start + room + SLACK, 0);
+    let mut pos = start;
     let mut prev_end = 0u64;
     for r in runs {
-        put_varint(buf, zigzag(r.offset.wrapping_sub(prev_end) as i64));
-        put_varint(buf, u64::from(r.len));
-        buf.extend_from_slice(&heap[r.offset as usize..r.end() as usize]);
+        pos = put_varint_at(buf, pos, zigzag(r.offset.wrapping_sub(prev_end) as i64));
+        pos = put_varint_at(buf, pos, u64::from(r.len));
+        let (off, len) = (r.offset as usize, r.len as usize);
+        match heap.get(off..off + SLACK) {
+            // Short runs: one fixed-size copy (the bytes past `len` are overwritten next).
+            Some(src) if len <= SLACK => buf[pos..pos + SLACK].copy_from_slice(src),
+            _ => buf[pos..pos + len].copy_from_slice(&heap[off..off + len]),
+        }
+        pos += len;
         prev_end = r.end();
     }
+    buf.truncate(pos);
     if buf.len() - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize {
         buf.clear();
         return None;

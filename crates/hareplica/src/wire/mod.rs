@@ -1,16 +1,17 @@
 //! The replication wire protocol between a primary and its backup.
 //!
 //! # Frames
-//! Every message is one frame: a 16-byte header followed by a payload. All integers are
-//! little-endian.
+//! Every message is one frame: a 12-byte header followed by a payload. All integers are
+//! little-endian. (Version 1 had a 16-byte header with a 4-byte magic and 2-byte version
+//! and type; the smallest commits are mostly header, so version 2 packs it.)
 //!
 //! | bytes | field   | meaning                                                   |
 //! |-------|---------|-----------------------------------------------------------|
-//! | 0..4  | magic   | `RBHA`                                                    |
-//! | 4..6  | version | [`VERSION`] (1); any other version is refused             |
-//! | 6..8  | type    | [`FrameType`]                                             |
-//! | 8..12 | length  | payload bytes; checked against the type's cap *before* reading |
-//! | 12..16| crc32   | CRC-32 (IEEE) of header bytes 0..12 followed by the payload |
+//! | 0..2  | magic   | `RH`                                                      |
+//! | 2     | version | [`VERSION`] (2); any other version is refused             |
+//! | 3     | type    | [`FrameType`]                                             |
+//! | 4..8  | length  | payload bytes; checked against the type's cap *before* reading |
+//! | 8..12 | crc32   | CRC-32 (IEEE) of header bytes 0..8 followed by the payload |
 //!
 //! # Messages (payload layouts)
 //! - `Hello` (primary → backup, 24 bytes): `kind u8` (0 fresh heap, 1 resume after a
@@ -71,9 +72,14 @@ mod commit;
 
 pub use commit::{encode_commit, Commit};
 
-pub const MAGIC: [u8; 4] = *b"RBHA";
-pub const VERSION: u16 = 1;
-pub const HEADER_LEN: usize = 16;
+pub const MAGIC: [u8; 2] = *b"RH";
+pub const VERSION: u8 = 2;
+pub const HEADER_LEN: usize = 12;
+/// Header field offsets (for tests that damage frames on purpose).
+pub const VERSION_AT: usize = 2;
+pub const TYPE_AT: usize = 3;
+pub const LEN_AT: usize = 4;
+pub const CRC_AT: usize = 8;
 /// Largest heap a backup will hold.
 pub const MAX_HEAP: u64 = 64 << 30;
 /// Largest commit payload; a transaction that changed more must be split by the caller.
@@ -92,11 +98,11 @@ pub enum WireError {
     #[error("the connection ended inside a frame ({got} of {want} bytes)")]
     Truncated { got: usize, want: usize },
     #[error("bad frame magic {0:02x?}: not a rebound-ha peer")]
-    BadMagic([u8; 4]),
+    BadMagic([u8; 2]),
     #[error("unsupported protocol version {0} (this side speaks {VERSION})")]
-    BadVersion(u16),
+    BadVersion(u8),
     #[error("unknown frame type {0}")]
-    UnknownType(u16),
+    UnknownType(u8),
     #[error("{ty:?} frame of {len} bytes exceeds its cap of {cap}")]
     Oversized { ty: FrameType, len: u32, cap: u32 },
     #[error("frame checksum mismatch (header says {expected:08x}, bytes give {actual:08x})")]
@@ -111,7 +117,7 @@ pub enum WireError {
 
 /// Frame types; the numbers are part of the wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u16)]
+#[repr(u8)]
 pub enum FrameType {
     Hello = 1,
     Welcome = 2,
@@ -126,7 +132,7 @@ pub enum FrameType {
 }
 
 impl FrameType {
-    fn from_u16(v: u16) -> Option<Self> {
+    fn from_u8(v: u8) -> Option<Self> {
         use FrameType::*;
         Some(match v {
             1 => Hello,
@@ -310,20 +316,19 @@ fn le_u16(b: &[u8]) -> u16 {
 pub(crate) fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
     buf.clear();
     buf.extend_from_slice(&MAGIC);
-    buf.extend_from_slice(&VERSION.to_le_bytes());
-    buf.extend_from_slice(&(ty as u16).to_le_bytes());
+    buf.extend_from_slice(&[VERSION, ty as u8]);
     buf.extend_from_slice(&[0u8; 8]);
 }
 
 /// Fills in the length and checksum of the frame built in `buf`.
 pub(crate) fn finish_frame(buf: &mut [u8]) {
     let len = (buf.len() - HEADER_LEN) as u32;
-    buf[8..12].copy_from_slice(&len.to_le_bytes());
+    buf[LEN_AT..LEN_AT + 4].copy_from_slice(&len.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
-    h.update(&buf[0..12]);
+    h.update(&buf[..CRC_AT]);
     h.update(&buf[HEADER_LEN..]);
     let crc = h.finalize();
-    buf[12..16].copy_from_slice(&crc.to_le_bytes());
+    buf[CRC_AT..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Encodes `msg` as one frame into `buf` (cleared first).
@@ -598,17 +603,17 @@ impl FrameReader {
     pub fn read_raw<R: Read>(&self, r: &mut R) -> Result<(FrameType, Vec<u8>), WireError> {
         let mut hdr = [0u8; HEADER_LEN];
         self.fill(r, &mut hdr, false, HEADER_LEN)?;
-        let magic: [u8; 4] = hdr[0..4].try_into().expect("4 bytes");
+        let magic = [hdr[0], hdr[1]];
         if magic != MAGIC {
             return Err(WireError::BadMagic(magic));
         }
-        let version = le_u16(&hdr[4..]);
+        let version = hdr[VERSION_AT];
         if version != VERSION {
             return Err(WireError::BadVersion(version));
         }
-        let raw_ty = le_u16(&hdr[6..]);
-        let ty = FrameType::from_u16(raw_ty).ok_or(WireError::UnknownType(raw_ty))?;
-        let len = le_u32(&hdr[8..]);
+        let raw_ty = hdr[TYPE_AT];
+        let ty = FrameType::from_u8(raw_ty).ok_or(WireError::UnknownType(raw_ty))?;
+        let len = le_u32(&hdr[LEN_AT..]);
         let cap = match ty {
             FrameType::Commit => ty.cap().min(self.commit_cap),
             _ => ty.cap(),
@@ -635,10 +640,10 @@ impl FrameReader {
                 })?;
         }
         let mut h = crc32fast::Hasher::new();
-        h.update(&hdr[0..12]);
+        h.update(&hdr[..CRC_AT]);
         h.update(&payload);
         let actual = h.finalize();
-        let expected = le_u32(&hdr[12..]);
+        let expected = le_u32(&hdr[CRC_AT..]);
         if actual != expected {
             return Err(WireError::BadCrc { expected, actual });
         }

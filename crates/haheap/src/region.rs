@@ -127,10 +127,12 @@ unsafe impl Send for Shadow {}
 impl Shadow {
     /// A zeroed shadow (the kernel backs untouched pages with the zero page).
     pub fn zeroed(len: usize) -> Result<Shadow, RegionError> {
-        Ok(Shadow {
-            ptr: map_anon(len)?,
-            len,
-        })
+        let ptr = map_anon(len)?;
+        // Unlike the heap, nothing tracks the shadow's pages: 2 MiB pages spare the diff a
+        // TLB miss per dirty page. Advisory: without them it is only slower.
+        // SAFETY: madvise on our own fresh range changes only the THP policy.
+        unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        Ok(Shadow { ptr, len })
     }
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: we own this mapping of `len` readable bytes until drop.

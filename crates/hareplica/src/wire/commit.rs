@@ -16,8 +16,37 @@ pub struct Commit {
     pub run_count: u32,
     /// The whole commit payload, header included.
     pub payload: Vec<u8>,
-    /// Decoded once by `parse`: (heap offset, length, position of the bytes in `payload`).
-    spans: Vec<(u64, u32, u32)>,
+    /// Where the first run header starts in `payload`.
+    runs_at: usize,
+    /// One past the highest byte any run writes (0 without runs).
+    max_end: u64,
+    data_bytes: u64,
+}
+
+/// The runs of a parsed commit, decoded again on the fly: parsing only validates, so the
+/// backup acknowledges without first building a list it would read once.
+pub struct Runs<'a> {
+    payload: &'a [u8],
+    pos: usize,
+    prev_end: u64,
+    left: u32,
+}
+
+impl<'a> Iterator for Runs<'a> {
+    type Item = (u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // `parse` validated every header and length, so this cannot fail; stop if it did.
+        let (off, len) = run_header_fast(self.payload, &mut self.pos, self.prev_end)?;
+        let data = self.payload.get(self.pos..self.pos + len)?;
+        self.pos += len;
+        self.prev_end = off + len as u64;
+        Some((off, data))
+    }
 }
 
 /// Extra bytes kept at the end of the encode buffer for the fixed-size copy of short runs.
@@ -81,13 +110,26 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-/// Decodes the run header at `*pos` given the previous run's end: (offset, len).
+/// Decodes the run header at `*pos` given the previous run's end: (offset, len), or
+/// `None` when it is malformed ([`run_header`] then says why).
 #[inline(always)]
+fn run_header_fast(b: &[u8], pos: &mut usize, prev_end: u64) -> Option<(u64, usize)> {
+    let gap = get_varint(b, pos)?;
+    let len = get_varint(b, pos)?;
+    let off = prev_end.checked_add_signed(unzigzag(gap))?;
+    let len = u32::try_from(len).ok().filter(|&l| l > 0)?;
+    off.checked_add(u64::from(len))?;
+    Some((off, len as usize))
+}
+
+/// [`run_header_fast`] with the reason for a malformed header (the slow path).
+#[cold]
 fn run_header(b: &[u8], pos: &mut usize, prev_end: u64) -> Result<(u64, usize), String> {
     let gap = get_varint(b, pos).ok_or("run gap is cut short or too long")?;
     let len = get_varint(b, pos).ok_or("run length is cut short or too long")?;
-    let off = i128::from(prev_end) + i128::from(unzigzag(gap));
-    let off = u64::try_from(off).map_err(|_| format!("run offset {off} is outside u64"))?;
+    let off = prev_end
+        .checked_add_signed(unzigzag(gap))
+        .ok_or_else(|| format!("run offset {prev_end}{:+} is outside u64", unzigzag(gap)))?;
     let len = u32::try_from(len).map_err(|_| format!("run length {len} exceeds u32"))?;
     if len == 0 {
         return Err("run of length 0".into());
@@ -113,21 +155,26 @@ impl Commit {
         let epoch = field("epoch")?;
         let run_count =
             u32::try_from(field("run count")?).map_err(|_| bad("run count exceeds u32".into()))?;
-        let mut prev_end = 0u64;
-        // Each run takes at least 3 bytes, so this cannot be made to over-allocate.
-        let mut spans = Vec::with_capacity((run_count as usize).min(payload.len() / 3));
+        let runs_at = pos;
+        let (mut prev_end, mut max_end, mut data_bytes) = (0u64, 0u64, 0u64);
         for i in 0..run_count {
-            let (off, len) = run_header(&payload, &mut pos, prev_end)
-                .map_err(|why| bad(format!("run {i} of {run_count}: {why}")))?;
+            let mut again = pos;
+            let Some((off, len)) = run_header_fast(&payload, &mut pos, prev_end) else {
+                let why = run_header(&payload, &mut again, prev_end)
+                    .err()
+                    .unwrap_or_default();
+                return Err(bad(format!("run {i} of {run_count}: {why}")));
+            };
             if payload.len() - pos < len {
                 return Err(bad(format!(
                     "run {i} of {run_count}: {len} bytes announced, {} left",
                     payload.len() - pos
                 )));
             }
-            spans.push((off, len as u32, pos as u32));
             pos += len;
             prev_end = off + len as u64;
+            max_end = max_end.max(prev_end);
+            data_bytes += len as u64;
         }
         if pos != payload.len() {
             return Err(bad(format!("{} trailing bytes", payload.len() - pos)));
@@ -137,20 +184,27 @@ impl Commit {
             epoch,
             run_count,
             payload,
-            spans,
+            runs_at,
+            max_end,
+            data_bytes,
         })
     }
 
     /// The runs as (heap offset, bytes).
-    pub fn runs(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        self.spans.iter().map(|&(off, len, pos)| {
-            let pos = pos as usize;
-            (off, &self.payload[pos..pos + len as usize])
-        })
+    pub fn runs(&self) -> Runs<'_> {
+        Runs {
+            payload: &self.payload,
+            pos: self.runs_at,
+            prev_end: 0,
+            left: self.run_count,
+        }
     }
 
     /// The first run that does not fit in a heap of `heap_size` bytes, if any.
     pub fn out_of_bounds(&self, heap_size: u64) -> Option<(u64, usize)> {
+        if self.max_end <= heap_size {
+            return None;
+        }
         self.runs()
             .find(|(off, d)| off + d.len() as u64 > heap_size)
             .map(|(off, d)| (off, d.len()))
@@ -158,7 +212,7 @@ impl Commit {
 
     /// Diff bytes carried (without headers).
     pub fn data_bytes(&self) -> u64 {
-        self.runs().map(|(_, d)| d.len() as u64).sum()
+        self.data_bytes
     }
 }
 

@@ -70,7 +70,7 @@ use serde::Serialize;
 
 mod commit;
 
-pub use commit::{encode_commit, Commit};
+pub use commit::{encode_commit, Commit, Runs};
 
 pub const MAGIC: [u8; 2] = *b"RH";
 pub const VERSION: u8 = 2;

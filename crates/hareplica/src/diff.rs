@@ -8,8 +8,8 @@
 //! ship than a new header.
 //!
 //! Speed: each 64-byte block of the two copies becomes a 64-bit mask of differing bytes
-//! (byte compares and movemask, 32-byte AVX2 vectors when the CPU has them, else 16-byte
-//! SSE2 ones, part of every x86-64); runs are read off the mask with trailing-zero counts.
+//! (one AVX-512BW compare when the CPU has it, else byte compares and movemask over
+//! 32-byte AVX2 or 16-byte SSE2 vectors, SSE2 being part of every x86-64); runs are read off the mask with trailing-zero counts.
 //! No branch depends on where the writes fell inside a block, so many small writes cost
 //! little more than a few: one pass of vector loads over both copies
 //! (`examples/diff_speed.rs`). Cold pages are bound by memory bandwidth.
@@ -72,32 +72,69 @@ pub fn diff_pages(
 /// Diffs one page-aligned range with the widest vector compare the CPU has.
 fn diff_range(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above), the only precondition.
-        unsafe { diff_range_avx2(a, b, base, out) };
-        return;
+    {
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU supports AVX-512F/BW (BW implies F), the only precondition.
+            unsafe { diff_range_avx512(a, b, base, out) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above), the only precondition.
+            unsafe { diff_range_avx2(a, b, base, out) };
+            return;
+        }
     }
-    scan::<false>(a, b, base, out);
+    scan::<PLAIN>(a, b, base, out);
 }
+
+/// Which compare [`scan`] is built with.
+const PLAIN: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
 
 /// The scan compiled with AVX2 enabled, so its block masks use 32-byte compares.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn diff_range_avx2(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
-    scan::<true>(a, b, base, out);
+    scan::<AVX2>(a, b, base, out);
 }
 
-/// Bit i set where byte i of two 64-byte blocks differs: AVX2 when `AVX` (only
-/// instantiated inside [`diff_range_avx2`]), SSE2 or portable code otherwise.
+/// The scan compiled with AVX-512BW: one 64-byte compare gives a block's mask.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn diff_range_avx512(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+    scan::<AVX512>(a, b, base, out);
+}
+
+/// Bit i set where byte i of two 64-byte blocks differs, with the compare `LEVEL` names
+/// (the AVX levels are only instantiated inside the functions that checked for them).
 #[inline(always)]
-fn differing_bytes<const AVX: bool>(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+fn differing_bytes<const LEVEL: u8>(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // SAFETY: `AVX` is true only in the instance inlined into `diff_range_avx2`,
-        // which runs only after AVX2 was detected.
-        return unsafe { differing_bytes_avx2(a, b) };
+    match LEVEL {
+        // SAFETY: this instance is inlined only into `diff_range_avx512`, which runs only
+        // after AVX-512BW was detected.
+        AVX512 => return unsafe { differing_bytes_avx512(a, b) },
+        // SAFETY: likewise inside `diff_range_avx2`, after AVX2 was detected.
+        AVX2 => return unsafe { differing_bytes_avx2(a, b) },
+        _ => {}
     }
     differing_bytes_plain(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn differing_bytes_avx512(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+    use std::arch::x86_64::{_mm512_cmpneq_epi8_mask, _mm512_loadu_si512};
+    // SAFETY: each unaligned load reads the 64 bytes of the arrays `a` and `b` borrow.
+    let (x, y) = unsafe {
+        (
+            _mm512_loadu_si512(a.as_ptr().cast()),
+            _mm512_loadu_si512(b.as_ptr().cast()),
+        )
+    };
+    _mm512_cmpneq_epi8_mask(x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -154,12 +191,12 @@ fn differing_bytes_plain(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
 /// Diffs one page-aligned range; `base` is its offset in the heap. Each 64-byte block
 /// gives a 64-bit mask of differing bytes; runs are read off the mask with bit counts.
 #[inline(always)]
-fn scan<const AVX: bool>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+fn scan<const LEVEL: u8>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
     // Fixed-size chunks: no length checks inside the hot loop.
     let (ablocks, _) = a.as_chunks::<BLOCK>();
     let (bblocks, _) = b.as_chunks::<BLOCK>();
     for (n, (ablk, bblk)) in ablocks.iter().zip(bblocks).enumerate() {
-        let mut d = differing_bytes::<AVX>(ablk, bblk);
+        let mut d = differing_bytes::<LEVEL>(ablk, bblk);
         let blk = base + (n * BLOCK) as u64;
         while d != 0 {
             let first = d.trailing_zeros();
@@ -352,13 +389,23 @@ mod tests {
             apply(&mut applied, &cur, &out);
             prop_assert_eq!(&applied, &cur);
 
-            // The SSE2/portable scan (used on CPUs without AVX2) gives the same runs.
+            // Every compare level this CPU has gives the same runs as the one dispatched.
             let mut plain = Vec::new();
+            let mut avx2 = Vec::new();
             for &p in &pages {
                 let r = p * PS..(p + 1) * PS;
-                scan::<false>(&shadow[r.clone()], &cur[r.clone()], r.start as u64, &mut plain);
+                let (a, b) = (&shadow[r.clone()], &cur[r.clone()]);
+                scan::<PLAIN>(a, b, r.start as u64, &mut plain);
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 was detected just above.
+                    unsafe { diff_range_avx2(a, b, r.start as u64, &mut avx2) };
+                }
             }
             prop_assert_eq!(&plain, &out);
+            if !avx2.is_empty() || out.is_empty() {
+                prop_assert_eq!(&avx2, &out);
+            }
 
             let exact = exact_runs(&shadow, &cur);
             let changed: usize = exact.iter().map(|(s, e)| e - s).sum();

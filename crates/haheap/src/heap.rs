@@ -55,6 +55,12 @@ pub enum Error {
     Broken,
 }
 
+/// Pages diffed between checks for a part to stream.
+const PART_PAGES: usize = 4;
+/// Diff bytes worth streaming as a part before the commit (smaller diffs go whole: a part
+/// costs a frame and a system call on each side).
+const PART_BYTES: u64 = 2048;
+
 /// A transactional, optionally replicated heap region.
 pub struct Heap {
     // Drop order: the engine restores protections before the shadow and region go away.
@@ -72,6 +78,8 @@ pub struct Heap {
     written_hint: usize,
     dirty: Dirty,
     runs: Vec<DiffRun>,
+    /// How many of `runs` went out as streamed parts in this `tend`.
+    sent_runs: usize,
     last_pages: Vec<usize>,
     last_runs: Vec<DiffRun>,
     counters: HeapCounters,
@@ -235,22 +243,18 @@ impl Heap {
             return Err(e.into());
         }
         let t1 = Instant::now();
-        self.runs.clear();
-        match &self.shadow {
-            Some(shadow) => repl::diff_pages(
-                shadow.as_slice(),
-                self.region.as_slice(),
-                &self.dirty.pages,
-                self.page_size(),
-                &mut self.runs,
-            ),
-            None => ranges_to_runs(&self.dirty.ranges, &mut self.runs),
-        }
-        let t2 = Instant::now();
         self.counters.collect_ns += (t1 - t0).as_nanos() as u64;
-        self.counters.diff_ns += (t2 - t1).as_nanos() as u64;
-        let payload: u64 = self.runs.iter().map(|r| u64::from(r.len)).sum();
         let tx_id = self.tx_id + 1;
+        let streamed = match self.diff_and_stream(tx_id) {
+            Ok(n) => n,
+            Err(e) => {
+                self.in_tx = false;
+                self.roll_back_taken()?;
+                return Err(Error::Replication(e));
+            }
+        };
+        let t2 = Instant::now();
+        let payload: u64 = self.runs.iter().map(|r| u64::from(r.len)).sum();
         let mut stats = TxStats {
             tx_id,
             pages: self.dirty.pages.len(),
@@ -261,10 +265,10 @@ impl Heap {
         // works, then wait for its acknowledgement.
         let mut waited = Ok(());
         if let Some(r) = &mut self.repl {
-            let res = r.send(tx_id, &self.runs, self.region.as_slice());
+            let res = r.send(tx_id, &self.runs[self.sent_runs..], self.region.as_slice());
             self.counters.ship_ns += t2.elapsed().as_nanos() as u64;
             match res {
-                Ok(n) => stats.bytes_shipped = n as usize,
+                Ok(n) => stats.bytes_shipped = (streamed + n) as usize,
                 Err(e @ ReplError::InDoubt { .. }) => {
                     self.finish_commit(tx_id)?;
                     self.counters.commits += 1;
@@ -296,6 +300,45 @@ impl Heap {
         c.runs += self.last_runs.len() as u64;
         c.bytes_shipped += stats.bytes_shipped as u64;
         Ok(stats)
+    }
+
+    /// Computes the runs of the taken pages into `self.runs`. With a backup and a large
+    /// diff, every [`PART_BYTES`] of runs go out as a streamed part while the next pages
+    /// are still being diffed, so the backup checks and logs them meanwhile; the rest goes
+    /// with the commit. Returns the bytes streamed so far.
+    fn diff_and_stream(&mut self, tx_id: u64) -> Result<u64, ReplError> {
+        self.runs.clear();
+        let t0 = Instant::now();
+        let Some(shadow) = &self.shadow else {
+            ranges_to_runs(&self.dirty.ranges, &mut self.runs);
+            self.counters.diff_ns += t0.elapsed().as_nanos() as u64;
+            return Ok(0);
+        };
+        let (page, pages) = (self.region.page_size(), &self.dirty.pages);
+        let (cur, old) = (self.region.as_slice(), shadow.as_slice());
+        let mut streamed = 0;
+        let (mut sent_runs, mut unsent_bytes) = (0, 0u64);
+        let mut ship_ns = 0;
+        for (i, chunk) in pages.chunks(PART_PAGES).enumerate() {
+            let before = self.runs.len();
+            repl::diff_pages(old, cur, chunk, page, &mut self.runs);
+            unsent_bytes += self.runs[before..]
+                .iter()
+                .map(|r| u64::from(r.len))
+                .sum::<u64>();
+            let more = (i + 1) * PART_PAGES < pages.len();
+            if let (Some(r), true) = (&mut self.repl, more && unsent_bytes >= PART_BYTES) {
+                let t = Instant::now();
+                streamed += r.send_part(tx_id, &self.runs[sent_runs..], cur)?;
+                ship_ns += t.elapsed().as_nanos() as u64;
+                (sent_runs, unsent_bytes) = (self.runs.len(), 0);
+            }
+        }
+        // The parts carry the runs before `sent_runs`; `send` ships the rest.
+        self.sent_runs = sent_runs;
+        self.counters.ship_ns += ship_ns;
+        self.counters.diff_ns += t0.elapsed().as_nanos() as u64 - ship_ns;
+        Ok(streamed)
     }
 
     /// Makes the taken transaction the committed state locally and re-arms tracking of
@@ -424,6 +467,7 @@ impl Parts {
             written_hint: 0,
             dirty: Dirty::default(),
             runs: Vec::new(),
+            sent_runs: 0,
             last_pages: Vec::new(),
             last_runs: Vec::new(),
             counters: HeapCounters::default(),

@@ -39,6 +39,9 @@ pub trait Replicator: Send {
     /// Queues and sends one transaction's runs (contents read from `heap`); returns bytes
     /// sent. Called again with the same `tx_id` after `InDoubt`, it gets that one resent.
     fn send(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError>;
+    /// Streams a first part of transaction `tx_id` (the rest follows with `send`). An
+    /// error leaves nothing queued.
+    fn send_part(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError>;
     /// Waits for the backup as the mode says (sync: every sent transaction acknowledged).
     fn wait(&mut self, tx_id: u64) -> Result<(), ReplError>;
     /// Waits until every shipped transaction is acknowledged.
@@ -58,6 +61,11 @@ fn classify(c: &ReplicaClient, tx_id: u64, source: hareplica::Error) -> ReplErro
 impl Replicator for ReplicaClient {
     fn send(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError> {
         ReplicaClient::send(self, tx_id, runs, heap).map_err(|e| classify(self, tx_id, e))
+    }
+
+    fn send_part(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, ReplError> {
+        ReplicaClient::send_part(self, tx_id, runs, heap)
+            .map_err(|source| ReplError::Refused { tx: tx_id, source })
     }
 
     fn wait(&mut self, tx_id: u64) -> Result<(), ReplError> {

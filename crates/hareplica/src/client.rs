@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::diff::DiffRun;
 use crate::endpoint::{Endpoint, EndpointError, Stream};
 use crate::wire::{
-    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, MAX_HEAP,
+    self, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, MAX_HEAP,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +90,16 @@ pub struct ClientStats {
     pub resent: u64,
 }
 
+struct Streaming {
+    tx_id: u64,
+    frames: Vec<u8>,
+    parts: u32,
+}
+
+fn too_large(runs: &[DiffRun]) -> Error {
+    Error::TooLarge(crate::diff::run_bytes(runs) + 12 * runs.len() as u64)
+}
+
 struct Conn {
     writer: Stream,
     reader: BufReader<Stream>,
@@ -105,6 +115,8 @@ pub struct ReplicaClient {
     last_acked: u64,
     next_tx: u64,
     unacked: VecDeque<(u64, Vec<u8>)>,
+    /// The transaction being streamed by `send_part`: its frames so far.
+    streaming: Option<Streaming>,
     spare: Vec<Vec<u8>>,
     stats: ClientStats,
 }
@@ -217,6 +229,7 @@ impl ReplicaClient {
             last_acked: 0,
             next_tx: 1,
             unacked: VecDeque::new(),
+            streaming: None,
             spare: Vec::new(),
             stats: ClientStats::default(),
         })
@@ -274,15 +287,28 @@ impl ReplicaClient {
                     want: self.next_tx,
                 });
             }
-            let mut frame = self.spare.pop().unwrap_or_default();
-            let n = wire::encode_commit(tx_id, self.epoch, runs, heap, &mut frame).ok_or_else(
-                || Error::TooLarge(crate::diff::run_bytes(runs) + 12 * runs.len() as u64),
-            )?;
+            // The end of a streamed transaction joins its parts; anything else is whole.
+            let (mut frame, kind) = match self.streaming.take() {
+                Some(st) if st.tx_id == tx_id => (st.frames, CommitKind::End { parts: st.parts }),
+                other => {
+                    if let Some(st) = other {
+                        self.spare.push(st.frames);
+                    }
+                    let mut f = self.spare.pop().unwrap_or_default();
+                    f.clear();
+                    (f, CommitKind::Whole)
+                }
+            };
+            let start = frame.len();
+            let n = wire::encode_commit_frame(kind, tx_id, self.epoch, runs, heap, &mut frame)
+                .ok_or_else(|| too_large(runs))?;
             self.next_tx += 1;
             self.stats.commits += 1;
             self.unacked.push_back((tx_id, frame));
             if let Some(conn) = self.conn.as_mut() {
-                let frame = &self.unacked.back().expect("just pushed").1;
+                // Earlier parts went out already (or, after a broken link, the reconnect
+                // below resends the whole transaction).
+                let frame = &self.unacked.back().expect("just pushed").1[start..];
                 match conn.writer.write_all(frame) {
                     Ok(()) => self.stats.bytes_sent += n as u64,
                     Err(e) => self.link_failed(unavailable(&self.ep, e))?,
@@ -295,6 +321,49 @@ impl ReplicaClient {
             self.reconnect_per_policy()?;
         }
         Ok(bytes)
+    }
+
+    /// Streams a part of transaction `tx_id` (the next one) to the backup before the rest
+    /// is known, so the backup checks and logs it while the caller diffs on; the
+    /// transaction is complete, and queued, only when [`send`](Self::send) ends it. Returns
+    /// the frame bytes sent. A broken link is not reported here: `send` reconnects per
+    /// policy and resends the whole transaction.
+    pub fn send_part(&mut self, tx_id: u64, runs: &[DiffRun], heap: &[u8]) -> Result<u64, Error> {
+        if tx_id != self.next_tx {
+            return Err(Error::TxOrder {
+                got: tx_id,
+                want: self.next_tx,
+            });
+        }
+        if self.streaming.as_ref().is_none_or(|st| st.tx_id != tx_id) {
+            let mut frames = self.spare.pop().unwrap_or_default();
+            frames.clear();
+            if let Some(old) = self.streaming.replace(Streaming {
+                tx_id,
+                frames,
+                parts: 0,
+            }) {
+                self.spare.push(old.frames);
+            }
+        }
+        let st = self.streaming.as_mut().expect("set just above");
+        let start = st.frames.len();
+        let kind = CommitKind::Part { index: st.parts };
+        let n = wire::encode_commit_frame(kind, tx_id, self.epoch, runs, heap, &mut st.frames)
+            .ok_or_else(|| too_large(runs))?;
+        st.parts += 1;
+        if let Some(conn) = self.conn.as_mut() {
+            match conn.writer.write_all(&st.frames[start..]) {
+                Ok(()) => self.stats.bytes_sent += n as u64,
+                Err(e) => {
+                    log::warn!("replication link lost while streaming tx {tx_id}: {e}");
+                    if let Some(c) = self.conn.take() {
+                        c.writer.shutdown();
+                    }
+                }
+            }
+        }
+        Ok(n as u64)
     }
 
     /// The second half of [`commit`](Self::commit): sync mode returns once every sent

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use crate::wire::{Commit, ErrorCode};
+use crate::wire::{Commit, CommitKind, ErrorCode};
 
 /// How many recent transactions are remembered (tx id and checksum) so that a resend of
 /// an applied transaction can be acknowledged again, and a different transaction reusing
@@ -51,8 +51,76 @@ impl ReplicaState {
         self.digests.clear();
     }
 
-    /// Decides whether `c` may be applied, without changing anything.
+    /// Decides whether the whole commit `c` may be applied, without changing anything.
     pub fn judge(&self, c: &Commit) -> Verdict {
+        self.judge_tx(&[], c)
+    }
+
+    /// May `p` join the streamed transaction whose earlier parts are `pending`? `Ok(true)`:
+    /// yes, and it is new (log it); `Ok(false)`: yes, but it belongs to a transaction
+    /// already applied (a resend; its end decides).
+    pub fn judge_part(&self, pending: &[Commit], p: &Commit) -> Result<bool, (ErrorCode, String)> {
+        let CommitKind::Part { index } = p.kind else {
+            return Err((ErrorCode::Malformed, "not a commit part".into()));
+        };
+        if index as usize != pending.len() {
+            return Err((
+                ErrorCode::OutOfOrder,
+                format!(
+                    "part {index} of tx {} arrived after {} parts",
+                    p.tx_id,
+                    pending.len()
+                ),
+            ));
+        }
+        if let Some(first) = pending.first() {
+            if (first.tx_id, first.epoch) != (p.tx_id, p.epoch) {
+                return Err((
+                    ErrorCode::OutOfOrder,
+                    format!(
+                        "part {index} belongs to tx {}, the parts before it to tx {}",
+                        p.tx_id, first.tx_id
+                    ),
+                ));
+            }
+        }
+        match self.judge_tx(&[], p) {
+            Verdict::Apply => Ok(true),
+            Verdict::Refuse(code, why) => match code {
+                // Parts cannot be matched against a digest: the end does that.
+                ErrorCode::Replayed => Ok(false),
+                _ => Err((code, why)),
+            },
+            Verdict::Duplicate => Ok(false),
+        }
+    }
+
+    /// Decides whether the transaction made of `parts` (streamed `CommitPart`s, in order)
+    /// and its last frame `c` (a `CommitEnd`, or a whole `Commit` without parts) may be
+    /// applied, without changing anything.
+    pub fn judge_tx(&self, parts: &[Commit], c: &Commit) -> Verdict {
+        let expected = match c.kind {
+            CommitKind::Whole | CommitKind::Part { .. } => 0,
+            CommitKind::End { parts } => parts as usize,
+        };
+        if parts.len() != expected {
+            return Verdict::Refuse(
+                ErrorCode::OutOfOrder,
+                format!(
+                    "tx {} ends after {} parts but announces {expected}",
+                    c.tx_id,
+                    parts.len()
+                ),
+            );
+        }
+        if let Some(p) = parts.iter().enumerate().find(|(i, p)| {
+            (p.tx_id, p.epoch, p.kind) != (c.tx_id, c.epoch, CommitKind::Part { index: *i as u32 })
+        }) {
+            return Verdict::Refuse(
+                ErrorCode::OutOfOrder,
+                format!("part {} does not belong to tx {}", p.0, c.tx_id),
+            );
+        }
         if !self.is_initialized() {
             return Verdict::Refuse(ErrorCode::Empty, "the backup holds no heap yet".into());
         }
@@ -67,7 +135,7 @@ impl ReplicaState {
         }
         if c.tx_id <= self.last_tx {
             let back = (self.last_tx - c.tx_id) as usize;
-            let digest = crc32fast::hash(&c.payload);
+            let digest = tx_digest(parts, c);
             return match self
                 .digests
                 .len()
@@ -93,7 +161,11 @@ impl ReplicaState {
                 ),
             );
         }
-        if let Some((off, len)) = c.out_of_bounds(self.heap_size) {
+        if let Some((off, len)) = parts
+            .iter()
+            .chain([c])
+            .find_map(|p| p.out_of_bounds(self.heap_size))
+        {
             return Verdict::Refuse(
                 ErrorCode::OutOfBounds,
                 format!(
@@ -105,20 +177,35 @@ impl ReplicaState {
         Verdict::Apply
     }
 
-    /// Applies a commit that [`judge`](Self::judge) accepted.
+    /// Applies a whole commit that [`judge`](Self::judge) accepted.
     pub fn apply(&mut self, c: &Commit) {
-        debug_assert_eq!(self.judge(c), Verdict::Apply);
-        for (off, data) in c.runs() {
-            let off = off as usize;
-            self.image[off..off + data.len()].copy_from_slice(data);
+        self.apply_tx(&[], c)
+    }
+
+    /// Applies a transaction that [`judge_tx`](Self::judge_tx) accepted.
+    pub fn apply_tx(&mut self, parts: &[Commit], c: &Commit) {
+        debug_assert_eq!(self.judge_tx(parts, c), Verdict::Apply);
+        for p in parts.iter().chain([c]) {
+            for (off, data) in p.runs() {
+                let off = off as usize;
+                self.image[off..off + data.len()].copy_from_slice(data);
+            }
         }
         self.last_tx = c.tx_id;
-        self.digests
-            .push_back((c.tx_id, crc32fast::hash(&c.payload)));
+        self.digests.push_back((c.tx_id, tx_digest(parts, c)));
         if self.digests.len() > DIGEST_WINDOW {
             self.digests.pop_front();
         }
     }
+}
+
+/// CRC of a transaction's frame payloads in order (of the payload alone for a whole commit).
+fn tx_digest(parts: &[Commit], c: &Commit) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for p in parts.iter().chain([c]) {
+        h.update(&p.payload);
+    }
+    h.finalize()
 }
 
 #[cfg(test)]
@@ -144,6 +231,55 @@ mod tests {
             Message::Commit(c) => c,
             m => panic!("{m:?}"),
         }
+    }
+
+    /// One commit frame of `kind` for tx `tx` writing `byte` at `off`.
+    fn frame(kind: CommitKind, tx: u64, off: u64, byte: u8, heap: &mut [u8]) -> Commit {
+        heap[off as usize] = byte;
+        let mut buf = Vec::new();
+        let run = [DiffRun {
+            offset: off,
+            len: 1,
+        }];
+        wire::encode_commit_frame(kind, tx, 1, &run, heap, &mut buf).unwrap();
+        match FrameReader::default().read(&mut &buf[..]).unwrap() {
+            Message::Commit(c) => c,
+            m => panic!("{m:?}"),
+        }
+    }
+
+    #[test]
+    fn a_streamed_transaction_is_judged_and_applied_whole() {
+        let mut r = ReplicaState::default();
+        r.reset(64);
+        let mut heap = vec![0u8; 64];
+        let p0 = frame(CommitKind::Part { index: 0 }, 1, 1, 5, &mut heap);
+        let p1 = frame(CommitKind::Part { index: 1 }, 1, 2, 6, &mut heap);
+        let end = frame(CommitKind::End { parts: 2 }, 1, 3, 7, &mut heap);
+        assert_eq!(r.judge_part(&[], &p0), Ok(true));
+        assert!(r.judge_part(&[], &p1).is_err(), "part 1 first");
+        assert_eq!(r.judge_part(std::slice::from_ref(&p0), &p1), Ok(true));
+        let parts = [p0.clone(), p1.clone()];
+        assert!(matches!(
+            r.judge_tx(&parts[..1], &end),
+            Verdict::Refuse(ErrorCode::OutOfOrder, _)
+        ));
+        assert!(matches!(
+            r.judge_tx(&[p1.clone(), p0.clone()], &end),
+            Verdict::Refuse(ErrorCode::OutOfOrder, _)
+        ));
+        assert_eq!(r.judge_tx(&parts, &end), Verdict::Apply);
+        r.apply_tx(&parts, &end);
+        assert_eq!((&r.image[..4], r.last_tx), (&[0, 5, 6, 7][..], 1));
+        // The same frames again: a resend, acknowledged without a change; other frames
+        // under the applied id: a replay.
+        assert_eq!(r.judge_part(&[], &p0), Ok(false));
+        assert_eq!(r.judge_tx(&parts, &end), Verdict::Duplicate);
+        let other = frame(CommitKind::End { parts: 2 }, 1, 3, 8, &mut heap.clone());
+        assert!(matches!(
+            r.judge_tx(&parts, &other),
+            Verdict::Refuse(ErrorCode::Replayed, _)
+        ));
     }
 
     #[test]

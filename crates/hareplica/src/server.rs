@@ -16,8 +16,8 @@ use crate::endpoint::{Endpoint, EndpointError, Listener, Stream};
 use crate::replica::{ReplicaState, Verdict};
 use crate::store::{OpenReport, Store, StoreError};
 use crate::wire::{
-    self, Commit, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, PrimaryInfo, StatusInfo,
-    WireError, IMAGE_CHUNK,
+    self, Commit, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, PrimaryInfo,
+    StatusInfo, WireError, IMAGE_CHUNK,
 };
 
 /// How long a new primary waits for a previous session to end before being refused.
@@ -342,9 +342,12 @@ struct Connection<'a> {
     peer: String,
     session: Option<u64>,
     pending_acks: Vec<u8>,
-    /// Commits judged and logged but not yet applied to the image: they are applied
-    /// right after their acknowledgement goes out, so the primary does not wait for it.
-    logged: Vec<Commit>,
+    /// Transactions (parts, last frame) judged and logged but not yet applied to the
+    /// image: they are applied right after their acknowledgement goes out, so the primary
+    /// does not wait for that.
+    logged: Vec<(Vec<Commit>, Commit)>,
+    /// Parts of the streamed transaction in progress on this connection.
+    parts: Vec<Commit>,
     /// Largest commit payload accepted: small until a session names its heap size.
     commit_cap: u32,
 }
@@ -363,6 +366,7 @@ impl<'a> Connection<'a> {
             session: None,
             pending_acks: Vec::new(),
             logged: Vec::new(),
+            parts: Vec::new(),
             commit_cap: PRE_SESSION_COMMIT_CAP,
         }
     }
@@ -610,12 +614,49 @@ impl<'a> Connection<'a> {
             ));
         }
         let tx_id = c.tx_id;
-        match inner.state.judge(&c) {
+        if let CommitKind::Part { index } = c.kind {
+            if index == 0 {
+                // A new run of parts: whatever came before was given up by the primary.
+                self.parts.clear();
+            }
+            let total = self
+                .parts
+                .iter()
+                .map(|p| p.payload.len() as u64)
+                .sum::<u64>()
+                + c.payload.len() as u64;
+            if total > u64::from(self.commit_cap) {
+                return Err(Refusal(
+                    ErrorCode::Malformed,
+                    format!(
+                        "the parts of tx {tx_id} exceed the commit cap of {} bytes",
+                        self.commit_cap
+                    ),
+                ));
+            }
+            let new = inner
+                .state
+                .judge_part(&self.parts, &c)
+                .map_err(|(code, why)| Refusal(code, why))?;
+            if new {
+                // Logged as it arrives, so the end has little left to write.
+                inner.store.append_commit(&c).map_err(internal)?;
+            }
+            self.parts.push(c);
+            return Ok(());
+        }
+        // A whole commit after parts: the primary gave those up (the log drops them too).
+        let parts = std::mem::take(&mut self.parts);
+        let parts = match c.kind {
+            CommitKind::End { .. } => parts,
+            _ => Vec::new(),
+        };
+        match inner.state.judge_tx(&parts, &c) {
             // In the log (on disk once the barrier before the ack passed) it is committed
             // here: a restarted backup replays it. The image catches up in settle.
             Verdict::Apply => {
-                inner.store.append_commit(&c.payload).map_err(internal)?;
-                self.logged.push(c);
+                inner.store.append_commit(&c).map_err(internal)?;
+                self.logged.push((parts, c));
             }
             Verdict::Duplicate => {
                 log::info!("{}: tx {tx_id} resent, acknowledged again", self.peer)
@@ -652,10 +693,14 @@ impl<'a> Connection<'a> {
         if self.logged.is_empty() {
             return ok;
         }
-        for c in self.logged.drain(..) {
-            inner.state.apply(&c);
+        for (parts, c) in self.logged.drain(..) {
+            inner.state.apply_tx(&parts, &c);
             inner.txs_applied += 1;
-            inner.bytes_applied += c.data_bytes();
+            inner.bytes_applied += parts
+                .iter()
+                .chain([&c])
+                .map(Commit::data_bytes)
+                .sum::<u64>();
         }
         inner.last_commit = Some(Instant::now());
         let limit = match self.shared.cfg.checkpoint_bytes {

@@ -20,10 +20,14 @@
 //!
 //! # `replica.wal` (version 1)
 //! A 16-byte header (`RBHAWAL\0`, version u32, zero u32) then records:
-//! `type u8` (1 commit, 2 epoch), three zero bytes, `len u32`, `crc32 u32` (of type, len
-//! and payload), payload (a commit's wire payload, or the new epoch as u64). A commit's
-//! record is written (and fsynced when durable) before it is acknowledged; epoch records
-//! are always fsynced. On start, complete records are replayed over the image through the
+//! `type u8` (1 whole commit, 2 epoch, 3 commit part, 4 commit end), three zero bytes,
+//! `len u32`, `crc32 u32` (of type, len and payload), payload (the commit frame's wire
+//! payload, or the new epoch as u64). A commit's record is written (and fsynced when
+//! durable) before it is acknowledged; epoch records are always fsynced. A streamed
+//! transaction is its part records (logged as they arrive) closed by its end record, which
+//! counts them: on replay, part 0 starts a transaction afresh, and parts that no end
+//! closes (a primary that gave up or a link that broke) are dropped by the next whole
+//! commit, end, or epoch record. On start, complete records are replayed over the image through the
 //! same rules as live commits (records the image already holds are skipped); an
 //! incomplete or corrupt tail, what a crash mid-write leaves, is cut off. A checkpoint
 //! writes a new image and then empties the log.
@@ -35,7 +39,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::replica::{ReplicaState, Verdict, DIGEST_WINDOW};
-use crate::wire::{le_u32, le_u64, Commit, MAX_COMMIT_PAYLOAD, MAX_HEAP};
+use crate::wire::{le_u32, le_u64, Commit, CommitKind, FrameType, MAX_COMMIT_PAYLOAD, MAX_HEAP};
 
 const IMG_MAGIC: [u8; 8] = *b"RBHAIMG\0";
 const WAL_MAGIC: [u8; 8] = *b"RBHAWAL\0";
@@ -46,6 +50,8 @@ const WAL_HEADER: usize = 16;
 const REC_HEADER: usize = 12;
 const REC_COMMIT: u8 = 1;
 const REC_EPOCH: u8 = 2;
+const REC_PART: u8 = 3;
+const REC_END: u8 = 4;
 const DIGEST_LEN: usize = 12;
 
 #[derive(Debug, thiserror::Error)]
@@ -171,9 +177,15 @@ impl Store {
         self.wal_len - WAL_HEADER as u64
     }
 
-    /// Appends a commit record; call [`barrier`](Self::barrier) before acknowledging it.
-    pub fn append_commit(&mut self, payload: &[u8]) -> Result<(), StoreError> {
-        self.append(REC_COMMIT, payload)
+    /// Appends a commit record (whole, part or end, as `c.kind` says); call
+    /// [`barrier`](Self::barrier) before acknowledging it.
+    pub fn append_commit(&mut self, c: &Commit) -> Result<(), StoreError> {
+        let ty = match c.kind {
+            CommitKind::Whole => REC_COMMIT,
+            CommitKind::Part { .. } => REC_PART,
+            CommitKind::End { .. } => REC_END,
+        };
+        self.append(ty, &c.payload)
     }
 
     /// Records a new epoch, on disk before the caller acts on it.
@@ -308,6 +320,8 @@ fn replay(
         )));
     }
     let mut pos = WAL_HEADER;
+    // Parts of the streamed transaction being read, not yet closed by an end record.
+    let mut parts: Vec<Commit> = Vec::new();
     while pos < wal.len() {
         let Some(rec) = parse_record(&wal[pos..]) else {
             break;
@@ -316,15 +330,44 @@ fn replay(
         match ty {
             REC_EPOCH if payload.len() == 8 => {
                 state.epoch = state.epoch.max(le_u64(payload));
+                parts.clear();
                 report.records_replayed += 1;
             }
-            REC_COMMIT => {
-                let c = Commit::parse(payload.to_vec())
+            REC_PART => {
+                let p = Commit::parse_as(FrameType::CommitPart, payload.to_vec())
                     .map_err(|e| bad(format!("record at byte {pos}: {e}")))?;
-                match state.judge(&c) {
+                if p.kind == (CommitKind::Part { index: 0 }) {
+                    parts.clear();
+                }
+                if p.kind
+                    == (CommitKind::Part {
+                        index: parts.len() as u32,
+                    })
+                {
+                    parts.push(p);
+                } else {
+                    // A part that follows no part 0 of its transaction: a broken run.
+                    parts.clear();
+                    report.records_skipped += 1;
+                }
+            }
+            REC_COMMIT | REC_END => {
+                let frame = match ty {
+                    REC_COMMIT => FrameType::Commit,
+                    _ => FrameType::CommitEnd,
+                };
+                let c = Commit::parse_as(frame, payload.to_vec())
+                    .map_err(|e| bad(format!("record at byte {pos}: {e}")))?;
+                let mut taken = std::mem::take(&mut parts);
+                if ty == REC_COMMIT {
+                    // Parts before a whole commit were given up by their primary.
+                    report.records_skipped += taken.len() as u64;
+                    taken.clear();
+                }
+                match state.judge_tx(&taken, &c) {
                     Verdict::Apply => {
-                        state.apply(&c);
-                        report.records_replayed += 1;
+                        state.apply_tx(&taken, &c);
+                        report.records_replayed += 1 + taken.len() as u64;
                     }
                     // Already in the image (a crash between checkpoint and log truncation).
                     _ if c.epoch < state.epoch || c.tx_id <= state.last_tx => {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use hareplica::endpoint::Stream;
 use hareplica::wire::{
-    self, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, CRC_AT, HEADER_LEN,
-    LEN_AT, MAX_COMMIT_PAYLOAD, TYPE_AT, VERSION_AT,
+    self, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, CRC_AT,
+    HEADER_LEN, LEN_AT, MAX_COMMIT_PAYLOAD, TYPE_AT, VERSION_AT,
 };
 use hareplica::{diff_pages, DiffRun, ReplicaClient};
 
@@ -89,14 +89,13 @@ fn resume(epoch: u64) -> Vec<u8> {
     }))
 }
 
-#[test]
-fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("replica");
-    let backup = BackupProc::start(&format!("unix:{}/b.sock", tmp.path().display()), &dir, &[]);
-    let ep = backup.ep.clone();
+/// A backup process in `tmp` holding the workload's first ten transactions, its primary
+/// gone; returns it, its replica directory and its epoch.
+fn backup_after_ten_txs(tmp: &std::path::Path) -> (BackupProc, std::path::PathBuf, u64) {
+    let dir = tmp.join("replica");
+    let backup = BackupProc::start(&format!("unix:{}/b.sock", tmp.display()), &dir, &[]);
     {
-        let client = ReplicaClient::connect(&ep, HEAP as u64, Mode::Sync).unwrap();
+        let client = ReplicaClient::connect(&backup.ep, HEAP as u64, Mode::Sync).unwrap();
         let mut p = Primary::new(client, vec![0; HEAP], 0);
         for _ in 0..10 {
             p.step().unwrap();
@@ -107,6 +106,14 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
         .primary
         .is_none()));
     let epoch = backup.status().epoch;
+    (backup, dir, epoch)
+}
+
+#[test]
+fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (backup, dir, epoch) = backup_after_ten_txs(tmp.path());
+    let ep = backup.ep.clone();
     let status = frame(&Message::Status);
 
     // Frame-level damage.
@@ -454,4 +461,81 @@ fn a_commit_stalled_mid_frame_is_dropped_and_never_applied() {
     assert_eq!(last_tx, 5);
     assert!(image == model(5));
     drop(s);
+}
+
+/// Streamed transactions over a real backup process: parts a primary gave up (its link
+/// broke, or it sent a whole commit instead) are never applied, not even from the log
+/// after a restart; broken part sequences are refused and change nothing.
+#[test]
+fn given_up_and_broken_part_sequences_are_never_applied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut backup, dir, epoch) = backup_after_ten_txs(tmp.path());
+    let ep = backup.ep.clone();
+    let s = |extra: &[u8]| [resume(epoch), extra.to_vec()].concat();
+    let junk = vec![0xAAu8; HEAP + PAGE]; // room for a run past the heap's end
+    let part = |kind: CommitKind, tx: u64, offset: u64, len: u32| {
+        let mut b = Vec::new();
+        wire::encode_commit_frame(kind, tx, epoch, &[DiffRun { offset, len }], &junk, &mut b)
+            .unwrap();
+        b
+    };
+    let p0 = |tx| part(CommitKind::Part { index: 0 }, tx, 100, 8);
+    let p1 = |tx| part(CommitKind::Part { index: 1 }, tx, 200, 8);
+
+    // Two parts of tx 11, then the link ends: nothing is acknowledged.
+    let replies = exchange(&ep, &s(&[p0(11), p1(11)].concat()));
+    assert!(
+        matches!(replies[..], [Message::Welcome { .. }]),
+        "{replies:?}"
+    );
+    // The primary commits tx 11 whole instead: only that is applied.
+    let replies = exchange(&ep, &s(&[p0(11), workload_frame(11, epoch)].concat()));
+    assert!(
+        matches!(
+            replies[..],
+            [Message::Welcome { .. }, Message::Ack { tx_id: 11 }]
+        ),
+        "{replies:?}"
+    );
+
+    // Broken sequences, each refused.
+    expect_refusal(
+        &ep,
+        &s(&p1(12)),
+        ErrorCode::OutOfOrder,
+        "part 1 of tx 12 arrived after 0",
+    );
+    let end2 = part(CommitKind::End { parts: 2 }, 12, 300, 8);
+    expect_refusal(
+        &ep,
+        &s(&[p0(12), end2].concat()),
+        ErrorCode::OutOfOrder,
+        "ends after 1 parts but announces 2",
+    );
+    expect_refusal(
+        &ep,
+        &s(&[p0(12), p1(13)].concat()),
+        ErrorCode::OutOfOrder,
+        "belongs to tx 13",
+    );
+    expect_refusal(&ep, &s(&p0(13)), ErrorCode::OutOfOrder, "does not follow");
+    let whole_heap = |index| part(CommitKind::Part { index }, 12, 0, HEAP as u32);
+    expect_refusal(
+        &ep,
+        &s(&(0..5).flat_map(whole_heap).collect::<Vec<u8>>()),
+        ErrorCode::Malformed,
+        "exceed the commit cap",
+    );
+    let outside = part(CommitKind::Part { index: 0 }, 12, HEAP as u64 - 4, 8);
+    expect_refusal(&ep, &s(&outside), ErrorCode::OutOfBounds, "outside");
+
+    assert_eq!(backup.status().last_tx, 11);
+    // The log holds the given-up parts; a replay must skip them.
+    backup.kill9();
+    let (image, last_tx) = dump(&dir);
+    assert_eq!(last_tx, 11);
+    assert!(
+        image == model(11),
+        "given-up or refused parts reached the replica"
+    );
 }

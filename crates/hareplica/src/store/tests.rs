@@ -27,7 +27,7 @@ fn populated(dir: &Path, n: u64) -> ReplicaState {
     for tx in 1..=n {
         let c = commit(&state, tx, tx);
         assert_eq!(state.judge(&c), Verdict::Apply);
-        store.append_commit(&c.payload).unwrap();
+        store.append_commit(&c).unwrap();
         store.barrier().unwrap();
         state.apply(&c);
     }

@@ -3,18 +3,48 @@
 use super::{begin_frame, finish_frame, FrameType, WireError, MAX_COMMIT_PAYLOAD};
 use crate::diff::DiffRun;
 
-/// Longest commit header: three varints (tx id, epoch, run count).
-const MAX_COMMIT_HEADER: usize = 3 * MAX_VARINT;
+/// Longest commit header: four varints (part index or count, tx id, epoch, run count).
+const MAX_COMMIT_HEADER: usize = 4 * MAX_VARINT;
 /// Longest LEB128 encoding of a u64.
 const MAX_VARINT: usize = 10;
+
+/// Which frame carried a commit's runs: a transaction is one `Commit` frame, or is
+/// streamed as `CommitPart` frames (numbered from 0) closed by a `CommitEnd` that counts
+/// them, so the backup validates and logs the first parts while the primary still diffs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitKind {
+    Whole,
+    Part { index: u32 },
+    End { parts: u32 },
+}
+
+impl CommitKind {
+    pub fn frame_type(self) -> FrameType {
+        match self {
+            CommitKind::Whole => FrameType::Commit,
+            CommitKind::Part { .. } => FrameType::CommitPart,
+            CommitKind::End { .. } => FrameType::CommitEnd,
+        }
+    }
+
+    /// The varint that precedes a part's or an end's commit payload.
+    fn prefix(self) -> Option<u32> {
+        match self {
+            CommitKind::Whole => None,
+            CommitKind::Part { index } => Some(index),
+            CommitKind::End { parts } => Some(parts),
+        }
+    }
+}
 
 /// A commit whose run structure has been validated (bounds against a heap are not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Commit {
+    pub kind: CommitKind,
     pub tx_id: u64,
     pub epoch: u64,
     pub run_count: u32,
-    /// The whole commit payload, header included.
+    /// The whole frame payload, header (and part prefix) included.
     pub payload: Vec<u8>,
     /// Where the first run header starts in `payload`.
     runs_at: usize,
@@ -140,13 +170,33 @@ fn run_header(b: &[u8], pos: &mut usize, prev_end: u64) -> Result<(u64, usize), 
 }
 
 impl Commit {
-    /// Parses and structurally validates a commit payload.
+    /// Parses and structurally validates a `Commit` frame's payload.
     pub fn parse(payload: Vec<u8>) -> Result<Commit, WireError> {
-        let bad = |why: String| WireError::Malformed {
-            ty: FrameType::Commit,
-            why,
-        };
+        Commit::parse_as(FrameType::Commit, payload)
+    }
+
+    /// Parses and structurally validates the payload of a `Commit`, `CommitPart` or
+    /// `CommitEnd` frame.
+    pub fn parse_as(ty: FrameType, payload: Vec<u8>) -> Result<Commit, WireError> {
+        let bad = |why: String| WireError::Malformed { ty, why };
         let mut pos = 0;
+        let mut field = |name: &str| {
+            get_varint(&payload, &mut pos)
+                .ok_or_else(|| bad(format!("{name} is cut short or too long")))
+        };
+        let mut prefix = |name: &str| {
+            field(name)
+                .and_then(|v| u32::try_from(v).map_err(|_| bad(format!("{name} {v} exceeds u32"))))
+        };
+        let kind = match ty {
+            FrameType::CommitPart => CommitKind::Part {
+                index: prefix("part index")?,
+            },
+            FrameType::CommitEnd => CommitKind::End {
+                parts: prefix("part count")?,
+            },
+            _ => CommitKind::Whole,
+        };
         let mut field = |name: &str| {
             get_varint(&payload, &mut pos)
                 .ok_or_else(|| bad(format!("{name} is cut short or too long")))
@@ -180,6 +230,7 @@ impl Commit {
             return Err(bad(format!("{} trailing bytes", payload.len() - pos)));
         }
         Ok(Commit {
+            kind,
             tx_id,
             epoch,
             run_count,
@@ -228,12 +279,34 @@ pub fn encode_commit(
     heap: &[u8],
     buf: &mut Vec<u8>,
 ) -> Option<usize> {
+    buf.clear();
+    encode_commit_frame(CommitKind::Whole, tx_id, epoch, runs, heap, buf)
+}
+
+/// Appends a commit frame of `kind` to `buf` (which may hold earlier frames of the same
+/// transaction); returns this frame's length, or `None` (and `buf` as it was) when the
+/// payload would exceed [`MAX_COMMIT_PAYLOAD`].
+///
+/// # Panics
+/// If a run lies outside `heap`.
+pub fn encode_commit_frame(
+    kind: CommitKind,
+    tx_id: u64,
+    epoch: u64,
+    runs: &[DiffRun],
+    heap: &[u8],
+    buf: &mut Vec<u8>,
+) -> Option<usize> {
+    let frame_start = buf.len();
     let data = crate::diff::run_bytes(runs);
     let bound = MAX_COMMIT_HEADER as u64 + 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
     if data > u64::from(MAX_COMMIT_PAYLOAD) {
         return None;
     }
-    begin_frame(buf, FrameType::Commit);
+    begin_frame(buf, kind.frame_type());
+    if let Some(v) = kind.prefix() {
+        put_varint(buf, u64::from(v));
+    }
     put_varint(buf, tx_id);
     put_varint(buf, epoch);
     put_varint(buf, runs.len() as u64);
@@ -258,12 +331,12 @@ pub fn encode_commit(
         prev_end = r.end();
     }
     buf.truncate(pos);
-    if buf.len() - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize {
-        buf.clear();
+    if buf.len() - frame_start - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize {
+        buf.truncate(frame_start);
         return None;
     }
-    finish_frame(buf);
-    Some(buf.len())
+    finish_frame(&mut buf[frame_start..]);
+    Some(buf.len() - frame_start)
 }
 
 #[cfg(test)]

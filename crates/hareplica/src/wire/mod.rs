@@ -32,7 +32,16 @@
 //!   headers. The backup applies a commit atomically iff `epoch` is current and `tx_id` is
 //!   its last tx + 1. A resend of an already applied tx (same bytes) is acknowledged again
 //!   without being applied; anything else out of order is refused.
-//! - `Ack` (8 bytes): `tx_id u64`, the tx is applied (and on disk when the backup is durable).
+//! - `CommitPart` (primary → backup): `index` varint (0, 1, …) then a `Commit` payload.
+//!   A transaction with a large diff is streamed: its parts go out while the primary is
+//!   still diffing, so the backup checks (epoch, order, bounds) and logs them meanwhile.
+//!   Part 0 starts a transaction afresh (earlier parts were given up by the primary, as
+//!   are parts followed by a whole `Commit`); a part out of sequence is refused.
+//! - `CommitEnd` (primary → backup): `parts` varint (how many parts precede it) then a
+//!   `Commit` payload; the transaction (parts, then these runs) is applied atomically and
+//!   acknowledged like a `Commit`. The parts and the end together count against the commit cap.
+//! - `Ack` (8 bytes): `tx_id u64`, the tx is in the backup's log (on disk when the backup
+//!   is durable) and is applied to its image before the next frame is judged.
 //! - `Status` (empty) → `StatusReply` (see [`StatusInfo::encode`]).
 //! - `Promote` (empty): the backup bumps its epoch, fencing the current primary: its next
 //!   commit is refused, and a new primary may attach. Answered by `Welcome`.
@@ -40,7 +49,8 @@
 //!   The sender closes the connection after it.
 //!
 //! # Conversations
-//! - Primary: `Hello` → `Welcome`, then `Commit`s, each answered by an `Ack` in order
+//! - Primary: `Hello` → `Welcome`, then transactions (a `Commit`, or `CommitPart`s and a
+//!   `CommitEnd`), each answered by an `Ack` in order
 //!   (acks may be batched: the backup sends them once no further frame is buffered).
 //!   A fresh `Hello` is refused (`Exists`) when the backup holds transactions, unless it
 //!   runs with `--allow-reset`; a resume `Hello` needs the backup's current epoch and heap
@@ -55,6 +65,7 @@
 //! tx (an applied id with other bytes, or older than the remembered window), 5 another
 //! primary is current, 6 heap size mismatch, 7 no heap yet, 8 backup storage failure,
 //! 9 run outside the heap, 10 unexpected message, 11 fresh heap over an existing replica.
+//! A part-sequence error (a part out of order, an end that counts wrong) is 3.
 //!
 //! # Caps
 //! Every length is capped: frame payloads per type (a commit at most
@@ -70,7 +81,7 @@ use serde::Serialize;
 
 mod commit;
 
-pub use commit::{encode_commit, Commit, Runs};
+pub use commit::{encode_commit, encode_commit_frame, Commit, CommitKind, Runs};
 
 pub const MAGIC: [u8; 2] = *b"RH";
 pub const VERSION: u8 = 2;
@@ -129,6 +140,8 @@ pub enum FrameType {
     StatusReply = 8,
     Promote = 9,
     Error = 10,
+    CommitPart = 11,
+    CommitEnd = 12,
 }
 
 impl FrameType {
@@ -145,6 +158,8 @@ impl FrameType {
             8 => StatusReply,
             9 => Promote,
             10 => Error,
+            11 => CommitPart,
+            12 => CommitEnd,
             _ => return None,
         })
     }
@@ -157,7 +172,7 @@ impl FrameType {
             Status | Promote => 0,
             Attach | Ack => 8,
             Image => (16 + IMAGE_CHUNK) as u32,
-            Commit => MAX_COMMIT_PAYLOAD,
+            Commit | CommitPart | CommitEnd => MAX_COMMIT_PAYLOAD,
             StatusReply => 80 + MAX_PEER_NAME as u32,
             Error => (4 + MAX_ERROR_MESSAGE) as u32,
         }
@@ -313,8 +328,8 @@ fn le_u16(b: &[u8]) -> u16 {
 }
 
 /// Starts a frame in `buf` (cleared); finish it with [`finish_frame`].
+/// Appends a frame header (length and checksum still zero) to `buf`.
 pub(crate) fn begin_frame(buf: &mut Vec<u8>, ty: FrameType) {
-    buf.clear();
     buf.extend_from_slice(&MAGIC);
     buf.extend_from_slice(&[VERSION, ty as u8]);
     buf.extend_from_slice(&[0u8; 8]);
@@ -333,6 +348,7 @@ pub(crate) fn finish_frame(buf: &mut [u8]) {
 
 /// Encodes `msg` as one frame into `buf` (cleared first).
 pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
+    buf.clear();
     match msg {
         Message::Hello(h) => {
             begin_frame(buf, FrameType::Hello);
@@ -369,7 +385,7 @@ pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
             buf.extend_from_slice(data);
         }
         Message::Commit(c) => {
-            begin_frame(buf, FrameType::Commit);
+            begin_frame(buf, c.kind.frame_type());
             buf.extend_from_slice(&c.payload);
         }
         Message::Ack { tx_id } => {
@@ -545,7 +561,9 @@ pub fn decode(ty: FrameType, payload: Vec<u8>) -> Result<Message, WireError> {
                 data: payload[16..].to_vec(),
             }
         }
-        FrameType::Commit => Message::Commit(Commit::parse(payload)?),
+        FrameType::Commit | FrameType::CommitPart | FrameType::CommitEnd => {
+            Message::Commit(Commit::parse_as(ty, payload)?)
+        }
         FrameType::Ack => {
             exact(8)?;
             Message::Ack {
@@ -615,7 +633,9 @@ impl FrameReader {
         let ty = FrameType::from_u8(raw_ty).ok_or(WireError::UnknownType(raw_ty))?;
         let len = le_u32(&hdr[LEN_AT..]);
         let cap = match ty {
-            FrameType::Commit => ty.cap().min(self.commit_cap),
+            FrameType::Commit | FrameType::CommitPart | FrameType::CommitEnd => {
+                ty.cap().min(self.commit_cap)
+            }
             _ => ty.cap(),
         };
         if len > cap {

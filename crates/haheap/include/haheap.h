@@ -58,6 +58,14 @@
 // Example: `HAHEAP_FLAG_BLOCK | (30u << HAHEAP_BLOCK_SECS_SHIFT)` blocks up to 30 s.
 #define HAHEAP_FLAG_BLOCK 2
 
+// haheap_create/haheap_declare/haheap_takeover flag: busy-poll up to HAHEAP_SPIN_US
+// before sleeping, for the backup's acknowledgement in haheap_tend and, with the uffd
+// engine, for faults. Lower latency when the machine has a CPU to spare; burns it.
+#define HAHEAP_FLAG_SPIN 4
+
+// How long HAHEAP_FLAG_SPIN busy-polls, in microseconds.
+#define HAHEAP_SPIN_US 200
+
 // Bit position of the HAHEAP_FLAG_BLOCK timeout (seconds, 16 bits) in the flags.
 #define HAHEAP_BLOCK_SECS_SHIFT 16
 

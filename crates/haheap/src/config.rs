@@ -112,8 +112,9 @@ pub struct HeapConfig {
     /// What a commit does while the backup is gone; the backup must be reachable when the
     /// heap is created or taken over.
     pub on_backup_failure: BackupFailure,
-    /// Busy-poll this long for the backup's acknowledgement before blocking (zero: off).
-    /// Saves an idle CPU's wakeup latency per commit at the cost of CPU time.
+    /// Busy-poll this long before blocking (zero: off): for the backup's acknowledgement,
+    /// and, with the `uffd` engine, in its handler thread for the next fault. Saves an idle
+    /// CPU's wakeup latency per commit (and per faulting page) at the cost of CPU time.
     pub spin: Duration,
 }
 

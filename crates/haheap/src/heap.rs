@@ -90,7 +90,7 @@ impl Heap {
     pub fn create(cfg: HeapConfig) -> Result<Heap, Error> {
         let region = Region::map(cfg.size, sys::page_size())?;
         // Engine first, backup last: a heap that cannot track must not announce itself.
-        let parts = Parts::new(region, cfg.engine, None)?;
+        let parts = Parts::new(region, &cfg, None)?;
         let repl = connect(&cfg, parts.region.len())?;
         Ok(parts.into_heap(repl, 0))
     }
@@ -106,7 +106,7 @@ impl Heap {
         let region = unsafe { Region::declare(ptr, len, sys::page_size())? };
         // SAFETY: the caller guarantees the memory is readable for `len` bytes.
         let current = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let parts = Parts::new(region, cfg.engine, Some(current))?;
+        let parts = Parts::new(region, &cfg, Some(current))?;
         let repl = connect(&cfg, parts.region.len())?;
         Ok(parts.into_heap(repl, 0))
     }
@@ -127,7 +127,7 @@ impl Heap {
         }
         let mut region = Region::map(image.len(), page)?;
         region.as_mut_slice().copy_from_slice(&image);
-        let parts = Parts::new(region, cfg.engine, Some(&image))?;
+        let parts = Parts::new(region, &cfg, Some(&image))?;
         Ok(parts.into_heap(Some(client), last_tx))
     }
 
@@ -430,8 +430,8 @@ struct Parts {
 impl Parts {
     /// Resolves and arms the engine over `region`; `initial` is the committed state when it
     /// is not all zeroes.
-    fn new(region: Region, engine: EngineKind, initial: Option<&[u8]>) -> Result<Parts, Error> {
-        let (kind, reason) = engine::resolve(engine)?;
+    fn new(region: Region, cfg: &HeapConfig, initial: Option<&[u8]>) -> Result<Parts, Error> {
+        let (kind, reason) = engine::resolve(cfg.engine)?;
         let shadow = if kind.is_page_level() {
             let mut s = Shadow::zeroed(region.len())?;
             if let Some(init) = initial {
@@ -441,7 +441,7 @@ impl Parts {
         } else {
             None
         };
-        let tracker = engine::build(kind, &region)?;
+        let tracker = engine::build(kind, &region, cfg.spin)?;
         debug_assert_eq!(tracker.kind(), kind);
         Ok(Parts {
             tracker,

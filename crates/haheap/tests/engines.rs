@@ -7,13 +7,21 @@
 //! against a snapshot taken at `tstart`.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use haheap::{DiffRun, EngineKind, Error, Heap, HeapConfig};
 
 const PAGE: usize = 4096;
 
 fn heap(engine: EngineKind, pages: usize) -> Heap {
-    let h = Heap::create(HeapConfig::local(pages * PAGE, engine))
+    heap_spinning(engine, pages, Duration::ZERO)
+}
+
+/// A heap whose engine busy-polls for `spin` (the uffd handler thread does).
+fn heap_spinning(engine: EngineKind, pages: usize, spin: Duration) -> Heap {
+    let mut cfg = HeapConfig::local(pages * PAGE, engine);
+    cfg.spin = spin;
+    let h = Heap::create(cfg)
         .unwrap_or_else(|e| panic!("engine {engine} unavailable on this kernel: {e}"));
     assert_eq!(h.engine(), engine);
     h
@@ -38,8 +46,12 @@ fn coalesce(mut w: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
 }
 
 fn run_random(engine: EngineKind, seed: u64, pages: usize, txs: usize) {
+    run_random_spinning(engine, seed, pages, txs, Duration::ZERO)
+}
+
+fn run_random_spinning(engine: EngineKind, seed: u64, pages: usize, txs: usize, spin: Duration) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut h = heap(engine, pages);
+    let mut h = heap_spinning(engine, pages, spin);
     let len = h.len();
     // What the backup would hold: the last committed state, updated only from shipped runs.
     let mut replica = vec![0u8; len];
@@ -176,6 +188,12 @@ fn mprotect_random_transactions_match_brute_force() {
 #[test]
 fn uffd_random_transactions_match_brute_force() {
     run_random(EngineKind::Uffd, 2, 48, 300);
+}
+
+/// The handler thread busy-polls between faults: the same pages must be seen.
+#[test]
+fn uffd_with_a_spinning_handler_matches_brute_force() {
+    run_random_spinning(EngineKind::Uffd, 5, 48, 300, Duration::from_micros(200));
 }
 
 #[test]

@@ -119,6 +119,7 @@ fn block_flag_and_its_timeout_are_checked() {
             HAHEAP_FLAG_BLOCK,
             HAHEAP_FLAG_BLOCK | secs(0xffff),
             HAHEAP_FLAG_BLOCK | HAHEAP_FLAG_ASYNC | secs(1),
+            HAHEAP_FLAG_SPIN | HAHEAP_FLAG_ASYNC,
         ] {
             assert_eq!(
                 haheap_create(4096, null(), null(), flags, &mut h),

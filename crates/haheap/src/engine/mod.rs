@@ -234,15 +234,21 @@ pub fn resolve(kind: EngineKind) -> Result<(EngineKind, String), EngineError> {
 }
 
 /// Builds a resolved engine (never `Auto`) over `region`.
-pub fn build(kind: EngineKind, region: &Region) -> Result<Box<dyn Tracker>, EngineError> {
+/// Arms `kind` over `region`; `spin` is how long the uffd handler thread busy-polls for
+/// the next fault before it sleeps.
+pub fn build(
+    kind: EngineKind,
+    region: &Region,
+    spin: std::time::Duration,
+) -> Result<Box<dyn Tracker>, EngineError> {
     if kind != EngineKind::Log {
         region.no_huge_pages();
     }
     Ok(match kind {
         EngineKind::Mprotect => Box::new(mprotect::MprotectEngine::new(region)?),
-        EngineKind::Uffd => Box::new(uffd::UffdEngine::new(region)?),
+        EngineKind::Uffd => Box::new(uffd::UffdEngine::new(region, spin)?),
         EngineKind::Scan => Box::new(scan::ScanEngine::new(region)?),
         EngineKind::Log => Box::new(log::LogEngine::new(region.page_size())),
-        EngineKind::Auto => return build(resolve(kind)?.0, region),
+        EngineKind::Auto => return build(resolve(kind)?.0, region, spin),
     })
 }

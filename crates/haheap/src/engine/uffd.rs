@@ -1,11 +1,14 @@
 //! `uffd` engine: userfaultfd synchronous write-protection. A store to a protected page
 //! blocks the writer; a handler thread records the page, removes the protection (which
-//! wakes the writer) and goes back to waiting.
+//! wakes the writer) and goes back to waiting. With a spin budget the thread busy-polls
+//! for the next fault that long before it sleeps: a transaction's faults then cost one
+//! thread switch each (the writer's) instead of two.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::bitmap::PageBitmap;
 use super::{for_each_run, restore_from_shadow, Dirty, EngineError, Tracker};
@@ -30,7 +33,7 @@ struct Shared {
 }
 
 impl UffdEngine {
-    pub fn new(region: &Region) -> Result<UffdEngine, EngineError> {
+    pub fn new(region: &Region, spin: Duration) -> Result<UffdEngine, EngineError> {
         // WP_UNPOPULATED makes never-touched pages fault like protected ones; without it we
         // pre-fault the region so every page has a PTE that can carry the protection bit.
         let (uffd, prefault) = match Uffd::open(UFFD_FEATURE_WP_UNPOPULATED) {
@@ -62,7 +65,7 @@ impl UffdEngine {
         let (s, stop_raw) = (shared.clone(), stop.as_raw_fd());
         let thread = std::thread::Builder::new()
             .name("haheap-uffd".into())
-            .spawn(move || serve(&s, stop_raw))
+            .spawn(move || serve(&s, stop_raw, spin))
             .map_err(EngineError::Thread)?;
         let engine = UffdEngine {
             shared,
@@ -78,9 +81,21 @@ impl UffdEngine {
 }
 
 /// The handler thread: resolve write-protect faults until the stop eventfd fires.
-fn serve(s: &Shared, stop: i32) {
+fn serve(s: &Shared, stop: i32, spin: Duration) {
     let mut msgs = [UffdMsg::default(); 16];
     loop {
+        // After a fault, more tend to follow: look for them without sleeping for `spin`.
+        let mut since = Instant::now();
+        while since.elapsed() < spin {
+            match s.uffd.read_msgs(&mut msgs) {
+                Ok(0) => std::hint::spin_loop(),
+                Ok(n) => {
+                    resolve(s, &msgs[..n]);
+                    since = Instant::now();
+                }
+                Err(_) => return,
+            }
+        }
         let mut fds = [
             libc::pollfd {
                 fd: s.uffd.raw(),
@@ -108,22 +123,27 @@ fn serve(s: &Shared, stop: i32) {
             Ok(n) => n,
             Err(_) => return,
         };
-        for m in &msgs[..n] {
-            if m.event != UFFD_EVENT_PAGEFAULT || m.pf_flags & UFFD_PAGEFAULT_FLAG_WP == 0 {
-                continue;
-            }
-            let addr = m.pf_address as usize;
-            if addr < s.addr || addr >= s.addr + s.len {
-                continue;
-            }
-            let page = (addr - s.addr) / s.page;
-            // Record before un-protecting: the writer resumes only after the ioctl, so once
-            // its store has returned the bit is visible to `take`.
-            s.bitmap.set(page);
-            let _ = s
-                .uffd
-                .writeprotect((s.addr + page * s.page) as u64, s.page as u64, false);
+        resolve(s, &msgs[..n]);
+    }
+}
+
+/// Records and un-protects the pages of write-protect faults in `msgs`.
+fn resolve(s: &Shared, msgs: &[UffdMsg]) {
+    for m in msgs {
+        if m.event != UFFD_EVENT_PAGEFAULT || m.pf_flags & UFFD_PAGEFAULT_FLAG_WP == 0 {
+            continue;
         }
+        let addr = m.pf_address as usize;
+        if addr < s.addr || addr >= s.addr + s.len {
+            continue;
+        }
+        let page = (addr - s.addr) / s.page;
+        // Record before un-protecting: the writer resumes only after the ioctl, so once
+        // its store has returned the bit is visible to `take`.
+        s.bitmap.set(page);
+        let _ = s
+            .uffd
+            .writeprotect((s.addr + page * s.page) as u64, s.page as u64, false);
     }
 }
 

@@ -38,7 +38,8 @@ impl DiffRun {
 /// Appends to `out` the byte runs where `current` differs from `shadow` inside `pages`.
 ///
 /// `pages` are page indexes; pass them in ascending order so that runs spanning a page
-/// boundary merge (any order gives correct runs). Runs never exceed a `u32` length.
+/// boundary merge (any order gives correct runs). Runs already in `out` are never changed
+/// (the caller may have shipped them). Runs never exceed a `u32` length.
 ///
 /// # Panics
 /// If the two regions differ in length, `page_size` is not a non-zero multiple of 64,
@@ -59,32 +60,45 @@ pub fn diff_pages(
         page_size > 0 && page_size.is_multiple_of(BLOCK),
         "page size {page_size} is not a multiple of {BLOCK}"
     );
+    let mut open = None;
     for &page in pages {
         let start = page
             .checked_mul(page_size)
             .filter(|s| s + page_size <= current.len())
             .unwrap_or_else(|| panic!("page {page} lies outside the region"));
         let end = start + page_size;
-        diff_range(&shadow[start..end], &current[start..end], start as u64, out);
+        diff_range(
+            &shadow[start..end],
+            &current[start..end],
+            start as u64,
+            out,
+            &mut open,
+        );
+    }
+    if let Some(r) = open {
+        out.push(r);
     }
 }
 
+/// The run being grown; it goes into the output once a later difference cannot join it.
+type Open = Option<DiffRun>;
+
 /// Diffs one page-aligned range with the widest vector compare the CPU has.
-fn diff_range(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
+fn diff_range(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>, open: &mut Open) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512bw") {
             // SAFETY: the CPU supports AVX-512F/BW (BW implies F), the only precondition.
-            unsafe { diff_range_avx512(a, b, base, out) };
+            unsafe { diff_range_avx512(a, b, base, out, open) };
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above), the only precondition.
-            unsafe { diff_range_avx2(a, b, base, out) };
+            unsafe { diff_range_avx2(a, b, base, out, open) };
             return;
         }
     }
-    scan::<PLAIN>(a, b, base, out);
+    scan::<PLAIN>(a, b, base, out, open);
 }
 
 /// Which compare [`scan`] is built with.
@@ -95,15 +109,15 @@ const AVX512: u8 = 2;
 /// The scan compiled with AVX2 enabled, so its block masks use 32-byte compares.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn diff_range_avx2(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
-    scan::<AVX2>(a, b, base, out);
+fn diff_range_avx2(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>, open: &mut Open) {
+    scan::<AVX2>(a, b, base, out, open);
 }
 
 /// The scan compiled with AVX-512BW: one 64-byte compare gives a block's mask.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn diff_range_avx512(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
-    scan::<AVX512>(a, b, base, out);
+fn diff_range_avx512(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>, open: &mut Open) {
+    scan::<AVX512>(a, b, base, out, open);
 }
 
 /// Bit i set where byte i of two 64-byte blocks differs, with the compare `LEVEL` names
@@ -191,28 +205,36 @@ fn differing_bytes_plain(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
 /// Diffs one page-aligned range; `base` is its offset in the heap. Each 64-byte block
 /// gives a 64-bit mask of differing bytes; runs are read off the mask with bit counts.
 #[inline(always)]
-fn scan<const LEVEL: u8>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>) {
-    // Fixed-size chunks: no length checks inside the hot loop.
+fn scan<const LEVEL: u8>(a: &[u8], b: &[u8], base: u64, out: &mut Vec<DiffRun>, open: &mut Open) {
+    // Fixed-size chunks: no length checks inside the hot loop; the open run lives in a
+    // local, not in `out`, while it grows.
     let (ablocks, _) = a.as_chunks::<BLOCK>();
     let (bblocks, _) = b.as_chunks::<BLOCK>();
+    let mut run = *open;
     for (n, (ablk, bblk)) in ablocks.iter().zip(bblocks).enumerate() {
         let mut d = differing_bytes::<LEVEL>(ablk, bblk);
         let blk = base + (n * BLOCK) as u64;
         while d != 0 {
             let first = d.trailing_zeros();
             let len = (!(d >> first)).trailing_zeros(); // 64 - first when the run reaches the end
-            push_run(out, blk + u64::from(first), blk + u64::from(first + len));
+            add_range(
+                out,
+                &mut run,
+                blk + u64::from(first),
+                blk + u64::from(first + len),
+            );
             // Clear bits first..first+len (shifts of 64 would overflow: use checked).
             d &= u64::MAX.checked_shl(first + len).unwrap_or(0);
         }
     }
+    *open = run;
 }
 
-/// Adds the differing range `[first, last)`, merging with the previous run when the
-/// equal gap between them is shorter than [`MERGE_GAP`].
-#[inline]
-fn push_run(out: &mut Vec<DiffRun>, first: u64, last: u64) {
-    if let Some(prev) = out.last_mut() {
+/// Adds the differing range `[first, last)` to the open run when the equal gap between
+/// them is shorter than [`MERGE_GAP`], else closes that run into `out` and opens this one.
+#[inline(always)]
+fn add_range(out: &mut Vec<DiffRun>, open: &mut Open, first: u64, last: u64) {
+    if let Some(prev) = open {
         let prev_end = prev.end();
         if first >= prev_end && first - prev_end < MERGE_GAP {
             if let Ok(len) = u32::try_from(last - prev.offset) {
@@ -220,8 +242,9 @@ fn push_run(out: &mut Vec<DiffRun>, first: u64, last: u64) {
                 return;
             }
         }
+        out.push(*prev);
     }
-    out.push(DiffRun {
+    *open = Some(DiffRun {
         offset: first,
         len: (last - first) as u32,
     });
@@ -321,6 +344,32 @@ mod tests {
         );
     }
 
+    /// A caller diffing in chunks may already have shipped the runs of the first call: a
+    /// second call never extends them, even when its first run could merge.
+    #[test]
+    fn runs_from_an_earlier_call_are_left_alone() {
+        let shadow = vec![0u8; 2 * PS];
+        let mut cur = shadow.clone();
+        cur[PS - 1] = 1;
+        cur[PS] = 1;
+        let mut out = Vec::new();
+        diff_pages(&shadow, &cur, &[0], PS, &mut out);
+        diff_pages(&shadow, &cur, &[1], PS, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                DiffRun {
+                    offset: PS as u64 - 1,
+                    len: 1
+                },
+                DiffRun {
+                    offset: PS as u64,
+                    len: 1
+                }
+            ]
+        );
+    }
+
     #[test]
     fn only_listed_pages_are_compared() {
         let shadow = vec![0u8; 3 * PS];
@@ -390,18 +439,20 @@ mod tests {
             prop_assert_eq!(&applied, &cur);
 
             // Every compare level this CPU has gives the same runs as the one dispatched.
-            let mut plain = Vec::new();
-            let mut avx2 = Vec::new();
+            let (mut plain, mut avx2) = (Vec::new(), Vec::new());
+            let (mut plain_open, mut avx2_open) = (None, None);
             for &p in &pages {
                 let r = p * PS..(p + 1) * PS;
                 let (a, b) = (&shadow[r.clone()], &cur[r.clone()]);
-                scan::<PLAIN>(a, b, r.start as u64, &mut plain);
+                scan::<PLAIN>(a, b, r.start as u64, &mut plain, &mut plain_open);
                 #[cfg(target_arch = "x86_64")]
                 if std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: AVX2 was detected just above.
-                    unsafe { diff_range_avx2(a, b, r.start as u64, &mut avx2) };
+                    unsafe { diff_range_avx2(a, b, r.start as u64, &mut avx2, &mut avx2_open) };
                 }
             }
+            plain.extend(plain_open);
+            avx2.extend(avx2_open);
             prop_assert_eq!(&plain, &out);
             if !avx2.is_empty() || out.is_empty() {
                 prop_assert_eq!(&avx2, &out);

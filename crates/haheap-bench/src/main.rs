@@ -296,6 +296,7 @@ fn emit(
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!("{}", m.line());
+        println!("{command}");
         if !backup.is_empty() {
             println!("backup: {backup}");
         }

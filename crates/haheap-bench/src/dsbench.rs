@@ -22,6 +22,8 @@ pub struct DsArgs {
     pub structures: Vec<Ds>,
     pub backup: Vec<bool>,
     pub seed: u64,
+    /// Busy-poll before blocking, in the primary and the backup (zero: off).
+    pub spin: Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -111,7 +113,7 @@ fn run_one(
         backup: backup.map(|b| b.endpoint().to_string()),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
-        spin: Duration::ZERO,
+        spin: a.spin,
     };
     let mut heap = Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;
     tx(&mut heap, |m| Ok((ds.init)(m)?))?;
@@ -147,7 +149,7 @@ pub fn run(a: &DsArgs, backup_kind: &BackupKind) -> Result<Vec<DsCell>> {
                 for &engine in &a.engines {
                     let dir = tempfile::tempdir().context("temp dir for the backup")?;
                     let backup = match with_backup {
-                        true => Some(Backup::start(backup_kind, dir.path())?),
+                        true => Some(Backup::start_spinning(backup_kind, dir.path(), a.spin)?),
                         false => None,
                     };
                     let r = run_one(a, ds, engine, opt, backup.as_ref())

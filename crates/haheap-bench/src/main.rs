@@ -120,8 +120,8 @@ struct MicroCli {
     /// Runs per cell, engines interleaved; the median is reported.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
-    /// Busy-poll this many µs before blocking, in the primary's client (for an Ack) and
-    /// the backup (for the next frame); 0 blocks at once.
+    /// Busy-poll this many µs before blocking, in the primary (for an Ack; the uffd
+    /// handler for faults) and the backup (for the next frame); 0 blocks at once.
     #[arg(long, default_value_t = 0, value_parser = spin_us())]
     spin_us: u64,
 }
@@ -146,6 +146,10 @@ struct DsCli {
     /// Structures, comma-separated, or "all".
     #[arg(long, value_delimiter = ',', default_value = "all")]
     structures: Vec<String>,
+    /// Busy-poll this many µs before blocking, in the primary (for an Ack; the uffd
+    /// handler for faults) and the backup (for the next frame); 0 blocks at once.
+    #[arg(long, default_value_t = 0, value_parser = spin_us())]
+    spin_us: u64,
 }
 
 #[derive(Args)]
@@ -349,13 +353,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 structures: structures(&c.structures)?,
                 backup: c.common.backup.list(),
                 seed: c.common.seed,
+                spin: std::time::Duration::from_micros(c.spin_us),
             };
             eprintln!("{}", Machine::probe().line());
             let cells = dsbench::run(&a, &kind)?;
             let goals = dsbench::goals(&cells);
             let cmd = format!(
-                "ds: {} ops per phase, {} MB heap, seed {}",
-                a.ops, a.heap_mb, a.seed
+                "ds: {} ops per phase, {} MB heap, seed {}, spin {} us",
+                a.ops, a.heap_mb, a.seed, c.spin_us
             );
             emit(
                 c.common.out(),

@@ -8,11 +8,11 @@
 //! reconnect; with [`OnFailure::Reconnect`] calls block while retrying.
 
 use std::collections::VecDeque;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use crate::diff::DiffRun;
-use crate::endpoint::{Endpoint, EndpointError, Stream};
+use crate::endpoint::{Endpoint, EndpointError, PollingReader, Stream};
 use crate::wire::{
     self, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, MAX_HEAP,
 };
@@ -102,7 +102,7 @@ fn too_large(runs: &[DiffRun]) -> Error {
 
 struct Conn {
     writer: Stream,
-    reader: BufReader<Stream>,
+    reader: PollingReader,
 }
 
 /// A primary's link to its backup.
@@ -402,8 +402,8 @@ impl ReplicaClient {
                 idle_limit: Some(self.opts.ack_timeout),
                 ..FrameReader::default()
             };
-            if !self.opts.spin.is_zero() && conn.reader.buffer().is_empty() {
-                conn.reader.get_ref().spin_readable(self.opts.spin);
+            if !self.opts.spin.is_zero() {
+                conn.reader.poll_for(self.opts.spin);
             }
             let res = match frames.read(&mut conn.reader) {
                 Ok(Message::Ack { tx_id }) => self.acked(tx_id),
@@ -545,7 +545,7 @@ impl ReplicaClient {
         writer
             .set_write_timeout(Some(self.opts.ack_timeout))
             .map_err(io)?;
-        let reader = BufReader::with_capacity(64 << 10, writer.try_clone().map_err(io)?);
+        let reader = PollingReader::with_capacity(64 << 10, writer.try_clone().map_err(io)?);
         Ok(Conn { writer, reader })
     }
 

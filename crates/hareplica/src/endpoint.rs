@@ -151,38 +151,10 @@ impl Stream {
         }
     }
 
-    /// Busy-polls up to `spin` for bytes (or end of stream) to read, without sleeping:
-    /// waking a blocked reader costs tens of µs on an idle CPU, more than a short spin.
-    /// Returns whether something is readable; on `false` the caller blocks as before.
-    pub fn spin_readable(&self, spin: Duration) -> bool {
-        let fd = match self {
+    fn raw_fd(&self) -> i32 {
+        match self {
             Stream::Tcp(s) => s.as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
-        };
-        let start = std::time::Instant::now();
-        let mut byte = 0u8;
-        loop {
-            // SAFETY: `byte` is one writable byte on our stack for the call, and `fd` stays
-            // open because `self` borrows the stream that owns it; MSG_PEEK consumes nothing.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    (&mut byte as *mut u8).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            if n >= 0 {
-                return true;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                return true; // the blocking read reports the error
-            }
-            if start.elapsed() >= spin {
-                return false;
-            }
-            std::hint::spin_loop();
         }
     }
 
@@ -216,6 +188,102 @@ impl Write for Stream {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// The buffered read side of a [`Stream`] that can busy-poll: waking a blocked reader costs
+/// tens of µs on an idle CPU, more than a short spin. What a poll finds stays in the buffer,
+/// so once data has come, reading it takes no further system call.
+pub struct PollingReader {
+    stream: Stream,
+    buf: Box<[u8]>,
+    pos: usize,
+    len: usize,
+    /// A poll saw the end of the stream; the next read reports it.
+    eof: bool,
+}
+
+impl PollingReader {
+    pub fn with_capacity(capacity: usize, stream: Stream) -> PollingReader {
+        PollingReader {
+            stream,
+            buf: vec![0u8; capacity.max(1)].into_boxed_slice(),
+            pos: 0,
+            len: 0,
+            eof: false,
+        }
+    }
+
+    /// Bytes read from the stream and not yet consumed.
+    pub fn buffer(&self) -> &[u8] {
+        &self.buf[self.pos..self.len]
+    }
+
+    pub fn get_ref(&self) -> &Stream {
+        &self.stream
+    }
+
+    pub fn get_mut(&mut self) -> &mut Stream {
+        &mut self.stream
+    }
+
+    /// Busy-polls up to `spin` for bytes (or the end of the stream) without sleeping.
+    /// Returns whether something is there to read; on `false` a read blocks as usual.
+    pub fn poll_for(&mut self, spin: Duration) -> bool {
+        if self.pos < self.len || self.eof {
+            return true;
+        }
+        let fd = self.stream.raw_fd();
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: `buf` is writable memory of `buf.len()` bytes owned by `self` for the
+            // call, and `fd` stays open because `self.stream` owns it.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                (self.pos, self.len) = (0, n as usize);
+                return true;
+            }
+            if n == 0 {
+                self.eof = true;
+                return true;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                return true; // the blocking read reports the error
+            }
+            if start.elapsed() >= spin {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Read for PollingReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos == self.len {
+            if self.eof {
+                self.eof = false;
+                return Ok(0);
+            }
+            // Large reads bypass the buffer, as BufReader's do.
+            if out.len() >= self.buf.len() {
+                return self.stream.read(out);
+            }
+            let n = self.stream.read(&mut self.buf)?;
+            (self.pos, self.len) = (0, n);
+        }
+        let n = out.len().min(self.len - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
     }
 }
 
@@ -332,20 +400,28 @@ mod tests {
     }
 
     #[test]
-    fn spin_readable_sees_data_and_end_of_stream_and_gives_up_on_silence() {
+    fn polling_reader_keeps_what_it_finds_and_gives_up_on_silence() {
         let (a, b) = UnixStream::pair().unwrap();
-        let (mut a, mut b) = (Stream::Unix(a), Stream::Unix(b));
+        let mut a = Stream::Unix(a);
+        let mut r = PollingReader::with_capacity(4, Stream::Unix(b));
         let t = std::time::Instant::now();
-        assert!(!b.spin_readable(Duration::from_micros(300)));
+        assert!(!r.poll_for(Duration::from_micros(300)));
         assert!(t.elapsed() >= Duration::from_micros(300));
-        assert!(!b.spin_readable(Duration::ZERO));
-        a.write_all(b"x").unwrap();
-        assert!(b.spin_readable(Duration::from_secs(5)));
-        // Peeking consumed nothing.
-        let mut buf = [0u8; 2];
-        assert_eq!(b.read(&mut buf).unwrap(), 1);
+        assert!(!r.poll_for(Duration::ZERO));
+        a.write_all(b"hello").unwrap();
+        assert!(r.poll_for(Duration::from_secs(5)));
+        assert_eq!(r.buffer(), b"hell", "the poll read up to the buffer's size");
+        let mut buf = [0u8; 8];
+        assert_eq!(r.read(&mut buf).unwrap(), 4);
+        assert_eq!(
+            r.read(&mut buf).unwrap(),
+            1,
+            "the rest comes from the stream"
+        );
+        assert_eq!(buf[0], b'o');
         a.shutdown();
-        assert!(b.spin_readable(Duration::from_secs(5)));
+        assert!(r.poll_for(Duration::from_secs(5)));
+        assert_eq!(r.read(&mut buf).unwrap(), 0);
     }
 
     #[test]

@@ -5,14 +5,14 @@
 //! commits are refused. Acknowledgements are sent once no further frame is already
 //! buffered, after one log barrier: a pipelining primary gets one fsync per burst.
 
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::endpoint::{Endpoint, EndpointError, Listener, Stream};
+use crate::endpoint::{Endpoint, EndpointError, Listener, PollingReader, Stream};
 use crate::replica::{ReplicaState, Verdict};
 use crate::store::{OpenReport, Store, StoreError};
 use crate::wire::{
@@ -338,7 +338,7 @@ struct Refusal(ErrorCode, String);
 
 struct Connection<'a> {
     shared: &'a Shared,
-    reader: BufReader<Stream>,
+    reader: PollingReader,
     peer: String,
     session: Option<u64>,
     pending_acks: Vec<u8>,
@@ -361,7 +361,7 @@ impl<'a> Connection<'a> {
         }
         Connection {
             shared,
-            reader: BufReader::with_capacity(256 << 10, stream),
+            reader: PollingReader::with_capacity(256 << 10, stream),
             peer,
             session: None,
             pending_acks: Vec::new(),
@@ -379,8 +379,8 @@ impl<'a> Connection<'a> {
                 commit_cap: self.commit_cap,
             };
             let spin = self.shared.cfg.spin;
-            if !spin.is_zero() && self.reader.buffer().is_empty() {
-                self.reader.get_ref().spin_readable(spin);
+            if !spin.is_zero() {
+                self.reader.poll_for(spin);
             }
             let msg = match frames.read(&mut self.reader) {
                 Ok(m) => m,

@@ -308,6 +308,7 @@ impl Heap {
     /// with the commit. Returns the bytes streamed so far.
     fn diff_and_stream(&mut self, tx_id: u64) -> Result<u64, ReplError> {
         self.runs.clear();
+        self.sent_runs = 0;
         let t0 = Instant::now();
         let Some(shadow) = &self.shadow else {
             ranges_to_runs(&self.dirty.ranges, &mut self.runs);

@@ -263,7 +263,6 @@ impl Heap {
         };
         // Send, then bring the shadow up to date and re-arm tracking while the backup
         // works, then wait for its acknowledgement.
-        let mut waited = Ok(());
         if let Some(r) = &mut self.repl {
             let res = r.send(tx_id, &self.runs[self.sent_runs..], self.region.as_slice());
             self.counters.ship_ns += t2.elapsed().as_nanos() as u64;
@@ -285,14 +284,14 @@ impl Heap {
         self.finish_commit(tx_id)?;
         if let Some(r) = &mut self.repl {
             let t3 = Instant::now();
-            waited = r.wait(tx_id);
+            let waited = r.wait(tx_id);
             self.counters.ship_ns += t3.elapsed().as_nanos() as u64;
-        }
-        if let Err(e) = waited {
-            // Queued and committed here; the next tend waits for the acknowledgement.
-            self.counters.commits += 1;
-            self.pending = Some(stats);
-            return Err(Error::Replication(e));
+            if let Err(e) = waited {
+                // Queued and committed here; the next tend waits for the acknowledgement.
+                self.counters.commits += 1;
+                self.pending = Some(stats);
+                return Err(Error::Replication(e));
+            }
         }
         let c = &mut self.counters;
         c.commits += 1;

@@ -15,16 +15,7 @@ static C_BUILD: Mutex<()> = Mutex::new(());
 #[test]
 fn c_example_builds_and_runs_with_every_engine() {
     let _one_make = C_BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
-    let (target_dir, profile) = target_dir();
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(&dir)
-        .arg("run")
-        .arg(format!("PROFILE={profile}"))
-        .arg(format!("TARGET_DIR={}", target_dir.display()))
-        .output()
-        .expect("make");
+    let out = make_c_example("run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -40,18 +31,24 @@ fn c_example_builds_and_runs_with_every_engine() {
     assert_eq!(stdout.matches("list ok").count(), 5, "{stdout}");
 }
 
-/// Builds the C example (`make all`) and returns its path; hold C_BUILD around it.
-fn c_list() -> PathBuf {
+/// Runs `make TARGET` in the C example's directory against this build's library.
+fn make_c_example(target: &str) -> std::process::Output {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
     let (target_dir, profile) = target_dir();
-    let out = Command::new("make")
+    Command::new("make")
         .arg("-C")
         .arg(&dir)
-        .arg("all")
+        .arg(target)
         .arg(format!("PROFILE={profile}"))
         .arg(format!("TARGET_DIR={}", target_dir.display()))
         .output()
-        .expect("make");
+        .expect("make")
+}
+
+/// Builds the C example (`make all`) and returns its path; hold C_BUILD around it.
+fn c_list() -> PathBuf {
+    let (target_dir, _) = target_dir();
+    let out = make_c_example("all");
     assert!(
         out.status.success(),
         "make all failed: {}",

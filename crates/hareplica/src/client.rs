@@ -294,9 +294,7 @@ impl ReplicaClient {
                     if let Some(st) = other {
                         self.spare.push(st.frames);
                     }
-                    let mut f = self.spare.pop().unwrap_or_default();
-                    f.clear();
-                    (f, CommitKind::Whole)
+                    (self.empty_frame_buffer(), CommitKind::Whole)
                 }
             };
             let start = frame.len();
@@ -336,8 +334,7 @@ impl ReplicaClient {
             });
         }
         if self.streaming.as_ref().is_none_or(|st| st.tx_id != tx_id) {
-            let mut frames = self.spare.pop().unwrap_or_default();
-            frames.clear();
+            let frames = self.empty_frame_buffer();
             if let Some(old) = self.streaming.replace(Streaming {
                 tx_id,
                 frames,
@@ -364,6 +361,13 @@ impl ReplicaClient {
             }
         }
         Ok(n as u64)
+    }
+
+    /// A recycled (or new) frame buffer, emptied.
+    fn empty_frame_buffer(&mut self) -> Vec<u8> {
+        let mut f = self.spare.pop().unwrap_or_default();
+        f.clear();
+        f
     }
 
     /// The second half of [`commit`](Self::commit): sync mode returns once every sent

@@ -346,8 +346,10 @@ struct Connection<'a> {
     /// image: they are applied right after their acknowledgement goes out, so the primary
     /// does not wait for that.
     logged: Vec<(Vec<Commit>, Commit)>,
-    /// Parts of the streamed transaction in progress on this connection.
+    /// Parts of the streamed transaction in progress on this connection, and their
+    /// payload bytes (checked against the commit cap as each part arrives).
     parts: Vec<Commit>,
+    parts_bytes: u64,
     /// Largest commit payload accepted: small until a session names its heap size.
     commit_cap: u32,
 }
@@ -367,6 +369,7 @@ impl<'a> Connection<'a> {
             pending_acks: Vec::new(),
             logged: Vec::new(),
             parts: Vec::new(),
+            parts_bytes: 0,
             commit_cap: PRE_SESSION_COMMIT_CAP,
         }
     }
@@ -618,13 +621,9 @@ impl<'a> Connection<'a> {
             if index == 0 {
                 // A new run of parts: whatever came before was given up by the primary.
                 self.parts.clear();
+                self.parts_bytes = 0;
             }
-            let total = self
-                .parts
-                .iter()
-                .map(|p| p.payload.len() as u64)
-                .sum::<u64>()
-                + c.payload.len() as u64;
+            let total = self.parts_bytes + c.payload.len() as u64;
             if total > u64::from(self.commit_cap) {
                 return Err(Refusal(
                     ErrorCode::Malformed,
@@ -643,10 +642,12 @@ impl<'a> Connection<'a> {
                 inner.store.append_commit(&c).map_err(internal)?;
             }
             self.parts.push(c);
+            self.parts_bytes = total;
             return Ok(());
         }
         // A whole commit after parts: the primary gave those up (the log drops them too).
         let parts = std::mem::take(&mut self.parts);
+        self.parts_bytes = 0;
         let parts = match c.kind {
             CommitKind::End { .. } => parts,
             _ => Vec::new(),

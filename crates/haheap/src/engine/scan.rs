@@ -103,10 +103,11 @@ impl Tracker for ScanEngine {
 
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError> {
         out.clear();
-        out.pages.append(&mut self.carry);
         let (start, end) = (self.addr, self.addr + self.len);
         self.scan(start, end, false, &mut out.pages)?;
-        if !out.pages.is_empty() {
+        // The scan reports in address order; only carried pages need merging in.
+        if !self.carry.is_empty() {
+            out.pages.append(&mut self.carry);
             out.pages.sort_unstable();
             out.pages.dedup();
         }

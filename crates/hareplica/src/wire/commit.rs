@@ -184,22 +184,17 @@ impl Commit {
             get_varint(&payload, &mut pos)
                 .ok_or_else(|| bad(format!("{name} is cut short or too long")))
         };
-        let mut prefix = |name: &str| {
-            field(name)
-                .and_then(|v| u32::try_from(v).map_err(|_| bad(format!("{name} {v} exceeds u32"))))
+        let small = |name: &str, v: u64| {
+            u32::try_from(v).map_err(|_| bad(format!("{name} {v} exceeds u32")))
         };
         let kind = match ty {
             FrameType::CommitPart => CommitKind::Part {
-                index: prefix("part index")?,
+                index: small("part index", field("part index")?)?,
             },
             FrameType::CommitEnd => CommitKind::End {
-                parts: prefix("part count")?,
+                parts: small("part count", field("part count")?)?,
             },
             _ => CommitKind::Whole,
-        };
-        let mut field = |name: &str| {
-            get_varint(&payload, &mut pos)
-                .ok_or_else(|| bad(format!("{name} is cut short or too long")))
         };
         let tx_id = field("tx id")?;
         let epoch = field("epoch")?;

@@ -310,13 +310,10 @@ pub async fn stop(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
     let mut how = "guest poweroff";
     let mut gone = !process::is_alive(pid);
     if !gone && rec.state == VmState::Running {
-        if let Some(a) = vm.agent() {
-            let _ = a.poweroff();
-        }
         if let Some(q) = vm.qmp() {
             let _ = q.execute("system_powerdown", None).await;
         }
-        gone = process::wait_gone(pid, GRACE).await;
+        gone = poweroff_by_agent(&vm, pid).await;
     }
     if !gone {
         how = "quit";
@@ -332,6 +329,30 @@ pub async fn stop(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
     }
     finish(&vm, "stopped", json!({"how": how})).await;
     Ok(vm.status())
+}
+
+/// Asks the agent to power the guest off until QEMU is gone or [`GRACE`] runs out.
+/// The request is repeated every second: a daemon that has just re-attached may not
+/// have its agent link back yet, and a link that drops loses what it was sending.
+async fn poweroff_by_agent(vm: &VmHandle, pid: u32) -> bool {
+    let deadline = tokio::time::Instant::now() + GRACE;
+    loop {
+        if let Some(a) = vm.agent() {
+            let _ = a.poweroff();
+        }
+        let next = (tokio::time::Instant::now() + Duration::from_secs(1)).min(deadline);
+        if process::wait_gone(
+            pid,
+            next.saturating_duration_since(tokio::time::Instant::now()),
+        )
+        .await
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+    }
 }
 
 /// SIGKILL at once.

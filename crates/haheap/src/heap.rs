@@ -321,6 +321,9 @@ impl Heap {
         let mut ship_ns = 0;
         for (i, chunk) in pages.chunks(PART_PAGES).enumerate() {
             let before = self.runs.len();
+            if let Some(&p) = pages.get((i + 1) * PART_PAGES) {
+                repl::prefetch_page(old, cur, p, page);
+            }
             repl::diff_pages(old, cur, chunk, page, &mut self.runs);
             unsent_bytes += self.runs[before..]
                 .iter()

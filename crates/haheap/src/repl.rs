@@ -3,7 +3,7 @@
 //! how a commit reaches the backup.
 
 use crate::config::{BackupFailure, HeapConfig, ReplMode};
-pub use hareplica::{diff_pages, DiffRun};
+pub use hareplica::{diff_pages, prefetch_page, DiffRun};
 use hareplica::{ClientOptions, Endpoint, OnFailure, ReplicaClient};
 
 /// Errors of replication.

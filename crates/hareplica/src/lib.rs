@@ -22,7 +22,7 @@ pub mod wire;
 pub use client::{
     promote, query_status, ClientOptions, ClientStats, Error, OnFailure, ReplicaClient,
 };
-pub use diff::{diff_pages, DiffRun};
+pub use diff::{diff_pages, prefetch_page, DiffRun};
 pub use endpoint::Endpoint;
 pub use server::{BackupConfig, BackupHandle, BackupServer};
 pub use wire::{Mode, StatusInfo};

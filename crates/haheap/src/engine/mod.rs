@@ -4,7 +4,7 @@
 //! |------------|---------------------------------------------|------------------------|----------------------|
 //! | `mprotect` | read-only region, SIGSEGV handler           | signal + mprotect      | bitmap; mprotect per run to re-arm  |
 //! | `uffd`     | userfaultfd sync write-protect, thread      | fault + 2 switches     | bitmap; ioctl per run to re-arm     |
-//! | `scan`     | userfaultfd async write-protect, PAGEMAP_SCAN | in-kernel minor fault | one ioctl; one more to re-arm     |
+//! | `scan`     | userfaultfd async write-protect, PAGEMAP_SCAN | in-kernel minor fault | one ioctl reports and re-arms     |
 //! | `log`      | explicit `Heap::write` logging              | a memcpy of undo bytes | none (ranges known)                 |
 //!
 //! Page engines stay armed between transactions: whatever is stored into the region outside
@@ -78,11 +78,12 @@ pub trait Tracker: Send {
     fn begin(&mut self) -> Result<(), EngineError>;
     /// `Heap::write` is about to store `len` bytes at `off` of `mem` (bounds already checked).
     fn before_write(&mut self, mem: &[u8], off: usize, len: usize);
-    /// Reports into `out` what was written since tracking was last armed. The reported
-    /// pages stay untracked until [`rearm`](Self::rearm), so the heap can re-arm while the
-    /// backup works instead of before shipping.
+    /// Reports into `out` what was written since tracking was last armed. An engine whose
+    /// re-arming costs a system call per run leaves the reported pages untracked until
+    /// [`rearm`](Self::rearm), so the heap re-arms while the backup works; `scan` re-arms
+    /// in the same page-table walk. The heap does not write the region in between.
     fn take(&mut self, out: &mut Dirty) -> Result<(), EngineError>;
-    /// Tracks again what `take` reported in `taken`.
+    /// Tracks again what `take` reported in `taken` (if `take` did not already).
     fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError>;
     /// Puts back the last committed bytes of what `take` reported (`shadow` holds them for
     /// page engines) and re-arms, so the restore itself is not reported later.

@@ -75,14 +75,13 @@ pub fn diff_pages(
             let n = bounds(p);
             (&shadow[n.clone()], &current[n])
         });
-        diff_range(
-            &shadow[r.clone()],
-            &current[r.clone()],
+        let span = Span {
+            a: &shadow[r.clone()],
+            b: &current[r.clone()],
+            base: r.start as u64,
             next,
-            r.start as u64,
-            out,
-            &mut open,
-        );
+        };
+        diff_range(span, out, &mut open);
     }
     if let Some(r) = open {
         out.push(r);
@@ -124,25 +123,35 @@ fn prefetch(bytes: &[u8]) {
 /// The two copies of the page to request while the current one is compared.
 type Next<'a> = Option<(&'a [u8], &'a [u8])>;
 
+/// One page-aligned range to diff: its two copies, its offset in the heap, and the page
+/// to prefetch meanwhile.
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    a: &'a [u8],
+    b: &'a [u8],
+    base: u64,
+    next: Next<'a>,
+}
+
 /// The run being grown; it goes into the output once a later difference cannot join it.
 type Open = Option<DiffRun>;
 
 /// Diffs one page-aligned range with the widest vector compare the CPU has.
-fn diff_range(a: &[u8], b: &[u8], next: Next, base: u64, out: &mut Vec<DiffRun>, open: &mut Open) {
+fn diff_range(s: Span, out: &mut Vec<DiffRun>, open: &mut Open) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512bw") {
             // SAFETY: the CPU supports AVX-512F/BW (BW implies F), the only precondition.
-            unsafe { diff_range_avx512(a, b, next, base, out, open) };
+            unsafe { diff_range_avx512(s, out, open) };
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above), the only precondition.
-            unsafe { diff_range_avx2(a, b, next, base, out, open) };
+            unsafe { diff_range_avx2(s, out, open) };
             return;
         }
     }
-    scan::<PLAIN>(a, b, next, base, out, open);
+    scan::<PLAIN>(s, out, open);
 }
 
 /// Which compare [`scan`] is built with.
@@ -153,29 +162,15 @@ const AVX512: u8 = 2;
 /// The scan compiled with AVX2 enabled, so its block masks use 32-byte compares.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn diff_range_avx2(
-    a: &[u8],
-    b: &[u8],
-    next: Next,
-    base: u64,
-    out: &mut Vec<DiffRun>,
-    open: &mut Open,
-) {
-    scan::<AVX2>(a, b, next, base, out, open);
+fn diff_range_avx2(s: Span, out: &mut Vec<DiffRun>, open: &mut Open) {
+    scan::<AVX2>(s, out, open);
 }
 
 /// The scan compiled with AVX-512BW: one 64-byte compare gives a block's mask.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn diff_range_avx512(
-    a: &[u8],
-    b: &[u8],
-    next: Next,
-    base: u64,
-    out: &mut Vec<DiffRun>,
-    open: &mut Open,
-) {
-    scan::<AVX512>(a, b, next, base, out, open);
+fn diff_range_avx512(s: Span, out: &mut Vec<DiffRun>, open: &mut Open) {
+    scan::<AVX512>(s, out, open);
 }
 
 /// Bit i set where byte i of two 64-byte blocks differs, with the compare `LEVEL` names
@@ -263,14 +258,8 @@ fn differing_bytes_plain(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
 /// Diffs one page-aligned range; `base` is its offset in the heap. Each 64-byte block
 /// gives a 64-bit mask of differing bytes; runs are read off the mask with bit counts.
 #[inline(always)]
-fn scan<const LEVEL: u8>(
-    a: &[u8],
-    b: &[u8],
-    next: Next,
-    base: u64,
-    out: &mut Vec<DiffRun>,
-    open: &mut Open,
-) {
+fn scan<const LEVEL: u8>(s: Span, out: &mut Vec<DiffRun>, open: &mut Open) {
+    let Span { a, b, base, next } = s;
     // Fixed-size chunks: no length checks inside the hot loop; the open run lives in a
     // local, not in `out`, while it grows.
     let (ablocks, _) = a.as_chunks::<BLOCK>();
@@ -517,13 +506,12 @@ mod tests {
                 let (a, b) = (&shadow[r.clone()], &cur[r.clone()]);
                 // Prefetching the first page again changes nothing but the cache.
                 let next = Some((&shadow[..PS], &cur[..PS]));
-                scan::<PLAIN>(a, b, next, r.start as u64, &mut plain, &mut plain_open);
+                let span = Span { a, b, base: r.start as u64, next };
+                scan::<PLAIN>(span, &mut plain, &mut plain_open);
                 #[cfg(target_arch = "x86_64")]
                 if std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: AVX2 was detected just above.
-                    unsafe {
-                        diff_range_avx2(a, b, None, r.start as u64, &mut avx2, &mut avx2_open)
-                    };
+                    unsafe { diff_range_avx2(Span { next: None, ..span }, &mut avx2, &mut avx2_open) };
                 }
             }
             plain.extend(plain_open);

@@ -165,26 +165,28 @@ impl Drop for ScanEngine {
 mod tests {
     use super::*;
 
-    fn engine(region: &Region) -> ScanEngine {
-        match ScanEngine::new(region) {
-            Ok(e) => e,
-            Err(err) => panic!("the scan engine must work on the test machines: {err}"),
-        }
-    }
-
-    /// `take` protects what it reports: a store right after it, even to a page it just
-    /// reported, belongs to the next transaction.
-    #[test]
-    fn a_store_after_take_is_reported_by_the_next_take() {
+    /// An 8-page region whose pages 1 and 5 were written and taken.
+    fn pages_1_and_5_taken() -> (usize, Region, ScanEngine, Dirty) {
         let page = crate::sys::page_size();
         let mut region = Region::map(8 * page, page).unwrap();
-        let mut e = engine(&region);
+        let mut e = match ScanEngine::new(&region) {
+            Ok(e) => e,
+            Err(err) => panic!("the scan engine must work on the test machines: {err}"),
+        };
         let mem = region.as_mut_slice();
         mem[page] = 1;
         mem[5 * page] = 1;
         let mut taken = Dirty::default();
         e.take(&mut taken).unwrap();
         assert_eq!(taken.pages, vec![1, 5]);
+        (page, region, e, taken)
+    }
+
+    /// `take` protects what it reports: a store right after it, even to a page it just
+    /// reported, belongs to the next transaction.
+    #[test]
+    fn a_store_after_take_is_reported_by_the_next_take() {
+        let (page, mut region, mut e, mut taken) = pages_1_and_5_taken();
         region.as_mut_slice()[5 * page + 7] = 2;
         e.rearm(&taken).unwrap();
         e.take(&mut taken).unwrap();
@@ -198,16 +200,8 @@ mod tests {
     /// is carried to the next `take`, not lost to the re-protection.
     #[test]
     fn a_restore_is_not_reported_but_a_stray_store_is_carried() {
-        let page = crate::sys::page_size();
-        let mut region = Region::map(8 * page, page).unwrap();
+        let (page, mut region, mut e, taken) = pages_1_and_5_taken();
         let shadow = vec![0u8; 8 * page];
-        let mut e = engine(&region);
-        let mem = region.as_mut_slice();
-        mem[page] = 1;
-        mem[5 * page] = 1;
-        let mut taken = Dirty::default();
-        e.take(&mut taken).unwrap();
-        assert_eq!(taken.pages, vec![1, 5]);
         region.as_mut_slice()[3 * page] = 1; // inside the span the restore re-protects
         e.restore(&taken, region.as_mut_slice(), &shadow).unwrap();
         assert_eq!(region.as_slice()[page], 0, "page 1 restored");

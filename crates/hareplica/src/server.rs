@@ -718,6 +718,8 @@ impl<'a> Connection<'a> {
                 log::error!("replica checkpoint failed, the log keeps growing: {e}");
             }
         }
+        // Between transactions: the log's next pages get ready off the commit path.
+        inner.store.idle();
         ok
     }
 }

@@ -30,15 +30,21 @@
 //! commit, end, or epoch record. On start, complete records are replayed over the image through the
 //! same rules as live commits (records the image already holds are skipped); an
 //! incomplete or corrupt tail, what a crash mid-write leaves, is cut off. A checkpoint
-//! writes a new image and then empties the log.
+//! writes a new image and then empties the log. While a backup runs, the file also holds
+//! zeros after the last record: space reserved for appending through a mapping
+//! ([`wal`]); they end the replay like a torn tail but are not reported as one, and are
+//! cut off on open and on a clean close.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::replica::{ReplicaState, Verdict, DIGEST_WINDOW};
+use wal::WalFile;
+
+mod wal;
 use crate::wire::{le_u32, le_u64, Commit, CommitKind, FrameType, MAX_COMMIT_PAYLOAD, MAX_HEAP};
 
 const IMG_MAGIC: [u8; 8] = *b"RBHAIMG\0";
@@ -94,8 +100,7 @@ pub struct OpenReport {
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
-    wal: File,
-    wal_len: u64,
+    wal: WalFile,
     durable: bool,
     _lock: File,
 }
@@ -128,7 +133,7 @@ impl Store {
         }
         let (state, mut report, valid_len) = load(dir)?;
         let wp = wal_path(dir);
-        let mut wal = OpenOptions::new()
+        let wal = OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
@@ -142,19 +147,18 @@ impl Store {
             wal.sync_all().map_err(io_err("fsync", &wp))?;
             WAL_HEADER as u64
         } else {
-            if report.torn_tail_bytes > 0 {
+            // Cut a torn tail, and the space a killed backup had reserved.
+            let file_len = wal.metadata().map_err(io_err("stat", &wp))?.len();
+            if file_len > valid_len {
                 wal.set_len(valid_len).map_err(io_err("truncate", &wp))?;
                 wal.sync_all().map_err(io_err("fsync", &wp))?;
             }
             valid_len
         };
-        wal.seek(SeekFrom::Start(wal_len))
-            .map_err(io_err("seek", &wp))?;
         report.wal_bytes = wal_len - WAL_HEADER as u64;
         let store = Store {
             dir: dir.to_path_buf(),
-            wal,
-            wal_len,
+            wal: WalFile::new(wal, &wp, wal_len),
             durable,
             _lock: lock,
         };
@@ -174,7 +178,12 @@ impl Store {
 
     /// Log bytes since the last checkpoint.
     pub fn wal_bytes(&self) -> u64 {
-        self.wal_len - WAL_HEADER as u64
+        self.wal.len() - WAL_HEADER as u64
+    }
+
+    /// Gets the log ready for the next appends; call when there is nothing else to do.
+    pub fn idle(&mut self) {
+        self.wal.prepare();
     }
 
     /// Appends a commit record (whole, part or end, as `c.kind` says); call
@@ -191,8 +200,7 @@ impl Store {
     /// Records a new epoch, on disk before the caller acts on it.
     pub fn append_epoch(&mut self, epoch: u64) -> Result<(), StoreError> {
         self.append(REC_EPOCH, &epoch.to_le_bytes())?;
-        let wp = wal_path(&self.dir);
-        self.wal.sync_data().map_err(io_err("fsync", &wp))
+        self.wal.sync()
     }
 
     fn append(&mut self, ty: u8, payload: &[u8]) -> Result<(), StoreError> {
@@ -201,24 +209,13 @@ impl Store {
         hdr[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         let crc = rec_crc(&hdr, payload);
         hdr[8..12].copy_from_slice(&crc.to_le_bytes());
-        let wp = wal_path(&self.dir);
-        // Header and payload in one gathered write: no copy, and a record is never split
-        // by another writer's record.
-        if let Err(e) = write_all_gathered(&mut self.wal, &hdr, payload) {
-            // Cut a partial record so later records are not hidden behind it.
-            let _ = self.wal.set_len(self.wal_len);
-            let _ = self.wal.seek(SeekFrom::Start(self.wal_len));
-            return Err(io_err("append to", &wp)(e));
-        }
-        self.wal_len += (REC_HEADER + payload.len()) as u64;
-        Ok(())
+        self.wal.append(&hdr, payload)
     }
 
     /// Makes appended commits durable when the backup runs with `--durable`.
     pub fn barrier(&mut self) -> Result<(), StoreError> {
         if self.durable {
-            let wp = wal_path(&self.dir);
-            self.wal.sync_data().map_err(io_err("fsync", &wp))?;
+            self.wal.sync()?;
         }
         Ok(())
     }
@@ -226,37 +223,8 @@ impl Store {
     /// Writes `state` as the new image and empties the log.
     pub fn checkpoint(&mut self, state: &ReplicaState) -> Result<(), StoreError> {
         write_image(&img_path(&self.dir), state)?;
-        let wp = wal_path(&self.dir);
-        self.wal
-            .set_len(WAL_HEADER as u64)
-            .map_err(io_err("truncate", &wp))?;
-        self.wal
-            .seek(SeekFrom::Start(WAL_HEADER as u64))
-            .map_err(io_err("seek", &wp))?;
-        self.wal.sync_all().map_err(io_err("fsync", &wp))?;
-        self.wal_len = WAL_HEADER as u64;
-        Ok(())
+        self.wal.truncate_to(WAL_HEADER as u64)
     }
-}
-
-/// Writes `head` then `body` with as few `writev` calls as the kernel allows.
-fn write_all_gathered(f: &mut File, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let mut done = 0;
-    let total = head.len() + body.len();
-    while done < total {
-        let n = if done < head.len() {
-            f.write_vectored(&[io::IoSlice::new(&head[done..]), io::IoSlice::new(body)])
-        } else {
-            f.write(&body[done - head.len()..])
-        };
-        match n {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn wal_header() -> [u8; WAL_HEADER] {
@@ -385,7 +353,9 @@ fn replay(
         }
         pos += REC_HEADER + payload.len();
     }
-    report.torn_tail_bytes = (wal.len() - pos) as u64;
+    // Zeros after the last record are space a backup had reserved, not a torn record.
+    let tail = &wal[pos..];
+    report.torn_tail_bytes = tail.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
     Ok(pos as u64)
 }
 

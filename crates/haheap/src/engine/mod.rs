@@ -2,7 +2,7 @@
 //!
 //! | engine     | mechanism                                   | per written page       | at tend              |
 //! |------------|---------------------------------------------|------------------------|----------------------|
-//! | `mprotect` | read-only region, SIGSEGV handler           | signal + mprotect      | bitmap; mprotect per run to re-arm  |
+//! | `mprotect` | read-only region, SIGSEGV handler           | signal + mprotect      | bitmap; mprotect per run (or one over the region) to re-arm |
 //! | `uffd`     | userfaultfd sync write-protect, thread      | fault + 2 switches     | bitmap; ioctl per run to re-arm     |
 //! | `scan`     | userfaultfd async write-protect, PAGEMAP_SCAN | in-kernel minor fault | one ioctl reports and re-arms     |
 //! | `log`      | explicit `Heap::write` logging              | a memcpy of undo bytes | none (ranges known)                 |

@@ -1,5 +1,7 @@
 //! `mprotect` engine (the talk's "PT"): the region stays read-only while tracked; the first
 //! store to a page raises SIGSEGV, whose handler records the page and makes it writable.
+//! Re-arming takes one `mprotect` per run of written pages, or one over the whole region
+//! when that is cheaper (many runs in a region of moderate size).
 
 use std::io;
 
@@ -77,6 +79,11 @@ impl Tracker for MprotectEngine {
     }
 
     fn rearm(&mut self, taken: &Dirty) -> Result<(), EngineError> {
+        let mut runs = 0;
+        for_each_run(&taken.pages, |_, _| runs += 1);
+        if whole_region_is_cheaper(runs, taken.pages.len(), self.len) {
+            return self.protect(self.addr, self.len, libc::PROT_READ);
+        }
         let mut res = Ok(());
         for_each_run(&taken.pages, |first, count| {
             if res.is_ok() {
@@ -97,10 +104,42 @@ impl Tracker for MprotectEngine {
     }
 }
 
+/// Whether one `mprotect` over the whole region re-arms `pages` written pages in `runs`
+/// runs faster than one call per run. Costs measured here (C loop, 10 MB region): a call
+/// per run ~3.6 µs each; one call over the region ~1.5 µs per page it makes read-only plus
+/// a page-table walk of ~60 ns per MiB (32 random pages: 51 against 117 µs; 1 page: 4.0
+/// against 3.4 µs). The engine is the fallback where userfaultfd is missing, and the
+/// benchmarks' baseline: it should be as fast as the mechanism allows.
+fn whole_region_is_cheaper(runs: usize, pages: usize, region_len: usize) -> bool {
+    const PER_RUN_NS: usize = 3600;
+    const PER_PAGE_NS: usize = 1500;
+    const WALK_NS_PER_MIB: usize = 60;
+    runs > 1 && runs * PER_RUN_NS > pages * PER_PAGE_NS + (region_len >> 20) * WALK_NS_PER_MIB
+}
+
 impl Drop for MprotectEngine {
     fn drop(&mut self) {
         // Give the memory back writable before it leaves our table.
         let _ = self.protect(self.addr, self.len, libc::PROT_READ | libc::PROT_WRITE);
         self.registration.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_region_is_cheaper;
+
+    #[test]
+    fn one_call_over_the_region_only_when_it_pays() {
+        let mib = 1 << 20;
+        assert!(!whole_region_is_cheaper(1, 1, 10 * mib), "a single run");
+        assert!(!whole_region_is_cheaper(1, 64, 10 * mib), "one long run");
+        assert!(whole_region_is_cheaper(32, 32, 10 * mib), "scattered pages");
+        assert!(whole_region_is_cheaper(2, 2, 10 * mib));
+        assert!(
+            !whole_region_is_cheaper(2, 2, 1024 * mib),
+            "a walk of 1 GiB costs more"
+        );
+        assert!(whole_region_is_cheaper(64, 64, 1024 * mib));
     }
 }

@@ -42,10 +42,10 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::replica::{ReplicaState, Verdict, DIGEST_WINDOW};
+use crate::wire::{le_u32, le_u64, Commit, CommitKind, FrameType, MAX_COMMIT_PAYLOAD, MAX_HEAP};
 use wal::WalFile;
 
 mod wal;
-use crate::wire::{le_u32, le_u64, Commit, CommitKind, FrameType, MAX_COMMIT_PAYLOAD, MAX_HEAP};
 
 const IMG_MAGIC: [u8; 8] = *b"RBHAIMG\0";
 const WAL_MAGIC: [u8; 8] = *b"RBHAWAL\0";

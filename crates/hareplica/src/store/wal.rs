@@ -14,7 +14,8 @@
 //! trims it. On a filesystem without `fallocate` the log falls back to `write` calls.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -39,7 +40,7 @@ pub(super) struct WalFile {
     map: Option<MmapMut>,
     /// Bytes from the start pre-faulted for writing.
     ready: u64,
-    /// `fallocate` is not supported here: append with `write`.
+    /// `fallocate` is not supported here: no mapping, append with `write`.
     plain: bool,
 }
 
@@ -62,6 +63,7 @@ impl WalFile {
     #[cfg(test)]
     pub(super) fn force_plain(&mut self) {
         self.plain = true;
+        self.map = None;
     }
 
     pub(super) fn len(&self) -> u64 {
@@ -75,13 +77,14 @@ impl WalFile {
             self.reserve(self.len + n)?;
         }
         match &mut self.map {
-            Some(m) if !self.plain => {
+            Some(m) => {
                 let at = self.len as usize;
                 m[at..at + head.len()].copy_from_slice(head);
                 m[at + head.len()..at + n as usize].copy_from_slice(body);
             }
-            _ => {
-                if let Err(e) = write_all_at_end(&mut self.file, self.len, head, body) {
+            None => {
+                // One positional write of the whole record: no file offset to keep.
+                if let Err(e) = self.file.write_all_at(&[head, body].concat(), self.len) {
                     // Cut a partial record so later records are not hidden behind it.
                     let _ = self.file.set_len(self.len);
                     return Err(io_err("append to", &self.path)(e));
@@ -116,7 +119,8 @@ impl WalFile {
         if self.ready >= target {
             return;
         }
-        let start = self.ready.max(self.len) & !4095;
+        // madvise wants a page-aligned start; memmap2 rounds it down.
+        let start = self.ready.max(self.len);
         let end = (start + READY_STEP).min(self.reserved);
         let _ = m.advise_range(
             Advice::PopulateWrite,
@@ -147,6 +151,7 @@ impl WalFile {
                     self.path.display()
                 );
                 self.plain = true;
+                self.map = None;
                 return Ok(());
             }
             return Err(io_err("reserve space in", &self.path)(e));
@@ -172,26 +177,4 @@ impl Drop for WalFile {
             let _ = self.file.set_len(self.len);
         }
     }
-}
-
-/// Writes `head` then `body` at `at` with as few `writev` calls as the kernel allows.
-fn write_all_at_end(f: &mut File, at: u64, head: &[u8], body: &[u8]) -> io::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    f.seek(SeekFrom::Start(at))?;
-    let mut done = 0;
-    let total = head.len() + body.len();
-    while done < total {
-        let n = if done < head.len() {
-            f.write_vectored(&[io::IoSlice::new(&head[done..]), io::IoSlice::new(body)])
-        } else {
-            f.write(&body[done - head.len()..])
-        };
-        match n {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

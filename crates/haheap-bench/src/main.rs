@@ -9,6 +9,7 @@ mod faults;
 mod heapmem;
 mod machine;
 mod micro;
+mod plot;
 mod primary;
 mod report;
 mod workload;
@@ -46,6 +47,8 @@ enum Cmd {
     DsWrites(DsWritesCli),
     /// Fault injection: SIGKILL the primary (and the backup), take over, verify.
     Faults(FaultsCli),
+    /// Draws the SVG figure of a `micro` or `ds` result (a `--json`/`--json-out` file).
+    Plot(PlotCli),
     /// (internal) The primary of a fault trial.
     #[command(hide = true)]
     Primary(PrimaryCli),
@@ -92,6 +95,9 @@ struct Common {
     /// Also write the JSON document to this file.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Also draw the results as an SVG figure in this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 impl Common {
@@ -99,6 +105,7 @@ impl Common {
         Out {
             json: self.json,
             json_out: self.json_out.as_ref(),
+            svg: self.svg.as_ref(),
         }
     }
 }
@@ -226,6 +233,15 @@ struct PrimaryCli {
 }
 
 #[derive(Args)]
+struct PlotCli {
+    /// A result document written by `micro` or `ds` with `--json` or `--json-out`.
+    json: PathBuf,
+    /// The SVG file to write.
+    #[arg(long, short)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
 struct BackupCli {
     #[arg(long)]
     listen: String,
@@ -279,6 +295,8 @@ struct Out<'a> {
     json: bool,
     /// JSON also to this file.
     json_out: Option<&'a PathBuf>,
+    /// The figure to this SVG file.
+    svg: Option<&'a PathBuf>,
 }
 
 /// Prints the results: JSON, or the machine line, the table and the goals.
@@ -295,6 +313,9 @@ fn emit(
     if let Some(p) = out.json_out {
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = out.svg {
+        plot::from_value("this run's results", doc.clone(), p)?;
     }
     if out.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -398,6 +419,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Out {
                     json: c.json,
                     json_out: None,
+                    svg: None,
                 },
                 &cmd,
                 "",
@@ -405,6 +427,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 haheap_ds::stats::table(&profiles),
                 &[],
             )?;
+        }
+        Cmd::Plot(c) => {
+            plot::from_file(&c.json, &c.out)?;
+            eprintln!("wrote {}", c.out.display());
         }
         Cmd::Faults(c) => {
             let a = faults::FaultArgs {
@@ -441,6 +467,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Out {
                     json: c.json,
                     json_out: None,
+                    svg: None,
                 },
                 &cmd,
                 &backup,

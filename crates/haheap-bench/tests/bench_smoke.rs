@@ -17,8 +17,12 @@ fn bench(args: &[&str]) -> (Value, String) {
 
 #[test]
 fn micro_every_engine_reports_the_pages_written_and_ships_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("micro.svg");
     let (doc, _) = bench(&[
         "micro",
+        "--svg",
+        svg.to_str().unwrap(),
         "--txs",
         "100",
         "--heap-mb",
@@ -50,6 +54,51 @@ fn micro_every_engine_reports_the_pages_written_and_ships_them() {
     assert!(goals.iter().all(
         |g| g.as_str().unwrap().starts_with("PASS") || g.as_str().unwrap().starts_with("FAIL")
     ));
+    // The run's figure, and the same figure drawn again from the saved JSON.
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.contains("scan") && drawn.contains("uffd"));
+    let json = dir.path().join("micro.json");
+    std::fs::write(&json, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let again = dir.path().join("again.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound-ha-bench"))
+        .args([
+            "plot",
+            json.to_str().unwrap(),
+            "-o",
+            again.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), drawn);
+}
+
+#[test]
+fn plot_refuses_a_file_that_is_not_a_result_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ds-writes.json");
+    std::fs::write(
+        &json,
+        br#"{"command": "ds-writes: 10 inserts", "results": []}"#,
+    )
+    .unwrap();
+    let svg = dir.path().join("out.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound-ha-bench"))
+        .args(["plot", json.to_str().unwrap(), "-o", svg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("ds-writes.json is not a rebound-ha-bench result"),
+        "{err}"
+    );
+    assert!(!svg.exists());
 }
 
 #[test]

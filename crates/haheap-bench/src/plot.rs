@@ -1,0 +1,882 @@
+//! SVG figures of the benchmarks' JSON results: the microbenchmark's time per transaction
+//! against pages per transaction (one panel per writes-per-page, with and without the
+//! backup) and its speedup over mprotect; the data-structure suite's time per transaction
+//! by structure. plotters' SVG backend writes text as `<text>` elements, so no font
+//! library is needed at build or run time.
+//!
+//! The input is a document written by `micro`/`ds` with `--json` or `--json-out`, but
+//! possibly edited, truncated or from another version: it is read with a size cap and
+//! every value a figure depends on is checked before anything is drawn.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde::Deserialize;
+
+/// Largest JSON document accepted (the full micro grid with 5 repeats is ~100 KiB).
+const MAX_JSON: u64 = 16 << 20;
+/// Most cells accepted: far above any grid the benchmarks run.
+const MAX_CELLS: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0} is larger than {MAX_JSON} bytes: not a benchmark result")]
+    TooLarge(String),
+    #[error("{path} is not a rebound-ha-bench result: {why}")]
+    Invalid { path: String, why: String },
+    #[error("cannot draw {path}: {why}")]
+    Draw { path: String, why: String },
+}
+
+#[derive(Deserialize)]
+struct Doc<T> {
+    command: String,
+    machine: MachineInfo,
+    results: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct MachineInfo {
+    kernel: String,
+    cpus: u32,
+    #[serde(default)]
+    profile: String,
+}
+
+#[derive(Deserialize)]
+struct MicroPoint {
+    engine: String,
+    backup: bool,
+    ppt: u32,
+    wpp: u32,
+    us_per_tx: f64,
+    speedup_vs_mprotect: f64,
+    /// Where tend's time went (older documents may lack it).
+    #[serde(default)]
+    collect_us: Option<f64>,
+    #[serde(default)]
+    diff_us: Option<f64>,
+    #[serde(default)]
+    ship_us: Option<f64>,
+}
+
+impl MicroPoint {
+    /// The transaction's time in parts: the stores with their write faults (the rest),
+    /// the engine's collection, the diff, shipping and the ack.
+    fn parts(&self) -> Option<[f64; 4]> {
+        let (c, d, s) = (self.collect_us?, self.diff_us?, self.ship_us?);
+        Some([(self.us_per_tx - c - d - s).max(0.0), c, d, s])
+    }
+}
+
+#[derive(Deserialize)]
+struct DsPoint {
+    engine: String,
+    backup: bool,
+    structure: String,
+    op: String,
+    opt: u32,
+    us_per_tx: f64,
+}
+
+/// Which benchmark a document holds, from its `command` line.
+enum Kind {
+    Micro,
+    Ds,
+}
+
+/// Draws the figure of the result document at `json` into `svg`.
+pub fn from_file(json: &Path, svg: &Path) -> Result<(), PlotError> {
+    let name = json.display().to_string();
+    let read = |source| PlotError::Read {
+        path: name.clone(),
+        source,
+    };
+    let f = std::fs::File::open(json).map_err(read)?;
+    let mut text = Vec::new();
+    f.take(MAX_JSON + 1).read_to_end(&mut text).map_err(read)?;
+    if text.len() as u64 > MAX_JSON {
+        return Err(PlotError::TooLarge(name));
+    }
+    let value: serde_json::Value = serde_json::from_slice(&text).map_err(|e| invalid(&name, e))?;
+    from_value(&name, value, svg)
+}
+
+/// Draws the figure of a result document already in memory (`name` names it in errors).
+pub fn from_value(name: &str, value: serde_json::Value, svg: &Path) -> Result<(), PlotError> {
+    let command = value.get("command").and_then(|c| c.as_str()).unwrap_or("");
+    let kind = if command.starts_with("micro:") {
+        Kind::Micro
+    } else if command.starts_with("ds:") {
+        Kind::Ds
+    } else {
+        return Err(invalid(
+            name,
+            "its `command` is neither a micro nor a ds run (ds-writes and faults have no figure)",
+        ));
+    };
+    match kind {
+        Kind::Micro => {
+            let doc: Doc<MicroPoint> =
+                serde_json::from_value(value).map_err(|e| invalid(name, e))?;
+            check_micro(&doc).map_err(|why| invalid(name, why))?;
+            // One transaction size: where its time goes says more than a line of one point.
+            let sizes: BTreeSet<u32> = doc.results.iter().map(|p| p.ppt).collect();
+            if sizes.len() == 1 && doc.results.iter().all(|p| p.parts().is_some()) {
+                draw(svg, |root| breakdown_figure(root, &doc))
+            } else {
+                draw(svg, |root| micro_figure(root, &doc))
+            }
+        }
+        Kind::Ds => {
+            let doc: Doc<DsPoint> = serde_json::from_value(value).map_err(|e| invalid(name, e))?;
+            check_ds(&doc).map_err(|why| invalid(name, why))?;
+            draw(svg, |root| ds_figure(root, &doc))
+        }
+    }
+}
+
+fn invalid(path: &str, why: impl std::fmt::Display) -> PlotError {
+    PlotError::Invalid {
+        path: path.to_string(),
+        why: why.to_string(),
+    }
+}
+
+/// Checks shared by both kinds: a bounded, non-empty set of named cells.
+fn check_common<T>(doc: &Doc<T>, engine: impl Fn(&T) -> &str) -> Result<(), String> {
+    if doc.results.is_empty() {
+        return Err("it has no results".into());
+    }
+    if doc.results.len() > MAX_CELLS {
+        return Err(format!(
+            "{} results, more than {MAX_CELLS}",
+            doc.results.len()
+        ));
+    }
+    if doc.machine.kernel.len() > 200 || doc.command.len() > 500 {
+        return Err("its machine or command line is implausibly long".into());
+    }
+    if let Some(e) = doc
+        .results
+        .iter()
+        .map(&engine)
+        .find(|e| e.is_empty() || e.len() > 32)
+    {
+        return Err(format!(
+            "engine name {e:?} is empty or longer than 32 bytes"
+        ));
+    }
+    Ok(())
+}
+
+/// A time that can go on a log axis.
+fn check_time(t: f64, at: impl Fn() -> String) -> Result<(), String> {
+    if t.is_finite() && t > 0.0 && t < 1e9 {
+        Ok(())
+    } else {
+        Err(format!("{}: us_per_tx {t} is not a positive time", at()))
+    }
+}
+
+fn check_micro(doc: &Doc<MicroPoint>) -> Result<(), String> {
+    check_common(doc, |p| &p.engine)?;
+    for p in &doc.results {
+        let at = || format!("{} at {} pages x {} writes", p.engine, p.ppt, p.wpp);
+        if !(1..=1 << 20).contains(&p.ppt) || !(1..=1 << 20).contains(&p.wpp) {
+            return Err(format!("{}: pages or writes per page out of range", at()));
+        }
+        check_time(p.us_per_tx, at)?;
+        let parts = [p.collect_us, p.diff_us, p.ship_us];
+        if parts.iter().flatten().any(|t| !t.is_finite() || *t < 0.0) {
+            return Err(format!("{}: a part of the time is negative", at()));
+        }
+        // The parts are timed inside the total; rounding aside they cannot exceed it.
+        if parts.iter().flatten().sum::<f64>() > p.us_per_tx * 1.01 + 0.01 {
+            return Err(format!("{}: its parts add up to more than its time", at()));
+        }
+        if !p.speedup_vs_mprotect.is_finite() || p.speedup_vs_mprotect < 0.0 {
+            return Err(format!(
+                "{}: speedup {} is not a ratio",
+                at(),
+                p.speedup_vs_mprotect
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_ds(doc: &Doc<DsPoint>) -> Result<(), String> {
+    check_common(doc, |p| &p.engine)?;
+    for p in &doc.results {
+        let at = || format!("{} {} {}", p.engine, p.structure, p.op);
+        if p.structure.is_empty() || p.structure.len() > 32 || p.op.len() > 32 {
+            return Err(format!("{}: structure or op name empty or too long", at()));
+        }
+        if !(1..=1 << 20).contains(&p.opt) {
+            return Err(format!("{}: ops per transaction out of range", at()));
+        }
+        check_time(p.us_per_tx, at)?;
+    }
+    Ok(())
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Runs `f` on a white SVG canvas and writes it; a failed figure leaves no file behind.
+fn draw(svg: &Path, f: impl FnOnce(&Area) -> DrawResult) -> Result<(), PlotError> {
+    let fail = |why: String| PlotError::Draw {
+        path: svg.display().to_string(),
+        why,
+    };
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, (1260, 1040)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+        f(&root).map_err(|e| fail(e.to_string()))?;
+        root.present().map_err(|e| fail(e.to_string()))?;
+    }
+    std::fs::write(svg, text).map_err(|e| fail(e.to_string()))
+}
+
+/// The engines' colours (the rest grey), fixed so figures compare at a glance.
+fn colour(engine: &str) -> RGBColor {
+    match engine {
+        "mprotect" => RGBColor(40, 40, 40),
+        "uffd" => RGBColor(230, 120, 0),
+        "scan" => RGBColor(31, 119, 180),
+        "log" => RGBColor(44, 160, 44),
+        _ => RGBColor(150, 150, 150),
+    }
+}
+
+/// The engines in the order the document lists them (mprotect, the baseline, first).
+fn engines<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = Vec::new();
+    for n in names {
+        if !seen.contains(&n) {
+            seen.push(n);
+        }
+    }
+    seen
+}
+
+fn subtitle(machine: &MachineInfo) -> String {
+    format!(
+        "kernel {}, {} CPUs, {} build; a host process: no VM, no accelerator",
+        machine.kernel,
+        machine.cpus,
+        if machine.profile.is_empty() {
+            "unknown"
+        } else {
+            &machine.profile
+        }
+    )
+}
+
+/// Lower and upper bounds of a log axis around `values`.
+fn log_bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(v), h.max(v)));
+    (lo / 1.5, hi * 1.5)
+}
+
+/// Titles the figure with the benchmark's command line and `sub`; returns the area below.
+fn headed<'a>(
+    root: &Area<'a>,
+    command: &str,
+    sub: &str,
+) -> Result<Area<'a>, Box<dyn std::error::Error>> {
+    let root = root.titled(&format!("rebound-ha-bench {command}"), ("sans-serif", 18))?;
+    let (head, body) = root.split_vertically(24);
+    let grey = ("sans-serif", 14).into_font().color(&BLACK.mix(0.7));
+    head.draw_text(sub, &grey, (10, 2))?;
+    Ok(body)
+}
+
+fn micro_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
+    let body = headed(root, &doc.command, &subtitle(&doc.machine))?;
+    let wpps: BTreeSet<u32> = doc.results.iter().map(|p| p.wpp).collect();
+    let backups: BTreeSet<bool> = doc.results.iter().map(|p| p.backup).collect();
+    let ratio_row = backups.contains(&true) && doc.results.iter().any(|p| p.engine == "mprotect");
+    let rows = backups.len() + usize::from(ratio_row);
+    let panels = body.split_evenly((rows, wpps.len()));
+    let names = engines(doc.results.iter().map(|p| p.engine.as_str()));
+    let ppts: BTreeSet<u32> = doc.results.iter().map(|p| p.ppt).collect();
+    let x_max = f64::from(*ppts.last().expect("checked non-empty"))
+        .log2()
+        .max(1.0);
+    let x_labels = x_max.ceil() as usize + 1;
+    let (lo, hi) = log_bounds(doc.results.iter().map(|p| p.us_per_tx));
+    let mut panel = panels.iter();
+    for (row, &backup) in backups.iter().enumerate() {
+        for &wpp in &wpps {
+            let area = panel.next().expect("one panel per cell");
+            let title = format!(
+                "{wpp} writes/page, {}: µs per transaction",
+                if backup {
+                    "with the backup"
+                } else {
+                    "no backup"
+                }
+            );
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 15))
+                .margin(8)
+                .x_label_area_size(32)
+                .y_label_area_size(52)
+                .build_cartesian_2d(-0.2..x_max + 0.2, (lo..hi).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc("pages per transaction")
+                .x_labels(x_labels)
+                .x_label_formatter(&whole_powers_of_two)
+                .y_label_formatter(&|v| format!("{v}"))
+                .draw()?;
+            // One legend, in the first panel.
+            let legend = row == 0 && Some(&wpp) == wpps.first();
+            for &e in &names {
+                let pts: Vec<(f64, f64)> = points(&doc.results, e, backup, wpp, |p| p.us_per_tx);
+                series(&mut chart, e, pts, legend)?;
+            }
+            if legend {
+                legend_box(&mut chart, SeriesLabelPosition::UpperLeft)?;
+            }
+        }
+    }
+    if ratio_row {
+        let hi = doc
+            .results
+            .iter()
+            .filter(|p| p.backup)
+            .map(|p| p.speedup_vs_mprotect)
+            .fold(5.0f64, f64::max)
+            * 1.1;
+        for &wpp in &wpps {
+            let area = panel.next().expect("one panel per cell");
+            let mut chart = ChartBuilder::on(area)
+                .caption(
+                    format!("{wpp} writes/page, with the backup: x mprotect"),
+                    ("sans-serif", 15),
+                )
+                .margin(8)
+                .x_label_area_size(32)
+                .y_label_area_size(52)
+                .build_cartesian_2d(-0.2..x_max + 0.2, 0.0..hi)?;
+            chart
+                .configure_mesh()
+                .x_desc("pages per transaction")
+                .x_labels(x_labels)
+                .x_label_formatter(&whole_powers_of_two)
+                .draw()?;
+            let legend = Some(&wpp) == wpps.first();
+            let goal = RGBColor(200, 30, 30);
+            let mark = chart.draw_series(LineSeries::new(
+                [(x_max - 0.3, 5.0), (x_max + 0.2, 5.0)],
+                goal.stroke_width(2),
+            ))?;
+            if legend {
+                mark.label("the issue's goal: 5x at 32 pages")
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], goal.stroke_width(2))
+                    });
+            }
+            for &e in names.iter().filter(|&&e| e != "mprotect") {
+                let pts = points(&doc.results, e, true, wpp, |p| p.speedup_vs_mprotect);
+                series(&mut chart, e, pts, legend)?;
+            }
+            if legend {
+                legend_box(&mut chart, SeriesLabelPosition::UpperLeft)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn legend_box<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    at: SeriesLabelPosition,
+) -> DrawResult
+where
+    X: Ranged,
+    Y: Ranged,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    Ok(())
+}
+
+/// x-axis labels: pages per transaction at whole powers of two, nothing between.
+fn whole_powers_of_two(v: &f64) -> String {
+    if (v - v.round()).abs() < 0.01 && *v >= 0.0 {
+        format!("{}", 2u64.pow(v.round() as u32))
+    } else {
+        String::new()
+    }
+}
+
+/// Stacked bars of where each engine's transaction time goes, one panel per
+/// writes-per-page (and backup setting), for a document of one transaction size.
+fn breakdown_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
+    let ppt = doc.results[0].ppt;
+    let sub = format!(
+        "{ppt} pages per transaction: where the time goes (µs); {}",
+        subtitle(&doc.machine)
+    );
+    let body = headed(root, &doc.command, &sub)?;
+    let wpps: BTreeSet<u32> = doc.results.iter().map(|p| p.wpp).collect();
+    let backups: BTreeSet<bool> = doc.results.iter().map(|p| p.backup).collect();
+    let names = engines(doc.results.iter().map(|p| p.engine.as_str()));
+    let panels = body.split_evenly((wpps.len(), backups.len()));
+    let hi = doc.results.iter().map(|p| p.us_per_tx).fold(0.0, f64::max) * 1.3;
+    let n = names.len() as f64;
+    let parts: [(&str, RGBColor); 4] = [
+        ("the stores and their write faults", RGBColor(170, 170, 170)),
+        ("collect the written pages", RGBColor(230, 120, 0)),
+        ("diff and shadow update", RGBColor(148, 103, 189)),
+        ("ship and wait for the ack", RGBColor(23, 190, 207)),
+    ];
+    let mut area = panels.iter();
+    for (row, &wpp) in wpps.iter().enumerate() {
+        for (col, &backup) in backups.iter().enumerate() {
+            let legend = row == 0 && col == 0;
+            let title = format!(
+                "{wpp} writes/page, {}",
+                if backup {
+                    "with the backup"
+                } else {
+                    "no backup"
+                }
+            );
+            let mut chart = ChartBuilder::on(area.next().expect("one panel per cell"))
+                .caption(title, ("sans-serif", 15))
+                .margin(8)
+                .x_label_area_size(28)
+                .y_label_area_size(80)
+                .build_cartesian_2d(0.0..hi, -0.5..n - 0.5)?;
+            chart
+                .configure_mesh()
+                .y_labels(names.len())
+                .y_label_formatter(&|v| {
+                    // The first engine on top.
+                    let i = n - 1.0 - v.round();
+                    match names.get(i as usize) {
+                        Some(e) if (v - v.round()).abs() < 0.01 && i >= 0.0 => e.to_string(),
+                        _ => String::new(),
+                    }
+                })
+                .disable_y_mesh()
+                .draw()?;
+            let cells: Vec<(f64, &MicroPoint)> = doc
+                .results
+                .iter()
+                .filter(|p| p.wpp == wpp && p.backup == backup)
+                .filter_map(|p| {
+                    let i = names.iter().position(|&e| e == p.engine)? as f64;
+                    Some((n - 1.0 - i, p))
+                })
+                .collect();
+            for (k, &(label, c)) in parts.iter().enumerate() {
+                let bars = cells.iter().filter_map(|&(y, p)| {
+                    let t = p.parts()?;
+                    let x0: f64 = t[..k].iter().sum();
+                    Some(Rectangle::new(
+                        [(x0, y - 0.3), (x0 + t[k], y + 0.3)],
+                        c.filled(),
+                    ))
+                });
+                let drawn = chart.draw_series(bars)?;
+                if legend {
+                    drawn.label(label).legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
+                    });
+                }
+            }
+            let font = ("sans-serif", 13).into_font();
+            chart.draw_series(cells.iter().map(|&(y, p)| {
+                let text = if p.engine == "mprotect" || p.speedup_vs_mprotect == 0.0 {
+                    format!("{:.1}", p.us_per_tx)
+                } else {
+                    format!("{:.1} ({:.2}x)", p.us_per_tx, p.speedup_vs_mprotect)
+                };
+                Text::new(text, (p.us_per_tx + hi * 0.01, y + 0.1), font.clone())
+            }))?;
+            if legend {
+                legend_box(&mut chart, SeriesLabelPosition::LowerRight)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One engine's (log2 pages per transaction, value) points of one panel, in x order.
+fn points(
+    cells: &[MicroPoint],
+    engine: &str,
+    backup: bool,
+    wpp: u32,
+    value: impl Fn(&MicroPoint) -> f64,
+) -> Vec<(f64, f64)> {
+    let mut pts: Vec<(f64, f64)> = cells
+        .iter()
+        .filter(|p| p.engine == engine && p.backup == backup && p.wpp == wpp)
+        .map(|p| (f64::from(p.ppt).log2(), value(p)))
+        .collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    pts
+}
+
+/// An engine's line with dots, labelled in the legend when `legend`.
+fn series<X, Y>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
+    engine: &str,
+    pts: Vec<(f64, f64)>,
+    legend: bool,
+) -> DrawResult
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    if pts.is_empty() {
+        return Ok(());
+    }
+    let c = colour(engine);
+    let line = chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
+    if legend {
+        line.label(engine.to_string())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    }
+    chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, c.filled())))?;
+    Ok(())
+}
+
+fn ds_figure(root: &Area, doc: &Doc<DsPoint>) -> DrawResult {
+    // The backup runs when the document has them; otherwise the runs without.
+    let backup = doc.results.iter().any(|p| p.backup);
+    let sub = format!(
+        "µs per transaction, {}; {}",
+        if backup {
+            "with the backup"
+        } else {
+            "no backup"
+        },
+        subtitle(&doc.machine)
+    );
+    let body = headed(root, &doc.command, &sub)?;
+    let cells: Vec<&DsPoint> = doc.results.iter().filter(|p| p.backup == backup).collect();
+    let structures = engines(cells.iter().map(|p| p.structure.as_str()));
+    let names = engines(cells.iter().map(|p| p.engine.as_str()));
+    let mut groups: Vec<(&str, u32)> = Vec::new();
+    for p in &cells {
+        if !groups.contains(&(p.op.as_str(), p.opt)) {
+            groups.push((p.op.as_str(), p.opt));
+        }
+    }
+    let cols = groups.len().min(2);
+    let panels = body.split_evenly((groups.len().div_ceil(cols), cols));
+    let (lo, hi) = log_bounds(cells.iter().map(|p| p.us_per_tx));
+    let n = structures.len() as f64;
+    let bar = 0.8 / names.len() as f64;
+    for (gi, (&(op, opt), area)) in groups.iter().zip(panels.iter()).enumerate() {
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("{op}, {opt} op(s) per transaction"),
+                ("sans-serif", 15),
+            )
+            .margin(8)
+            .x_label_area_size(32)
+            .y_label_area_size(90)
+            .build_cartesian_2d((lo..hi).log_scale(), -0.5..n - 0.5)?;
+        chart
+            .configure_mesh()
+            .x_desc("µs per transaction (log)")
+            .x_label_formatter(&|v| format!("{v}"))
+            .y_labels(structures.len())
+            .y_label_formatter(&|v| {
+                let i = v.round();
+                match structures.get(i as usize) {
+                    Some(s) if (v - i).abs() < 0.01 && i >= 0.0 => s.to_string(),
+                    _ => String::new(),
+                }
+            })
+            .disable_y_mesh()
+            .draw()?;
+        for (k, &e) in names.iter().enumerate() {
+            let c = colour(e);
+            let bars: Vec<Rectangle<(f64, f64)>> = cells
+                .iter()
+                .filter(|p| p.engine == e && p.op == op && p.opt == opt)
+                .filter_map(|p| {
+                    let i = structures.iter().position(|&s| s == p.structure)? as f64;
+                    // The legend's order, top to bottom.
+                    let y0 = i + 0.4 - (k + 1) as f64 * bar;
+                    Some(Rectangle::new(
+                        [(lo, y0), (p.us_per_tx, y0 + bar * 0.9)],
+                        c.filled(),
+                    ))
+                })
+                .collect();
+            let drawn = chart.draw_series(bars)?;
+            if gi == 0 {
+                drawn.label(e.to_string()).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
+                });
+            }
+        }
+        if gi == 0 {
+            legend_box(&mut chart, SeriesLabelPosition::UpperRight)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn machine() -> serde_json::Value {
+        json!({"kernel": "6.18.0", "cpus": 2, "profile": "release", "page_size": 4096})
+    }
+
+    fn micro_doc() -> serde_json::Value {
+        let mut results = Vec::new();
+        for backup in [false, true] {
+            for wpp in [4, 16] {
+                for ppt in [1, 8, 32] {
+                    for (engine, per_page) in [("mprotect", 9.0), ("scan", 1.5), ("log", 0.4)] {
+                        let t = per_page * f64::from(ppt) * if backup { 1.5 } else { 1.0 };
+                        results.push(json!({"engine": engine, "backup": backup, "ppt": ppt,
+                            "wpp": wpp, "us_per_tx": t, "speedup_vs_mprotect": 9.0 / per_page}));
+                    }
+                }
+            }
+        }
+        json!({"command": "micro: 10000 tx", "machine": machine(), "backup": "", "results": results, "goals": []})
+    }
+
+    fn ds_doc() -> serde_json::Value {
+        let mut results = Vec::new();
+        for s in ["avl", "queue"] {
+            for op in ["insert", "delete"] {
+                for (engine, t) in [("mprotect", 40.0), ("scan", 12.0)] {
+                    results.push(json!({"engine": engine, "backup": true, "structure": s,
+                        "op": op, "opt": 1, "us_per_tx": t}));
+                }
+            }
+        }
+        json!({"command": "ds: 10000 ops per phase", "machine": machine(), "results": results})
+    }
+
+    /// Writes `text` as a result file and plots it; returns the outcome and the SVG path.
+    fn plot_text(dir: &Path, text: &[u8]) -> (Result<(), PlotError>, std::path::PathBuf) {
+        let json = dir.join("in.json");
+        let svg = dir.join("out.svg");
+        std::fs::write(&json, text).unwrap();
+        (from_file(&json, &svg), svg)
+    }
+
+    fn plot_doc(
+        dir: &Path,
+        doc: &serde_json::Value,
+    ) -> (Result<(), PlotError>, std::path::PathBuf) {
+        plot_text(dir, serde_json::to_string(doc).unwrap().as_bytes())
+    }
+
+    #[test]
+    fn a_micro_result_becomes_a_figure_with_every_engine_and_panel() {
+        let dir = tempfile::tempdir().unwrap();
+        let (res, svg) = plot_doc(dir.path(), &micro_doc());
+        res.unwrap();
+        let text = std::fs::read_to_string(svg).unwrap();
+        assert!(text.starts_with("<svg"), "{}", &text[..80]);
+        for want in [
+            "mprotect",
+            "scan",
+            "log",
+            "4 writes/page, no backup",
+            "16 writes/page, with the backup: x mprotect",
+            "pages per transaction",
+            "no accelerator",
+            "kernel 6.18.0",
+        ] {
+            assert!(text.contains(want), "the figure lacks {want:?}");
+        }
+        // A dot per measured cell: 3 engines x 3 sizes in 4 time panels, and 2 engines x 3
+        // sizes in the 2 ratio panels (mprotect against itself is not drawn).
+        assert_eq!(text.matches("<circle").count(), 3 * 3 * 4 + 2 * 3 * 2);
+    }
+
+    #[test]
+    fn one_transaction_size_becomes_a_breakdown_of_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut doc = micro_doc();
+        let cells = doc["results"].as_array_mut().unwrap();
+        cells.retain(|c| c["ppt"] == 32);
+        for c in cells.iter_mut() {
+            let t = c["us_per_tx"].as_f64().unwrap();
+            c["collect_us"] = json!(t * 0.1);
+            c["diff_us"] = json!(t * 0.2);
+            c["ship_us"] = json!(t * 0.3);
+        }
+        let (res, svg) = plot_doc(dir.path(), &doc);
+        res.unwrap();
+        let text = std::fs::read_to_string(svg).unwrap();
+        for want in [
+            "32 pages per transaction: where the time goes",
+            "the stores and their write faults",
+            "ship and wait for the ack",
+            "16 writes/page, with the backup",
+            // scan's total and its ratio against mprotect, at the end of its bar.
+            "72.0 (6.00x)",
+        ] {
+            assert!(text.contains(want), "the figure lacks {want:?}");
+        }
+        // A grey part (the stores) per engine in each of the 2 x 2 panels, and one legend.
+        assert_eq!(text.matches(r##"fill="#AAAAAA""##).count(), 3 * 4 + 1);
+    }
+
+    #[test]
+    fn a_ds_result_becomes_a_bar_chart_per_operation() {
+        let dir = tempfile::tempdir().unwrap();
+        let (res, svg) = plot_doc(dir.path(), &ds_doc());
+        res.unwrap();
+        let text = std::fs::read_to_string(svg).unwrap();
+        for want in [
+            "avl",
+            "queue",
+            "insert, 1 op(s)",
+            "delete, 1 op(s)",
+            "with the backup",
+        ] {
+            assert!(text.contains(want), "the figure lacks {want:?}");
+        }
+    }
+
+    /// Plots a malformed input: one line naming the file and the problem, and no figure.
+    fn refused(dir: &Path, text: &[u8], want: &str) {
+        let (res, svg) = plot_text(dir, text);
+        let msg = res.expect_err("a malformed result was plotted").to_string();
+        assert!(msg.contains(want), "{msg:?} does not say {want:?}");
+        assert!(!msg.contains('\n'), "{msg:?} spans lines");
+        assert!(!svg.exists(), "a figure was written for a bad input");
+    }
+
+    #[test]
+    fn malformed_results_are_refused_without_a_figure() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let good = serde_json::to_string(&micro_doc()).unwrap();
+        refused(d, &good.as_bytes()[..good.len() / 2], "EOF while parsing");
+        refused(d, b"\x7fELF\x02\x01", "not a rebound-ha-bench result");
+        let kind = |cmd: &str| {
+            let mut doc = micro_doc();
+            doc["command"] = json!(cmd);
+            serde_json::to_vec(&doc).unwrap()
+        };
+        refused(
+            d,
+            &kind("faults: 20 trials"),
+            "neither a micro nor a ds run",
+        );
+        refused(d, b"[1, 2]", "neither a micro nor a ds run");
+        let edit = |f: &dyn Fn(&mut serde_json::Value), want: &str| {
+            let mut doc = micro_doc();
+            f(&mut doc);
+            refused(d, &serde_json::to_vec(&doc).unwrap(), want);
+        };
+        edit(&|doc| doc["results"] = json!([]), "no results");
+        edit(
+            &|doc| {
+                doc.as_object_mut()
+                    .unwrap()
+                    .remove("results")
+                    .map(drop)
+                    .unwrap()
+            },
+            "missing field `results`",
+        );
+        edit(
+            &|doc| doc["machine"] = json!({"cpus": 2}),
+            "missing field `kernel`",
+        );
+        edit(
+            &|doc| doc["results"][0]["us_per_tx"] = json!(-3.0),
+            "is not a positive time",
+        );
+        edit(
+            &|doc| doc["results"][0]["us_per_tx"] = json!(0),
+            "is not a positive time",
+        );
+        edit(
+            &|doc| doc["results"][0]["us_per_tx"] = json!("fast"),
+            "invalid type",
+        );
+        edit(&|doc| doc["results"][0]["ppt"] = json!(0), "out of range");
+        edit(
+            &|doc| doc["results"][0]["ppt"] = json!(1u64 << 40),
+            "invalid value",
+        );
+        edit(
+            &|doc| doc["results"][0]["engine"] = json!("x".repeat(33)),
+            "longer than 32 bytes",
+        );
+        edit(
+            &|doc| doc["results"][1]["speedup_vs_mprotect"] = json!(-1),
+            "is not a ratio",
+        );
+        edit(
+            &|doc| doc["results"][2]["diff_us"] = json!(-1.0),
+            "a part of the time is negative",
+        );
+        edit(
+            &|doc| doc["results"][2]["ship_us"] = json!(1e6),
+            "add up to more than its time",
+        );
+        edit(
+            &|doc| doc["results"] = json!(vec![doc["results"][0].clone(); MAX_CELLS + 1]),
+            "more than",
+        );
+        let mut ds = ds_doc();
+        ds["results"][2]["structure"] = json!("");
+        refused(d, &serde_json::to_vec(&ds).unwrap(), "structure or op name");
+        // A file past the size cap is refused before it is parsed.
+        let big = d.join("big.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_JSON + 1)
+            .unwrap();
+        let err = from_file(&big, &d.join("big.svg")).unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
+        let err = from_file(&d.join("absent.json"), &d.join("x.svg"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot read") && err.contains("absent.json"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_figure_that_cannot_be_written_is_an_error_and_the_input_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("in.json");
+        let text = serde_json::to_vec(&micro_doc()).unwrap();
+        std::fs::write(&json, &text).unwrap();
+        let err = from_file(&json, &dir.path().join("no/such/dir/out.svg")).unwrap_err();
+        assert!(err.to_string().starts_with("cannot draw"), "{err}");
+        assert_eq!(std::fs::read(&json).unwrap(), text);
+    }
+}

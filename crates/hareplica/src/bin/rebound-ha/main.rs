@@ -56,24 +56,33 @@ enum Cmd {
     },
     /// Show a backup's state, from its directory or by asking it.
     Status {
+        /// A backup's directory, read without disturbing a backup running on it (the
+        /// replica image and the log as on disk).
         #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
         dir: Option<PathBuf>,
+        /// A running backup's endpoint (tcp:HOST:PORT or unix:PATH): its live state, the
+        /// connected primary and the lag.
         #[arg(long)]
         connect: Option<Endpoint>,
+        /// Print one JSON object instead of lines.
         #[arg(long)]
         json: bool,
     },
     /// Bump the backup's epoch: the current primary is fenced, a new one may attach.
     Promote {
+        /// The backup's endpoint (tcp:HOST:PORT or unix:PATH).
         #[arg(long)]
         connect: Endpoint,
+        /// Print one JSON object instead of lines.
         #[arg(long)]
         json: bool,
     },
     /// Write the replica's heap image (log replayed) to a file.
     Dump {
+        /// The backup's directory.
         #[arg(long)]
         dir: PathBuf,
+        /// The file to write (the heap's bytes, nothing else).
         #[arg(long)]
         out: PathBuf,
     },

@@ -114,8 +114,10 @@ impl Common {
 struct MicroCli {
     #[command(flatten)]
     common: Common,
+    /// Transactions per cell and engine.
     #[arg(long, default_value_t = 10_000)]
     txs: usize,
+    /// Heap size in MB.
     #[arg(long, default_value_t = 10)]
     heap_mb: usize,
     /// Pages per transaction.
@@ -145,6 +147,7 @@ struct DsCli {
     /// Operations per phase (insert, then delete).
     #[arg(long, default_value_t = 10_000)]
     ops: usize,
+    /// Heap size in MB.
     #[arg(long, default_value_t = 10)]
     heap_mb: usize,
     /// Operations per transaction.
@@ -161,10 +164,13 @@ struct DsCli {
 
 #[derive(Args)]
 struct DsWritesCli {
+    /// Inserts, then as many deletes, per structure.
     #[arg(long, default_value_t = 10_000)]
     ops: usize,
+    /// Seed of every random choice.
     #[arg(long, default_value_t = 2009)]
     seed: u64,
+    /// Print one JSON document on stdout instead of tables.
     #[arg(long)]
     json: bool,
 }
@@ -174,15 +180,19 @@ struct FaultsCli {
     /// SIGKILL trials per engine.
     #[arg(long, default_value_t = 20)]
     trials: usize,
+    /// Engines to test, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "mprotect,uffd,scan,log")]
     engines: Vec<String>,
+    /// Structures the trials cycle through, comma-separated, or "all".
     #[arg(long, value_delimiter = ',', default_value = "all")]
     structures: Vec<String>,
+    /// Seed of every random choice (kill times, operations).
     #[arg(long, default_value_t = 2009)]
     seed: u64,
     /// Operations per transaction.
     #[arg(long, default_value_t = 3)]
     opt: usize,
+    /// Heap size in KiB.
     #[arg(long, default_value_t = 1024)]
     heap_kb: usize,
     /// The kill comes a random time in [min-ms, max-ms) after the first acknowledgement.
@@ -200,6 +210,7 @@ struct FaultsCli {
     /// Run this `rebound-ha` binary as the backup instead of this binary's `backup` mode.
     #[arg(long)]
     rebound_ha: Option<PathBuf>,
+    /// Print one JSON document on stdout instead of tables.
     #[arg(long)]
     json: bool,
 }

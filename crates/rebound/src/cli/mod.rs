@@ -44,17 +44,21 @@ pub enum Cmd {
 pub enum ImageCmd {
     /// Build an image (default: `default`), reusing the cached one if its inputs are unchanged.
     Build {
+        /// The image's name under $REBOUND_HOME/images.
         name: Option<String>,
+        /// Rebuild even when the inputs are unchanged.
         #[arg(long)]
         force: bool,
         /// The guest agent binary (default: guest/agent/rebound-agent next to the build, or $REBOUND_AGENT).
         #[arg(long)]
         agent: Option<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List built images.
     List {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -62,6 +66,7 @@ pub enum ImageCmd {
 
 #[derive(Args, Debug)]
 pub struct StartArgs {
+    /// The VM's name.
     pub name: String,
     /// Image under $REBOUND_HOME/images (default: `default`).
     #[arg(long, conflicts_with = "kernel")]
@@ -69,6 +74,7 @@ pub struct StartArgs {
     /// Your own kernel (then --ready is required).
     #[arg(long)]
     pub kernel: Option<PathBuf>,
+    /// Initramfs for --kernel.
     #[arg(long, requires = "kernel")]
     pub initrd: Option<PathBuf>,
     /// Kernel command line for --kernel.
@@ -80,6 +86,7 @@ pub struct StartArgs {
     /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
     #[arg(long, default_value = "256M", value_parser = parse_memory)]
     pub memory: u64,
+    /// Virtual CPUs.
     #[arg(long, default_value_t = 1)]
     pub cpus: u32,
     /// web, kv, memfill, counter or none.
@@ -103,6 +110,7 @@ pub struct StartArgs {
     /// Seconds to wait for readiness.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -135,54 +143,86 @@ pub enum VmCmd {
     Start(Box<StartArgs>),
     /// List VMs.
     List {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Show one VM.
     Status {
+        /// The VM's name.
         name: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Power the guest off, then remove its runtime files.
-    Stop { name: String },
+    Stop {
+        /// The VM's name.
+        name: String,
+    },
     /// Kill QEMU at once and remove the VM's runtime files.
-    Kill { name: String },
+    Kill {
+        /// The VM's name.
+        name: String,
+    },
     /// Forget a stopped VM (record, logs, disk copy).
-    Rm { name: String },
+    Rm {
+        /// The VM's name.
+        name: String,
+    },
     /// Attach to the serial console (Ctrl-] to detach).
-    Console { name: String },
+    Console {
+        /// The VM's name.
+        name: String,
+    },
     /// Print the serial console log.
     Logs {
+        /// The VM's name.
         name: String,
+        /// Keep printing as the guest writes.
         #[arg(short, long)]
         follow: bool,
     },
     /// Print the VM's event log (JSON lines).
-    Events { name: String },
+    Events {
+        /// The VM's name.
+        name: String,
+    },
     /// Wait until the VM is ready, panicked, paused or stopped.
     Wait {
+        /// The VM's name.
         name: String,
+        /// The state to wait for.
         #[arg(value_parser = ["ready", "panicked", "paused", "stopped"])]
         state: String,
+        /// Give up after this many seconds.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Make the guest kernel panic.
-    Crash { name: String },
+    Crash {
+        /// The VM's name.
+        name: String,
+    },
     /// Have the guest write HEX bytes into a page; prints its guest physical address.
     Marker {
+        /// The VM's name.
         name: String,
+        /// The bytes, in hex (e.g. deadbeef).
         #[arg(value_parser = parse_hex)]
         hex: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// VMCOREINFO read from guest RAM.
     Vmcoreinfo {
+        /// The VM's name.
         name: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -209,8 +249,10 @@ pub enum BenchCmd {
     /// Boot the default image N times (one after another unless --parallel):
     /// spawn→agent-ready and idle memory.
     Boot {
+        /// Boots to measure.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
         #[arg(long, default_value = "256M", value_parser = parse_memory)]
         memory: u64,
         /// Seconds to let the guests settle before measuring memory.
@@ -219,12 +261,14 @@ pub enum BenchCmd {
         /// Boot all guests at once (measures contention on small hosts).
         #[arg(long)]
         parallel: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {
+        /// Arguments for `rebound-ha-bench` (see `rebound bench ha --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },

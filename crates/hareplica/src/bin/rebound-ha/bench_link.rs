@@ -26,6 +26,7 @@ pub struct Args {
     /// Pages written per transaction, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pages: Vec<usize>,
+    /// Heap size in MB.
     #[arg(long, default_value_t = 10)]
     heap_mb: usize,
     /// Unacknowledged transactions allowed in async mode.
@@ -34,6 +35,7 @@ pub struct Args {
     /// Start the backup children with --durable (fsync per acknowledgement burst).
     #[arg(long)]
     durable: bool,
+    /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }

@@ -1,6 +1,6 @@
 //! The primary of a fault trial (a child process): runs the workload's transactions on a
-//! replicated heap and prints `ack N` after transaction N's `tend` returned, i.e. after
-//! the backup acknowledged it (asynchronous mode: once at most `max_lag` transactions
+//! replicated heap and prints `ack N T` after transaction N's `tend` returned (at T,
+//! CLOCK_MONOTONIC ns), i.e. after the backup acknowledged it (asynchronous mode: once at most `max_lag` transactions
 //! were unacknowledged). With `retry`, replication failures are printed as
 //! `fail N: ...` and the transaction is retried until the backup is back. With
 //! `block`, the heap itself waits for a missing backup (`BackupFailure::Block`), and a
@@ -107,7 +107,7 @@ pub fn run(a: &PrimaryArgs) -> Result<()> {
                 heap.committed_tx_id()
             ));
         }
-        writeln!(out.lock(), "ack {tx}")?;
+        writeln!(out.lock(), "ack {tx} {}", mono_ns())?;
     }
     Ok(())
 }

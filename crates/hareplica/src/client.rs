@@ -298,8 +298,14 @@ impl ReplicaClient {
                 }
             };
             let start = frame.len();
-            let n = wire::encode_commit_frame(kind, tx_id, self.epoch, runs, heap, &mut frame)
-                .ok_or_else(|| too_large(runs))?;
+            // A whole transaction goes compact: the backup knows its id and epoch.
+            let n = match kind {
+                CommitKind::Whole => {
+                    wire::encode_compact_commit(tx_id, self.epoch, runs, heap, &mut frame)
+                }
+                _ => wire::encode_commit_frame(kind, tx_id, self.epoch, runs, heap, &mut frame),
+            }
+            .ok_or_else(|| too_large(runs))?;
             self.next_tx += 1;
             self.stats.commits += 1;
             self.unacked.push_back((tx_id, frame));

@@ -16,8 +16,8 @@ use crate::endpoint::{Endpoint, EndpointError, Listener, PollingReader, Stream};
 use crate::replica::{ReplicaState, Verdict};
 use crate::store::{OpenReport, Store, StoreError};
 use crate::wire::{
-    self, Commit, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, PrimaryInfo,
-    StatusInfo, WireError, IMAGE_CHUNK,
+    self, Commit, CommitKind, CompactCommit, ErrorCode, FrameReader, Hello, HelloKind, Message,
+    Mode, PrimaryInfo, StatusInfo, WireError, IMAGE_CHUNK,
 };
 
 /// How long a new primary waits for a previous session to end before being refused.
@@ -436,6 +436,10 @@ impl<'a> Connection<'a> {
     fn handle(&mut self, msg: Message) -> Result<bool, Refusal> {
         match msg {
             Message::Commit(c) if self.session.is_some() => self.commit(c).map(|()| true),
+            Message::Compact(cc) if self.session.is_some() => {
+                let c = self.expand(&cc)?;
+                self.commit(c).map(|()| true)
+            }
             Message::Hello(h) if self.session.is_none() => self.hello(h).map(|()| true),
             Message::Attach { mode } if self.session.is_none() => self.attach(mode),
             Message::Status => {
@@ -597,6 +601,26 @@ impl<'a> Connection<'a> {
         };
         self.shared.session_ended.notify_all();
         Ok(send(self.reader.get_mut(), &welcome))
+    }
+
+    /// The commit a compact frame is: the session's next transaction, in its epoch (a
+    /// fenced session's epoch too, so that `commit` reports the fence).
+    fn expand(&self, cc: &CompactCommit) -> Result<Commit, Refusal> {
+        let (tx_id, epoch) = {
+            let inner = lock(self.shared);
+            let epoch = inner
+                .session
+                .as_ref()
+                .filter(|s| Some(s.id) == self.session)
+                .map_or(inner.state.epoch, |s| s.epoch);
+            (inner.state.last_tx + 1, epoch)
+        };
+        cc.expand(tx_id, epoch).map_err(|e| {
+            Refusal(
+                ErrorCode::Malformed,
+                format!("a compact commit that is not tx {tx_id} of epoch {epoch} (damaged, replayed or out of order): {e}"),
+            )
+        })
     }
 
     fn commit(&mut self, c: Commit) -> Result<(), Refusal> {

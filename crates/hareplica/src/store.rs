@@ -32,7 +32,7 @@
 //! incomplete or corrupt tail, what a crash mid-write leaves, is cut off. A checkpoint
 //! writes a new image and then empties the log. While a backup runs, the file also holds
 //! zeros after the last record: space reserved for appending through a mapping
-//! ([`wal`]); they end the replay like a torn tail but are not reported as one, and are
+//! (`store/wal.rs`); they end the replay like a torn tail but are not reported as one, and are
 //! cut off on open and on a clean close.
 
 use std::fs::{self, File, OpenOptions};

@@ -70,14 +70,28 @@ fn commit_frame(tx: u64, epoch: u64, runs: &[DiffRun], heap: &[u8]) -> Vec<u8> {
     b
 }
 
-/// The exact frame the workload's primary sent for `tx` in `epoch`.
-fn workload_frame(tx: u64, epoch: u64) -> Vec<u8> {
+/// The heap after the workload's `tx` and its runs against the state before.
+fn workload_tx(tx: u64) -> (Vec<u8>, Vec<DiffRun>) {
     let shadow = model(tx - 1);
     let mut heap = shadow.clone();
     let pages = apply_tx(&mut heap, tx);
     let mut runs = Vec::new();
     diff_pages(&shadow, &heap, &pages, PAGE, &mut runs);
+    (heap, runs)
+}
+
+/// The workload's `tx` in `epoch` as a standard `Commit` frame.
+fn workload_frame(tx: u64, epoch: u64) -> Vec<u8> {
+    let (heap, runs) = workload_tx(tx);
     commit_frame(tx, epoch, &runs, &heap)
+}
+
+/// The workload's `tx` in `epoch` as a compact frame (what a primary sends today).
+fn compact_frame(tx: u64, epoch: u64) -> Vec<u8> {
+    let (heap, runs) = workload_tx(tx);
+    let mut b = Vec::new();
+    wire::encode_compact_commit(tx, epoch, &runs, &heap, &mut b).unwrap();
+    b
 }
 
 fn resume(epoch: u64) -> Vec<u8> {
@@ -257,6 +271,38 @@ fn malformed_and_replayed_frames_leave_the_replica_unchanged() {
     expect_refusal(&ep, &resume(epoch - 1), ErrorCode::Fenced, "stale");
     // A commit frame cut mid-payload, then the connection closes.
     let whole = workload_frame(11, epoch);
+    let replies = exchange(&ep, &s(&whole[..whole.len() - 3]));
+    assert!(
+        matches!(replies[..], [Message::Welcome { .. }]),
+        "{replies:?}"
+    );
+
+    // Compact frames: only the session's next transaction checks out.
+    expect_refusal(
+        &ep,
+        &compact_frame(11, epoch),
+        ErrorCode::Unexpected,
+        "compact Commit",
+    );
+    for (frame, why) in [
+        (compact_frame(10, epoch), "a replay of the last tx"),
+        (compact_frame(5, epoch), "a replay of an old tx"),
+        (compact_frame(12, epoch), "a tx ahead of its place"),
+        (compact_frame(11, epoch - 1), "a stale epoch"),
+    ] {
+        let replies = exchange(&ep, &s(&frame));
+        match replies.last() {
+            Some(Message::Error { code, message }) => {
+                assert_eq!(*code, ErrorCode::Malformed, "{why}: {message}");
+                assert!(message.contains("not tx 11 of epoch"), "{why}: {message}");
+            }
+            other => panic!("{why}: expected a refusal, got {other:?}"),
+        }
+    }
+    let mut damaged = compact_frame(11, epoch);
+    *damaged.last_mut().unwrap() ^= 0x40;
+    expect_refusal(&ep, &s(&damaged), ErrorCode::Malformed, "checksum");
+    let whole = compact_frame(11, epoch);
     let replies = exchange(&ep, &s(&whole[..whole.len() - 3]));
     assert!(
         matches!(replies[..], [Message::Welcome { .. }]),

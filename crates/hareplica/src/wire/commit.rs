@@ -3,10 +3,8 @@
 use super::{begin_frame, finish_frame, FrameType, WireError, MAX_COMMIT_PAYLOAD};
 use crate::diff::DiffRun;
 
-/// Longest commit header: four varints (part index or count, tx id, epoch, run count).
-const MAX_COMMIT_HEADER: usize = 4 * MAX_VARINT;
 /// Longest LEB128 encoding of a u64.
-const MAX_VARINT: usize = 10;
+pub(super) const MAX_VARINT: usize = 10;
 
 /// Which frame carried a commit's runs: a transaction is one `Commit` frame, or is
 /// streamed as `CommitPart` frames (numbered from 0) closed by a `CommitEnd` that counts
@@ -94,7 +92,7 @@ fn put_varint_at(buf: &mut [u8], mut pos: usize, mut v: u64) -> usize {
     pos + 1
 }
 
-fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+pub(super) fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         buf.push(v as u8 | 0x80);
         v >>= 7;
@@ -104,7 +102,7 @@ fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
 
 /// Reads a varint at `*pos`; `None` when cut short or longer than a u64.
 #[inline(always)]
-fn get_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+pub(super) fn get_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
     // Run headers are mostly 1- and 2-byte varints: decode those without the loop.
     match b.get(*pos..*pos + 2) {
         Some(&[b0, _]) if b0 < 0x80 => {
@@ -293,27 +291,47 @@ pub fn encode_commit_frame(
     buf: &mut Vec<u8>,
 ) -> Option<usize> {
     let frame_start = buf.len();
-    let data = crate::diff::run_bytes(runs);
-    let bound = MAX_COMMIT_HEADER as u64 + 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
-    if data > u64::from(MAX_COMMIT_PAYLOAD) {
-        return None;
-    }
     begin_frame(buf, kind.frame_type());
     if let Some(v) = kind.prefix() {
         put_varint(buf, u64::from(v));
     }
     put_varint(buf, tx_id);
     put_varint(buf, epoch);
+    if encode_runs(runs, heap, buf).is_none()
+        || buf.len() - frame_start - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize
+    {
+        buf.truncate(frame_start);
+        return None;
+    }
+    finish_frame(&mut buf[frame_start..]);
+    Some(buf.len() - frame_start)
+}
+
+/// Appends the run count and the runs (headers and bytes taken from `heap`) to `buf`:
+/// the part of a commit payload after its ids. `None`, with `buf` possibly extended,
+/// when the runs' bytes alone exceed [`MAX_COMMIT_PAYLOAD`].
+///
+/// # Panics
+/// If a run lies outside `heap`.
+pub(super) fn encode_runs(runs: &[DiffRun], heap: &[u8], buf: &mut Vec<u8>) -> Option<()> {
+    let data = crate::diff::run_bytes(runs);
+    if data > u64::from(MAX_COMMIT_PAYLOAD) {
+        return None;
+    }
     put_varint(buf, runs.len() as u64);
+    let bound = 2 * MAX_VARINT as u64 * runs.len() as u64 + data;
     // Encode into a zeroed buffer of the worst-case size by index, then cut it to what
     // was used: a run header and a short run cost a few stores, not a push per byte.
     let start = buf.len();
-    let room =
-        (bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize).saturating_sub(MAX_COMMIT_HEADER);
+    let room = bound.min(u64::from(MAX_COMMIT_PAYLOAD)) as usize;
     buf.resize(start + room + SLACK, 0);
     let mut pos = start;
     let mut prev_end = 0u64;
     for r in runs {
+        // Only when the worst case exceeds the payload cap can the room run out.
+        if pos + 2 * MAX_VARINT + (r.len as usize).max(SLACK) > buf.len() {
+            return None;
+        }
         pos = put_varint_at(buf, pos, zigzag(r.offset.wrapping_sub(prev_end) as i64));
         pos = put_varint_at(buf, pos, u64::from(r.len));
         let (off, len) = (r.offset as usize, r.len as usize);
@@ -326,12 +344,7 @@ pub fn encode_commit_frame(
         prev_end = r.end();
     }
     buf.truncate(pos);
-    if buf.len() - frame_start - super::HEADER_LEN > MAX_COMMIT_PAYLOAD as usize {
-        buf.truncate(frame_start);
-        return None;
-    }
-    finish_frame(&mut buf[frame_start..]);
-    Some(buf.len() - frame_start)
+    Some(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! The replication wire protocol between a primary and its backup.
 //!
 //! # Frames
-//! Every message is one frame: a 12-byte header followed by a payload. All integers are
-//! little-endian. (Version 1 had a 16-byte header with a 4-byte magic and 2-byte version
-//! and type; the smallest commits are mostly header, so version 2 packs it.)
+//! Every message is one frame: a 12-byte header followed by a payload, except a whole
+//! transaction's commit, which travels in a compact frame (see [`compact`]: its first
+//! byte is [`COMPACT_MARK`] instead of the magic). All integers are little-endian.
+//! (Version 1 had a 16-byte header with a 4-byte magic and 2-byte version and type;
+//! version 2 packed it into 12; version 3 adds compact commits: the smallest commits are
+//! mostly framing.)
 //!
 //! | bytes | field   | meaning                                                   |
 //! |-------|---------|-----------------------------------------------------------|
@@ -24,6 +27,8 @@
 //!   then a `Welcome` with the last tx id and the new epoch.
 //! - `Image` (16 + up to [`IMAGE_CHUNK`] bytes): `offset u64`, `total u64`, then bytes.
 //!   Chunks arrive in order and cover `0..total`.
+//! - Compact commit (primary → backup): a whole transaction; see [`compact`]. The backup
+//!   expands it into the `Commit` below, with the session's next tx id and its epoch.
 //! - `Commit` (primary → backup): three LEB128 varints `tx_id`, `epoch`, `run_count`
 //!   (at most u32), then per run two varints, `gap` (the run's offset minus the previous
 //!   run's end, zigzag-encoded so any order works; the first run counts from 0) and `len`
@@ -49,7 +54,7 @@
 //!   The sender closes the connection after it.
 //!
 //! # Conversations
-//! - Primary: `Hello` → `Welcome`, then transactions (a `Commit`, or `CommitPart`s and a
+//! - Primary: `Hello` → `Welcome`, then transactions (a compact commit or a `Commit`, or `CommitPart`s and a
 //!   `CommitEnd`), each answered by an `Ack` in order
 //!   (acks may be batched: the backup sends them once no further frame is buffered).
 //!   A fresh `Hello` is refused (`Exists`) when the backup holds transactions, unless it
@@ -80,11 +85,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 mod commit;
+pub mod compact;
 
 pub use commit::{encode_commit, encode_commit_frame, Commit, CommitKind, Runs};
+pub use compact::{encode_compact_commit, CompactCommit, COMPACT_MARK};
 
 pub const MAGIC: [u8; 2] = *b"RH";
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 pub const HEADER_LEN: usize = 12;
 /// Header field offsets (for tests that damage frames on purpose).
 pub const VERSION_AT: usize = 2;
@@ -285,6 +292,9 @@ pub enum Message {
         data: Vec<u8>,
     },
     Commit(Commit),
+    /// A whole transaction in a compact frame; [`CompactCommit::expand`] makes it a
+    /// `Commit` once the reader knows which transaction it must be.
+    Compact(CompactCommit),
     Ack {
         tx_id: u64,
     },
@@ -306,6 +316,7 @@ impl Message {
             Message::Attach { .. } => "Attach",
             Message::Image { .. } => "Image",
             Message::Commit(_) => "Commit",
+            Message::Compact(_) => "compact Commit",
             Message::Ack { .. } => "Ack",
             Message::Status => "Status",
             Message::StatusReply(_) => "StatusReply",
@@ -349,6 +360,11 @@ pub(crate) fn finish_frame(buf: &mut [u8]) {
 /// Encodes `msg` as one frame into `buf` (cleared first).
 pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
     buf.clear();
+    if let Message::Compact(c) = msg {
+        // Its own framing, made when it was encoded.
+        c.encode(buf);
+        return;
+    }
     match msg {
         Message::Hello(h) => {
             begin_frame(buf, FrameType::Hello);
@@ -388,6 +404,7 @@ pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
             begin_frame(buf, c.kind.frame_type());
             buf.extend_from_slice(&c.payload);
         }
+        Message::Compact(_) => unreachable!("encoded above"),
         Message::Ack { tx_id } => {
             begin_frame(buf, FrameType::Ack);
             buf.extend_from_slice(&tx_id.to_le_bytes());
@@ -613,14 +630,32 @@ impl Default for FrameReader {
 impl FrameReader {
     /// Reads one frame and decodes it.
     pub fn read<R: Read>(&self, r: &mut R) -> Result<Message, WireError> {
-        let (ty, payload) = self.read_raw(r)?;
+        let mut first = [0u8; 1];
+        self.fill(r, &mut first, false, 1)?;
+        if first[0] == COMPACT_MARK {
+            return self.read_compact(r).map(Message::Compact);
+        }
+        let (ty, payload) = self.read_standard(r, first[0])?;
         decode(ty, payload)
     }
 
-    /// Reads one frame, checking magic, version, type, cap and checksum.
+    /// Reads one standard frame, checking magic, version, type, cap and checksum (a
+    /// compact frame is refused here).
     pub fn read_raw<R: Read>(&self, r: &mut R) -> Result<(FrameType, Vec<u8>), WireError> {
+        let mut first = [0u8; 1];
+        self.fill(r, &mut first, false, 1)?;
+        self.read_standard(r, first[0])
+    }
+
+    /// Reads the rest of a standard frame whose first byte was `first`.
+    fn read_standard<R: Read>(
+        &self,
+        r: &mut R,
+        first: u8,
+    ) -> Result<(FrameType, Vec<u8>), WireError> {
         let mut hdr = [0u8; HEADER_LEN];
-        self.fill(r, &mut hdr, false, HEADER_LEN)?;
+        hdr[0] = first;
+        self.fill_in_frame(r, &mut hdr[1..], 1, HEADER_LEN)?;
         let magic = [hdr[0], hdr[1]];
         if magic != MAGIC {
             return Err(WireError::BadMagic(magic));
@@ -642,23 +677,7 @@ impl FrameReader {
             return Err(WireError::Oversized { ty, len, cap });
         }
         let want = HEADER_LEN + len as usize;
-        // Grow by at most 1 MiB ahead of the bytes that arrived, so a lying header cannot
-        // make us allocate; read straight into the payload (no bounce buffer to zero).
-        const STEP: usize = 1 << 20;
-        let len = len as usize;
-        let mut payload = Vec::with_capacity(len.min(STEP));
-        while payload.len() < len {
-            let start = payload.len();
-            payload.resize(start + (len - start).min(STEP), 0);
-            self.fill(r, &mut payload[start..], true, want)
-                .map_err(|e| match e {
-                    WireError::Truncated { got, .. } => WireError::Truncated {
-                        got: HEADER_LEN + start + got,
-                        want,
-                    },
-                    e => e,
-                })?;
-        }
+        let payload = self.read_payload(r, len as usize, HEADER_LEN, want)?;
         let mut h = crc32fast::Hasher::new();
         h.update(&hdr[..CRC_AT]);
         h.update(&payload);
@@ -668,6 +687,43 @@ impl FrameReader {
             return Err(WireError::BadCrc { expected, actual });
         }
         Ok((ty, payload))
+    }
+
+    /// Reads a payload of `len` bytes that starts `before` bytes into a frame of `want`.
+    /// Grows by at most 1 MiB ahead of the bytes that arrived, so a lying header cannot
+    /// make us allocate; reads straight into the payload (no bounce buffer to zero).
+    fn read_payload<R: Read>(
+        &self,
+        r: &mut R,
+        len: usize,
+        before: usize,
+        want: usize,
+    ) -> Result<Vec<u8>, WireError> {
+        const STEP: usize = 1 << 20;
+        let mut payload = Vec::with_capacity(len.min(STEP));
+        while payload.len() < len {
+            let start = payload.len();
+            payload.resize(start + (len - start).min(STEP), 0);
+            self.fill_in_frame(r, &mut payload[start..], before + start, want)?;
+        }
+        Ok(payload)
+    }
+
+    /// Fills `buf`, which starts `already` bytes into a frame of `want` bytes.
+    pub(super) fn fill_in_frame<R: Read>(
+        &self,
+        r: &mut R,
+        buf: &mut [u8],
+        already: usize,
+        want: usize,
+    ) -> Result<(), WireError> {
+        self.fill(r, buf, true, want).map_err(|e| match e {
+            WireError::Truncated { got, .. } => WireError::Truncated {
+                got: already + got,
+                want,
+            },
+            e => e,
+        })
     }
 
     /// Fills `buf` completely. `in_frame`: bytes of this frame were already read, so EOF

@@ -98,6 +98,12 @@ struct Inner {
     last_commit: Option<Instant>,
 }
 
+/// A commit frame as it arrived: standard, or compact (its tx id and epoch implied).
+enum Incoming {
+    Standard(Commit),
+    Compact(CompactCommit),
+}
+
 struct Shared {
     inner: Mutex<Inner>,
     session_ended: Condvar,
@@ -435,10 +441,11 @@ impl<'a> Connection<'a> {
     /// Handles one message; `Ok(false)` ends the connection quietly.
     fn handle(&mut self, msg: Message) -> Result<bool, Refusal> {
         match msg {
-            Message::Commit(c) if self.session.is_some() => self.commit(c).map(|()| true),
+            Message::Commit(c) if self.session.is_some() => {
+                self.commit(Incoming::Standard(c)).map(|()| true)
+            }
             Message::Compact(cc) if self.session.is_some() => {
-                let c = self.expand(&cc)?;
-                self.commit(c).map(|()| true)
+                self.commit(Incoming::Compact(cc)).map(|()| true)
             }
             Message::Hello(h) if self.session.is_none() => self.hello(h).map(|()| true),
             Message::Attach { mode } if self.session.is_none() => self.attach(mode),
@@ -603,27 +610,7 @@ impl<'a> Connection<'a> {
         Ok(send(self.reader.get_mut(), &welcome))
     }
 
-    /// The commit a compact frame is: the session's next transaction, in its epoch (a
-    /// fenced session's epoch too, so that `commit` reports the fence).
-    fn expand(&self, cc: &CompactCommit) -> Result<Commit, Refusal> {
-        let (tx_id, epoch) = {
-            let inner = lock(self.shared);
-            let epoch = inner
-                .session
-                .as_ref()
-                .filter(|s| Some(s.id) == self.session)
-                .map_or(inner.state.epoch, |s| s.epoch);
-            (inner.state.last_tx + 1, epoch)
-        };
-        cc.expand(tx_id, epoch).map_err(|e| {
-            Refusal(
-                ErrorCode::Malformed,
-                format!("a compact commit that is not tx {tx_id} of epoch {epoch} (damaged, replayed or out of order): {e}"),
-            )
-        })
-    }
-
-    fn commit(&mut self, c: Commit) -> Result<(), Refusal> {
+    fn commit(&mut self, incoming: Incoming) -> Result<(), Refusal> {
         let mut inner = lock(self.shared);
         let inner = &mut *inner;
         let session_epoch = inner
@@ -640,6 +627,19 @@ impl<'a> Connection<'a> {
                 ),
             ));
         }
+        let c = match incoming {
+            Incoming::Standard(c) => c,
+            // The session's next transaction, in its (current) epoch.
+            Incoming::Compact(cc) => {
+                let (tx_id, epoch) = (inner.state.last_tx + 1, inner.state.epoch);
+                cc.expand(tx_id, epoch).map_err(|e| {
+                    Refusal(
+                        ErrorCode::Malformed,
+                        format!("a compact commit that is not tx {tx_id} of epoch {epoch} (damaged, replayed or out of order): {e}"),
+                    )
+                })?
+            }
+        };
         let tx_id = c.tx_id;
         if let CommitKind::Part { index } = c.kind {
             if index == 0 {

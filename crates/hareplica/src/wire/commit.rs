@@ -82,7 +82,7 @@ const SLACK: usize = 16;
 
 /// Writes a varint at `pos` of a buffer with room for it; returns the position after it.
 #[inline]
-fn put_varint_at(buf: &mut [u8], mut pos: usize, mut v: u64) -> usize {
+pub(super) fn put_varint_at(buf: &mut [u8], mut pos: usize, mut v: u64) -> usize {
     while v >= 0x80 {
         buf[pos] = v as u8 | 0x80;
         v >>= 7;

@@ -20,7 +20,7 @@
 
 use std::io::Read;
 
-use super::commit::{encode_runs, get_varint, put_varint, MAX_VARINT};
+use super::commit::{encode_runs, get_varint, put_varint, put_varint_at, MAX_VARINT};
 use super::{Commit, FrameReader, FrameType, WireError, MAX_COMMIT_PAYLOAD};
 use crate::diff::DiffRun;
 
@@ -102,12 +102,12 @@ pub fn encode_compact_commit(
         buf.truncate(frame_start);
         return None;
     }
-    let mut head = Vec::with_capacity(1 + MAX_LEN_BYTES);
-    head.push(COMPACT_MARK);
-    put_varint(&mut head, (buf.len() - body) as u64);
-    let crc = checksum(&head, tx_id, epoch, &buf[body..]);
+    let mut mark_and_len = [COMPACT_MARK; 1 + MAX_LEN_BYTES];
+    let n = put_varint_at(&mut mark_and_len, 1, (buf.len() - body) as u64);
+    let head = &mark_and_len[..n];
+    let crc = checksum(head, tx_id, epoch, &buf[body..]);
     let at = body - 4 - head.len();
-    buf[at..at + head.len()].copy_from_slice(&head);
+    buf[at..at + head.len()].copy_from_slice(head);
     buf[body - 4..body].copy_from_slice(&crc.to_le_bytes());
     buf.drain(frame_start..at);
     Some(buf.len() - frame_start)

@@ -360,11 +360,6 @@ pub(crate) fn finish_frame(buf: &mut [u8]) {
 /// Encodes `msg` as one frame into `buf` (cleared first).
 pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
     buf.clear();
-    if let Message::Compact(c) = msg {
-        // Its own framing, made when it was encoded.
-        c.encode(buf);
-        return;
-    }
     match msg {
         Message::Hello(h) => {
             begin_frame(buf, FrameType::Hello);
@@ -404,7 +399,11 @@ pub fn encode(msg: &Message, buf: &mut Vec<u8>) {
             begin_frame(buf, c.kind.frame_type());
             buf.extend_from_slice(&c.payload);
         }
-        Message::Compact(_) => unreachable!("encoded above"),
+        Message::Compact(c) => {
+            // Its own framing, made when it was encoded.
+            c.encode(buf);
+            return;
+        }
         Message::Ack { tx_id } => {
             begin_frame(buf, FrameType::Ack);
             buf.extend_from_slice(&tx_id.to_le_bytes());
@@ -630,21 +629,26 @@ impl Default for FrameReader {
 impl FrameReader {
     /// Reads one frame and decodes it.
     pub fn read<R: Read>(&self, r: &mut R) -> Result<Message, WireError> {
-        let mut first = [0u8; 1];
-        self.fill(r, &mut first, false, 1)?;
-        if first[0] == COMPACT_MARK {
+        let first = self.first_byte(r)?;
+        if first == COMPACT_MARK {
             return self.read_compact(r).map(Message::Compact);
         }
-        let (ty, payload) = self.read_standard(r, first[0])?;
+        let (ty, payload) = self.read_standard(r, first)?;
         decode(ty, payload)
     }
 
     /// Reads one standard frame, checking magic, version, type, cap and checksum (a
     /// compact frame is refused here).
     pub fn read_raw<R: Read>(&self, r: &mut R) -> Result<(FrameType, Vec<u8>), WireError> {
+        let first = self.first_byte(r)?;
+        self.read_standard(r, first)
+    }
+
+    /// Waits for a frame's first byte (between frames: the idle limit applies).
+    fn first_byte<R: Read>(&self, r: &mut R) -> Result<u8, WireError> {
         let mut first = [0u8; 1];
         self.fill(r, &mut first, false, 1)?;
-        self.read_standard(r, first[0])
+        Ok(first[0])
     }
 
     /// Reads the rest of a standard frame whose first byte was `first`.

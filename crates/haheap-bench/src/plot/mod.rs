@@ -87,12 +87,6 @@ struct DsPoint {
     us_per_tx: f64,
 }
 
-/// Which benchmark a document holds, from its `command` line.
-enum Kind {
-    Micro,
-    Ds,
-}
-
 /// Draws the figure of the result document at `json` into `svg`.
 pub fn from_file(json: &Path, svg: &Path) -> Result<(), PlotError> {
     let name = json.display().to_string();
@@ -113,34 +107,25 @@ pub fn from_file(json: &Path, svg: &Path) -> Result<(), PlotError> {
 /// Draws the figure of a result document already in memory (`name` names it in errors).
 pub fn from_value(name: &str, value: serde_json::Value, svg: &Path) -> Result<(), PlotError> {
     let command = value.get("command").and_then(|c| c.as_str()).unwrap_or("");
-    let kind = if command.starts_with("micro:") {
-        Kind::Micro
+    if command.starts_with("micro:") {
+        let doc: Doc<MicroPoint> = serde_json::from_value(value).map_err(|e| invalid(name, e))?;
+        check_micro(&doc).map_err(|why| invalid(name, why))?;
+        // One transaction size: where its time goes says more than a line of one point.
+        let sizes: BTreeSet<u32> = doc.results.iter().map(|p| p.ppt).collect();
+        if sizes.len() == 1 && doc.results.iter().all(|p| p.parts().is_some()) {
+            draw(svg, |root| breakdown_figure(root, &doc))
+        } else {
+            draw(svg, |root| micro_figure(root, &doc))
+        }
     } else if command.starts_with("ds:") {
-        Kind::Ds
+        let doc: Doc<DsPoint> = serde_json::from_value(value).map_err(|e| invalid(name, e))?;
+        check_ds(&doc).map_err(|why| invalid(name, why))?;
+        draw(svg, |root| ds_figure(root, &doc))
     } else {
-        return Err(invalid(
+        Err(invalid(
             name,
             "its `command` is neither a micro nor a ds run (ds-writes and faults have no figure)",
-        ));
-    };
-    match kind {
-        Kind::Micro => {
-            let doc: Doc<MicroPoint> =
-                serde_json::from_value(value).map_err(|e| invalid(name, e))?;
-            check_micro(&doc).map_err(|why| invalid(name, why))?;
-            // One transaction size: where its time goes says more than a line of one point.
-            let sizes: BTreeSet<u32> = doc.results.iter().map(|p| p.ppt).collect();
-            if sizes.len() == 1 && doc.results.iter().all(|p| p.parts().is_some()) {
-                draw(svg, |root| breakdown_figure(root, &doc))
-            } else {
-                draw(svg, |root| micro_figure(root, &doc))
-            }
-        }
-        Kind::Ds => {
-            let doc: Doc<DsPoint> = serde_json::from_value(value).map_err(|e| invalid(name, e))?;
-            check_ds(&doc).map_err(|why| invalid(name, why))?;
-            draw(svg, |root| ds_figure(root, &doc))
-        }
+        ))
     }
 }
 
@@ -259,8 +244,9 @@ fn colour(engine: &str) -> RGBColor {
     }
 }
 
-/// The engines in the order the document lists them (mprotect, the baseline, first).
-fn engines<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+/// The distinct names in the order the document lists them (so mprotect, the baseline,
+/// comes first among engines).
+fn in_order<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let mut seen = Vec::new();
     for n in names {
         if !seen.contains(&n) {
@@ -281,6 +267,20 @@ fn subtitle(machine: &MachineInfo) -> String {
             &machine.profile
         }
     )
+}
+
+/// A titled panel with room for `y_labels` pixels of y-axis labels.
+fn titled_panel<'a, 'b>(
+    area: &'a Area<'b>,
+    title: String,
+    y_labels: u32,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut b = ChartBuilder::on(area);
+    b.caption(title, ("sans-serif", 15))
+        .margin(8)
+        .x_label_area_size(32)
+        .y_label_area_size(y_labels);
+    b
 }
 
 /// Lower and upper bounds of a log axis around `values`.
@@ -309,7 +309,7 @@ fn micro_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
     let ratio_row = backups.contains(&true) && doc.results.iter().any(|p| p.engine == "mprotect");
     let rows = backups.len() + usize::from(ratio_row);
     let panels = body.split_evenly((rows, wpps.len()));
-    let names = engines(doc.results.iter().map(|p| p.engine.as_str()));
+    let names = in_order(doc.results.iter().map(|p| p.engine.as_str()));
     let ppts: BTreeSet<u32> = doc.results.iter().map(|p| p.ppt).collect();
     let x_max = f64::from(*ppts.last().expect("checked non-empty"))
         .log2()
@@ -328,11 +328,7 @@ fn micro_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
                     "no backup"
                 }
             );
-            let mut chart = ChartBuilder::on(area)
-                .caption(title, ("sans-serif", 15))
-                .margin(8)
-                .x_label_area_size(32)
-                .y_label_area_size(52)
+            let mut chart = titled_panel(area, title, 52)
                 .build_cartesian_2d(-0.2..x_max + 0.2, (lo..hi).log_scale())?;
             chart
                 .configure_mesh()
@@ -362,15 +358,9 @@ fn micro_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
             * 1.1;
         for &wpp in &wpps {
             let area = panel.next().expect("one panel per cell");
-            let mut chart = ChartBuilder::on(area)
-                .caption(
-                    format!("{wpp} writes/page, with the backup: x mprotect"),
-                    ("sans-serif", 15),
-                )
-                .margin(8)
-                .x_label_area_size(32)
-                .y_label_area_size(52)
-                .build_cartesian_2d(-0.2..x_max + 0.2, 0.0..hi)?;
+            let title = format!("{wpp} writes/page, with the backup: x mprotect");
+            let mut chart =
+                titled_panel(area, title, 52).build_cartesian_2d(-0.2..x_max + 0.2, 0.0..hi)?;
             chart
                 .configure_mesh()
                 .x_desc("pages per transaction")
@@ -420,11 +410,14 @@ where
 
 /// x-axis labels: pages per transaction at whole powers of two, nothing between.
 fn whole_powers_of_two(v: &f64) -> String {
-    if (v - v.round()).abs() < 0.01 && *v >= 0.0 {
-        format!("{}", 2u64.pow(v.round() as u32))
-    } else {
-        String::new()
-    }
+    at_whole(*v).map_or(String::new(), |i| format!("{}", 1u64 << i))
+}
+
+/// The index an axis position stands for, when it falls on a whole, non-negative value:
+/// labels go there and nowhere between.
+fn at_whole(v: f64) -> Option<usize> {
+    let i = v.round();
+    ((v - i).abs() < 0.01 && i >= 0.0).then_some(i as usize)
 }
 
 /// Stacked bars of where each engine's transaction time goes, one panel per
@@ -438,7 +431,7 @@ fn breakdown_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
     let body = headed(root, &doc.command, &sub)?;
     let wpps: BTreeSet<u32> = doc.results.iter().map(|p| p.wpp).collect();
     let backups: BTreeSet<bool> = doc.results.iter().map(|p| p.backup).collect();
-    let names = engines(doc.results.iter().map(|p| p.engine.as_str()));
+    let names = in_order(doc.results.iter().map(|p| p.engine.as_str()));
     let panels = body.split_evenly((wpps.len(), backups.len()));
     let hi = doc.results.iter().map(|p| p.us_per_tx).fold(0.0, f64::max) * 1.3;
     let n = names.len() as f64;
@@ -460,22 +453,17 @@ fn breakdown_figure(root: &Area, doc: &Doc<MicroPoint>) -> DrawResult {
                     "no backup"
                 }
             );
-            let mut chart = ChartBuilder::on(area.next().expect("one panel per cell"))
-                .caption(title, ("sans-serif", 15))
-                .margin(8)
-                .x_label_area_size(28)
-                .y_label_area_size(80)
+            let mut chart = titled_panel(area.next().expect("one panel per cell"), title, 80)
                 .build_cartesian_2d(0.0..hi, -0.5..n - 0.5)?;
             chart
                 .configure_mesh()
                 .y_labels(names.len())
                 .y_label_formatter(&|v| {
                     // The first engine on top.
-                    let i = n - 1.0 - v.round();
-                    match names.get(i as usize) {
-                        Some(e) if (v - v.round()).abs() < 0.01 && i >= 0.0 => e.to_string(),
-                        _ => String::new(),
-                    }
+                    at_whole(*v)
+                        .and_then(|i| names.len().checked_sub(i + 1))
+                        .and_then(|i| names.get(i))
+                        .map_or(String::new(), |e| e.to_string())
                 })
                 .disable_y_mesh()
                 .draw()?;
@@ -576,8 +564,8 @@ fn ds_figure(root: &Area, doc: &Doc<DsPoint>) -> DrawResult {
     );
     let body = headed(root, &doc.command, &sub)?;
     let cells: Vec<&DsPoint> = doc.results.iter().filter(|p| p.backup == backup).collect();
-    let structures = engines(cells.iter().map(|p| p.structure.as_str()));
-    let names = engines(cells.iter().map(|p| p.engine.as_str()));
+    let structures = in_order(cells.iter().map(|p| p.structure.as_str()));
+    let names = in_order(cells.iter().map(|p| p.engine.as_str()));
     let mut groups: Vec<(&str, u32)> = Vec::new();
     for p in &cells {
         if !groups.contains(&(p.op.as_str(), p.opt)) {
@@ -590,14 +578,8 @@ fn ds_figure(root: &Area, doc: &Doc<DsPoint>) -> DrawResult {
     let n = structures.len() as f64;
     let bar = 0.8 / names.len() as f64;
     for (gi, (&(op, opt), area)) in groups.iter().zip(panels.iter()).enumerate() {
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                format!("{op}, {opt} op(s) per transaction"),
-                ("sans-serif", 15),
-            )
-            .margin(8)
-            .x_label_area_size(32)
-            .y_label_area_size(90)
+        let title = format!("{op}, {opt} op(s) per transaction");
+        let mut chart = titled_panel(area, title, 90)
             .build_cartesian_2d((lo..hi).log_scale(), -0.5..n - 0.5)?;
         chart
             .configure_mesh()
@@ -605,11 +587,9 @@ fn ds_figure(root: &Area, doc: &Doc<DsPoint>) -> DrawResult {
             .x_label_formatter(&|v| format!("{v}"))
             .y_labels(structures.len())
             .y_label_formatter(&|v| {
-                let i = v.round();
-                match structures.get(i as usize) {
-                    Some(s) if (v - i).abs() < 0.01 && i >= 0.0 => s.to_string(),
-                    _ => String::new(),
-                }
+                at_whole(*v)
+                    .and_then(|i| structures.get(i))
+                    .map_or(String::new(), |s| s.to_string())
             })
             .disable_y_mesh()
             .draw()?;

@@ -79,7 +79,6 @@ enum OnDown {
 /// How long a blocking primary may wait for its backup.
 const BLOCK_SECS: u64 = 30;
 
-/// The primary child and the reader of its stdout.
 /// Acknowledgements counted from a moment on, by the time the primary printed with each.
 #[derive(Default)]
 struct AckedAfter {
@@ -95,11 +94,12 @@ impl AckedAfter {
     }
 }
 
+/// The primary child and the reader of its stdout.
 struct Primary {
     child: Child,
     acked: Arc<AtomicU64>,
-    /// When the last `ack` line says its transaction was acknowledged (CLOCK_MONOTONIC
-    /// ns), and how many were acknowledged after a given moment (see `mark`).
+    /// How many transactions were acknowledged after a given moment (see
+    /// `count_acks_after`).
     acked_after: Arc<Mutex<AckedAfter>>,
     fails: Arc<AtomicU64>,
     /// `blocked` lines: (tx, start, end) in CLOCK_MONOTONIC ns.

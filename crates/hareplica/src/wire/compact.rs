@@ -124,7 +124,7 @@ impl FrameReader {
         let mut head = vec![COMPACT_MARK];
         loop {
             let mut b = [0u8; 1];
-            self.fill_in_frame(r, &mut b, head.len(), head.len() + 1)?;
+            self.fill(r, &mut b, head.len(), head.len() + 1)?;
             head.push(b[0]);
             if b[0] & 0x80 == 0 {
                 break;
@@ -149,7 +149,7 @@ impl FrameReader {
         }
         let mut crc = [0u8; 4];
         let want = head.len() + 4 + len as usize;
-        self.fill_in_frame(r, &mut crc, head.len(), want)?;
+        self.fill(r, &mut crc, head.len(), want)?;
         let payload = self.read_payload(r, len as usize, head.len() + 4, want)?;
         Ok(CompactCommit {
             head,

@@ -647,7 +647,7 @@ impl FrameReader {
     /// Waits for a frame's first byte (between frames: the idle limit applies).
     fn first_byte<R: Read>(&self, r: &mut R) -> Result<u8, WireError> {
         let mut first = [0u8; 1];
-        self.fill(r, &mut first, false, 1)?;
+        self.fill(r, &mut first, 0, 1)?;
         Ok(first[0])
     }
 
@@ -659,7 +659,7 @@ impl FrameReader {
     ) -> Result<(FrameType, Vec<u8>), WireError> {
         let mut hdr = [0u8; HEADER_LEN];
         hdr[0] = first;
-        self.fill_in_frame(r, &mut hdr[1..], 1, HEADER_LEN)?;
+        self.fill(r, &mut hdr[1..], 1, HEADER_LEN)?;
         let magic = [hdr[0], hdr[1]];
         if magic != MAGIC {
             return Err(WireError::BadMagic(magic));
@@ -708,43 +708,32 @@ impl FrameReader {
         while payload.len() < len {
             let start = payload.len();
             payload.resize(start + (len - start).min(STEP), 0);
-            self.fill_in_frame(r, &mut payload[start..], before + start, want)?;
+            self.fill(r, &mut payload[start..], before + start, want)?;
         }
         Ok(payload)
     }
 
-    /// Fills `buf`, which starts `already` bytes into a frame of `want` bytes.
-    pub(super) fn fill_in_frame<R: Read>(
+    /// Fills `buf` completely; it starts `already` bytes into a frame of `want` bytes.
+    /// Once bytes of the frame were read, EOF is a truncation and waiting counts against
+    /// the stall limit; before, EOF is a close and waiting against the idle limit.
+    pub(super) fn fill<R: Read>(
         &self,
         r: &mut R,
         buf: &mut [u8],
         already: usize,
         want: usize,
     ) -> Result<(), WireError> {
-        self.fill(r, buf, true, want).map_err(|e| match e {
-            WireError::Truncated { got, .. } => WireError::Truncated {
-                got: already + got,
-                want,
-            },
-            e => e,
-        })
-    }
-
-    /// Fills `buf` completely. `in_frame`: bytes of this frame were already read, so EOF
-    /// is a truncation and waiting counts against the stall limit.
-    fn fill<R: Read>(
-        &self,
-        r: &mut R,
-        buf: &mut [u8],
-        in_frame: bool,
-        want: usize,
-    ) -> Result<(), WireError> {
         let mut got = 0;
         let started = Instant::now();
         while got < buf.len() {
             match r.read(&mut buf[got..]) {
-                Ok(0) if got == 0 && !in_frame => return Err(WireError::Closed),
-                Ok(0) => return Err(WireError::Truncated { got, want }),
+                Ok(0) if already + got == 0 => return Err(WireError::Closed),
+                Ok(0) => {
+                    return Err(WireError::Truncated {
+                        got: already + got,
+                        want,
+                    })
+                }
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
@@ -754,7 +743,7 @@ impl FrameReader {
                     ) =>
                 {
                     let waited = started.elapsed();
-                    if in_frame || got > 0 {
+                    if already + got > 0 {
                         if waited > self.stall_limit {
                             return Err(WireError::Stalled(self.stall_limit));
                         }

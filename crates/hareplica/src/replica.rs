@@ -185,6 +185,17 @@ impl ReplicaState {
     /// Applies a transaction that [`judge_tx`](Self::judge_tx) accepted.
     pub fn apply_tx(&mut self, parts: &[Commit], c: &Commit) {
         debug_assert_eq!(self.judge_tx(parts, c), Verdict::Apply);
+        // The cheap half of the judgement, kept in release builds: a transaction applied
+        // out of turn (a fenced epoch, a reused or skipped id) would leave the image
+        // disagreeing with the log's replay.
+        assert!(
+            c.epoch == self.epoch && c.tx_id == self.last_tx + 1,
+            "tx {} of epoch {} applied out of turn (last tx {}, epoch {})",
+            c.tx_id,
+            c.epoch,
+            self.last_tx,
+            self.epoch
+        );
         for p in parts.iter().chain([c]) {
             for (off, data) in p.runs() {
                 let off = off as usize;

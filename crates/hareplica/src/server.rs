@@ -112,6 +112,38 @@ struct Shared {
     conn_seq: AtomicU64,
     open_streams: Mutex<Vec<(u64, Stream)>>,
     cfg: BackupConfig,
+    /// Called by a connection between logging a transaction and acknowledging it (the
+    /// window in which a promote and a takeover may run): lets a test hold it there.
+    #[cfg(test)]
+    before_ack: Mutex<Option<tests::Hook>>,
+}
+
+impl Shared {
+    /// Opens the replica directory (replaying its log); no session, no connection.
+    fn open(cfg: BackupConfig) -> Result<(Shared, OpenReport), ServerError> {
+        let (store, state, report) = Store::open(&cfg.dir, cfg.durable)?;
+        let inner = Inner {
+            state,
+            store,
+            session: None,
+            next_id: 1,
+            txs_applied: 0,
+            bytes_applied: 0,
+            last_commit: None,
+        };
+        let shared = Shared {
+            inner: Mutex::new(inner),
+            session_ended: Condvar::new(),
+            stop: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            conn_seq: AtomicU64::new(0),
+            open_streams: Mutex::new(Vec::new()),
+            cfg,
+            #[cfg(test)]
+            before_ack: Mutex::new(None),
+        };
+        Ok((shared, report))
+    }
 }
 
 /// A bound backup, ready to serve.
@@ -131,27 +163,10 @@ pub struct BackupHandle {
 impl BackupServer {
     /// Opens the replica directory (replaying its log) and binds the endpoint.
     pub fn bind(cfg: BackupConfig) -> Result<(BackupServer, OpenReport), ServerError> {
-        let (store, state, report) = Store::open(&cfg.dir, cfg.durable)?;
         let listener = cfg.listen.listen()?;
         let local = listener.local_endpoint().map_err(ServerError::Accept)?;
-        let inner = Inner {
-            state,
-            store,
-            session: None,
-            next_id: 1,
-            txs_applied: 0,
-            bytes_applied: 0,
-            last_commit: None,
-        };
-        let shared = Arc::new(Shared {
-            inner: Mutex::new(inner),
-            session_ended: Condvar::new(),
-            stop: AtomicBool::new(false),
-            connections: AtomicUsize::new(0),
-            conn_seq: AtomicU64::new(0),
-            open_streams: Mutex::new(Vec::new()),
-            cfg,
-        });
+        let (shared, report) = Shared::open(cfg)?;
+        let shared = Arc::new(shared);
         Ok((
             BackupServer {
                 shared,
@@ -347,11 +362,10 @@ struct Connection<'a> {
     reader: PollingReader,
     peer: String,
     session: Option<u64>,
+    /// Encoded `Ack`s of transactions logged and applied, sent by [`settle`](Self::settle).
     pending_acks: Vec<u8>,
-    /// Transactions (parts, last frame) judged and logged but not yet applied to the
-    /// image: they are applied right after their acknowledgement goes out, so the primary
-    /// does not wait for that.
-    logged: Vec<(Vec<Commit>, Commit)>,
+    /// A transaction was applied since the last settle (the log may need a checkpoint).
+    applied: bool,
     /// Parts of the streamed transaction in progress on this connection, and their
     /// payload bytes (checked against the commit cap as each part arrives).
     parts: Vec<Commit>,
@@ -373,7 +387,7 @@ impl<'a> Connection<'a> {
             peer,
             session: None,
             pending_acks: Vec::new(),
-            logged: Vec::new(),
+            applied: false,
             parts: Vec::new(),
             parts_bytes: 0,
             commit_cap: PRE_SESSION_COMMIT_CAP,
@@ -414,19 +428,32 @@ impl<'a> Connection<'a> {
             match self.handle(msg) {
                 Ok(true) => {}
                 Ok(false) => break,
-                Err(Refusal(code, why)) => {
-                    log::warn!("{}: refused: {why}", self.peer);
-                    self.settle(true);
-                    send(self.reader.get_mut(), &error_msg(code, why));
+                Err(r) => {
+                    self.refuse(r);
                     break;
                 }
             }
-            // Acks go out once no further frame is buffered (a batch in async mode);
-            // logged commits are applied after that, before the next frame is judged.
+            #[cfg(test)]
+            if !self.pending_acks.is_empty() {
+                tests::call(&self.shared.before_ack);
+            }
+            // Acks go out once no further frame is buffered (a batch in async mode).
             if !self.settle(self.reader.buffer().is_empty()) {
                 break;
             }
         }
+        self.end();
+    }
+
+    /// Acknowledges what was accepted before the refusal, then sends the refusal.
+    fn refuse(&mut self, Refusal(code, why): Refusal) {
+        log::warn!("{}: refused: {why}", self.peer);
+        self.settle(true);
+        send(self.reader.get_mut(), &error_msg(code, why));
+    }
+
+    /// The connection closes: last acknowledgements, and its session ends.
+    fn end(mut self) {
         self.settle(true);
         if let Some(id) = self.session {
             let mut inner = lock(self.shared);
@@ -678,10 +705,21 @@ impl<'a> Connection<'a> {
         };
         match inner.state.judge_tx(&parts, &c) {
             // In the log (on disk once the barrier before the ack passed) it is committed
-            // here: a restarted backup replays it. The image catches up in settle.
+            // here: a restarted backup replays it. The image takes it under the same lock,
+            // so nothing can see the log holding a transaction the image lacks: a promote
+            // and a takeover that run before this connection acknowledges it hand the new
+            // primary an image with it, and the ack the old primary then gets is true.
             Verdict::Apply => {
                 inner.store.append_commit(&c).map_err(internal)?;
-                self.logged.push((parts, c));
+                inner.state.apply_tx(&parts, &c);
+                inner.txs_applied += 1;
+                inner.bytes_applied += parts
+                    .iter()
+                    .chain([&c])
+                    .map(Commit::data_bytes)
+                    .sum::<u64>();
+                inner.last_commit = Some(Instant::now());
+                self.applied = true;
             }
             Verdict::Duplicate => {
                 log::info!("{}: tx {tx_id} resent, acknowledged again", self.peer)
@@ -694,18 +732,17 @@ impl<'a> Connection<'a> {
         Ok(())
     }
 
-    /// With `send_acks`, makes the logged commits durable and acknowledges them; then
-    /// applies them to the image, in order, and checkpoints a long log. One lock spans
-    /// both, so a status never shows an acknowledged commit missing. Returns false when
-    /// the acknowledgements could not be made durable or sent.
+    /// With `send_acks`, makes the logged commits durable and acknowledges them, then
+    /// checkpoints a long log. Returns false when the acknowledgements could not be made
+    /// durable or sent.
     fn settle(&mut self, send_acks: bool) -> bool {
-        if self.logged.is_empty() && (self.pending_acks.is_empty() || !send_acks) {
+        if !send_acks || (self.pending_acks.is_empty() && !self.applied) {
             return true;
         }
         let mut guard = lock(self.shared);
         let inner = &mut *guard;
         let mut ok = true;
-        if send_acks && !self.pending_acks.is_empty() {
+        if !self.pending_acks.is_empty() {
             ok = match inner.store.barrier() {
                 Ok(()) => self.reader.get_mut().write_all(&self.pending_acks).is_ok(),
                 Err(e) => {
@@ -715,19 +752,9 @@ impl<'a> Connection<'a> {
             };
             self.pending_acks.clear();
         }
-        if self.logged.is_empty() {
+        if !std::mem::take(&mut self.applied) {
             return ok;
         }
-        for (parts, c) in self.logged.drain(..) {
-            inner.state.apply_tx(&parts, &c);
-            inner.txs_applied += 1;
-            inner.bytes_applied += parts
-                .iter()
-                .chain([&c])
-                .map(Commit::data_bytes)
-                .sum::<u64>();
-        }
-        inner.last_commit = Some(Instant::now());
         let limit = match self.shared.cfg.checkpoint_bytes {
             0 => inner.state.heap_size.max(64 << 20),
             n => n,
@@ -796,3 +823,6 @@ fn internal(e: StoreError) -> Refusal {
     log::error!("replica store: {e}");
     Refusal(ErrorCode::Internal, format!("backup storage failed: {e}"))
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,7 @@
 //! | bytes | field   | meaning                                                   |
 //! |-------|---------|-----------------------------------------------------------|
 //! | 0..2  | magic   | `RH`                                                      |
-//! | 2     | version | [`VERSION`] (2); any other version is refused             |
+//! | 2     | version | [`VERSION`] (3); any other version is refused             |
 //! | 3     | type    | [`FrameType`]                                             |
 //! | 4..8  | length  | payload bytes; checked against the type's cap *before* reading |
 //! | 8..12 | crc32   | CRC-32 (IEEE) of header bytes 0..8 followed by the payload |
@@ -770,6 +770,15 @@ mod tests {
         encode(&msg, &mut buf);
         let got = FrameReader::default().read(&mut &buf[..]).unwrap();
         assert_eq!(got, msg);
+    }
+
+    #[test]
+    fn the_module_doc_names_the_version_spoken() {
+        let doc = format!("[`VERSION`] ({VERSION}); any other version is refused");
+        assert!(
+            include_str!("mod.rs").contains(&doc),
+            "update the header table"
+        );
     }
 
     #[test]

@@ -19,7 +19,6 @@ mod kcache;
 mod kernel;
 pub mod manifest;
 pub mod modules;
-mod size;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -32,7 +31,6 @@ pub use kcache::KernelCacheError;
 pub use kernel::KernelError;
 use manifest::{Manifest, ManifestError};
 pub use modules::ModulesError;
-pub use size::{parse_size, SizeError};
 pub use tools::ToolError;
 
 /// Image names that can be built.

@@ -121,10 +121,9 @@ impl Client {
     ) -> Result<T, ClientError> {
         let (status, bytes) = self.raw(method, path, body).await?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
-                .unwrap_or_else(|| format!("daemon answered {status}"));
+            let message = serde_json::from_slice::<rebound_api::ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| format!("daemon answered {status}"));
             return Err(ClientError::Api {
                 status: status.as_u16(),
                 message,
@@ -137,12 +136,9 @@ impl Client {
     pub async fn text(&self, path: &str) -> Result<String, ClientError> {
         let (status, bytes) = self.raw(Method::GET, path, None).await?;
         if !status.is_success() {
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let message = v
-                .get("error")
-                .and_then(|e| e.as_str())
-                .unwrap_or("request failed")
-                .to_string();
+            let message = serde_json::from_slice::<rebound_api::ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| format!("daemon answered {status}"));
             return Err(ClientError::Api {
                 status: status.as_u16(),
                 message,
@@ -153,7 +149,7 @@ impl Client {
 
     /// Whether a daemon answers `/v1/health`.
     pub async fn is_up(&self) -> bool {
-        self.call::<Value>(Method::GET, "/v1/health", None)
+        self.call::<rebound_api::Health>(Method::GET, "/v1/health", None)
             .await
             .is_ok()
     }
@@ -166,13 +162,10 @@ impl Client {
         }
         let exe = std::env::current_exe().map_err(|e| ClientError::Start(e.to_string()))?;
         if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir)
+            rebound_vmm::private::create_dir_all(dir)
                 .map_err(|e| ClientError::Start(format!("{}: {e}", dir.display())))?;
         }
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
+        let out = rebound_vmm::private::create_file(log, true)
             .map_err(|e| ClientError::Start(format!("{}: {e}", log.display())))?;
         let err = out
             .try_clone()
@@ -184,7 +177,7 @@ impl Client {
             .stdin(std::process::Stdio::null())
             .stdout(out)
             .stderr(err);
-        crate::vm::process::new_session(&mut cmd);
+        rebound_vmm::process::new_session(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ClientError::Start(e.to_string()))?;
         let mut deadline = std::time::Instant::now() + Duration::from_secs(15);
         let mut exited: Option<String> = None;

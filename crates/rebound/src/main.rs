@@ -6,6 +6,17 @@ use clap::Parser;
 use rebound::cli::Cli;
 
 fn main() -> ExitCode {
+    // Everything Rebound and its children (QEMU) create is the user's alone.
+    rebound_vmm::private::restrict_umask();
+    // Logs go to stderr (the daemon's to `reboundd.log`); RUST_LOG picks the levels
+    // (policy: docs/logging.md).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -38,7 +49,18 @@ fn main() -> ExitCode {
     match rt.block_on(rebound::cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            // The whole chain, once, on one line.
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            let mut line = String::new();
+            for c in chain {
+                if !line.contains(&c) {
+                    if !line.is_empty() {
+                        line.push_str(": ");
+                    }
+                    line.push_str(&c);
+                }
+            }
+            eprintln!("error: {}", line.replace('\n', " "));
             ExitCode::FAILURE
         }
     }

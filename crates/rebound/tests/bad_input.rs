@@ -263,7 +263,7 @@ fn qemu_failing_at_start_leaves_nothing() {
 
 #[test]
 fn kvm_requested_where_unusable() {
-    let host = rebound::vm::accel::HostFacts::probe();
+    let host = rebound_vmm::accel::HostFacts::probe();
     let Some(reason) = host.kvm_unusable_reason() else {
         eprintln!("KVM is usable on this host: nothing to refuse");
         return;

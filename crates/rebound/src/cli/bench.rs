@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use hyper::Method;
+use rebound_api::{VmSpec, VmStatus};
+use rebound_vmm::paths::Paths;
+use rebound_vmm::process;
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{connect, BenchCmd};
 use crate::client::Client;
-use crate::paths::Paths;
-use crate::spec::VmSpec;
-use crate::vm::process;
 
 #[derive(Debug, Serialize)]
 struct Run {
@@ -108,7 +108,7 @@ async fn boot(
             .await;
     }
     let (accel, reason, runs) = result?;
-    let date = crate::vm::events::wall_now();
+    let date = rebound_vmm::events::wall_now();
     let ready = summary(runs.iter().map(|r| r.ready_ms).collect());
     let ram = summary(runs.iter().map(|r| r.ram_file_bytes).collect());
     let rss = summary(runs.iter().map(|r| r.qemu_rss_bytes).collect());
@@ -172,12 +172,12 @@ async fn measure(
         for n in wave {
             let mut s = VmSpec::new(n);
             s.memory_mib = memory;
-            let _: Value = c
+            let _: VmStatus = c
                 .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&s)?))
                 .await?;
         }
         for n in wave {
-            let v: Value = c
+            let v: VmStatus = c
                 .call(
                     Method::POST,
                     &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
@@ -185,7 +185,7 @@ async fn measure(
                 )
                 .await?;
             if !json {
-                eprintln!("{n}: ready after {} ms", v["ready_after_ms"]);
+                eprintln!("{n}: ready after {} ms", v.ready_after_ms.unwrap_or(0));
             }
             statuses.push(v);
         }
@@ -193,11 +193,11 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(settle)).await;
     let mut out = Vec::new();
     for v in &statuses {
-        let pid = v["qemu_pid"].as_u64().unwrap_or(0) as u32;
-        let ram = std::path::PathBuf::from(v["ram_file"].as_str().unwrap_or_default());
+        let pid = v.qemu_pid.unwrap_or(0);
+        let ram = std::path::PathBuf::from(&v.ram_file);
         out.push(Run {
-            name: v["name"].as_str().unwrap_or_default().to_string(),
-            ready_ms: v["ready_after_ms"].as_u64().unwrap_or(0),
+            name: v.name.clone(),
+            ready_ms: v.ready_after_ms.unwrap_or(0),
             ram_file_bytes: process::allocated_bytes(&ram).unwrap_or(0),
             qemu_rss_bytes: process::rss_bytes(pid).unwrap_or(0),
             qemu_anon_bytes: process::status_bytes(pid, "RssAnon").unwrap_or(0),
@@ -205,10 +205,7 @@ async fn measure(
             qemu_file_bytes: process::status_bytes(pid, "RssFile").unwrap_or(0),
         });
     }
-    let accel = statuses[0]["accel"].as_str().unwrap_or("?").to_string();
-    let reason = statuses[0]["accel_reason"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let accel = statuses[0].accel.as_str().to_string();
+    let reason = statuses[0].accel_reason.clone().unwrap_or_default();
     Ok((accel, reason, out))
 }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use super::ImageCmd;
-use crate::images;
-use crate::paths::Paths;
+use rebound_vmm::images;
+use rebound_vmm::paths::Paths;
 
 /// The agent binary: `$REBOUND_AGENT`, else `guest/agent/rebound-agent` in the
 /// source tree this binary was built from.
@@ -24,7 +24,7 @@ pub fn run(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<()> {
             json,
         } => {
             let name = name.unwrap_or_else(|| "default".into());
-            crate::spec::validate_name(&name)?;
+            rebound_api::spec::validate_name(&name)?;
             let agent = agent.unwrap_or_else(default_agent);
             if !agent.is_file() {
                 anyhow::bail!(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::Client;
-use crate::paths::Paths;
+use rebound_vmm::paths::Paths;
 
 mod bench;
 mod console;
@@ -91,19 +91,19 @@ pub struct StartArgs {
     pub cpus: u32,
     /// web, kv, memfill, counter or none.
     #[arg(long)]
-    pub workload: Option<crate::spec::Workload>,
+    pub workload: Option<rebound_api::spec::Workload>,
     /// Memory the memfill workload fills, e.g. 64M.
     #[arg(long, value_parser = parse_size_arg)]
     pub memfill: Option<String>,
     /// auto, kvm or tcg.
     #[arg(long, default_value = "auto")]
-    pub accel: crate::spec::AccelChoice,
+    pub accel: rebound_api::spec::AccelChoice,
     /// agent | tcp:PORT | http:PORT/PATH | serial:REGEX
     #[arg(long, value_parser = parse_ready)]
     pub ready: Option<String>,
     /// HOSTPORT:GUESTPORT (host 0 = pick a free port; repeatable).
     #[arg(long = "forward")]
-    pub forwards: Vec<crate::spec::Forward>,
+    pub forwards: Vec<rebound_api::spec::Forward>,
     /// Return once QEMU runs instead of waiting for readiness.
     #[arg(long)]
     pub no_wait: bool,
@@ -116,11 +116,11 @@ pub struct StartArgs {
 }
 
 fn parse_memory(s: &str) -> Result<u64, String> {
-    crate::spec::parse_memory_mib(s).map_err(|e| e.to_string())
+    rebound_api::spec::parse_memory_mib(s).map_err(|e| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<String, String> {
-    crate::spec::parse_size(s)
+    rebound_api::spec::parse_memfill(s)
         .map(|_| s.to_string())
         .map_err(|e| e.to_string())
 }
@@ -132,7 +132,7 @@ fn parse_hex(s: &str) -> Result<String, String> {
 }
 
 fn parse_ready(s: &str) -> Result<String, String> {
-    s.parse::<crate::spec::ReadySpec>()
+    s.parse::<rebound_api::spec::ReadySpec>()
         .map(|_| s.to_string())
         .map_err(|e| e.to_string())
 }
@@ -236,6 +236,13 @@ pub struct DaemonArgs {
     /// Socket to serve (default: $REBOUND_HOME/reboundd.sock).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Let this group's members use the socket too (mode 0660); the socket's
+    /// directory must let the group in, so use it with --socket.
+    #[arg(long, requires = "socket")]
+    pub socket_group: Option<String>,
+    /// Also serve Prometheus metrics over HTTP here, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -288,21 +295,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
     let socket = a.socket.unwrap_or_else(|| paths.socket());
     match a.action {
-        None => Ok(crate::daemon::run(paths.clone(), socket).await?),
+        None => {
+            let opts = crate::daemon::ServeOptions {
+                socket_group: a.socket_group,
+                metrics_addr: a.metrics_addr,
+            };
+            Ok(crate::daemon::run(paths.clone(), socket, opts).await?)
+        }
         Some(DaemonAction::Stop) => {
             let c = Client::new(&socket);
             let Ok(health) = c
-                .call::<serde_json::Value>(hyper::Method::GET, "/v1/health", None)
+                .call::<rebound_api::Health>(hyper::Method::GET, "/v1/health", None)
                 .await
             else {
                 println!("no daemon is running on {}", socket.display());
                 return Ok(());
             };
-            let pid = health["pid"].as_u64().unwrap_or(0) as u32;
             c.call::<serde_json::Value>(hyper::Method::POST, "/v1/daemon/shutdown", None)
                 .await?;
+            let pid = health.pid;
             // Gone means the process has exited (it removes its socket first).
-            if crate::vm::process::wait_gone(pid, std::time::Duration::from_secs(10)).await {
+            if rebound_vmm::process::wait_gone(pid, std::time::Duration::from_secs(10)).await {
                 println!("daemon stopped");
                 return Ok(());
             }

@@ -1,23 +1,16 @@
 //! Human-readable output of VM status.
 
-use serde_json::Value;
+use rebound_api::VmStatus;
 
-fn s<'a>(v: &'a Value, k: &str) -> &'a str {
-    v.get(k).and_then(Value::as_str).unwrap_or("-")
-}
-
-fn forwards(v: &Value) -> String {
-    let Some(f) = v.get("forwards").and_then(Value::as_array) else {
-        return "-".into();
-    };
-    if f.is_empty() {
+fn forwards(v: &VmStatus) -> String {
+    if v.forwards.is_empty() {
         return "-".into();
     }
-    f.iter()
-        .map(|x| {
-            let svc = x.get("service").and_then(Value::as_str);
-            let base = format!("127.0.0.1:{}->{}", x["host"], x["guest"]);
-            match svc {
+    v.forwards
+        .iter()
+        .map(|f| {
+            let base = format!("127.0.0.1:{}->{}", f.host, f.guest);
+            match &f.service {
                 Some(s) => format!("{s}={base}"),
                 None => base,
             }
@@ -26,8 +19,14 @@ fn forwards(v: &Value) -> String {
         .join(",")
 }
 
+fn or_dash<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(|x| x.to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
 /// One line per VM.
-pub fn table(vms: &[Value]) -> String {
+pub fn table(vms: &[VmStatus]) -> String {
     let mut out = format!(
         "{:<20} {:<9} {:<5} {:>8} {:<4} {:>7}  FORWARDS\n",
         "NAME", "STATE", "READY", "PID", "ACCEL", "MEM"
@@ -35,15 +34,12 @@ pub fn table(vms: &[Value]) -> String {
     for v in vms {
         out.push_str(&format!(
             "{:<20} {:<9} {:<5} {:>8} {:<4} {:>6}M  {}\n",
-            s(v, "name"),
-            s(v, "state"),
-            v.get("ready").and_then(Value::as_bool).unwrap_or(false),
-            v.get("qemu_pid")
-                .and_then(Value::as_u64)
-                .map(|p| p.to_string())
-                .unwrap_or("-".into()),
-            s(v, "accel"),
-            v.get("memory_mib").and_then(Value::as_u64).unwrap_or(0),
+            v.name,
+            v.state.as_str(),
+            v.ready,
+            or_dash(&v.qemu_pid),
+            v.accel.as_str(),
+            v.memory_mib,
             forwards(v)
         ));
     }
@@ -51,34 +47,29 @@ pub fn table(vms: &[Value]) -> String {
 }
 
 /// A VM's status, one field a line.
-pub fn status(v: &Value) -> String {
-    let opt = |k: &str| match v.get(k) {
-        Some(Value::Null) | None => "-".to_string(),
-        Some(Value::Number(n)) if k == "vmcoreinfo_paddr" => {
-            format!("{:#x}", n.as_u64().unwrap_or(0))
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(x) => x.to_string(),
-    };
-    let mut out = String::new();
-    for (label, key) in [
-        ("name", "name"),
-        ("state", "state"),
-        ("ready", "ready"),
-        ("qemu pid", "qemu_pid"),
-        ("accel", "accel"),
-        ("accel reason", "accel_reason"),
-        ("memory MiB", "memory_mib"),
-        ("cpus", "cpus"),
-        ("RAM file", "ram_file"),
-        ("kernel", "kernel_release"),
-        ("vmcoreinfo", "vmcoreinfo_paddr"),
-        ("workload", "workload"),
-        ("started", "started_at"),
-        ("ready after ms", "ready_after_ms"),
-    ] {
-        out.push_str(&format!("{label:<15} {}\n", opt(key)));
-    }
-    out.push_str(&format!("{:<15} {}\n", "forwards", forwards(v)));
-    out
+pub fn status(v: &VmStatus) -> String {
+    let rows: [(&str, String); 16] = [
+        ("name", v.name.clone()),
+        ("state", v.state.to_string()),
+        ("job", or_dash(&v.job)),
+        ("ready", v.ready.to_string()),
+        ("qemu pid", or_dash(&v.qemu_pid)),
+        ("accel", v.accel.as_str().to_string()),
+        ("accel reason", or_dash(&v.accel_reason)),
+        ("memory MiB", v.memory_mib.to_string()),
+        ("cpus", v.cpus.to_string()),
+        ("RAM file", v.ram_file.clone()),
+        ("kernel", or_dash(&v.kernel_release)),
+        (
+            "vmcoreinfo",
+            or_dash(&v.vmcoreinfo_paddr.map(|p| format!("{p:#x}"))),
+        ),
+        ("workload", or_dash(&v.workload.map(|w| w.as_str()))),
+        ("started", or_dash(&v.started_at)),
+        ("ready after ms", or_dash(&v.ready_after_ms)),
+        ("forwards", forwards(v)),
+    ];
+    rows.iter()
+        .map(|(label, val)| format!("{label:<15} {val}\n"))
+        .collect()
 }

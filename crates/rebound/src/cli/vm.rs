@@ -6,19 +6,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hyper::Method;
-use serde_json::{json, Value};
+use rebound_api::{Event, MarkerReply, VmSpec, VmState, VmStatus, VmcoreinfoReply};
+use rebound_vmm::paths::Paths;
+use serde_json::json;
 
 use super::{connect, output, StartArgs, VmCmd};
 use crate::client::{Client, ClientError};
-use crate::paths::Paths;
-use crate::spec::VmSpec;
 
 pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
     match cmd {
         VmCmd::Start(a) => start(paths, *a).await,
         VmCmd::List { json } => {
             let c = connect(paths).await?;
-            let v: Vec<Value> = c.call(Method::GET, "/v1/vms", None).await?;
+            let v: Vec<VmStatus> = c.call(Method::GET, "/v1/vms", None).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -39,7 +39,7 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
         VmCmd::Kill { name } => simple(paths, &name, "kill", "killed").await,
         VmCmd::Rm { name } => {
             let c = connect(paths).await?;
-            let _: Value = c
+            let _: VmStatus = c
                 .call(Method::DELETE, &format!("/v1/vms/{}", enc(&name)), None)
                 .await?;
             println!("removed {name}");
@@ -48,20 +48,19 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
         VmCmd::Crash { name } => simple(paths, &name, "crash", "crash requested for").await,
         VmCmd::Console { name } => {
             let v = status(&connect(paths).await?, &name).await?;
-            let run = v["run_dir"].as_str().unwrap_or_default();
-            if v["state"] == "stopped" {
+            if v.state == VmState::Stopped {
                 bail!("VM {name:?} is stopped");
             }
-            super::console::attach(&Path::new(run).join("serial.sock")).await
+            super::console::attach(&Path::new(&v.run_dir).join("serial.sock")).await
         }
         VmCmd::Logs { name, follow } => logs(paths, &name, follow).await,
         VmCmd::Events { name } => {
             let c = connect(paths).await?;
-            let v: Vec<Value> = c
+            let v: Vec<Event> = c
                 .call(Method::GET, &format!("/v1/vms/{}/events", enc(&name)), None)
                 .await?;
             for e in v {
-                println!("{e}");
+                println!("{}", serde_json::to_string(&e)?);
             }
             Ok(())
         }
@@ -77,11 +76,11 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
                 enc(&name),
                 timeout * 1000
             );
-            let v: Value = c.call(Method::POST, &path, None).await?;
+            let v: VmStatus = c.call(Method::POST, &path, None).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!("{name} is {}", v["state"].as_str().unwrap_or("?"));
+                println!("{name} is {}", v.state);
             }
             Ok(())
         }
@@ -91,7 +90,7 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             json: as_json,
         } => {
             let c = connect(paths).await?;
-            let v: Value = c
+            let v: MarkerReply = c
                 .call(
                     Method::POST,
                     &format!("/v1/vms/{}/marker", enc(&name)),
@@ -99,19 +98,15 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
                 )
                 .await?;
             if as_json {
-                println!("{v}");
+                println!("{}", serde_json::to_string(&v)?);
             } else {
-                println!(
-                    "paddr {:#x} len {}",
-                    v["paddr"].as_u64().unwrap_or(0),
-                    v["len"]
-                );
+                println!("paddr {:#x} len {}", v.paddr, v.len);
             }
             Ok(())
         }
         VmCmd::Vmcoreinfo { name, json } => {
             let c = connect(paths).await?;
-            let v: Value = c
+            let v: VmcoreinfoReply = c
                 .call(
                     Method::GET,
                     &format!("/v1/vms/{}/vmcoreinfo", enc(&name)),
@@ -121,15 +116,9 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!("osrelease {}", v["osrelease"].as_str().unwrap_or("?"));
-                println!(
-                    "paddr     {:#x} (from {})",
-                    v["paddr"].as_u64().unwrap_or(0),
-                    v["source"].as_str().unwrap_or("?")
-                );
-                if let Some(m) = v["entries"].as_object() {
-                    println!("entries   {}", m.len());
-                }
+                println!("osrelease {}", v.osrelease);
+                println!("paddr     {:#x} (from {})", v.paddr, v.source);
+                println!("entries   {}", v.entries.len());
             }
             Ok(())
         }
@@ -138,7 +127,7 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
 
 /// VM names are restricted to URL-safe characters; anything else cannot exist.
 fn enc(name: &str) -> String {
-    if crate::spec::validate_name(name).is_ok() {
+    if rebound_api::spec::validate_name(name).is_ok() {
         name.to_string()
     } else {
         // Still ask the daemon, which answers "unknown VM" for it.
@@ -146,14 +135,14 @@ fn enc(name: &str) -> String {
     }
 }
 
-pub(crate) async fn status(c: &Client, name: &str) -> anyhow::Result<Value> {
+pub(crate) async fn status(c: &Client, name: &str) -> anyhow::Result<VmStatus> {
     Ok(c.call(Method::GET, &format!("/v1/vms/{}", enc(name)), None)
         .await?)
 }
 
 async fn simple(paths: &Paths, name: &str, op: &str, done: &str) -> anyhow::Result<()> {
     let c = connect(paths).await?;
-    let _: Value = c
+    let _: VmStatus = c
         .call(Method::POST, &format!("/v1/vms/{}/{op}", enc(name)), None)
         .await?;
     println!("{done} {name}");
@@ -202,10 +191,10 @@ async fn start(paths: &Paths, a: StartArgs) -> anyhow::Result<()> {
     let spec = spec_from_args(&a)?;
     // The daemon checks again, but it may run with another environment: say it here
     // before anything is spawned.
-    crate::vm::process::find_qemu()?;
+    rebound_vmm::process::find_qemu()?;
     let c = connect(paths).await?;
     let t0 = Instant::now();
-    let v: Value = c
+    let v: VmStatus = c
         .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&spec)?))
         .await?;
     let v = if a.no_wait {
@@ -227,12 +216,12 @@ async fn wait_ready(
     name: &str,
     timeout: Duration,
     t0: Instant,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<VmStatus> {
     let tty = std::io::stderr().is_terminal();
     let deadline = Instant::now() + timeout;
     loop {
         let path = format!("/v1/vms/{}/wait?for=ready&timeout_ms=1000", enc(name));
-        match c.call::<Value>(Method::POST, &path, None).await {
+        match c.call::<VmStatus>(Method::POST, &path, None).await {
             Ok(v) => {
                 if tty {
                     eprintln!(
@@ -278,7 +267,7 @@ async fn logs(paths: &Paths, name: &str, follow: bool) -> anyhow::Result<()> {
             return Ok(());
         }
         let st = status(&c, name).await?;
-        if st["state"] == "stopped" {
+        if st.state == VmState::Stopped {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -12,11 +12,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::error::OpError;
+use rebound_api::{ErrorBody, Health, VmSpec};
+
+use super::error::{chain, OpError};
 use super::guest;
-use super::lifecycle::{self, WaitFor};
-use super::state::Daemon;
-use crate::spec::VmSpec;
+use super::state::{Daemon, WaitFor};
+use super::vm::{Done, Job, VmHandle};
 
 /// Default for `wait` without `timeout_ms`.
 const DEFAULT_WAIT_MS: u64 = 120_000;
@@ -31,9 +32,8 @@ impl From<OpError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        // One line, whatever the source said.
-        let msg = self.0.to_string().replace('\n', " ");
-        (self.0.status(), Json(json!({"error": msg}))).into_response()
+        let status = self.0.status();
+        self.into_response_with(status)
     }
 }
 
@@ -54,6 +54,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/events", get(events))
         .route("/v1/vms/{name}/logs", get(logs))
         .route("/v1/vms/{name}/vmcoreinfo", get(vmcoreinfo))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError(OpError::BadRequest("no such endpoint".into()))
                 .into_response_with(StatusCode::NOT_FOUND)
@@ -62,14 +63,33 @@ pub fn router(d: Arc<Daemon>) -> Router {
 }
 
 impl ApiError {
+    /// One line naming the problem, with its sources, whatever they said.
     fn into_response_with(self, status: StatusCode) -> Response {
-        (status, Json(json!({"error": self.0.to_string()}))).into_response()
+        if status.is_server_error() {
+            tracing::error!("{}", chain(&self.0));
+        }
+        (
+            status,
+            Json(ErrorBody {
+                error: chain(&self.0),
+            }),
+        )
+            .into_response()
     }
 }
 
 async fn health(State(d): D) -> impl IntoResponse {
-    Json(
-        json!({"pid": std::process::id(), "version": crate::VERSION, "socket": d.socket.display().to_string()}),
+    Json(Health {
+        pid: std::process::id(),
+        version: crate::VERSION.to_string(),
+        socket: d.socket.display().to_string(),
+    })
+}
+
+pub(super) async fn metrics(State(d): D) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
+        d.metrics_text(),
     )
 }
 
@@ -85,11 +105,11 @@ async fn list(State(d): D) -> impl IntoResponse {
 async fn start(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
     let spec: VmSpec = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid VmSpec: {e}")))?;
-    let s = lifecycle::start(&d, spec).await?;
+    let s = d.start(spec).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
 
-fn vm_or_404(d: &Daemon, name: &str) -> ApiResult<Arc<super::state::VmHandle>> {
+fn vm_or_404(d: &Daemon, name: &str) -> ApiResult<Arc<VmHandle>> {
     d.get(name)
         .ok_or_else(|| ApiError(OpError::UnknownVm(name.to_string())))
 }
@@ -99,7 +119,7 @@ async fn status(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoRes
 }
 
 async fn remove(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(lifecycle::remove(&d, &name).await?))
+    Ok(Json(d.remove(&name)?))
 }
 
 async fn wait(
@@ -118,21 +138,20 @@ async fn wait(
             .map_err(|_| OpError::BadRequest(format!("timeout_ms {t:?} is not a number")))?,
         None => DEFAULT_WAIT_MS,
     };
-    Ok(Json(
-        lifecycle::wait(&d, &name, w, Duration::from_millis(ms)).await?,
-    ))
+    Ok(Json(d.wait(&name, w, Duration::from_millis(ms)).await?))
 }
 
 async fn stop(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(lifecycle::stop(&d, &name).await?))
+    Ok(Json(d.find(&name)?.run_for_status(Job::Stop).await?))
 }
 
 async fn kill(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(lifecycle::kill(&d, &name).await?))
+    Ok(Json(d.find(&name)?.run_for_status(Job::Kill).await?))
 }
 
 async fn crash(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    Ok((StatusCode::ACCEPTED, Json(guest::crash(&d, &name).await?)))
+    let s = d.find(&name)?.run_for_status(Job::Crash).await?;
+    Ok((StatusCode::ACCEPTED, Json(s)))
 }
 
 async fn marker(
@@ -140,14 +159,18 @@ async fn marker(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    vm_or_404(&d, &name)?;
+    let vm = vm_or_404(&d, &name)?;
     let v: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?;
     let hex = v
         .get("value_hex")
         .and_then(|h| h.as_str())
         .ok_or_else(|| OpError::BadRequest("value_hex (string) is required".into()))?;
-    Ok(Json(guest::marker(&d, &name, hex).await?))
+    guest::check_marker_hex(hex)?;
+    match vm.run(Job::Marker(hex.to_string())).await? {
+        Done::Marker(m) => Ok(Json(m)),
+        Done::Status(_) => Err(OpError::Internal("marker job answered a status".into()).into()),
+    }
 }
 
 async fn events(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
@@ -155,7 +178,7 @@ async fn events(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoRes
     let evs = vm
         .events
         .read_all()
-        .map_err(|e| OpError::Io(e.to_string()))?;
+        .map_err(|e| OpError::Internal(chain(&e)))?;
     Ok(Json(evs))
 }
 

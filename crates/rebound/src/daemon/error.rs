@@ -1,12 +1,14 @@
 //! Failures of VM operations, each with the HTTP status the API answers with.
+//! Errors keep their sources; [`chain`] prints a whole chain on one line, once, at
+//! the edge (the API's answer, the daemon's log).
 
 use axum::http::StatusCode;
 
-use super::boot::BootError;
-use crate::spec::SpecError;
-use crate::vm::agent::AgentError;
-use crate::vm::qmp::QmpError;
-use crate::vm::record::VmState;
+use rebound_api::{SpecError, VmState};
+use rebound_vmm::agent::AgentError;
+use rebound_vmm::qemu::QemuCmdError;
+use rebound_vmm::qmp::QmpError;
+use rebound_vmm::resolve::BootError;
 
 /// Why a VM operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -15,10 +17,12 @@ pub enum OpError {
     UnknownVm(String),
     #[error("VM name {0:?} is already in use (state {1})")]
     NameInUse(String, VmState),
-    #[error(transparent)]
+    #[error("invalid VM spec")]
     Spec(#[from] SpecError),
-    #[error(transparent)]
+    #[error("cannot prepare the VM")]
     Boot(#[from] BootError),
+    #[error("invalid QEMU configuration")]
+    Qemu(#[from] QemuCmdError),
     #[error("QEMU failed to start: {0}")]
     QemuFailed(String),
     #[error("VM {0:?} is {1}: {2}")]
@@ -27,16 +31,22 @@ pub enum OpError {
     Timeout(u64, String),
     #[error("VM {0:?} can no longer become {1}: it is {2}")]
     Unreachable(String, String, VmState),
-    #[error(transparent)]
+    #[error("guest agent")]
     Agent(#[from] AgentError),
-    #[error(transparent)]
+    #[error("QMP")]
     Qmp(#[from] QmpError),
+    #[error("no QMP connection to QEMU")]
+    NoQmp,
     #[error("bad request: {0}")]
     BadRequest(String),
-    #[error("VMCOREINFO unavailable: {0}")]
-    Vmcoreinfo(String),
+    #[error("VMCOREINFO unavailable")]
+    Vmcoreinfo(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("the owner of VM {0:?} is gone (the daemon is shutting down?)")]
+    OwnerGone(String),
     #[error("{0}")]
-    Io(String),
+    Io(String, #[source] std::io::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl OpError {
@@ -47,12 +57,55 @@ impl OpError {
                 StatusCode::CONFLICT
             }
             OpError::Agent(_) | OpError::Vmcoreinfo(_) => StatusCode::CONFLICT,
-            OpError::Spec(_) | OpError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            OpError::Spec(_) | OpError::BadRequest(_) | OpError::Qemu(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
-            OpError::Boot(_) | OpError::QemuFailed(_) | OpError::Qmp(_) | OpError::Io(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            OpError::Boot(_)
+            | OpError::QemuFailed(_)
+            | OpError::Qmp(_)
+            | OpError::NoQmp
+            | OpError::OwnerGone(_)
+            | OpError::Io(..)
+            | OpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+}
+
+/// An error and its sources on one line: `outer: inner: innermost`. Sources whose
+/// text is already inside their parent's (`transparent`-style wrappers) are skipped.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = s.source();
+    }
+    out.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_print_every_source_once() {
+        let e = OpError::Io(
+            "cannot remove /x".into(),
+            std::io::Error::from_raw_os_error(13),
+        );
+        assert_eq!(
+            chain(&e),
+            "cannot remove /x: Permission denied (os error 13)"
+        );
+        let e = OpError::Spec(SpecError::Cpus(99));
+        assert_eq!(
+            chain(&e),
+            "invalid VM spec: cpus must be between 1 and 64, got 99"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 }

@@ -1,44 +1,12 @@
-//! Operations on the guest itself: make it panic, have it write a marker into a
-//! page and report the page's physical address, read its VMCOREINFO from RAM.
+//! Reading the guest from the host: its VMCOREINFO from RAM (no owner job needed:
+//! it only reads the RAM file), and the check of marker bytes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
-use serde_json::json;
+use rebound_api::{VmState, VmcoreinfoReply};
 
 use super::error::OpError;
-use super::state::{Daemon, VmHandle, VmStatus};
-use crate::vm::record::VmState;
-
-fn require_running(vm: &VmHandle, what: &'static str) -> Result<(), OpError> {
-    let st = vm.record().state;
-    if st != VmState::Running {
-        return Err(OpError::WrongState(vm.name.clone(), st, what));
-    }
-    Ok(())
-}
-
-/// Panics the guest kernel: through the agent when it is up, else with an NMI.
-pub async fn crash(d: &Arc<Daemon>, name: &str) -> Result<VmStatus, OpError> {
-    let vm = d.find(name)?;
-    require_running(&vm, "only a running guest can be crashed")?;
-    let via_agent = match (vm.agent(), vm.record().kernel_release.is_some()) {
-        (Some(a), true) => a.crash().is_ok(),
-        _ => false,
-    };
-    if !via_agent {
-        let q = vm
-            .qmp()
-            .ok_or_else(|| OpError::Io("no QMP connection".into()))?;
-        q.execute("inject-nmi", None).await?;
-    }
-    vm.event(
-        "crash_requested",
-        Some(json!({"via": if via_agent { "agent" } else { "nmi" }})),
-    );
-    Ok(vm.status())
-}
+use super::state::Daemon;
 
 /// Checks the API's pattern for marker bytes: 1 to 4096 bytes as lowercase hex.
 pub fn check_marker_hex(v: &str) -> Result<(), OpError> {
@@ -54,34 +22,6 @@ pub fn check_marker_hex(v: &str) -> Result<(), OpError> {
             "value_hex must be 1 to 4096 bytes as lowercase hex".into(),
         ))
     }
-}
-
-/// Marker written by the guest.
-#[derive(Debug, Serialize)]
-pub struct MarkerReply {
-    pub paddr: u64,
-    pub len: u64,
-}
-
-pub async fn marker(d: &Arc<Daemon>, name: &str, value_hex: &str) -> Result<MarkerReply, OpError> {
-    check_marker_hex(value_hex)?;
-    let vm = d.find(name)?;
-    require_running(&vm, "the agent runs only in a running guest")?;
-    let agent = vm
-        .agent()
-        .ok_or(crate::vm::agent::AgentError::NotConnected)?;
-    let (paddr, len) = agent.marker(value_hex).await?;
-    vm.event("marker", Some(json!({"paddr": paddr, "len": len})));
-    Ok(MarkerReply { paddr, len })
-}
-
-/// The API's VMCOREINFO answer.
-#[derive(Debug, Serialize)]
-pub struct VmcoreinfoReply {
-    pub paddr: u64,
-    pub source: &'static str,
-    pub osrelease: String,
-    pub entries: BTreeMap<String, String>,
 }
 
 /// Reads VMCOREINFO from the RAM file: at the agent's address, else by scanning.
@@ -100,9 +40,9 @@ pub async fn vmcoreinfo(d: &Arc<Daemon>, name: &str) -> Result<VmcoreinfoReply, 
     let at = rec.vmcoreinfo;
     tokio::task::spawn_blocking(move || {
         use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
-        let layout = Layout::pc(size).map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
+        let layout = Layout::pc(size).map_err(|e| OpError::Vmcoreinfo(Box::new(e)))?;
         let mem = GuestMemory::open_ram_file(&ram, layout)
-            .map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
+            .map_err(|e| OpError::Vmcoreinfo(Box::new(e)))?;
         // The agent's address can be stale (the guest rebooted since): then scan.
         let at_agent = at.and_then(|a| {
             read_vmcoreinfo(&mem, a.paddr, a.size)
@@ -112,19 +52,19 @@ pub async fn vmcoreinfo(d: &Arc<Daemon>, name: &str) -> Result<VmcoreinfoReply, 
         let (paddr, source, info) = match at_agent {
             Some((paddr, info)) => (paddr, "agent", info),
             None => {
-                let f = find_vmcoreinfo(&mem).map_err(|e| OpError::Vmcoreinfo(e.to_string()))?;
+                let f = find_vmcoreinfo(&mem).map_err(|e| OpError::Vmcoreinfo(Box::new(e)))?;
                 (f.paddr, "scan", f.info)
             }
         };
         Ok(VmcoreinfoReply {
             paddr,
-            source,
+            source: source.to_string(),
             osrelease: info.osrelease,
             entries: info.raw,
         })
     })
     .await
-    .map_err(|e| OpError::Io(e.to_string()))?
+    .map_err(|e| OpError::Internal(e.to_string()))?
 }
 
 #[cfg(test)]

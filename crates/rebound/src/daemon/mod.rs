@@ -1,23 +1,22 @@
-//! The daemon (`rebound daemon`): owns QEMU processes and their QMP and agent
-//! connections, keeps each VM's record and event log, re-attaches to running VMs
-//! after a restart, and serves the HTTP API of `api/openapi.yaml` on a unix socket.
+//! The daemon (`rebound daemon`): one owner task per VM holds its QEMU process, QMP
+//! session and agent link and runs its jobs; the daemon keeps the table of VMs,
+//! re-attaches to running VMs after a restart, and serves the HTTP API of
+//! `api/openapi.yaml` and `/metrics` on a unix socket.
 //!
-//! - [`server`]: single-instance guard, socket, serving, shutdown.
-//! - [`state`]: the daemon's VM table and the status each VM reports.
-//! - [`boot`]: resolving a spec into a QEMU configuration (image or user kernel).
-//! - [`lifecycle`]: start, re-attach, stop, kill.
-//! - [`supervisor`]: per-VM task turning QMP events and agent messages into state.
-//! - [`guest`]: operations inside the guest: crash, marker, VMCOREINFO.
+//! - [`server`]: single-instance guard, private state, socket, serving, shutdown.
+//! - [`state`]: the table of VMs: start, re-attach, remove, wait.
+//! - [`vm`]: one VM: its handle, its owner task and its state machine.
+//! - [`guest`]: reading the guest from the host (VMCOREINFO).
+//! - [`metrics`]: counters and gauges for operators.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
 //! - [`api`]: HTTP routes.
 
 pub mod api;
-pub mod boot;
 pub mod error;
 pub mod guest;
-pub mod lifecycle;
+pub mod metrics;
 pub mod server;
 pub mod state;
-pub mod supervisor;
+pub mod vm;
 
-pub use server::{run, ServerError};
+pub use server::{run, ServeOptions, ServerError};

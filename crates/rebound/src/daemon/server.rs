@@ -1,33 +1,58 @@
 //! Running the daemon: one instance per socket (a lock file beside it, plus a
-//! connect test for a clear message), stale socket removal, re-attaching to VMs,
-//! serving until `/v1/daemon/shutdown` or SIGTERM/SIGINT. VMs outlive the daemon.
+//! connect test for a clear message), stale socket removal, private state (older
+//! state tightened once), re-attaching to VMs, serving until `/v1/daemon/shutdown`
+//! or SIGTERM/SIGINT. VMs outlive the daemon.
+//!
+//! Who can reach what: the socket is the daemon user's alone (mode 0600 in a 0700
+//! directory) unless `--socket-group` lets one group of operators in; metrics are
+//! also served on `--metrics-addr` (loopback unless the operator says otherwise).
 
-use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nix::fcntl::{Flock, FlockArg};
 
+use rebound_vmm::paths::Paths;
+use rebound_vmm::private;
+
 use super::api;
-use super::lifecycle;
 use super::state::Daemon;
-use crate::paths::Paths;
-use crate::vm::accel::HostFacts;
+
+/// How the daemon serves, beyond its socket's path.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// A group whose members may use the socket (mode 0660, that group).
+    pub socket_group: Option<String>,
+    /// Also serve `GET /metrics` over TCP here.
+    pub metrics_addr: Option<SocketAddr>,
+}
 
 /// Errors running the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("another rebound daemon is already serving {0}")]
     AlreadyRunning(PathBuf),
-    #[error("cannot create {0}: {1}")]
-    Dir(PathBuf, std::io::Error),
-    #[error("cannot lock {0}: {1}")]
-    Lock(PathBuf, std::io::Error),
-    #[error("cannot listen on {0}: {1}")]
-    Bind(PathBuf, std::io::Error),
-    #[error("serving the API failed: {0}")]
-    Serve(std::io::Error),
+    #[error("cannot create {0}")]
+    Dir(PathBuf, #[source] std::io::Error),
+    #[error("cannot lock {0}")]
+    Lock(PathBuf, #[source] std::io::Error),
+    #[error("cannot listen on {0}")]
+    Bind(PathBuf, #[source] std::io::Error),
+    #[error("cannot serve metrics on {0}")]
+    Metrics(SocketAddr, #[source] std::io::Error),
+    #[error("unknown group {0:?} for the daemon's socket")]
+    NoGroup(String),
+    #[error("group {1:?} cannot reach the socket: its directory {0} does not let the group in (put the socket in a directory of that group, e.g. --socket /run/rebound/reboundd.sock)")]
+    GroupCannotReach(PathBuf, String),
+    #[error("cannot give the socket {0} to its group")]
+    SocketGroup(PathBuf, #[source] std::io::Error),
+    #[error("cannot tighten the permissions of {0}")]
+    Tighten(PathBuf, #[source] std::io::Error),
+    #[error("serving the API failed")]
+    Serve(#[source] std::io::Error),
 }
 
 fn lock_path(socket: &Path) -> PathBuf {
@@ -37,12 +62,13 @@ fn lock_path(socket: &Path) -> PathBuf {
 }
 
 /// Runs the daemon in the foreground until shut down.
-pub async fn run(paths: Paths, socket: PathBuf) -> Result<(), ServerError> {
+pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<(), ServerError> {
+    private::restrict_umask();
     for dir in [&paths.home, &paths.run, &paths.vms_dir()] {
-        std::fs::create_dir_all(dir).map_err(|e| ServerError::Dir(dir.clone(), e))?;
+        private::create_dir_all(dir).map_err(|e| ServerError::Dir(dir.clone(), e))?;
     }
     if let Some(parent) = socket.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| ServerError::Dir(parent.to_path_buf(), e))?;
+        private::create_dir_all(parent).map_err(|e| ServerError::Dir(parent.to_path_buf(), e))?;
     }
     let lp = lock_path(&socket);
     let f = std::fs::OpenOptions::new()
@@ -66,18 +92,37 @@ pub async fn run(paths: Paths, socket: PathBuf) -> Result<(), ServerError> {
         // Stale: left by a daemon that died.
         let _ = std::fs::remove_file(&socket);
     }
+    tighten_old_state(&paths)?;
+    let gid = match &opts.socket_group {
+        Some(g) => Some(group_for_socket(&socket, g)?),
+        None => None,
+    };
     let listener = tokio::net::UnixListener::bind(&socket)
         .map_err(|e| ServerError::Bind(socket.clone(), e))?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(&socket, None, Some(gid))
+            .map_err(|e| ServerError::SocketGroup(socket.clone(), e.into()))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| ServerError::SocketGroup(socket.clone(), e))?;
+    }
 
-    let d = Arc::new(Daemon {
-        paths,
-        socket: socket.clone(),
-        host: HostFacts::probe(),
-        vms: Mutex::new(HashMap::new()),
-        shutdown: tokio::sync::Notify::new(),
-    });
-    lifecycle::reattach_all(&d).await;
-    eprintln!(
+    let d = Arc::new(Daemon::new(paths, socket.clone()));
+    d.reattach_all();
+    if let Some(addr) = opts.metrics_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::Metrics(addr, e))?;
+        let app = axum::Router::new()
+            .route("/metrics", axum::routing::get(api::metrics))
+            .with_state(d.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(l, app).await {
+                tracing::error!("metrics listener failed: {e}");
+            }
+        });
+        tracing::info!("metrics on http://{addr}/metrics");
+    }
+    tracing::info!(
         "reboundd {} (pid {}) serving {}",
         crate::VERSION,
         std::process::id(),
@@ -98,6 +143,41 @@ pub async fn run(paths: Paths, socket: PathBuf) -> Result<(), ServerError> {
         .with_graceful_shutdown(stop)
         .await;
     let _ = std::fs::remove_file(&socket);
-    eprintln!("reboundd exiting; VMs keep running");
+    tracing::info!("reboundd exiting; VMs keep running");
     res.map_err(ServerError::Serve)
+}
+
+/// State written by versions that did not keep it private is tightened once, and
+/// the daemon's log says so.
+fn tighten_old_state(paths: &Paths) -> Result<(), ServerError> {
+    for root in [&paths.home, &paths.run] {
+        let n = private::tighten_tree(root).map_err(|e| ServerError::Tighten(root.clone(), e))?;
+        if n > 0 {
+            tracing::warn!(
+                "removed group and other permissions from {n} files and directories under {} (left readable by an older version)",
+                root.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The group id for `--socket-group`, once its members can reach the socket at all.
+fn group_for_socket(socket: &Path, group: &str) -> Result<nix::unistd::Gid, ServerError> {
+    let g = nix::unistd::Group::from_name(group)
+        .ok()
+        .flatten()
+        .ok_or_else(|| ServerError::NoGroup(group.to_string()))?;
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let meta = std::fs::metadata(dir).map_err(|e| ServerError::Dir(dir.to_path_buf(), e))?;
+    use std::os::unix::fs::MetadataExt;
+    let searchable =
+        meta.mode() & 0o001 != 0 || (meta.gid() == g.gid.as_raw() && meta.mode() & 0o010 != 0);
+    if !searchable {
+        return Err(ServerError::GroupCannotReach(
+            dir.to_path_buf(),
+            group.to_string(),
+        ));
+    }
+    Ok(g.gid)
 }

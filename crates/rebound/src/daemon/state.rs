@@ -1,165 +1,89 @@
-//! The daemon's table of VMs and what each reports as its status.
+//! The daemon's table of VMs: starting one (a new owner), re-attaching to the VMs of
+//! a previous daemon, removing a stopped one, and waiting for a state.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use serde::Serialize;
-use tokio::sync::watch;
+use rebound_api::{VmSpec, VmState, VmStatus};
+use rebound_vmm::accel::HostFacts;
+use rebound_vmm::paths::Paths;
+use rebound_vmm::record::VmRecord;
 
-use crate::paths::{Paths, RunDir, VmDir};
-use crate::vm::accel::HostFacts;
-use crate::vm::agent::AgentLink;
-use crate::vm::events::{Event, EventLog};
-use crate::vm::qmp::Qmp;
-use crate::vm::record::{PortForward, VmRecord, VmState};
-
-/// The API's `VmStatus`.
-#[derive(Debug, Clone, Serialize)]
-pub struct VmStatus {
-    pub name: String,
-    pub state: VmState,
-    pub ready: bool,
-    pub qemu_pid: Option<u32>,
-    pub accel: &'static str,
-    pub accel_reason: Option<String>,
-    pub memory_mib: u64,
-    pub cpus: u32,
-    pub ram_file: String,
-    pub run_dir: String,
-    pub kernel_release: Option<String>,
-    pub vmcoreinfo_paddr: Option<u64>,
-    pub workload: Option<&'static str>,
-    pub started_at: Option<String>,
-    pub ready_after_ms: Option<u64>,
-    pub forwards: Vec<PortForward>,
-}
-
-impl VmStatus {
-    pub fn of(rec: &VmRecord) -> VmStatus {
-        VmStatus {
-            name: rec.spec.name.clone(),
-            state: rec.state,
-            ready: rec.ready,
-            qemu_pid: rec.qemu_pid,
-            accel: rec.accel.as_str(),
-            accel_reason: rec.accel_reason.clone(),
-            memory_mib: rec.spec.memory_mib,
-            cpus: rec.spec.cpus,
-            ram_file: rec.ram_file.display().to_string(),
-            run_dir: rec.run_dir.display().to_string(),
-            kernel_release: rec.kernel_release.clone(),
-            vmcoreinfo_paddr: rec.vmcoreinfo.map(|v| v.paddr),
-            workload: rec.spec.workload.map(|w| w.as_str()),
-            started_at: rec.started_at.clone(),
-            ready_after_ms: rec.ready_after_ms,
-            forwards: rec.forwards.clone(),
-        }
-    }
-}
-
-/// One VM the daemon knows.
-pub struct VmHandle {
-    pub name: String,
-    pub dir: VmDir,
-    pub run: RunDir,
-    pub events: EventLog,
-    rec: Mutex<VmRecord>,
-    pub qmp: Mutex<Option<Arc<Qmp>>>,
-    pub agent: Mutex<Option<Arc<AgentLink>>>,
-    /// Bumped on every record change; waiters watch it.
-    changed: watch::Sender<u64>,
-    /// Set while stop/kill tear the VM down, so the supervisor leaves cleanup to them.
-    pub stopping: AtomicBool,
-    /// Serializes lifecycle operations on this VM.
-    pub op: tokio::sync::Mutex<()>,
-    pub supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl VmHandle {
-    pub fn new(paths: &Paths, rec: VmRecord) -> Arc<VmHandle> {
-        let name = rec.spec.name.clone();
-        let dir = paths.vm(&name);
-        Arc::new(VmHandle {
-            events: EventLog::new(&dir.events()),
-            run: paths.run_dir(&name),
-            dir,
-            name,
-            rec: Mutex::new(rec),
-            qmp: Mutex::new(None),
-            agent: Mutex::new(None),
-            changed: watch::channel(0).0,
-            stopping: AtomicBool::new(false),
-            op: tokio::sync::Mutex::new(()),
-            supervisor: Mutex::new(None),
-        })
-    }
-
-    /// A copy of the record.
-    pub fn record(&self) -> VmRecord {
-        self.rec.lock().expect("record lock").clone()
-    }
-
-    pub fn status(&self) -> VmStatus {
-        VmStatus::of(&self.rec.lock().expect("record lock"))
-    }
-
-    /// Changes the record, persists it and wakes waiters.
-    pub fn update<R>(&self, f: impl FnOnce(&mut VmRecord) -> R) -> R {
-        let (r, snapshot) = {
-            let mut rec = self.rec.lock().expect("record lock");
-            let r = f(&mut rec);
-            (r, rec.clone())
-        };
-        if let Err(e) = snapshot.save(&self.dir.record()) {
-            eprintln!("vm {}: {e}", self.name);
-        }
-        self.changed.send_modify(|v| *v += 1);
-        r
-    }
-
-    /// Appends to the event log; a failure is reported, not fatal.
-    pub fn event(&self, kind: &str, detail: Option<serde_json::Value>) -> Option<Event> {
-        match self.events.append(kind, detail) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                eprintln!("vm {}: {e}", self.name);
-                None
-            }
-        }
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-
-    pub fn qmp(&self) -> Option<Arc<Qmp>> {
-        self.qmp.lock().expect("qmp lock").clone()
-    }
-
-    pub fn agent(&self) -> Option<Arc<AgentLink>> {
-        self.agent.lock().expect("agent lock").clone()
-    }
-}
+use super::error::OpError;
+use super::metrics::Metrics;
+use super::vm::{start_owner, Init, StartJob, VmHandle};
 
 /// Everything the daemon holds.
 pub struct Daemon {
     pub paths: Paths,
     pub socket: std::path::PathBuf,
     pub host: HostFacts,
-    pub vms: Mutex<HashMap<String, Arc<VmHandle>>>,
+    pub metrics: Arc<Metrics>,
+    vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
 }
 
+/// What `wait` can wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    Ready,
+    Panicked,
+    Paused,
+    Stopped,
+}
+
+impl std::str::FromStr for WaitFor {
+    type Err = OpError;
+    fn from_str(s: &str) -> Result<Self, OpError> {
+        Ok(match s {
+            "ready" => WaitFor::Ready,
+            "panicked" => WaitFor::Panicked,
+            "paused" => WaitFor::Paused,
+            "stopped" => WaitFor::Stopped,
+            _ => {
+                return Err(OpError::BadRequest(format!(
+                    "cannot wait for {s:?}: expected ready, panicked, paused or stopped"
+                )))
+            }
+        })
+    }
+}
+
+/// Whether `s` satisfies `w`: `Some(true)` reached, `Some(false)` never will, `None` not yet.
+fn reached(w: WaitFor, s: &VmStatus) -> Option<bool> {
+    let st = s.state;
+    match w {
+        WaitFor::Ready if s.ready && st == VmState::Running => Some(true),
+        WaitFor::Panicked if st == VmState::Panicked => Some(true),
+        WaitFor::Paused if matches!(st, VmState::Paused | VmState::Panicked) => Some(true),
+        WaitFor::Stopped if st == VmState::Stopped => Some(true),
+        _ if st == VmState::Stopped => Some(false),
+        WaitFor::Ready if st == VmState::Panicked => Some(false),
+        _ => None,
+    }
+}
+
 impl Daemon {
+    pub fn new(paths: Paths, socket: std::path::PathBuf) -> Daemon {
+        Daemon {
+            paths,
+            socket,
+            host: HostFacts::probe(),
+            metrics: Arc::new(Metrics::new()),
+            vms: Mutex::new(HashMap::new()),
+            shutdown: tokio::sync::Notify::new(),
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<VmHandle>> {
         self.vms.lock().expect("vms lock").get(name).cloned()
     }
 
     /// The VM, or the API's "unknown VM" error.
-    pub fn find(&self, name: &str) -> Result<Arc<VmHandle>, super::error::OpError> {
+    pub fn find(&self, name: &str) -> Result<Arc<VmHandle>, OpError> {
         self.get(name)
-            .ok_or_else(|| super::error::OpError::UnknownVm(name.to_string()))
+            .ok_or_else(|| OpError::UnknownVm(name.to_string()))
     }
 
     pub fn list(&self) -> Vec<Arc<VmHandle>> {
@@ -172,5 +96,143 @@ impl Daemon {
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    /// The metrics text, with VMs counted by state now.
+    pub fn metrics_text(&self) -> String {
+        let states: Vec<VmState> = self.list().iter().map(|v| v.status().state).collect();
+        self.metrics.render(states)
+    }
+
+    /// Starts a VM: returns once QEMU runs and QMP answers; readiness comes later.
+    pub async fn start(self: &Arc<Self>, spec: VmSpec) -> Result<VmStatus, OpError> {
+        let (boot, ready) = spec.validate()?;
+        // Reserve the name before any slow work so concurrent starts cannot collide.
+        let (vm, jobs, previous) = {
+            let mut vms = self.vms.lock().expect("vms lock");
+            let previous = vms.get(&spec.name).cloned();
+            if let Some(v) = &previous {
+                let st = v.status().state;
+                if st != VmState::Stopped {
+                    return Err(OpError::NameInUse(spec.name.clone(), st));
+                }
+            }
+            let rec = VmRecord::new(&spec, &self.paths.run_dir(&spec.name));
+            let (h, jobs) = VmHandle::new(&self.paths, rec);
+            vms.insert(spec.name.clone(), h.clone());
+            (h, jobs, previous)
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        start_owner(
+            self,
+            vm.clone(),
+            jobs,
+            Init::Start(Box::new(StartJob {
+                spec,
+                boot,
+                ready,
+                reply: tx,
+            })),
+        );
+        let result = rx
+            .await
+            .unwrap_or_else(|_| Err(OpError::OwnerGone(vm.name.clone())));
+        if result.is_err() {
+            let mut vms = self.vms.lock().expect("vms lock");
+            match previous {
+                // A stopped VM of that name stays as it was.
+                Some(old) => {
+                    if let Err(e) = old.record().save(&old.dir.record()) {
+                        tracing::error!(vm = %old.name, "{}", super::error::chain(&e));
+                    }
+                    vms.insert(old.name.clone(), old);
+                }
+                // Nothing of this VM existed before: leave nothing behind.
+                None => {
+                    vms.remove(&vm.name);
+                    let _ = std::fs::remove_dir_all(vm.dir.path());
+                }
+            }
+        }
+        result
+    }
+
+    /// Loads every VM record; re-attaches to live QEMUs, marks the rest stopped.
+    pub fn reattach_all(self: &Arc<Self>) {
+        let Ok(entries) = std::fs::read_dir(self.paths.vms_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let rec = match VmRecord::load(&self.paths.vm(&name).record()) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(vm = %name, "skipping VM: {}", super::error::chain(&e));
+                    continue;
+                }
+            };
+            let live = rec.state.has_qemu();
+            let (vm, jobs) = VmHandle::new(&self.paths, rec);
+            self.vms.lock().expect("vms lock").insert(name, vm.clone());
+            if live {
+                start_owner(self, vm, jobs, Init::Reattach);
+            } else {
+                // A stopped VM's owner only waits for jobs (stop and kill are no-ops).
+                start_owner(self, vm, jobs, Init::Idle);
+            }
+        }
+    }
+
+    /// Forgets a stopped VM: its record, logs and disk copy.
+    pub fn remove(&self, name: &str) -> Result<VmStatus, OpError> {
+        let mut vms = self.vms.lock().expect("vms lock");
+        let vm = vms
+            .get(name)
+            .cloned()
+            .ok_or_else(|| OpError::UnknownVm(name.to_string()))?;
+        let status = vm.status();
+        if status.state != VmState::Stopped || status.job.is_some() {
+            return Err(OpError::WrongState(
+                name.to_string(),
+                status.state,
+                "stop or kill it before removing it",
+            ));
+        }
+        // Dropping the handle ends its owner.
+        vms.remove(name);
+        std::fs::remove_dir_all(vm.dir.path())
+            .map_err(|e| OpError::Io(format!("cannot remove {}", vm.dir.path().display()), e))?;
+        Ok(status)
+    }
+
+    /// Blocks until the VM reaches `w`, cannot anymore, or `timeout` passes.
+    pub async fn wait(
+        &self,
+        name: &str,
+        w: WaitFor,
+        timeout: Duration,
+    ) -> Result<VmStatus, OpError> {
+        let vm = self.find(name)?;
+        let mut rx = vm.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let what = format!("{w:?}").to_lowercase();
+        loop {
+            let s = vm.status();
+            match reached(w, &s) {
+                Some(true) => return Ok(s),
+                Some(false) => return Err(OpError::Unreachable(name.to_string(), what, s.state)),
+                None => {}
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(OpError::OwnerGone(name.to_string())),
+                Err(_) => {
+                    return Err(OpError::Timeout(
+                        timeout.as_millis() as u64,
+                        format!("{name} to be {what}"),
+                    ))
+                }
+            }
+        }
     }
 }

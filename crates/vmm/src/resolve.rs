@@ -4,13 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::paths::Paths;
-use crate::spec::{BootSource, Forward, ReadySpec, VmSpec};
-use crate::vm::accel::{self, AccelDecision, AccelError, HostFacts};
-use crate::vm::argv::{DiskArg, QemuConfig};
-use crate::vm::disks::{self, DiskError};
-use crate::vm::process::{self, ProcessError};
-use crate::vm::record::PortForward;
+use rebound_api::spec::BootSource;
+use rebound_api::{Forward, PortForward, ReadySpec, VmSpec};
+
+use crate::accel::{self, AccelDecision, AccelError, HostFacts};
+use crate::disks::{self, DiskError};
+use crate::paths::{Paths, RunDir};
+use crate::process::{self, ProcessError};
+use crate::qemu::{
+    Boot, Control, Disk, HostForward, MemoryBackend, NetBackend, Nic, QemuCommand, Serial,
+};
 
 /// Errors resolving a spec.
 #[derive(Debug, thiserror::Error)]
@@ -27,8 +30,8 @@ pub enum BootError {
     NoInitrd(PathBuf),
     #[error(transparent)]
     Disk(#[from] DiskError),
-    #[error("cannot create {0}: {1}")]
-    Dir(PathBuf, std::io::Error),
+    #[error("cannot create {0}")]
+    Dir(PathBuf, #[source] std::io::Error),
     #[error("memory {0} MiB does not fit in {1} ({2} MiB in all), where guest RAM lives")]
     MemoryTooLarge(u64, PathBuf, u64),
 }
@@ -47,7 +50,7 @@ impl BootError {
 /// A spec resolved on this host.
 pub struct Resolved {
     pub qemu: PathBuf,
-    pub config: QemuConfig,
+    pub command: QemuCommand,
     pub accel: AccelDecision,
     pub forwards: Vec<PortForward>,
     pub ready: ReadySpec,
@@ -71,7 +74,7 @@ pub fn image_append(base: &str, spec: &VmSpec) -> String {
     let mut a = base.trim().to_string();
     let w = spec.workload.map(|w| w.as_str()).unwrap_or("none");
     a.push_str(&format!(" rebound.workload={w}"));
-    for (k, v) in &spec.workload_args {
+    for (k, v) in spec.guest_workload_args() {
         a.push_str(&format!(" rebound.{k}={v}"));
     }
     a
@@ -114,7 +117,7 @@ pub fn plan_forwards(spec: &VmSpec, ready: &ReadySpec) -> Result<Vec<PortForward
 /// whole filesystem would die of SIGBUS once it touched enough memory. (Sparse files
 /// let several guests share the space; only the impossible is refused.)
 fn check_ram_fits(run: &Path, memory_mib: u64) -> Result<(), BootError> {
-    std::fs::create_dir_all(run).map_err(|e| BootError::Dir(run.to_path_buf(), e))?;
+    crate::private::create_dir_all(run).map_err(|e| BootError::Dir(run.to_path_buf(), e))?;
     let Ok(st) = nix::sys::statvfs::statvfs(run) else {
         return Ok(()); // cannot tell: let QEMU try
     };
@@ -127,6 +130,46 @@ fn check_ram_fits(run: &Path, memory_mib: u64) -> Result<(), BootError> {
         ));
     }
     Ok(())
+}
+
+/// The QEMU a supervised VM runs as: guest RAM a shared file in its run directory,
+/// the crash devices, user networking with the forwards on loopback, the agent
+/// port, the serial console on a logged socket, QMP and a pid file.
+pub fn vm_command(
+    run: &RunDir,
+    accel: rebound_api::Accel,
+    memory_mib: u64,
+    boot: Boot,
+    forwards: &[PortForward],
+) -> QemuCommand {
+    let mut q = QemuCommand::new(accel, memory_mib, MemoryBackend::SharedFile(run.ram()))
+        .with_crash_devices();
+    q.boot = Some(boot);
+    q.nics.push(Nic {
+        backend: NetBackend::User {
+            forwards: forwards
+                .iter()
+                .map(|f| HostForward {
+                    bind: std::net::Ipv4Addr::LOCALHOST,
+                    host: f.host,
+                    guest: f.guest,
+                })
+                .collect(),
+        },
+        mac: None,
+        filters: Vec::new(),
+    });
+    q.control = Control {
+        qmp: Some(run.qmp()),
+        hmp: None,
+        agent: Some(run.agent()),
+        serial: Serial::Socket {
+            socket: run.serial_sock(),
+            log: run.serial_log(),
+        },
+        pidfile: Some(run.pidfile()),
+    };
+    q
 }
 
 /// Resolves `spec` for this host, creating the VM's writable disk copy last.
@@ -170,27 +213,30 @@ pub fn resolve(
     let forwards = plan_forwards(spec, &ready)?;
 
     let dir = paths.vm(&spec.name);
-    std::fs::create_dir_all(dir.path()).map_err(|e| BootError::Dir(dir.path().to_path_buf(), e))?;
-    let mut all_disks: Vec<DiskArg> = Vec::new();
+    crate::private::create_dir_all(dir.path())
+        .map_err(|e| BootError::Dir(dir.path().to_path_buf(), e))?;
+    let mut all_disks: Vec<Disk> = Vec::new();
     if let Some(base) = image_disk {
         all_disks.push(disks::create_overlay(&base, &dir.disk_overlay(0))?);
     }
     all_disks.extend(user_disks);
 
-    let config = QemuConfig {
-        memory_mib: spec.memory_mib,
-        cpus: spec.cpus,
-        accel: accel.accel,
-        run: paths.run_dir(&spec.name),
-        kernel,
-        initrd,
-        append,
-        disks: all_disks,
-        forwards: forwards.iter().map(|f| (f.host, f.guest)).collect(),
-    };
+    let mut command = vm_command(
+        &paths.run_dir(&spec.name),
+        accel.accel,
+        spec.memory_mib,
+        Boot {
+            kernel,
+            initrd,
+            append,
+        },
+        &forwards,
+    );
+    command.cpus = spec.cpus;
+    command.disks = all_disks;
     Ok(Resolved {
         qemu,
-        config,
+        command,
         accel,
         forwards,
         ready,
@@ -200,7 +246,7 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Workload;
+    use rebound_api::Workload;
 
     #[test]
     fn workload_goes_on_the_cmdline() {
@@ -209,7 +255,7 @@ mod tests {
         s.workload_args.insert("memfill".into(), "32M".into());
         assert_eq!(
             image_append("console=ttyS0 quiet ", &s),
-            "console=ttyS0 quiet rebound.workload=memfill rebound.memfill=32M"
+            "console=ttyS0 quiet rebound.workload=memfill rebound.memfill=33554432"
         );
         assert_eq!(
             image_append("x", &VmSpec::new("b")),

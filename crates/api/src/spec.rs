@@ -67,6 +67,20 @@ pub fn parse_size(s: &str) -> Result<u64, SpecError> {
         .ok_or_else(|| SpecError::SizeOverflow(s.to_string()))
 }
 
+/// The most the guest agent's `memfill` workload accepts.
+pub const MEMFILL_MAX: u64 = 1 << 40;
+
+/// Parses a `memfill` size with [`parse_size`] and the guest agent's limit of 1 TiB.
+/// The guest is handed the result in bytes ([`VmSpec::guest_workload_args`]), so the
+/// host's grammar is the only one that matters.
+pub fn parse_memfill(s: &str) -> Result<u64, SpecError> {
+    let n = parse_size(s)?;
+    if n > MEMFILL_MAX {
+        return Err(SpecError::SizeOverflow(s.to_string()));
+    }
+    Ok(n)
+}
+
 /// Parses a memory size; a bare number means MiB, as with QEMU's `-m`.
 pub fn parse_memory_mib(s: &str) -> Result<u64, SpecError> {
     let t = s.trim();
@@ -337,6 +351,17 @@ impl VmSpec {
         }
     }
 
+    /// The workload arguments as the guest agent gets them: sizes in bytes.
+    pub fn guest_workload_args(&self) -> Vec<(String, String)> {
+        self.workload_args
+            .iter()
+            .map(|(k, v)| match (k.as_str(), parse_memfill(v)) {
+                ("memfill", Ok(n)) => (k.clone(), n.to_string()),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect()
+    }
+
     /// Checks everything that can be checked without touching the host; returns the
     /// boot source and the readiness condition.
     pub fn validate(&self) -> Result<(BootSource, ReadySpec), SpecError> {
@@ -385,7 +410,7 @@ impl VmSpec {
         }
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {
-                "memfill" => parse_size(v).is_ok(),
+                "memfill" => parse_memfill(v).is_ok(),
                 "counter_hz" => v.parse::<u32>().is_ok_and(|n| n > 0),
                 "port" => v.parse::<u16>().is_ok_and(|n| n > 0),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),
@@ -505,6 +530,15 @@ mod tests {
         let mut w = VmSpec::new("a");
         w.workload_args.insert("memfill".into(), "64Q".into());
         assert!(matches!(w.validate(), Err(SpecError::WorkloadArgValue(..))));
+        // The guest's limit is the host's: 2T is refused here, 1T passes as bytes.
+        w.workload_args.insert("memfill".into(), "2T".into());
+        assert!(matches!(w.validate(), Err(SpecError::WorkloadArgValue(..))));
+        w.workload_args.insert("memfill".into(), "1T".into());
+        w.validate().unwrap();
+        assert_eq!(
+            w.guest_workload_args(),
+            vec![("memfill".to_string(), (1u64 << 40).to_string())]
+        );
         w.workload_args.clear();
         w.workload_args.insert("evil".into(), "1".into());
         assert!(matches!(w.validate(), Err(SpecError::WorkloadArg(_))));

@@ -5,17 +5,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::accel::Accel;
-use super::agent::VmcoreinfoAddr;
-use crate::spec::VmSpec;
+pub use rebound_api::{Accel, PortForward, VmState, VmcoreinfoAddr};
+use rebound_api::{VmSpec, VmStatus};
 
 /// Errors saving or loading a record.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("cannot write VM record {0}: {1}")]
-    Write(PathBuf, std::io::Error),
-    #[error("cannot read VM record {0}: {1}")]
-    Read(PathBuf, std::io::Error),
+    #[error("cannot write VM record {0}")]
+    Write(PathBuf, #[source] std::io::Error),
+    #[error("cannot read VM record {0}")]
+    Read(PathBuf, #[source] std::io::Error),
     #[error("VM record {0} is malformed: {1}")]
     Malformed(PathBuf, String),
     #[error("VM record {0} has unsupported version {1} (expected {RECORD_VERSION})")]
@@ -27,43 +26,6 @@ pub enum RecordError {
 /// Format version of `vm.json`.
 pub const RECORD_VERSION: u32 = 1;
 const MAX_RECORD: u64 = 1 << 20;
-
-/// Lifecycle state, as in the API's `VmStatus.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VmState {
-    Starting,
-    Running,
-    Paused,
-    Panicked,
-    Stopped,
-}
-
-impl VmState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VmState::Starting => "starting",
-            VmState::Running => "running",
-            VmState::Paused => "paused",
-            VmState::Panicked => "panicked",
-            VmState::Stopped => "stopped",
-        }
-    }
-}
-
-impl std::fmt::Display for VmState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A forwarded port with the service behind it, if known.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortForward {
-    pub host: u16,
-    pub guest: u16,
-    pub service: Option<String>,
-}
 
 /// Everything persisted about one VM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,12 +50,56 @@ pub struct VmRecord {
 }
 
 impl VmRecord {
+    /// The record of a VM about to start: no QEMU yet.
+    pub fn new(spec: &VmSpec, run: &crate::paths::RunDir) -> VmRecord {
+        VmRecord {
+            version: RECORD_VERSION,
+            spec: spec.clone(),
+            state: VmState::Starting,
+            ready: false,
+            accel: Accel::Tcg,
+            accel_reason: None,
+            qemu_pid: None,
+            run_dir: run.path().to_path_buf(),
+            ram_file: run.ram(),
+            forwards: Vec::new(),
+            started_at: None,
+            started_mono_ns: None,
+            ready_after_ms: None,
+            kernel_release: None,
+            vmcoreinfo: None,
+            service_port: None,
+        }
+    }
+
     /// Writes atomically (temp file + rename) so a crash never leaves half a record.
     pub fn save(&self, path: &Path) -> Result<(), RecordError> {
-        let tmp = path.with_extension("json.tmp");
         let data = serde_json::to_vec_pretty(self).expect("record serializes");
-        std::fs::write(&tmp, data).map_err(|e| RecordError::Write(tmp.clone(), e))?;
-        std::fs::rename(&tmp, path).map_err(|e| RecordError::Write(path.to_path_buf(), e))
+        crate::private::write_atomic(path, &data)
+            .map_err(|e| RecordError::Write(path.to_path_buf(), e))
+    }
+
+    /// The API's view of this VM; `job` is what its owner is doing now.
+    pub fn status(&self, job: Option<&str>) -> VmStatus {
+        VmStatus {
+            name: self.spec.name.clone(),
+            state: self.state,
+            ready: self.ready,
+            qemu_pid: self.qemu_pid,
+            accel: self.accel,
+            accel_reason: self.accel_reason.clone(),
+            memory_mib: self.spec.memory_mib,
+            cpus: self.spec.cpus,
+            ram_file: self.ram_file.display().to_string(),
+            run_dir: self.run_dir.display().to_string(),
+            kernel_release: self.kernel_release.clone(),
+            vmcoreinfo_paddr: self.vmcoreinfo.map(|v| v.paddr),
+            workload: self.spec.workload,
+            started_at: self.started_at.clone(),
+            ready_after_ms: self.ready_after_ms,
+            forwards: self.forwards.clone(),
+            job: job.map(str::to_string),
+        }
     }
 
     /// Reads and checks a record.

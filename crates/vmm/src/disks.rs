@@ -5,15 +5,15 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::argv::{DiskArg, DiskFormat};
+use crate::qemu::{Disk, DiskFormat};
 
 /// Errors preparing disks.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("disk {0} not found")]
     Missing(PathBuf),
-    #[error("cannot read disk {0}: {1}")]
-    Read(PathBuf, std::io::Error),
+    #[error("cannot read disk {0}")]
+    Read(PathBuf, #[source] std::io::Error),
     #[error("qemu-img not found: install qemu-utils or set REBOUND_QEMU_IMG")]
     NoQemuImg,
     #[error("qemu-img could not create an overlay for {0}: {1}")]
@@ -46,7 +46,7 @@ fn qemu_img() -> String {
 }
 
 /// Creates (replacing any old one) a qcow2 overlay at `overlay` backed by `base`.
-pub fn create_overlay(base: &Path, overlay: &Path) -> Result<DiskArg, DiskError> {
+pub fn create_overlay(base: &Path, overlay: &Path) -> Result<Disk, DiskError> {
     let base = std::fs::canonicalize(base).map_err(|e| DiskError::Read(base.to_path_buf(), e))?;
     let fmt = detect_format(&base)?;
     let _ = std::fs::remove_file(overlay);
@@ -65,17 +65,14 @@ pub fn create_overlay(base: &Path, overlay: &Path) -> Result<DiskArg, DiskError>
         let line = msg.lines().last().unwrap_or("failed").to_string();
         return Err(DiskError::Overlay(base, line));
     }
-    Ok(DiskArg {
-        path: overlay.to_path_buf(),
-        format: DiskFormat::Qcow2,
-    })
+    Ok(Disk::file(overlay, DiskFormat::Qcow2))
 }
 
 /// A disk the user brought, used as is.
-pub fn user_disk(path: &Path) -> Result<DiskArg, DiskError> {
+pub fn user_disk(path: &Path) -> Result<Disk, DiskError> {
     let format = detect_format(path)?;
     let path = std::fs::canonicalize(path).map_err(|e| DiskError::Read(path.to_path_buf(), e))?;
-    Ok(DiskArg { path, format })
+    Ok(Disk::file(path, format))
 }
 
 #[cfg(test)]
@@ -100,21 +97,76 @@ mod tests {
         ));
     }
 
+    /// Runs a qemu-utils tool; `make test` installs them, so a missing one fails.
+    fn tool(name: &str, args: &[&str]) -> Vec<u8> {
+        let out = Command::new(name)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{name} must be installed (qemu-utils): {e}"));
+        assert!(
+            out.status.success(),
+            "{name} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
     #[test]
     fn overlay_reads_base_and_keeps_it_clean() {
-        if Command::new(qemu_img()).arg("--version").output().is_err() {
-            eprintln!("qemu-img missing; skipped");
-            return;
-        }
         let d = tempfile::tempdir().unwrap();
         let base = d.path().join("base.raw");
         std::fs::write(&base, vec![7u8; 1 << 20]).unwrap();
         let ov = d.path().join("ov.qcow2");
-        let arg = create_overlay(&base, &ov).unwrap();
-        assert_eq!(arg.format, DiskFormat::Qcow2);
+        let disk = create_overlay(&base, &ov).unwrap();
+        assert_eq!(disk, Disk::file(&ov, DiskFormat::Qcow2));
         assert_eq!(detect_format(&ov).unwrap(), DiskFormat::Qcow2);
-        // Recreating replaces the overlay instead of failing.
+        let ovs = ov.to_str().unwrap();
+        // Write through the overlay, then read the whole disk back through it.
+        tool(
+            "qemu-io",
+            &["-f", "qcow2", "-c", "write -P 0x55 4096 4096", ovs],
+        );
+        let flat = d.path().join("flat.raw");
+        tool(
+            "qemu-img",
+            &[
+                "convert",
+                "-f",
+                "qcow2",
+                "-O",
+                "raw",
+                ovs,
+                flat.to_str().unwrap(),
+            ],
+        );
+        let got = std::fs::read(&flat).unwrap();
+        assert_eq!(got.len(), 1 << 20);
+        assert!(
+            got[..4096].iter().all(|&b| b == 7),
+            "base bytes read through"
+        );
+        assert!(
+            got[4096..8192].iter().all(|&b| b == 0x55),
+            "the write landed"
+        );
+        assert!(got[8192..].iter().all(|&b| b == 7));
+        // The base is untouched.
+        assert!(std::fs::read(&base).unwrap().iter().all(|&b| b == 7));
+        // Recreating replaces the overlay (the write is gone) instead of failing.
         create_overlay(&base, &ov).unwrap();
+        tool(
+            "qemu-img",
+            &[
+                "convert",
+                "-f",
+                "qcow2",
+                "-O",
+                "raw",
+                ovs,
+                flat.to_str().unwrap(),
+            ],
+        );
+        assert!(std::fs::read(&flat).unwrap().iter().all(|&b| b == 7));
         assert!(matches!(
             create_overlay(&d.path().join("nope"), &ov),
             Err(DiskError::Read(..))

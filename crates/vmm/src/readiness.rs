@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::qmp::Qmp;
-use crate::spec::ReadySpec;
+use rebound_api::ReadySpec;
 
 /// How long an accepted connection must stay open to count as a listening guest.
 const SETTLE: Duration = Duration::from_millis(300);
@@ -163,7 +163,7 @@ mod tests {
         assert!(probe(&"tcp:80".parse().unwrap(), Some(port), &log, None).await);
         assert!(probe(&"http:80/x".parse().unwrap(), Some(port), &log, None).await);
         // Nothing listens on a port we just released.
-        let free = crate::vm::process::free_port().unwrap();
+        let free = crate::process::free_port().unwrap();
         assert!(!probe(&"tcp:80".parse().unwrap(), Some(free), &log, None).await);
         assert!(!probe(&"http:80/".parse().unwrap(), Some(free), &log, None).await);
     }

@@ -1,29 +1,18 @@
-//! The per-VM event log: JSON lines with a wall-clock (RFC 3339) and a
-//! CLOCK_MONOTONIC timestamp, so intervals are exact even if the wall clock jumps.
+//! The per-VM event log file (`events.jsonl`): typed [`Event`]s, one JSON line each,
+//! format version [`rebound_api::EVENT_LOG_VERSION`] (documented in `rebound_api::event`).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use rebound_api::{Event, EventData, EVENT_LOG_VERSION};
 
 /// Errors writing or reading an event log.
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
-    #[error("cannot write event log {0}: {1}")]
-    Write(PathBuf, std::io::Error),
-    #[error("cannot read event log {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-}
-
-/// One event, as stored and as served by the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub wall: String,
-    pub mono_ns: u64,
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<Value>,
+    #[error("cannot write event log {0}")]
+    Write(PathBuf, #[source] std::io::Error),
+    #[error("cannot read event log {0}")]
+    Read(PathBuf, #[source] std::io::Error),
 }
 
 /// CLOCK_MONOTONIC now, in nanoseconds.
@@ -52,19 +41,16 @@ impl EventLog {
     }
 
     /// Appends an event stamped now; returns it.
-    pub fn append(&self, kind: &str, detail: Option<Value>) -> Result<Event, EventError> {
+    pub fn append(&self, data: EventData) -> Result<Event, EventError> {
         let ev = Event {
+            v: EVENT_LOG_VERSION,
             wall: wall_now(),
             mono_ns: mono_ns(),
-            kind: kind.to_string(),
-            detail,
+            data,
         };
         let mut line = serde_json::to_string(&ev).expect("events serialize");
         line.push('\n');
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
+        let mut f = crate::private::create_file(&self.path, true)
             .map_err(|e| EventError::Write(self.path.clone(), e))?;
         // One write per line: concurrent appenders never interleave within a line.
         f.write_all(line.as_bytes())
@@ -72,8 +58,8 @@ impl EventLog {
         Ok(ev)
     }
 
-    /// All events; a missing log is empty and unreadable lines (e.g. a torn last
-    /// line after a crash) are skipped.
+    /// All events; a missing log is empty, and lines that do not parse (a torn last
+    /// line after a crash, a kind from a newer version) are skipped.
     pub fn read_all(&self) -> Result<Vec<Event>, EventError> {
         let f = match std::fs::File::open(&self.path) {
             Ok(f) => f,
@@ -94,33 +80,34 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn append_and_read_back() {
         let d = tempfile::tempdir().unwrap();
-        let log = EventLog::new(&d.path().join("e.jsonl"));
+        let p = d.path().join("e.jsonl");
+        let log = EventLog::new(&p);
         assert!(log.read_all().unwrap().is_empty());
-        let a = log
-            .append("started", Some(serde_json::json!({"pid": 1})))
-            .unwrap();
-        let b = log.append("ready", None).unwrap();
+        let a = log.append(EventData::Killed { pid: 1 }).unwrap();
+        let b = log.append(EventData::Paused).unwrap();
         assert!(b.mono_ns >= a.mono_ns);
+        assert_eq!(a.v, EVENT_LOG_VERSION);
         chrono::DateTime::parse_from_rfc3339(&a.wall).unwrap();
-        let all = log.read_all().unwrap();
-        assert_eq!(all, vec![a, b]);
+        assert_eq!(log.read_all().unwrap(), vec![a, b]);
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
     }
 
     #[test]
-    fn skips_torn_and_garbage_lines() {
+    fn skips_torn_garbage_and_unknown_lines() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("e.jsonl");
         let log = EventLog::new(&p);
-        log.append("started", None).unwrap();
+        log.append(EventData::Resumed).unwrap();
         let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
-        f.write_all(b"garbage\n\xff\xff\n{\"wall\":\"x\",\"mono")
+        f.write_all(b"garbage\n\xff\xff\n{\"v\":9,\"wall\":\"x\",\"mono_ns\":1,\"kind\":\"future\"}\n{\"wall\":\"x\",\"mono")
             .unwrap();
         let all = log.read_all().unwrap();
         assert_eq!(all.len(), 1);
-        assert_eq!(all[0].kind, "started");
+        assert_eq!(all[0].kind(), "resumed");
     }
 }

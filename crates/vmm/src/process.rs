@@ -16,17 +16,28 @@ pub enum ProcessError {
     NotOnPath,
     #[error("QEMU not found at {0} (from REBOUND_QEMU)")]
     NotAt(PathBuf),
-    #[error("cannot start QEMU {0}: {1}")]
-    Spawn(PathBuf, std::io::Error),
-    #[error("cannot open QEMU's log {0}: {1}")]
-    Log(PathBuf, std::io::Error),
-    #[error("cannot find a free host port: {0}")]
-    Port(std::io::Error),
+    #[error("cannot start QEMU {0}")]
+    Spawn(PathBuf, #[source] std::io::Error),
+    #[error("cannot open QEMU's log {0}")]
+    Log(PathBuf, #[source] std::io::Error),
+    #[error("cannot find a free host port")]
+    Port(#[source] std::io::Error),
 }
 
 /// Finds the QEMU binary: `$REBOUND_QEMU`, else `qemu-system-x86_64` on `PATH`.
 pub fn find_qemu() -> Result<PathBuf, ProcessError> {
-    if let Some(p) = std::env::var_os("REBOUND_QEMU").filter(|p| !p.is_empty()) {
+    find_qemu_in(
+        std::env::var_os("REBOUND_QEMU"),
+        std::env::var_os("PATH").unwrap_or_default(),
+    )
+}
+
+/// [`find_qemu`] with the two variables given.
+pub fn find_qemu_in(
+    rebound_qemu: Option<std::ffi::OsString>,
+    path: std::ffi::OsString,
+) -> Result<PathBuf, ProcessError> {
+    if let Some(p) = rebound_qemu.filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return if is_executable(&p) {
             Ok(p)
@@ -34,7 +45,6 @@ pub fn find_qemu() -> Result<PathBuf, ProcessError> {
             Err(ProcessError::NotAt(p))
         };
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|d| d.join("qemu-system-x86_64"))
         .find(|p| is_executable(p))
@@ -48,29 +58,26 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Makes `cmd` start in its own session, so it survives us and our terminal.
+/// Makes `cmd` start in its own session (so it survives us and our terminal) with
+/// umask 077 (so whatever it creates is private, whatever our caller's umask was).
 pub fn new_session(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only calls
-    // setsid(2), which is async-signal-safe and touches no memory of the parent.
+    // setsid(2) and umask(2), which are async-signal-safe and touch no memory of the
+    // parent.
     unsafe {
         cmd.pre_exec(|| {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            libc::umask(crate::private::UMASK as libc::mode_t);
             Ok(())
         });
     }
 }
 
-/// Starts QEMU in a new session with stdout/stderr appended to `log`.
-/// The caller owns the returned child (and should reap it).
-pub fn spawn_qemu(
-    qemu: &Path,
-    args: &[String],
-    log: &Path,
-) -> Result<tokio::process::Child, ProcessError> {
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
+/// The command that starts QEMU in a new session, private umask, with stdout and
+/// stderr appended to `log` (created 0600). Tests spawn it as is; the daemon through
+/// [`spawn_qemu`].
+pub fn qemu_command(qemu: &Path, args: &[String], log: &Path) -> Result<Command, ProcessError> {
+    let out = crate::private::create_file(log, true)
         .map_err(|e| ProcessError::Log(log.to_path_buf(), e))?;
     let err = out
         .try_clone()
@@ -78,7 +85,17 @@ pub fn spawn_qemu(
     let mut cmd = Command::new(qemu);
     cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
     new_session(&mut cmd);
-    let mut cmd = tokio::process::Command::from(cmd);
+    Ok(cmd)
+}
+
+/// Starts QEMU (see [`qemu_command`]) as a tokio child that is not killed on drop:
+/// the guest outlives the daemon. The caller owns the child (and should reap it).
+pub fn spawn_qemu(
+    qemu: &Path,
+    args: &[String],
+    log: &Path,
+) -> Result<tokio::process::Child, ProcessError> {
+    let mut cmd = tokio::process::Command::from(qemu_command(qemu, args, log)?);
     cmd.kill_on_drop(false);
     cmd.spawn()
         .map_err(|e| ProcessError::Spawn(qemu.to_path_buf(), e))
@@ -173,10 +190,26 @@ mod tests {
 
     #[test]
     fn rebound_qemu_override() {
-        // Env is process-wide; this is the only test in this binary touching it.
-        std::env::set_var("REBOUND_QEMU", "/nonexistent/qemu");
-        assert!(matches!(find_qemu(), Err(ProcessError::NotAt(_))));
-        std::env::remove_var("REBOUND_QEMU");
+        let d = tempfile::tempdir().unwrap();
+        let fake = d.path().join("qemu-system-x86_64");
+        std::fs::write(&fake, b"#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = d.path().as_os_str().to_owned();
+        assert!(matches!(
+            find_qemu_in(Some("/nonexistent/qemu".into()), path.clone()),
+            Err(ProcessError::NotAt(_))
+        ));
+        assert_eq!(
+            find_qemu_in(Some(fake.clone().into()), "".into()).unwrap(),
+            fake
+        );
+        assert_eq!(find_qemu_in(None, path.clone()).unwrap(), fake);
+        assert_eq!(find_qemu_in(Some("".into()), path).unwrap(), fake);
+        assert!(matches!(
+            find_qemu_in(None, "/nonexistent".into()),
+            Err(ProcessError::NotOnPath)
+        ));
     }
 
     #[test]

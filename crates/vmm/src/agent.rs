@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -38,29 +38,7 @@ pub enum AgentError {
     Malformed(String),
 }
 
-/// Where the guest's VMCOREINFO note is, as the agent read it from /sys/kernel/vmcoreinfo.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmcoreinfoAddr {
-    pub paddr: u64,
-    pub size: u64,
-}
-
-/// Facts the agent reports once the workload serves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReadyInfo {
-    pub agent_version: u32,
-    pub kernel_release: String,
-    #[serde(default)]
-    pub mem_total_kib: u64,
-    #[serde(default)]
-    pub vmcoreinfo: Option<VmcoreinfoAddr>,
-    #[serde(default)]
-    pub workload: Option<String>,
-    #[serde(default)]
-    pub service_port: Option<u16>,
-    #[serde(default)]
-    pub uptime_ms: u64,
-}
+pub use rebound_api::{ReadyInfo, VmcoreinfoAddr};
 
 /// A message from the guest agent.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -255,6 +233,8 @@ async fn session(
     let mut split = LineSplitter::default();
     let mut buf = vec![0u8; 8192];
     let mut ready_seen = false;
+    // The guest controls these bytes: a few warnings a minute at most.
+    let mut bad = crate::ratelimit::RateLimit::new(5, Duration::from_secs(60));
     let mut hello = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {
@@ -271,7 +251,11 @@ async fn session(
                             ready_seen |= matches!(m, AgentMsg::Ready(_));
                             msgs.send(m).map_err(|_| ())?;
                         }
-                        Err(e) => eprintln!("agent link: dropped a line: {e}"),
+                        Err(e) => {
+                            if let Some(dropped) = bad.admit(std::time::Instant::now()) {
+                                tracing::warn!(dropped_since_last = dropped, "agent link: dropped a line: {e}");
+                            }
+                        }
                     }
                 }
             }

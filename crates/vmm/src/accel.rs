@@ -4,32 +4,14 @@
 //! (`/sys/module/kvm_pvm`) without `vmx`/`svm` in `/proc/cpuinfo`, standard guests hang
 //! early in boot. `auto` picks KVM only when it can run a standard guest.
 
-use serde::{Deserialize, Serialize};
-
-use crate::spec::AccelChoice;
+pub use rebound_api::Accel;
+use rebound_api::AccelChoice;
 
 /// Errors choosing an accelerator.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum AccelError {
     #[error("--accel kvm requested but KVM is unusable here: {0}")]
     KvmUnusable(String),
-}
-
-/// The accelerator QEMU runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl Accel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        }
-    }
 }
 
 /// What the host offers, gathered once so the decision is a pure function.
@@ -175,9 +157,28 @@ mod tests {
     }
 
     #[test]
-    fn this_host_decides() {
-        // Whatever this host is, auto must decide without error.
-        let d = choose(AccelChoice::Auto, &HostFacts::probe()).unwrap();
-        assert!(d.reason.is_some());
+    fn probe_reads_this_host() {
+        // Each fact checked against the same source read another way.
+        let f = HostFacts::probe();
+        let grep = std::process::Command::new("grep")
+            .args(["-qwE", "vmx|svm", "/proc/cpuinfo"])
+            .status()
+            .expect("grep runs");
+        assert_eq!(f.cpu_virt, grep.success());
+        assert_eq!(f.kvm_pvm, std::fs::metadata("/sys/module/kvm_pvm").is_ok());
+        let opens = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
+        assert_eq!(f.dev_kvm_error.is_none(), opens);
+        let d = choose(AccelChoice::Auto, &f).unwrap();
+        match f.kvm_unusable_reason() {
+            Some(r) => {
+                assert_eq!(d.accel, Accel::Tcg);
+                assert!(d.reason.unwrap().contains(&r));
+            }
+            None => assert_eq!(d.accel, Accel::Kvm),
+        }
     }
 }

@@ -190,6 +190,7 @@ async fn reader(
     events: mpsc::UnboundedSender<QmpEvent>,
 ) {
     let mut buf = String::new();
+    let mut bad = crate::ratelimit::RateLimit::new(5, Duration::from_secs(60));
     loop {
         buf.clear();
         match read_line(&mut lines, &mut buf).await {
@@ -211,7 +212,14 @@ async fn reader(
                 let _ = events.send(QmpEvent { event, data });
             }
             Ok(Message::Greeting | Message::Other) => {}
-            Err(e) => eprintln!("qmp: ignoring malformed line ({e})"),
+            Err(e) => {
+                if let Some(dropped) = bad.admit(std::time::Instant::now()) {
+                    tracing::warn!(
+                        dropped_since_last = dropped,
+                        "qmp: ignoring a malformed line ({e})"
+                    );
+                }
+            }
         }
     }
     for (_, tx) in pending.lock().expect("qmp pending lock").drain() {

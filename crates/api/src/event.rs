@@ -1,0 +1,301 @@
+//! The per-VM event log's entries: `vms/NAME/events.jsonl`, one JSON object a line, and
+//! the answer of `GET /v1/vms/{name}/events`.
+//!
+//! Format, version [`EVENT_LOG_VERSION`]:
+//! `{"v":1,"wall":"<RFC 3339>","mono_ns":<CLOCK_MONOTONIC ns>,"kind":"<kind>","detail":{...}}`.
+//! `kind` names one variant of [`EventData`] and `detail` holds its fields (absent for
+//! kinds without fields). Lines written before versioning have no `v` (read as 0)
+//! and the same kinds and fields. A reader skips lines it cannot parse (a torn last
+//! line, a kind from a newer version) rather than failing the whole log.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::status::{Accel, ReadyInfo};
+
+/// Version written in every new line's `v`.
+pub const EVENT_LOG_VERSION: u32 = 1;
+
+/// One event, as stored and as served by the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Format version of this line (0: before versioning).
+    #[serde(default)]
+    pub v: u32,
+    /// Wall-clock time, RFC 3339 with milliseconds.
+    pub wall: String,
+    /// CLOCK_MONOTONIC nanoseconds: exact intervals even if the wall clock jumps.
+    pub mono_ns: u64,
+    #[serde(flatten)]
+    pub data: EventData,
+}
+
+impl Event {
+    /// The kind's name, as in the JSON.
+    pub fn kind(&self) -> &'static str {
+        self.data.kind()
+    }
+}
+
+/// What happened. Each variant is one `kind`; its fields are the `detail` object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum EventData {
+    /// QEMU was spawned with this command line.
+    Started {
+        pid: u32,
+        accel: Accel,
+        #[serde(default)]
+        accel_reason: Option<String>,
+        qemu: String,
+        argv: Vec<String>,
+    },
+    /// A restarted daemon found this VM's QEMU alive and took it back.
+    Reattached { pid: u32, qemu_status: String },
+    /// The guest agent said `ready` for the first time since QEMU started.
+    AgentReady(ReadyInfo),
+    /// The agent said `ready` again (its link came back, e.g. after a daemon restart).
+    AgentHello(ReadyInfo),
+    /// The VM's readiness condition held for the first time.
+    Ready {
+        #[serde(default)]
+        ready_after_ms: Option<u64>,
+        probe: String,
+    },
+    /// QEMU reported `GUEST_PANICKED`.
+    Panicked {
+        #[serde(default)]
+        action: Option<String>,
+        #[serde(default)]
+        info: Option<Value>,
+    },
+    /// The vCPUs stopped.
+    Paused,
+    /// The vCPUs run again.
+    Resumed,
+    /// The watchdog fired.
+    Watchdog {
+        #[serde(default)]
+        action: Option<String>,
+    },
+    /// The guest or QEMU shut down.
+    Shutdown {
+        #[serde(default)]
+        guest: Option<bool>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The balloon reached a new size.
+    Balloon {
+        #[serde(default)]
+        actual: Option<u64>,
+    },
+    /// Progress of the `memfill` workload (rate-limited).
+    Memfill {
+        filled_kib: u64,
+        rounds: u64,
+        errors: u64,
+    },
+    /// The agent reported an error.
+    AgentError { message: String },
+    /// A crash was requested, through the agent (`sysrq`) or an NMI.
+    CrashRequested { via: String },
+    /// The agent wrote a marker into guest RAM.
+    Marker { paddr: u64, len: u64 },
+    /// The VM stopped on request (`how`: guest poweroff, quit, sigkill) or was found
+    /// dead when the daemon came back (`reason`).
+    Stopped {
+        #[serde(default)]
+        how: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The VM was killed on request.
+    Killed { pid: u32 },
+    /// QEMU went away on its own (or never came up).
+    Exited {
+        #[serde(default)]
+        exit_code: Option<i32>,
+        #[serde(default)]
+        error: Option<String>,
+    },
+}
+
+impl EventData {
+    /// The kind's name, as in the JSON.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventData::Started { .. } => "started",
+            EventData::Reattached { .. } => "reattached",
+            EventData::AgentReady(_) => "agent_ready",
+            EventData::AgentHello(_) => "agent_hello",
+            EventData::Ready { .. } => "ready",
+            EventData::Panicked { .. } => "panicked",
+            EventData::Paused => "paused",
+            EventData::Resumed => "resumed",
+            EventData::Watchdog { .. } => "watchdog",
+            EventData::Shutdown { .. } => "shutdown",
+            EventData::Balloon { .. } => "balloon",
+            EventData::Memfill { .. } => "memfill",
+            EventData::AgentError { .. } => "agent_error",
+            EventData::CrashRequested { .. } => "crash_requested",
+            EventData::Marker { .. } => "marker",
+            EventData::Stopped { .. } => "stopped",
+            EventData::Killed { .. } => "killed",
+            EventData::Exited { .. } => "exited",
+        }
+    }
+
+    /// Every kind's name (documentation and the API spec list the same).
+    pub const KINDS: [&'static str; 18] = [
+        "started",
+        "reattached",
+        "agent_ready",
+        "agent_hello",
+        "ready",
+        "panicked",
+        "paused",
+        "resumed",
+        "watchdog",
+        "shutdown",
+        "balloon",
+        "memfill",
+        "agent_error",
+        "crash_requested",
+        "marker",
+        "stopped",
+        "killed",
+        "exited",
+    ];
+
+    /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,
+    /// since QEMU's own schema decides them.
+    pub fn from_qmp(event: &str, data: &Value) -> Option<EventData> {
+        let s = |k: &str| data.get(k).and_then(Value::as_str).map(str::to_string);
+        Some(match event {
+            "GUEST_PANICKED" => EventData::Panicked {
+                action: s("action"),
+                info: data.get("info").cloned(),
+            },
+            "STOP" => EventData::Paused,
+            "RESUME" => EventData::Resumed,
+            "WATCHDOG" => EventData::Watchdog {
+                action: s("action"),
+            },
+            "SHUTDOWN" => EventData::Shutdown {
+                guest: data.get("guest").and_then(Value::as_bool),
+                reason: s("reason"),
+            },
+            "BALLOON_CHANGE" => EventData::Balloon {
+                actual: data.get("actual").and_then(Value::as_u64),
+            },
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(data: EventData) -> Event {
+        Event {
+            v: EVENT_LOG_VERSION,
+            wall: "2026-11-23T00:00:00.000Z".into(),
+            mono_ns: 7,
+            data,
+        }
+    }
+
+    #[test]
+    fn json_shape_is_kind_plus_detail() {
+        let e = ev(EventData::Killed { pid: 9 });
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v,
+            json!({"v":1,"wall":"2026-11-23T00:00:00.000Z","mono_ns":7,"kind":"killed","detail":{"pid":9}})
+        );
+        let e2: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(e2, e);
+        // Kinds without fields have no detail, and read back.
+        let v = serde_json::to_value(ev(EventData::Paused)).unwrap();
+        assert_eq!(v["kind"], "paused");
+        assert!(v.get("detail").is_none(), "{v}");
+        assert_eq!(
+            serde_json::from_value::<Event>(v).unwrap().data,
+            EventData::Paused
+        );
+    }
+
+    #[test]
+    fn kind_names_match_the_json() {
+        let samples = [
+            EventData::Paused,
+            EventData::Resumed,
+            EventData::Killed { pid: 1 },
+            EventData::Ready {
+                ready_after_ms: Some(3),
+                probe: "agent".into(),
+            },
+            EventData::Exited {
+                exit_code: None,
+                error: None,
+            },
+        ];
+        for d in samples {
+            let v = serde_json::to_value(ev(d.clone())).unwrap();
+            assert_eq!(v["kind"], d.kind());
+            assert!(EventData::KINDS.contains(&d.kind()));
+        }
+    }
+
+    #[test]
+    fn lines_from_before_versioning_read_as_v0() {
+        let line = r#"{"wall":"x","mono_ns":5,"kind":"stopped","detail":{"how":"quit"}}"#;
+        let e: Event = serde_json::from_str(line).unwrap();
+        assert_eq!(e.v, 0);
+        assert_eq!(
+            e.data,
+            EventData::Stopped {
+                how: Some("quit".into()),
+                reason: None
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_and_bad_fields_are_refused() {
+        for line in [
+            r#"{"v":1,"wall":"x","mono_ns":5,"kind":"teleported"}"#,
+            r#"{"v":1,"wall":"x","mono_ns":5,"kind":"killed","detail":{"pid":"nine"}}"#,
+            r#"{"v":1,"wall":"x","kind":"paused"}"#,
+        ] {
+            assert!(serde_json::from_str::<Event>(line).is_err(), "{line}");
+        }
+    }
+
+    #[test]
+    fn qmp_events_become_typed() {
+        let d = EventData::from_qmp(
+            "GUEST_PANICKED",
+            &json!({"action":"pause","info":{"type":"hyper-v"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            d,
+            EventData::Panicked {
+                action: Some("pause".into()),
+                info: Some(json!({"type":"hyper-v"}))
+            }
+        );
+        assert_eq!(
+            EventData::from_qmp("BALLOON_CHANGE", &json!({"actual": 5})),
+            Some(EventData::Balloon { actual: Some(5) })
+        );
+        assert_eq!(
+            EventData::from_qmp("NIC_RX_FILTER_CHANGED", &json!({})),
+            None
+        );
+    }
+}

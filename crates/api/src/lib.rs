@@ -1,0 +1,18 @@
+//! The types of Rebound's daemon API (`api/openapi.yaml`), shared by the daemon, the
+//! CLI and the tests, so both ends of every request agree on one definition.
+//!
+//! - [`spec`]: what the user asks for (`VmSpec`), with the parsers of sizes, names,
+//!   forwards and readiness conditions;
+//! - [`status`]: what a VM reports (`VmStatus`, [`VmState`]);
+//! - [`event`]: the versioned, typed event log (`events.jsonl` and `GET .../events`);
+//! - [`reply`]: the other answers (health, marker, VMCOREINFO, errors).
+
+pub mod event;
+pub mod reply;
+pub mod spec;
+pub mod status;
+
+pub use event::{Event, EventData, EVENT_LOG_VERSION};
+pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
+pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};
+pub use status::{Accel, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

@@ -1,0 +1,97 @@
+//! A VM's states and every transition between them, in one place.
+//!
+//! The owner task (`owner.rs`) is the only writer of a VM's state, and it changes the
+//! state only through [`next`]. Later capabilities (dumping, recovering, snapshotting,
+//! restoring, settling) add their states to `rebound_api::VmState`, their triggers
+//! here, and their rows to the table.
+
+use rebound_api::VmState;
+
+/// What happened to the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger<'a> {
+    /// QEMU answered `query-status` with this run state (at start or re-attach).
+    QemuStatus(&'a str),
+    /// QMP `STOP`.
+    Stopped,
+    /// QMP `RESUME`.
+    Resumed,
+    /// QMP `GUEST_PANICKED`.
+    Panicked,
+    /// A stop or kill job begins tearing QEMU down.
+    TearDown,
+    /// QEMU is gone (exited, killed, or never came up).
+    Gone,
+}
+
+/// The state after `t` happens in `s`; `None` when `t` changes nothing in `s`.
+pub fn next(s: VmState, t: Trigger<'_>) -> Option<VmState> {
+    use VmState::*;
+    let to = match (s, t) {
+        // Nothing revives a stopped VM but a new start (a new owner).
+        (Stopped, _) => return None,
+        (_, Trigger::Gone) => Stopped,
+        // While tearing down, QEMU's own events no longer change what the user sees.
+        (Stopping, _) => return None,
+        (_, Trigger::TearDown) => Stopping,
+        (_, Trigger::Panicked) => Panicked,
+        // A panicked guest stays panicked (QEMU also reports STOP and `paused`).
+        (Panicked, Trigger::Stopped | Trigger::Resumed) => return None,
+        (Panicked, Trigger::QemuStatus(q)) if q != "running" => return None,
+        (_, Trigger::Stopped) => Paused,
+        (_, Trigger::Resumed) => Running,
+        (_, Trigger::QemuStatus(q)) => match q {
+            "running" => Running,
+            "guest-panicked" => Panicked,
+            "shutdown" | "paused" | "watchdog" | "debug" | "io-error" | "internal-error"
+            | "suspended" | "postmigrate" | "prelaunch" | "inmigrate" => Paused,
+            _ => return None,
+        },
+    };
+    (to != s).then_some(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rebound_api::VmState::*;
+
+    #[test]
+    fn the_table() {
+        let q = Trigger::QemuStatus;
+        for (from, t, to) in [
+            (Starting, q("running"), Some(Running)),
+            (Starting, q("guest-panicked"), Some(Panicked)),
+            (Starting, q("paused"), Some(Paused)),
+            (Starting, q("what"), None),
+            (Running, Trigger::Stopped, Some(Paused)),
+            (Paused, Trigger::Resumed, Some(Running)),
+            (Running, Trigger::Panicked, Some(Panicked)),
+            (Panicked, Trigger::Stopped, None),
+            (Panicked, q("paused"), None),
+            (Panicked, q("running"), Some(Running)),
+            (Panicked, Trigger::Resumed, None),
+            (Running, Trigger::Resumed, None),
+            (Running, Trigger::TearDown, Some(Stopping)),
+            (Panicked, Trigger::TearDown, Some(Stopping)),
+            (Stopping, Trigger::Panicked, None),
+            (Stopping, Trigger::Resumed, None),
+            (Stopping, Trigger::Gone, Some(Stopped)),
+            (Running, Trigger::Gone, Some(Stopped)),
+            (Starting, Trigger::Gone, Some(Stopped)),
+            (Stopped, Trigger::Gone, None),
+            (Stopped, q("running"), None),
+            (Stopped, Trigger::TearDown, None),
+        ] {
+            assert_eq!(next(from, t), to, "{from} + {t:?}");
+        }
+    }
+
+    #[test]
+    fn every_state_can_reach_stopped() {
+        for s in VmState::ALL {
+            let end = next(s, Trigger::Gone).unwrap_or(s);
+            assert_eq!(end, Stopped, "{s}");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! One VM in the daemon: a handle others read and send jobs to, and the owner task
+//! (`owner.rs`) that alone holds its QEMU process, QMP session and agent link, runs
+//! one job at a time and makes every state change (`machine.rs`).
+//!
+//! Reading a VM (status, events, waiting for a state) never goes through the owner,
+//! so it answers at once even while a long job runs.
+
+pub mod machine;
+mod owner;
+
+use std::sync::{Arc, Mutex};
+
+use rebound_api::{MarkerReply, VmStatus};
+use rebound_vmm::events::EventLog;
+use rebound_vmm::paths::{Paths, RunDir, VmDir};
+use rebound_vmm::record::VmRecord;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use owner::{start_owner, Init, StartJob};
+
+use super::error::OpError;
+
+/// A job the owner runs for a request.
+#[derive(Debug)]
+pub enum Job {
+    /// Graceful stop: guest poweroff, then `quit`, then SIGKILL.
+    Stop,
+    /// SIGKILL at once.
+    Kill,
+    /// Make the guest kernel panic.
+    Crash,
+    /// Have the agent write these bytes (hex) into guest RAM.
+    Marker(String),
+}
+
+impl Job {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Job::Stop => "stop",
+            Job::Kill => "kill",
+            Job::Crash => "crash",
+            Job::Marker(_) => "marker",
+        }
+    }
+}
+
+/// What a job answers.
+#[derive(Debug)]
+pub enum Done {
+    Status(Box<VmStatus>),
+    Marker(MarkerReply),
+}
+
+type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
+
+/// What the owner publishes: the record and the job under way.
+struct Shared {
+    rec: VmRecord,
+    job: Option<&'static str>,
+}
+
+/// One VM as the rest of the daemon sees it.
+pub struct VmHandle {
+    pub name: String,
+    pub dir: VmDir,
+    pub run: RunDir,
+    pub events: EventLog,
+    shared: Mutex<Shared>,
+    /// Bumped on every change; waiters watch it.
+    changed: watch::Sender<u64>,
+    jobs: mpsc::UnboundedSender<Request>,
+}
+
+impl VmHandle {
+    /// A handle and the receiving end of its job queue, for its owner.
+    pub fn new(paths: &Paths, rec: VmRecord) -> (Arc<VmHandle>, mpsc::UnboundedReceiver<Request>) {
+        let name = rec.spec.name.clone();
+        let dir = paths.vm(&name);
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let h = Arc::new(VmHandle {
+            events: EventLog::new(&dir.events()),
+            run: paths.run_dir(&name),
+            dir,
+            name,
+            shared: Mutex::new(Shared { rec, job: None }),
+            changed: watch::channel(0).0,
+            jobs,
+        });
+        (h, rx)
+    }
+
+    /// A copy of the record.
+    pub fn record(&self) -> VmRecord {
+        self.shared.lock().expect("vm lock").rec.clone()
+    }
+
+    pub fn status(&self) -> VmStatus {
+        let s = self.shared.lock().expect("vm lock");
+        s.rec.status(s.job)
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Queues `job` for the owner and waits for its answer.
+    pub async fn run(&self, job: Job) -> Result<Done, OpError> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send((job, tx))
+            .map_err(|_| OpError::OwnerGone(self.name.clone()))?;
+        rx.await
+            .map_err(|_| OpError::OwnerGone(self.name.clone()))?
+    }
+
+    /// Runs a job that answers with a status.
+    pub async fn run_for_status(&self, job: Job) -> Result<VmStatus, OpError> {
+        match self.run(job).await? {
+            Done::Status(s) => Ok(*s),
+            Done::Marker(_) => Ok(self.status()),
+        }
+    }
+
+    /// Changes the record and persists it (owner only); wakes waiters.
+    fn update<R>(&self, f: impl FnOnce(&mut VmRecord) -> R) -> R {
+        let (r, snapshot) = {
+            let mut s = self.shared.lock().expect("vm lock");
+            let r = f(&mut s.rec);
+            (r, s.rec.clone())
+        };
+        if let Err(e) = snapshot.save(&self.dir.record()) {
+            tracing::error!(vm = %self.name, "{}", super::error::chain(&e));
+        }
+        self.changed.send_modify(|v| *v += 1);
+        r
+    }
+
+    fn set_job(&self, job: Option<&'static str>) {
+        self.shared.lock().expect("vm lock").job = job;
+        self.changed.send_modify(|v| *v += 1);
+    }
+}

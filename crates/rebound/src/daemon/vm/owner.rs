@@ -1,0 +1,595 @@
+//! The owner of one VM: a task that holds its QEMU child, QMP session and agent link,
+//! turns what they report into state changes and event-log lines, and runs the jobs
+//! others queue, one at a time. It is the only writer of the VM's record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebound_api::spec::BootSource;
+use rebound_api::{EventData, MarkerReply, ReadySpec, VmSpec, VmState, VmStatus};
+use rebound_vmm::agent::{AgentLink, AgentMsg};
+use rebound_vmm::events::{mono_ns, wall_now};
+use rebound_vmm::paths::Paths;
+use rebound_vmm::process;
+use rebound_vmm::qmp::{Qmp, QmpEvent};
+use rebound_vmm::readiness;
+use rebound_vmm::record::VmRecord;
+use rebound_vmm::resolve::{self, Resolved};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::oneshot;
+
+use super::machine::{next, Trigger};
+use super::{Done, Job, Request, VmHandle};
+use crate::daemon::error::OpError;
+use crate::daemon::metrics::Metrics;
+use crate::daemon::state::Daemon;
+
+/// How long a guest gets to power off before QEMU is told to quit.
+const GRACE: Duration = Duration::from_secs(10);
+/// How long QEMU gets to create its QMP socket.
+const QMP_WAIT: Duration = Duration::from_secs(15);
+/// Memfill progress is logged at most this often (plus whenever errors appear).
+const MEMFILL_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// How an owner begins.
+pub enum Init {
+    /// Spawn QEMU for a checked spec and answer `reply` once QMP is up.
+    Start(Box<StartJob>),
+    /// Take back a VM whose QEMU may still run (daemon restart).
+    Reattach,
+    /// A stopped VM found on disk: only wait for jobs.
+    Idle,
+}
+
+/// What a start needs.
+pub struct StartJob {
+    pub spec: VmSpec,
+    pub boot: BootSource,
+    pub ready: ReadySpec,
+    pub reply: oneshot::Sender<Result<VmStatus, OpError>>,
+}
+
+struct Owner {
+    vm: Arc<VmHandle>,
+    metrics: Arc<Metrics>,
+    qmp: Option<Arc<Qmp>>,
+    qmp_events: Option<UnboundedReceiver<QmpEvent>>,
+    agent: Option<Arc<AgentLink>>,
+    agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
+    child: Option<tokio::process::Child>,
+    ready: ReadySpec,
+    probe_port: Option<u16>,
+    last_memfill: Option<(tokio::time::Instant, u64)>,
+}
+
+/// Spawns the owner task of `vm`.
+pub fn start_owner(
+    d: &Arc<Daemon>,
+    vm: Arc<VmHandle>,
+    jobs: UnboundedReceiver<Request>,
+    init: Init,
+) {
+    let paths = d.paths.clone();
+    let host = d.host.clone();
+    let owner = Owner {
+        vm,
+        metrics: d.metrics.clone(),
+        qmp: None,
+        qmp_events: None,
+        agent: None,
+        agent_msgs: None,
+        child: None,
+        ready: ReadySpec::Agent,
+        probe_port: None,
+        last_memfill: None,
+    };
+    tokio::spawn(owner.run(paths, host, jobs, init));
+}
+
+/// The next item of an optional channel; never, if there is none.
+async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+enum Input {
+    Job(Option<Request>),
+    Qmp(Option<QmpEvent>),
+    Agent(Option<AgentMsg>),
+    Probe,
+}
+
+impl Owner {
+    async fn run(
+        mut self,
+        paths: Paths,
+        host: rebound_vmm::accel::HostFacts,
+        mut jobs: UnboundedReceiver<Request>,
+        init: Init,
+    ) {
+        match init {
+            Init::Start(job) => {
+                let StartJob {
+                    spec,
+                    boot,
+                    ready,
+                    reply,
+                } = *job;
+                self.vm.set_job(Some("start"));
+                let r = self.start(&paths, &host, spec, boot, ready).await;
+                self.vm.set_job(None);
+                let failed = r.is_err();
+                if failed {
+                    self.metrics.start_failures.inc();
+                } else {
+                    self.metrics.starts.inc();
+                }
+                let _ = reply.send(r);
+                if failed {
+                    return;
+                }
+            }
+            Init::Idle => {}
+            Init::Reattach => {
+                if let Err(why) = self.reattach().await {
+                    self.finish(EventData::Stopped {
+                        how: None,
+                        reason: Some(why),
+                    });
+                }
+            }
+        }
+        let mut probe = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            let probing = !matches!(self.ready, ReadySpec::Agent)
+                && self.qmp.is_some()
+                && !self.vm.record().ready;
+            let input = tokio::select! {
+                j = jobs.recv() => Input::Job(j),
+                e = recv_opt(&mut self.qmp_events) => Input::Qmp(e),
+                m = recv_opt(&mut self.agent_msgs) => Input::Agent(m),
+                _ = probe.tick(), if probing => Input::Probe,
+            };
+            match input {
+                // The daemon dropped the handle (a new start replaced it, or the VM
+                // was removed): the QEMU, if any, is no longer ours to watch.
+                Input::Job(None) => return,
+                Input::Job(Some((job, reply))) => {
+                    self.vm.set_job(Some(job.name()));
+                    let r = self.job(job).await;
+                    self.vm.set_job(None);
+                    let _ = reply.send(r);
+                }
+                Input::Qmp(Some(ev)) => self.on_qmp(ev),
+                Input::Qmp(None) => self.on_qemu_gone().await,
+                Input::Agent(Some(m)) => self.on_agent(m),
+                Input::Agent(None) => self.agent_msgs = None,
+                Input::Probe => self.probe().await,
+            }
+        }
+    }
+
+    /// Moves the state by `t` through the one transition table.
+    fn apply(&self, t: Trigger<'_>) -> bool {
+        self.vm.update(|r| match next(r.state, t) {
+            Some(to) => {
+                r.state = to;
+                if matches!(to, VmState::Panicked | VmState::Stopping | VmState::Stopped) {
+                    r.ready = false;
+                }
+                true
+            }
+            None => false,
+        })
+    }
+
+    fn event(&self, data: EventData) {
+        if let Err(e) = self.vm.events.append(data) {
+            tracing::error!(vm = %self.vm.name, "{}", crate::daemon::error::chain(&e));
+        }
+    }
+
+    // ---- start and re-attach ----
+
+    async fn start(
+        &mut self,
+        paths: &Paths,
+        host: &rebound_vmm::accel::HostFacts,
+        spec: VmSpec,
+        boot: BootSource,
+        ready: ReadySpec,
+    ) -> Result<VmStatus, OpError> {
+        let (p, h, s) = (paths.clone(), host.clone(), spec.clone());
+        let res: Resolved =
+            tokio::task::spawn_blocking(move || resolve::resolve(&p, &h, &s, boot, ready))
+                .await
+                .map_err(|e| OpError::Internal(e.to_string()))??;
+        let run = self.vm.run.clone();
+        let _ = std::fs::remove_dir_all(run.path());
+        rebound_vmm::private::create_dir_all(run.path())
+            .map_err(|e| OpError::Io(format!("cannot create {}", run.path().display()), e))?;
+        let args = res.command.args()?;
+        let child = process::spawn_qemu(&res.qemu, &args, &run.qemu_log())
+            .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
+        let pid = child.id().unwrap_or(0);
+        self.child = Some(child);
+        let t0 = mono_ns();
+        self.vm.update(|r| {
+            *r = VmRecord::new(&spec, &run);
+            r.accel = res.accel.accel;
+            r.accel_reason = res.accel.reason.clone();
+            r.qemu_pid = Some(pid);
+            r.forwards = res.forwards.clone();
+            r.started_at = Some(wall_now());
+            r.started_mono_ns = Some(t0);
+            r.service_port = spec.service_port();
+        });
+        self.event(EventData::Started {
+            pid,
+            accel: res.accel.accel,
+            accel_reason: res.accel.reason.clone(),
+            qemu: res.qemu.display().to_string(),
+            argv: args,
+        });
+        let (qmp, events) = match self.connect_qmp(pid).await {
+            Ok(q) => q,
+            Err(msg) => {
+                process::sigkill(pid);
+                self.reap(pid).await;
+                self.finish(EventData::Exited {
+                    exit_code: None,
+                    error: Some(msg.clone()),
+                });
+                return Err(OpError::QemuFailed(msg));
+            }
+        };
+        let st = qmp.run_state().await.unwrap_or_else(|_| "running".into());
+        self.apply(Trigger::QemuStatus(&st));
+        self.attach(qmp, events, res.ready);
+        Ok(self.vm.status())
+    }
+
+    /// Waits for QEMU's QMP socket and connects; on failure explains why (QEMU's last log line).
+    async fn connect_qmp(&self, pid: u32) -> Result<rebound_vmm::qmp::QmpSession, String> {
+        let deadline = tokio::time::Instant::now() + QMP_WAIT;
+        let sock = self.vm.run.qmp();
+        loop {
+            if sock.exists() {
+                if let Ok(q) = Qmp::connect(&sock).await {
+                    return Ok(q);
+                }
+            }
+            if !process::is_alive(pid) || tokio::time::Instant::now() >= deadline {
+                let why = process::last_log_line(&self.vm.run.qemu_log())
+                    .unwrap_or_else(|| "no QMP socket appeared".into());
+                return Err(if process::is_alive(pid) {
+                    format!("QMP did not answer: {why}")
+                } else {
+                    format!("QEMU exited: {why}")
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Takes the connections over; the agent link starts for guests that have one.
+    fn attach(&mut self, qmp: Arc<Qmp>, events: UnboundedReceiver<QmpEvent>, ready: ReadySpec) {
+        let rec = self.vm.record();
+        if matches!(ready, ReadySpec::Agent) || rec.spec.kernel.is_none() {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            self.agent = Some(Arc::new(AgentLink::start(&self.vm.run.agent(), tx)));
+            self.agent_msgs = Some(rx);
+        }
+        self.probe_port = ready
+            .guest_port()
+            .and_then(|g| rec.forwards.iter().find(|f| f.guest == g).map(|f| f.host));
+        self.ready = ready;
+        self.qmp = Some(qmp);
+        self.qmp_events = Some(events);
+    }
+
+    async fn reattach(&mut self) -> Result<(), String> {
+        let rec = self.vm.record();
+        let pid = rec.qemu_pid.ok_or("no QEMU pid recorded")?;
+        if !process::is_our_qemu(pid, &rec.run_dir) {
+            return Err(format!("QEMU (pid {pid}) is gone"));
+        }
+        let (qmp, events) =
+            tokio::time::timeout(Duration::from_secs(5), Qmp::connect(&self.vm.run.qmp()))
+                .await
+                .map_err(|_| "QMP did not answer".to_string())?
+                .map_err(|e| e.to_string())?;
+        let st = qmp.run_state().await.map_err(|e| e.to_string())?;
+        self.apply(Trigger::QemuStatus(&st));
+        self.event(EventData::Reattached {
+            pid,
+            qemu_status: st,
+        });
+        let ready: ReadySpec = match &rec.spec.ready {
+            Some(r) => r
+                .parse()
+                .map_err(|e: rebound_api::SpecError| e.to_string())?,
+            None => ReadySpec::Agent,
+        };
+        self.metrics.reattaches.inc();
+        self.attach(qmp, events, ready);
+        Ok(())
+    }
+
+    // ---- what QEMU and the guest report ----
+
+    fn on_qmp(&mut self, ev: QmpEvent) {
+        let Some(data) = EventData::from_qmp(&ev.event, &ev.data) else {
+            return;
+        };
+        let changed = match &data {
+            EventData::Panicked { .. } => {
+                let c = self.apply(Trigger::Panicked);
+                if c {
+                    self.metrics.panics.inc();
+                }
+                c
+            }
+            EventData::Paused => self.apply(Trigger::Stopped),
+            EventData::Resumed => self.apply(Trigger::Resumed),
+            // Watchdog, shutdown and balloon are facts, not state changes.
+            _ => true,
+        };
+        if changed {
+            self.event(data);
+        }
+    }
+
+    async fn on_qemu_gone(&mut self) {
+        let pid = self.vm.record().qemu_pid;
+        let code = match pid {
+            Some(pid) => self.reap(pid).await,
+            None => None,
+        };
+        self.metrics.exits.inc();
+        self.finish(EventData::Exited {
+            exit_code: code,
+            error: None,
+        });
+    }
+
+    fn on_agent(&mut self, m: AgentMsg) {
+        match m {
+            AgentMsg::Ready(info) => {
+                let first = self.vm.update(|r| {
+                    let first = r.kernel_release.is_none();
+                    r.kernel_release = Some(info.kernel_release.clone());
+                    r.vmcoreinfo = info.vmcoreinfo;
+                    if info.service_port.is_some() {
+                        r.service_port = info.service_port;
+                    }
+                    first
+                });
+                self.event(if first {
+                    EventData::AgentReady(info)
+                } else {
+                    EventData::AgentHello(info)
+                });
+                if matches!(self.ready, ReadySpec::Agent)
+                    && self.vm.record().state == VmState::Running
+                {
+                    self.mark_ready("agent".into());
+                }
+            }
+            AgentMsg::Memfill {
+                filled_kib,
+                rounds,
+                errors,
+            } => {
+                let now = tokio::time::Instant::now();
+                let due = match self.last_memfill {
+                    None => true,
+                    Some((t, e)) => now.duration_since(t) >= MEMFILL_LOG_EVERY || errors != e,
+                };
+                if due {
+                    self.last_memfill = Some((now, errors));
+                    self.event(EventData::Memfill {
+                        filled_kib,
+                        rounds,
+                        errors,
+                    });
+                }
+            }
+            AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
+            // Ticks and heartbeats are frequent; the counter also goes to the serial log.
+            AgentMsg::Heartbeat { .. } | AgentMsg::Counter { .. } | AgentMsg::Marker { .. } => {}
+        }
+    }
+
+    async fn probe(&mut self) {
+        if self.vm.record().state != VmState::Running {
+            return;
+        }
+        let ok = readiness::probe(
+            &self.ready,
+            self.probe_port,
+            &self.vm.run.serial_log(),
+            self.qmp.as_deref(),
+        )
+        .await;
+        if ok {
+            self.mark_ready(self.ready.to_string());
+        }
+    }
+
+    fn mark_ready(&self, probe: String) {
+        let first = self.vm.update(|r| {
+            if r.ready {
+                return None;
+            }
+            r.ready = true;
+            let ms = r
+                .started_mono_ns
+                .map(|t0| mono_ns().saturating_sub(t0) / 1_000_000);
+            if r.ready_after_ms.is_none() {
+                r.ready_after_ms = ms;
+            }
+            Some(r.ready_after_ms)
+        });
+        if let Some(ms) = first {
+            if let Some(ms) = ms {
+                self.metrics.ready_seconds.observe(ms as f64 / 1000.0);
+            }
+            self.event(EventData::Ready {
+                ready_after_ms: ms,
+                probe,
+            });
+        }
+    }
+
+    // ---- jobs ----
+
+    async fn job(&mut self, job: Job) -> Result<Done, OpError> {
+        match job {
+            Job::Stop => self.stop().await.map(|s| Done::Status(Box::new(s))),
+            Job::Kill => self.kill().await.map(|s| Done::Status(Box::new(s))),
+            Job::Crash => self.crash().await.map(|s| Done::Status(Box::new(s))),
+            Job::Marker(hex) => self.marker(&hex).await.map(Done::Marker),
+        }
+    }
+
+    fn require_running(&self, why: &'static str) -> Result<(), OpError> {
+        let st = self.vm.record().state;
+        if st != VmState::Running {
+            return Err(OpError::WrongState(self.vm.name.clone(), st, why));
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<VmStatus, OpError> {
+        let rec = self.vm.record();
+        let Some(pid) = rec.qemu_pid.filter(|_| rec.state.has_qemu()) else {
+            return Ok(self.vm.status());
+        };
+        self.apply(Trigger::TearDown);
+        let mut how = "guest poweroff";
+        let mut gone = !process::is_alive(pid);
+        if !gone && rec.state == VmState::Running {
+            if let Some(q) = &self.qmp {
+                let _ = q.execute("system_powerdown", None).await;
+            }
+            gone = self.poweroff_by_agent(pid).await;
+        }
+        if !gone {
+            how = "quit";
+            if let Some(q) = &self.qmp {
+                let _ = q.execute("quit", None).await;
+            }
+            gone = process::wait_gone(pid, Duration::from_secs(5)).await;
+        }
+        if !gone {
+            how = "sigkill";
+            process::sigkill(pid);
+        }
+        self.reap(pid).await;
+        self.metrics.stops.inc();
+        self.finish(EventData::Stopped {
+            how: Some(how.into()),
+            reason: None,
+        });
+        Ok(self.vm.status())
+    }
+
+    /// Asks the agent to power the guest off until QEMU is gone or [`GRACE`] runs out.
+    /// The request is repeated every second: a just re-attached agent link may not be
+    /// up yet, and a link that drops loses what it was sending.
+    async fn poweroff_by_agent(&self, pid: u32) -> bool {
+        let deadline = tokio::time::Instant::now() + GRACE;
+        loop {
+            if let Some(a) = &self.agent {
+                let _ = a.poweroff();
+            }
+            let next = (tokio::time::Instant::now() + Duration::from_secs(1)).min(deadline);
+            let left = next.saturating_duration_since(tokio::time::Instant::now());
+            if process::wait_gone(pid, left).await {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+
+    async fn kill(&mut self) -> Result<VmStatus, OpError> {
+        let rec = self.vm.record();
+        if let Some(pid) = rec.qemu_pid.filter(|_| rec.state.has_qemu()) {
+            self.apply(Trigger::TearDown);
+            process::sigkill(pid);
+            self.reap(pid).await;
+            self.metrics.kills.inc();
+            self.finish(EventData::Killed { pid });
+        }
+        Ok(self.vm.status())
+    }
+
+    /// Panics the guest kernel: through the agent when it is up, else with an NMI.
+    async fn crash(&mut self) -> Result<VmStatus, OpError> {
+        self.require_running("only a running guest can be crashed")?;
+        let via_agent = match (&self.agent, self.vm.record().kernel_release.is_some()) {
+            (Some(a), true) => a.crash().is_ok(),
+            _ => false,
+        };
+        if !via_agent {
+            let q = self.qmp.as_ref().ok_or(OpError::NoQmp)?;
+            q.execute("inject-nmi", None).await?;
+        }
+        self.event(EventData::CrashRequested {
+            via: if via_agent { "agent" } else { "nmi" }.into(),
+        });
+        Ok(self.vm.status())
+    }
+
+    async fn marker(&mut self, hex: &str) -> Result<MarkerReply, OpError> {
+        self.require_running("the agent runs only in a running guest")?;
+        let agent = self
+            .agent
+            .clone()
+            .ok_or(rebound_vmm::agent::AgentError::NotConnected)?;
+        let (paddr, len) = agent.marker(hex).await?;
+        self.event(EventData::Marker { paddr, len });
+        Ok(MarkerReply { paddr, len })
+    }
+
+    // ---- the end of a QEMU ----
+
+    /// Waits for `pid` to be gone and reaps it if it is our child (no zombie stays);
+    /// returns its exit code when known.
+    async fn reap(&mut self, pid: u32) -> Option<i32> {
+        match self.child.take() {
+            Some(mut c) => match tokio::time::timeout(Duration::from_secs(10), c.wait()).await {
+                Ok(Ok(st)) => st.code(),
+                _ => None,
+            },
+            None => {
+                process::wait_gone(pid, Duration::from_secs(10)).await;
+                None
+            }
+        }
+    }
+
+    /// Drops the connections, keeps the serial log, removes the run dir (RAM,
+    /// sockets), marks the VM stopped and logs why.
+    fn finish(&mut self, data: EventData) {
+        self.qmp = None;
+        self.qmp_events = None;
+        self.agent = None;
+        self.agent_msgs = None;
+        let _ = std::fs::copy(self.vm.run.serial_log(), self.vm.dir.serial_log());
+        let _ = std::fs::remove_dir_all(self.vm.run.path());
+        self.vm.update(|r| {
+            if let Some(to) = next(r.state, Trigger::Gone) {
+                r.state = to;
+            }
+            r.ready = false;
+            r.qemu_pid = None;
+        });
+        self.event(data);
+    }
+}

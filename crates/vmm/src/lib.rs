@@ -1,0 +1,32 @@
+//! Rebound's VM runtime: everything between a VM spec and a running, supervised QEMU.
+//! The daemon, the benchmarks and every test that boots a guest go through it; no
+//! QEMU command line is written anywhere else.
+//!
+//! Layers, bottom up:
+//! - [`private`]: who may read what (0700/0600, umask 077), in one place;
+//! - [`paths`]: where state lives (`$REBOUND_HOME`, the tmpfs run dir);
+//! - [`qemu`]: one QEMU command line from typed parts (memory backend, incoming
+//!   migration, networks and filters, block backends, devices);
+//! - [`accel`], [`disks`], [`images`], [`resolve`]: a spec resolved on this host into a
+//!   [`qemu::QemuCommand`] (accelerator, the VM's own disk copy, image files, ports);
+//! - [`process`]: spawning QEMU in its own session and watching the process;
+//! - [`qmp`], [`agent`], [`readiness`]: talking to QEMU and to the guest;
+//! - [`record`], [`events`]: the VM's persistent record and its event log;
+//! - [`ratelimit`]: warnings about input a guest controls, rate-limited.
+
+pub mod accel;
+pub mod agent;
+pub mod disks;
+pub mod events;
+pub mod images;
+pub mod paths;
+pub mod private;
+pub mod process;
+pub mod qemu;
+pub mod qmp;
+pub mod ratelimit;
+pub mod readiness;
+pub mod record;
+pub mod resolve;
+
+pub use rebound_api as api;

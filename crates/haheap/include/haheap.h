@@ -1,4 +1,30 @@
-/* haheap: highly available application heap (C ABI). Link with libhaheap.a (-lpthread -ldl -lm) or libhaheap.so. */
+/*
+ * haheap: highly available application heap (C ABI). Link with libhaheap.a
+ * (-lpthread -ldl -lm) or libhaheap.so. This header is C89 (block comments only;
+ * <stdint.h> for the fixed-width types) and can be included from C++.
+ *
+ * Use: haheap_create (or haheap_declare, or haheap_takeover on a new primary), then for
+ * each update haheap_tstart, stores through haheap_base() or haheap_write, and
+ * haheap_tend (or haheap_abort). Every call returns HAHEAP_OK or a negative
+ * HAHEAP_ERR_*; haheap_last_error() says why. One thread uses a heap at a time.
+ *
+ * Stores outside a transaction are allowed with the page engines (mprotect, uffd,
+ * scan): they are tracked like the others and belong to the next transaction, committed
+ * by its haheap_tend and undone by its haheap_abort. The "log" engine sees only what
+ * goes through haheap_write.
+ *
+ * The mprotect engine keeps every page of the heap read-only until its first store after
+ * a commit, inside a transaction or not, and records that store in a process-wide SIGSEGV
+ * handler, installed when the first mprotect heap is created (SA_SIGINFO | SA_ONSTACK |
+ * SA_RESTART). A fault outside its heaps goes to the handler installed before it, or to
+ * the default action, so real crashes still crash. A program that installs its own
+ * SIGSEGV handler afterwards must chain to the previous one. System calls that write
+ * into the heap (read(2), recv(2)) fail with EFAULT instead of faulting: read into a
+ * buffer and copy, or use the uffd or scan engine.
+ *
+ * Failover: HAHEAP_ERR_IN_DOUBT (backup gone: retry), HAHEAP_ERR_FENCED (another
+ * primary took over: stop), haheap_takeover and haheap_committed_tx_id.
+ */
 
 #ifndef HAHEAP_H
 #define HAHEAP_H
@@ -8,82 +34,143 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Success.
+/**
+ * Success.
+ */
 #define HAHEAP_OK 0
 
-// A required pointer argument was null.
+/**
+ * A required pointer argument was null.
+ */
 #define HAHEAP_ERR_NULL -1
 
-// An argument was invalid: unknown engine name, non-UTF-8 string, zero size, unknown flag.
+/**
+ * An argument was invalid: unknown engine name, non-UTF-8 string, zero size, unknown flag.
+ */
 #define HAHEAP_ERR_INVALID -2
 
-// haheap_tstart while a transaction is open.
+/**
+ * haheap_tstart while a transaction is open.
+ */
 #define HAHEAP_ERR_NESTED -3
 
-// haheap_tend, haheap_abort or haheap_write with no transaction open.
+/**
+ * haheap_tend, haheap_abort or haheap_write with no transaction open.
+ */
 #define HAHEAP_ERR_NO_TRANSACTION -4
 
-// haheap_write would reach outside the heap; nothing was written.
+/**
+ * haheap_write would reach outside the heap; nothing was written.
+ */
 #define HAHEAP_ERR_OUT_OF_BOUNDS -5
 
-// The dirty-tracking engine is unavailable or failed.
+/**
+ * The dirty-tracking engine is unavailable or failed.
+ */
 #define HAHEAP_ERR_ENGINE -6
 
-// The memory region could not be mapped or declared.
+/**
+ * The memory region could not be mapped or declared.
+ */
 #define HAHEAP_ERR_REGION -7
 
-// Replication to the backup failed (the transaction was rolled back), or takeover failed.
+/**
+ * Replication to the backup failed (the transaction was rolled back), or takeover failed.
+ */
 #define HAHEAP_ERR_REPLICATION -8
 
-// The heap is unusable after an earlier engine failure.
+/**
+ * The heap is unusable after an earlier engine failure.
+ */
 #define HAHEAP_ERR_BROKEN -9
 
-// A bug inside the library (a Rust panic was caught at the boundary).
+/**
+ * A bug inside the library (a Rust panic was caught at the boundary).
+ */
 #define HAHEAP_ERR_PANIC -10
 
-// The transaction is committed locally and queued for the backup, which has not
-// acknowledged it yet; call haheap_tend again to wait (new transactions are refused
-// with this code meanwhile).
+/**
+ * The transaction is committed locally and queued for the backup, which has not
+ * acknowledged it yet (the backup is gone or restarting); call haheap_tend again to wait
+ * for it, for instance once the backup is back (haheap_tstart and haheap_abort return
+ * this code meanwhile). A primary that was fenced gets HAHEAP_ERR_FENCED instead.
+ */
 #define HAHEAP_ERR_IN_DOUBT -11
 
-// haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
-// unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
+/**
+ * This primary was fenced: `rebound-ha promote` or another process's haheap_takeover
+ * made a new primary current at the backup. It is final: haheap_tstart, haheap_tend,
+ * haheap_abort and haheap_flush return it from then on, and nothing more can be
+ * committed from this heap. Only the transactions whose haheap_tend returned HAHEAP_OK
+ * are in the replica. A fenced primary must stop acting on the heap's contents (the
+ * new primary has the replica's and moves on from it): haheap_destroy the heap, and
+ * exit or become a standby; to be the primary again, haheap_takeover once the other
+ * primary is gone.
+ */
+#define HAHEAP_ERR_FENCED -12
+
+/**
+ * haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
+ * unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
+ */
 #define HAHEAP_FLAG_ASYNC 1
 
-// haheap_create/haheap_declare/haheap_takeover flag: while the backup is gone (killed,
-// restarting), haheap_tend blocks, reconnecting every 50 ms, until the backup is back and
-// has acknowledged, for up to the timeout in the flags' upper 16 bits (seconds; 0 there
-// means HAHEAP_BLOCK_DEFAULT_SECS), then returns HAHEAP_ERR_IN_DOUBT. Without this flag
-// haheap_tend returns HAHEAP_ERR_IN_DOUBT at once.
-// Example: `HAHEAP_FLAG_BLOCK | (30u << HAHEAP_BLOCK_SECS_SHIFT)` blocks up to 30 s.
+/**
+ * haheap_create/haheap_declare/haheap_takeover flag: while the backup is gone (killed,
+ * restarting), haheap_tend blocks, reconnecting every 50 ms, until the backup is back and
+ * has acknowledged, for up to the timeout in the flags' upper 16 bits (seconds; 0 there
+ * means HAHEAP_BLOCK_DEFAULT_SECS), then returns HAHEAP_ERR_IN_DOUBT. Without this flag
+ * haheap_tend returns HAHEAP_ERR_IN_DOUBT at once.
+ * Example: `HAHEAP_FLAG_BLOCK | (30u << HAHEAP_BLOCK_SECS_SHIFT)` blocks up to 30 s.
+ */
 #define HAHEAP_FLAG_BLOCK 2
 
-// haheap_create/haheap_declare/haheap_takeover flag: busy-poll up to HAHEAP_SPIN_US
-// before sleeping, for the backup's acknowledgement in haheap_tend and, with the uffd
-// engine, for faults. Lower latency when the machine has a CPU to spare; burns it.
+/**
+ * haheap_create/haheap_declare/haheap_takeover flag: busy-poll up to HAHEAP_SPIN_US
+ * before sleeping, for the backup's acknowledgement in haheap_tend and, with the uffd
+ * engine, for faults. Lower latency when the machine has a CPU to spare; burns it.
+ */
 #define HAHEAP_FLAG_SPIN 4
 
-// How long HAHEAP_FLAG_SPIN busy-polls, in microseconds.
+/**
+ * How long HAHEAP_FLAG_SPIN busy-polls, in microseconds.
+ */
 #define HAHEAP_SPIN_US 200
 
-// Bit position of the HAHEAP_FLAG_BLOCK timeout (seconds, 16 bits) in the flags.
+/**
+ * Bit position of the HAHEAP_FLAG_BLOCK timeout (seconds, 16 bits) in the flags.
+ */
 #define HAHEAP_BLOCK_SECS_SHIFT 16
 
-// The HAHEAP_FLAG_BLOCK timeout when the flags give none.
+/**
+ * The HAHEAP_FLAG_BLOCK timeout when the flags give none.
+ */
 #define HAHEAP_BLOCK_DEFAULT_SECS 60
 
-// An open heap. Opaque to C.
+/**
+ * An open heap. Opaque to C.
+ */
 typedef struct HaHeap HaHeap;
 
-// What one committed transaction did.
+/**
+ * What one committed transaction did.
+ */
 typedef struct HaheapTxStats {
-  // Id of the committed transaction (1 for the first).
+  /**
+   * Id of the committed transaction (1 for the first).
+   */
   uint64_t tx_id;
-  // Pages the engine reported written.
+  /**
+   * Pages the engine reported written.
+   */
   uint64_t pages;
-  // Bytes passed to haheap_write in the transaction.
+  /**
+   * Bytes passed to haheap_write in the transaction.
+   */
   uint64_t bytes_written_hint;
-  // Payload bytes of the diff shipped to the backup (what would be shipped without one).
+  /**
+   * Payload bytes of the diff shipped to the backup (what would be shipped without one).
+   */
   uint64_t bytes_shipped;
 } HaheapTxStats;
 
@@ -91,33 +178,38 @@ typedef struct HaheapTxStats {
 
 #ifdef __cplusplus
 extern "C" {
-#endif // __cplusplus
+#endif /* __cplusplus */
 
-// Creates a heap of `size` bytes (rounded up to whole pages), zero-filled.
-//
-// `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
-// `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
-// `flags`: 0, or HAHEAP_FLAG_ASYNC and/or HAHEAP_FLAG_BLOCK (with its timeout).
-//
-// # Safety
-// - `engine`: null or a NUL-terminated string, read during the call only.
-// - `backup`: null or a NUL-terminated string, read during the call only.
-// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+/**
+ * Creates a heap of `size` bytes (rounded up to whole pages), zero-filled.
+ *
+ * `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
+ * `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
+ * `flags`: 0, or any of HAHEAP_FLAG_ASYNC, HAHEAP_FLAG_SPIN and HAHEAP_FLAG_BLOCK (with
+ * its timeout in the upper bits).
+ *
+ * # Safety
+ * - `engine`: null or a NUL-terminated string, read during the call only.
+ * - `backup`: null or a NUL-terminated string, read during the call only.
+ * - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+ */
 int haheap_create(size_t size,
                   const char *engine,
                   const char *backup,
                   uint32_t flags,
                   struct HaHeap **out);
 
-// Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
-// current contents are the committed state. haheap_destroy gives the memory back
-// read-write and untracked (it does not unmap it). `flags` as for haheap_create.
-//
-// # Safety
-// - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
-//   that stays mapped until haheap_destroy, whose protection nobody else changes meanwhile.
-// - `engine`, `backup`: null or NUL-terminated strings, read during the call only.
-// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+/**
+ * Tracks memory the caller already has: `len` bytes at `base`, both page aligned. Its
+ * current contents are the committed state. haheap_destroy gives the memory back
+ * read-write and untracked (it does not unmap it). `flags` as for haheap_create.
+ *
+ * # Safety
+ * - `base`: page-aligned, readable and writable private anonymous memory of `len` bytes
+ *   that stays mapped until haheap_destroy, whose protection nobody else changes meanwhile.
+ * - `engine`, `backup`: null or NUL-terminated strings, read during the call only.
+ * - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+ */
 int haheap_declare(uint8_t *base,
                    size_t len,
                    const char *engine,
@@ -125,95 +217,134 @@ int haheap_declare(uint8_t *base,
                    uint32_t flags,
                    struct HaHeap **out);
 
-// Becomes the new primary after the old one died: attaches to the backup's replica,
-// copies its committed image into a fresh heap and continues replicating to it.
-// `flags` as for haheap_create.
-//
-// # Safety
-// - `engine`: null or a NUL-terminated string, read during the call only.
-// - `backup`: must be a non-null NUL-terminated string, read during the call only.
-// - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+/**
+ * Becomes the new primary after the old one died: attaches to the backup's replica,
+ * copies its committed image into a fresh heap and continues replicating to it; the
+ * backup's epoch is bumped, which fences the old primary (HAHEAP_ERR_FENCED there).
+ * Transaction ids continue from the replica's last one (haheap_committed_tx_id).
+ * If the old primary may still be connected, run `rebound-ha promote` first, or this
+ * call is refused after 2 s. `flags` as for haheap_create.
+ *
+ * # Safety
+ * - `engine`: null or a NUL-terminated string, read during the call only.
+ * - `backup`: must be a non-null NUL-terminated string, read during the call only.
+ * - `out`: must be non-null and writable; receives the heap on success, untouched on failure.
+ */
 int haheap_takeover(const char *engine, const char *backup, uint32_t flags, struct HaHeap **out);
 
-// Base address of the heap's memory, or null if `heap` is null. Stores through it inside a
-// transaction are tracked by the page engines (mprotect, uffd, scan), not by "log".
-//
-// # Safety
-// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+/**
+ * Base address of the heap's memory, or null if `heap` is null. Stores through it inside a
+ * transaction are tracked by the page engines (mprotect, uffd, scan), not by "log".
+ *
+ * # Safety
+ * `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+ */
 uint8_t *haheap_base(struct HaHeap *heap);
 
-// Size of the heap in bytes (whole pages), or 0 if `heap` is null.
-//
-// # Safety
-// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+/**
+ * Size of the heap in bytes (whole pages), or 0 if `heap` is null.
+ *
+ * # Safety
+ * `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+ */
 size_t haheap_size(const struct HaHeap *heap);
 
-// Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
-// string; null if `heap` is null.
-//
-// # Safety
-// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+/**
+ * Id of the last transaction committed in this heap: 0 before the first, or 0 if `heap`
+ * is null. A transaction left in doubt (HAHEAP_ERR_IN_DOUBT) counts. After haheap_takeover
+ * it is the replica's last transaction, and ids continue from it: the next haheap_tend
+ * commits this id + 1.
+ *
+ * # Safety
+ * `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+ */
+uint64_t haheap_committed_tx_id(const struct HaHeap *heap);
+
+/**
+ * Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
+ * string; null if `heap` is null.
+ *
+ * # Safety
+ * `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+ */
 const char *haheap_engine_name(const struct HaHeap *heap);
 
-// Why the engine was chosen (for "auto": what was probed), valid until haheap_destroy;
-// null if `heap` is null.
-//
-// # Safety
-// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+/**
+ * Why the engine was chosen (for "auto": what was probed), valid until haheap_destroy;
+ * null if `heap` is null.
+ *
+ * # Safety
+ * `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+ */
 const char *haheap_engine_reason(const struct HaHeap *heap);
 
-// Opens a transaction. HAHEAP_ERR_NESTED if one is open.
-//
-// # Safety
-// `heap`: null or a live heap, not used by another thread during the call.
+/**
+ * Opens a transaction. HAHEAP_ERR_NESTED if one is open.
+ *
+ * # Safety
+ * `heap`: null or a live heap, not used by another thread during the call.
+ */
 int haheap_tstart(struct HaHeap *heap);
 
-// Copies `len` bytes from `src` to `offset` in the heap inside the open transaction.
-// HAHEAP_ERR_OUT_OF_BOUNDS (nothing written) if `offset + len` exceeds the heap.
-//
-// # Safety
-// - `heap`: null or a live heap, not used by another thread during the call.
-// - `src`: readable for `len` bytes; may be null only when `len` is 0.
+/**
+ * Copies `len` bytes from `src` to `offset` in the heap inside the open transaction.
+ * HAHEAP_ERR_OUT_OF_BOUNDS (nothing written) if `offset + len` exceeds the heap.
+ *
+ * # Safety
+ * - `heap`: null or a live heap, not used by another thread during the call.
+ * - `src`: readable for `len` bytes; may be null only when `len` is 0.
+ */
 int haheap_write(struct HaHeap *heap, size_t offset, const uint8_t *src, size_t len);
 
-// Commits the open transaction: finds what it wrote, ships the changed bytes to the backup
-// (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
-// committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
-// HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
-// again until it returns HAHEAP_OK (new transactions are refused meanwhile). With
-// HAHEAP_FLAG_BLOCK a missing backup makes this call wait (up to the flag's timeout)
-// for the backup to come back instead.
-//
-// # Safety
-// - `heap`: null or a live heap, not used by another thread during the call.
-// - `out_stats`: null, or writable; receives the statistics on success.
+/**
+ * Commits the open transaction: finds what it wrote, ships the changed bytes to the backup
+ * (if any; waits for its acknowledgement unless HAHEAP_FLAG_ASYNC) and makes them the
+ * committed state. On HAHEAP_ERR_REPLICATION the transaction was rolled back. On
+ * HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
+ * again until it returns HAHEAP_OK (new transactions are refused meanwhile). With
+ * HAHEAP_FLAG_BLOCK a missing backup makes this call wait (up to the flag's timeout)
+ * for the backup to come back instead. HAHEAP_ERR_FENCED is final: see its
+ * definition; calling again does not help.
+ *
+ * # Safety
+ * - `heap`: null or a live heap, not used by another thread during the call.
+ * - `out_stats`: null, or writable; receives the statistics on success.
+ */
 int haheap_tend(struct HaHeap *heap, struct HaheapTxStats *out_stats);
 
-// Drops the open transaction and restores the last committed contents.
-//
-// # Safety
-// `heap`: null or a live heap, not used by another thread during the call.
+/**
+ * Drops the open transaction and restores the last committed contents.
+ *
+ * # Safety
+ * `heap`: null or a live heap, not used by another thread during the call.
+ */
 int haheap_abort(struct HaHeap *heap);
 
-// Waits until the backup acknowledged every committed transaction (useful with
-// HAHEAP_FLAG_ASYNC; immediate without a backup).
-//
-// # Safety
-// `heap`: null or a live heap, not used by another thread during the call.
+/**
+ * Waits until the backup acknowledged every committed transaction (useful with
+ * HAHEAP_FLAG_ASYNC; immediate without a backup).
+ *
+ * # Safety
+ * `heap`: null or a live heap, not used by another thread during the call.
+ */
 int haheap_flush(struct HaHeap *heap);
 
-// Frees the heap: unmaps its memory and stops tracking. Null is accepted and ignored.
-//
-// # Safety
-// `heap`: null or a live heap; it must not be used afterwards.
+/**
+ * Frees the heap: unmaps its memory and stops tracking. Null is accepted and ignored.
+ *
+ * # Safety
+ * `heap`: null or a live heap; it must not be used afterwards.
+ */
 int haheap_destroy(struct HaHeap *heap);
 
-// Message of the last failed call on this thread ("" if none). The string stays valid
-// until the next failing haheap call on the same thread.
+/**
+ * Message of the last failed call on this thread ("" if none). The string stays valid
+ * until the next failing haheap call on the same thread.
+ */
 const char *haheap_last_error(void);
 
 #ifdef __cplusplus
-}  // extern "C"
-#endif  // __cplusplus
+}  /* extern "C" */
+#endif /* __cplusplus */
 
 #endif  /* HAHEAP_H */

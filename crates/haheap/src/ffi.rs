@@ -37,9 +37,19 @@ pub const HAHEAP_ERR_BROKEN: c_int = -9;
 /// A bug inside the library (a Rust panic was caught at the boundary).
 pub const HAHEAP_ERR_PANIC: c_int = -10;
 /// The transaction is committed locally and queued for the backup, which has not
-/// acknowledged it yet; call haheap_tend again to wait (new transactions are refused
-/// with this code meanwhile).
+/// acknowledged it yet (the backup is gone or restarting); call haheap_tend again to wait
+/// for it, for instance once the backup is back (haheap_tstart and haheap_abort return
+/// this code meanwhile). A primary that was fenced gets HAHEAP_ERR_FENCED instead.
 pub const HAHEAP_ERR_IN_DOUBT: c_int = -11;
+/// This primary was fenced: `rebound-ha promote` or another process's haheap_takeover
+/// made a new primary current at the backup. It is final: haheap_tstart, haheap_tend,
+/// haheap_abort and haheap_flush return it from then on, and nothing more can be
+/// committed from this heap. Only the transactions whose haheap_tend returned HAHEAP_OK
+/// are in the replica. A fenced primary must stop acting on the heap's contents (the
+/// new primary has the replica's and moves on from it): haheap_destroy the heap, and
+/// exit or become a standby; to be the primary again, haheap_takeover once the other
+/// primary is gone.
+pub const HAHEAP_ERR_FENCED: c_int = -12;
 
 /// haheap_create/haheap_takeover flag: replicate asynchronously (at most 64 transactions
 /// unacknowledged) instead of waiting for the backup's acknowledgement in haheap_tend.
@@ -111,6 +121,7 @@ impl From<Error> for Fail {
             }
             Error::Replication(_) | Error::NoBackup => HAHEAP_ERR_REPLICATION,
             Error::Broken => HAHEAP_ERR_BROKEN,
+            Error::Fenced(_) => HAHEAP_ERR_FENCED,
         };
         Fail(code, crate::engine::error_chain(&e))
     }
@@ -223,7 +234,8 @@ fn publish(mut heap: Heap, out: *mut *mut HaHeap) {
 ///
 /// `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
 /// `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
-/// `flags`: 0, or HAHEAP_FLAG_ASYNC and/or HAHEAP_FLAG_BLOCK (with its timeout).
+/// `flags`: 0, or any of HAHEAP_FLAG_ASYNC, HAHEAP_FLAG_SPIN and HAHEAP_FLAG_BLOCK (with
+/// its timeout in the upper bits).
 ///
 /// # Safety
 /// - `engine`: null or a NUL-terminated string, read during the call only.
@@ -285,8 +297,11 @@ pub unsafe extern "C" fn haheap_declare(
 }
 
 /// Becomes the new primary after the old one died: attaches to the backup's replica,
-/// copies its committed image into a fresh heap and continues replicating to it.
-/// `flags` as for haheap_create.
+/// copies its committed image into a fresh heap and continues replicating to it; the
+/// backup's epoch is bumped, which fences the old primary (HAHEAP_ERR_FENCED there).
+/// Transaction ids continue from the replica's last one (haheap_committed_tx_id).
+/// If the old primary may still be connected, run `rebound-ha promote` first, or this
+/// call is refused after 2 s. `flags` as for haheap_create.
 ///
 /// # Safety
 /// - `engine`: null or a NUL-terminated string, read during the call only.
@@ -354,6 +369,19 @@ pub unsafe extern "C" fn haheap_base(heap: *mut HaHeap) -> *mut u8 {
 pub unsafe extern "C" fn haheap_size(heap: *const HaHeap) -> usize {
     // SAFETY: caller contract.
     unsafe { property(heap, 0, |h| h.heap.len()) }
+}
+
+/// Id of the last transaction committed in this heap: 0 before the first, or 0 if `heap`
+/// is null. A transaction left in doubt (HAHEAP_ERR_IN_DOUBT) counts. After haheap_takeover
+/// it is the replica's last transaction, and ids continue from it: the next haheap_tend
+/// commits this id + 1.
+///
+/// # Safety
+/// `heap`: null or a live heap from haheap_create/haheap_declare/haheap_takeover.
+#[no_mangle]
+pub unsafe extern "C" fn haheap_committed_tx_id(heap: *const HaHeap) -> u64 {
+    // SAFETY: caller contract.
+    unsafe { property(heap, 0, |h| h.heap.committed_tx_id()) }
 }
 
 /// Name of the engine in use ("mprotect", "uffd", "scan" or "log"; never "auto"), a static
@@ -430,7 +458,8 @@ pub unsafe extern "C" fn haheap_write(
 /// HAHEAP_ERR_IN_DOUBT it is committed here and queued for the backup: call haheap_tend
 /// again until it returns HAHEAP_OK (new transactions are refused meanwhile). With
 /// HAHEAP_FLAG_BLOCK a missing backup makes this call wait (up to the flag's timeout)
-/// for the backup to come back instead.
+/// for the backup to come back instead. HAHEAP_ERR_FENCED is final: see its
+/// definition; calling again does not help.
 ///
 /// # Safety
 /// - `heap`: null or a live heap, not used by another thread during the call.
@@ -515,10 +544,9 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_an_error_code_not_an_unwind() {
-        let prev = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {})); // keep the expected panic quiet
+        // The default hook prints the expected panic into this test's captured output;
+        // swapping the process-wide hook would hide other tests' panics meanwhile.
         let rc = guard(|| panic!("boom"));
-        std::panic::set_hook(prev);
         assert_eq!(rc, HAHEAP_ERR_PANIC);
         assert!(message().contains("panicked"), "{}", message());
         assert_eq!(

@@ -53,6 +53,11 @@ pub enum Error {
     /// An earlier engine failure left tracking in an unknown state.
     #[error("the heap is unusable after an earlier engine failure")]
     Broken,
+    /// The backup fenced this primary: a promote or another process's takeover made a new
+    /// primary current. Nothing can be committed from this heap any more; only the
+    /// transactions whose `tend` succeeded are in the replica.
+    #[error("this primary was fenced by its backup (a promote or a takeover made another one current); it can no longer commit: {0}")]
+    Fenced(String),
 }
 
 /// Pages diffed between checks for a part to stream.
@@ -72,6 +77,8 @@ pub struct Heap {
     reason: String,
     in_tx: bool,
     broken: bool,
+    /// The backup's reason, once it fenced this primary: every later call fails with it.
+    fenced: Option<String>,
     /// A transaction committed here and queued for the backup, not yet acknowledged.
     pending: Option<TxStats>,
     tx_id: u64,
@@ -179,10 +186,21 @@ impl Heap {
     }
 
     fn usable(&self) -> Result<(), Error> {
-        if self.broken {
-            Err(Error::Broken)
-        } else {
-            Ok(())
+        match (&self.fenced, self.broken) {
+            (Some(why), _) => Err(Error::Fenced(why.clone())),
+            (None, true) => Err(Error::Broken),
+            (None, false) => Ok(()),
+        }
+    }
+
+    /// A replication failure as the caller sees it; a fence is remembered for good.
+    fn repl_failed(&mut self, e: ReplError) -> Error {
+        match e.fenced() {
+            Some(why) => {
+                self.fenced = Some(why.to_string());
+                Error::Fenced(why.to_string())
+            }
+            None => Error::Replication(e),
         }
     }
 
@@ -250,7 +268,7 @@ impl Heap {
             Err(e) => {
                 self.in_tx = false;
                 self.roll_back_taken()?;
-                return Err(Error::Replication(e));
+                return Err(self.repl_failed(e));
             }
         };
         let t2 = Instant::now();
@@ -272,12 +290,12 @@ impl Heap {
                     self.finish_commit(tx_id)?;
                     self.counters.commits += 1;
                     self.pending = Some(stats);
-                    return Err(Error::Replication(e));
+                    return Err(self.repl_failed(e));
                 }
                 Err(e) => {
                     self.in_tx = false;
                     self.roll_back_taken()?;
-                    return Err(Error::Replication(e));
+                    return Err(self.repl_failed(e));
                 }
             }
         }
@@ -290,7 +308,7 @@ impl Heap {
                 // Queued and committed here; the next tend waits for the acknowledgement.
                 self.counters.commits += 1;
                 self.pending = Some(stats);
-                return Err(Error::Replication(e));
+                return Err(self.repl_failed(e));
             }
         }
         let c = &mut self.counters;
@@ -376,10 +394,10 @@ impl Heap {
             self.pending = None;
             return Ok(stats);
         };
-        let n = r
+        let sent = r
             .send(stats.tx_id, &[], self.region.as_slice())
-            .map_err(Error::Replication)?;
-        r.wait(stats.tx_id).map_err(Error::Replication)?;
+            .and_then(|n| r.wait(stats.tx_id).map(|()| n));
+        let n = sent.map_err(|e| self.repl_failed(e))?;
         stats.bytes_shipped = n as usize;
         self.pending = None;
         Ok(stats)
@@ -414,9 +432,12 @@ impl Heap {
 
     /// Waits until the backup acknowledged every committed transaction (async mode).
     pub fn flush(&mut self) -> Result<(), Error> {
-        match &mut self.repl {
-            Some(r) => r.flush().map_err(Error::Replication),
-            None => Ok(()),
+        if let Some(why) = &self.fenced {
+            return Err(Error::Fenced(why.clone()));
+        }
+        match self.repl.as_mut().map(|r| r.flush()) {
+            Some(Err(e)) => Err(self.repl_failed(e)),
+            _ => Ok(()),
         }
     }
 }
@@ -465,6 +486,7 @@ impl Parts {
             reason: self.reason,
             in_tx: false,
             broken: false,
+            fenced: None,
             pending: None,
             tx_id,
             written_hint: 0,

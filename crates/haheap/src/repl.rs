@@ -34,6 +34,21 @@ pub enum ReplError {
     Flush(#[source] hareplica::Error),
 }
 
+impl ReplError {
+    /// The backup's message when it refused because this primary was fenced.
+    pub fn fenced(&self) -> Option<&str> {
+        let source = match self {
+            ReplError::Endpoint(_) => return None,
+            ReplError::Connect(s) | ReplError::Flush(s) => s,
+            ReplError::InDoubt { source, .. } | ReplError::Refused { source, .. } => source,
+        };
+        match source {
+            hareplica::Error::Fenced(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
 /// Where committed transactions go.
 pub trait Replicator: Send {
     /// Queues and sends one transaction's runs (contents read from `heap`); returns bytes

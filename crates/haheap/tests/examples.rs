@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::{cargo_executable, target_dir};
+use common::{cargo_executable, make_c_example, target_dir};
 
 /// The C tests share one build output: one `make` at a time.
 static C_BUILD: Mutex<()> = Mutex::new(());
@@ -29,20 +29,6 @@ fn c_example_builds_and_runs_with_every_engine() {
         );
     }
     assert_eq!(stdout.matches("list ok").count(), 5, "{stdout}");
-}
-
-/// Runs `make TARGET` in the C example's directory against this build's library.
-fn make_c_example(target: &str) -> std::process::Output {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
-    let (target_dir, profile) = target_dir();
-    Command::new("make")
-        .arg("-C")
-        .arg(&dir)
-        .arg(target)
-        .arg(format!("PROFILE={profile}"))
-        .arg(format!("TARGET_DIR={}", target_dir.display()))
-        .output()
-        .expect("make")
 }
 
 /// Builds the C example (`make all`) and returns its path; hold C_BUILD around it.

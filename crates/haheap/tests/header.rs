@@ -18,6 +18,19 @@ fn header_matches_the_rust_abi() {
         .generate()
         .expect("cbindgen failed")
         .write(&mut generated);
+    // cbindgen marks the end of its C++ guards with `//` comments, which C89 lacks.
+    let generated = String::from_utf8(generated)
+        .expect("UTF-8 header")
+        .replace("#endif // __cplusplus", "#endif /* __cplusplus */")
+        .replace("#endif  // __cplusplus", "#endif /* __cplusplus */")
+        .replace("}  // extern \"C\"", "}  /* extern \"C\" */")
+        .into_bytes();
+    let text = String::from_utf8_lossy(&generated);
+    let slashes = text.lines().find(|l| l.contains("//"));
+    assert!(
+        slashes.is_none(),
+        "a `//` comment in the header breaks -std=c89: {slashes:?}"
+    );
     let path = dir.join("include/haheap.h");
     if std::env::var_os("HAHEAP_BLESS").is_some() {
         std::fs::write(&path, &generated).unwrap();

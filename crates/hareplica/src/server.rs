@@ -548,7 +548,7 @@ impl<'a> Connection<'a> {
                     return Err(Refusal(
                         ErrorCode::Exists,
                         format!(
-                            "the backup holds a {}-byte heap at tx {} (epoch {}); take it over with attach, or start the backup with --allow-reset",
+                            "the backup holds a {}-byte heap at tx {} (epoch {}); take it over (haheap_takeover, Heap::takeover), or start the backup with --allow-reset",
                             st.heap_size, st.last_tx, st.epoch
                         ),
                     ));

@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test file uses a different subset
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -47,4 +48,19 @@ pub fn cargo_executable(package: &str, kind: &str, name: &str) -> PathBuf {
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| panic!("cargo reported no executable for {kind} {name}"))
+}
+
+/// Runs `make TARGET` in the C example's directory against this build's library (one
+/// `make` at a time per test binary: they share the output directory).
+pub fn make_c_example(target: &str) -> std::process::Output {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/c");
+    let (target_dir, profile) = target_dir();
+    Command::new("make")
+        .arg("-C")
+        .arg(&dir)
+        .arg(target)
+        .arg(format!("PROFILE={profile}"))
+        .arg(format!("TARGET_DIR={}", target_dir.display()))
+        .output()
+        .expect("make")
 }

@@ -150,14 +150,16 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
 /// State written by versions that did not keep it private is tightened once, and
 /// the daemon's log says so.
 fn tighten_old_state(paths: &Paths) -> Result<(), ServerError> {
+    let mut n = 0;
     for root in [&paths.home, &paths.run] {
-        let n = private::tighten_tree(root).map_err(|e| ServerError::Tighten(root.clone(), e))?;
-        if n > 0 {
-            tracing::warn!(
-                "removed group and other permissions from {n} files and directories under {} (left readable by an older version)",
-                root.display()
-            );
-        }
+        n += private::tighten_tree(root).map_err(|e| ServerError::Tighten(root.clone(), e))?;
+    }
+    if n > 0 {
+        tracing::warn!(
+            "removed group and other permissions from {n} files and directories under {} and {} (left readable by an older version)",
+            paths.home.display(),
+            paths.run.display()
+        );
     }
     Ok(())
 }

@@ -142,10 +142,10 @@ impl Env {
         let (status, bytes, ct) = (ans.status, ans.body, ans.content_type.as_str());
         self.api
             .check_response(method, path, status.as_u16(), ct, &bytes)?;
-        let v = if ct.starts_with("text/plain") {
-            Value::String(String::from_utf8_lossy(&bytes).into_owned())
-        } else {
+        let v = if ct.starts_with("application/json") {
             serde_json::from_slice(&bytes)?
+        } else {
+            Value::String(String::from_utf8_lossy(&bytes).into_owned())
         };
         Ok((status.as_u16(), v))
     }

@@ -1,0 +1,135 @@
+//! Every operation of `api/openapi.yaml`, called and checked against the spec, in
+//! one VM life and a few short ones; the test fails when an operation of the spec is
+//! never exercised, and when a metric the daemon serves never moved.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{eventually, Env};
+use serde_json::{json, Value};
+
+fn start(env: &Env, name: &str) -> Value {
+    let spec = json!({"name": name, "workload": "web", "memory_mib": 128});
+    let (code, st) = env.call("POST", "/v1/vms", Some(&spec)).unwrap();
+    assert_eq!(code, 201, "{st}");
+    st
+}
+
+fn wait(env: &Env, name: &str, what: &str) -> Value {
+    env.get_ok(
+        "POST",
+        &format!("/v1/vms/{name}/wait?for={what}&timeout_ms=120000"),
+        None,
+    )
+}
+
+/// `name value` lines of the metrics text, for samples without labels.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.contains('{'))
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn every_operation_and_every_metric() {
+    let env = Env::new();
+    env.ok(&["vm", "list"]); // starts the daemon
+    let first_daemon = env.daemon_pid();
+    assert!(env
+        .get_ok("GET", "/v1/vms", None)
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    start(&env, "t1");
+    let st = wait(&env, "t1", "ready");
+    assert_eq!(st["state"], "running");
+    assert_eq!(st["job"], Value::Null);
+
+    // A restarted daemon takes the running VM back.
+    env.get_ok("POST", "/v1/daemon/shutdown", None);
+    eventually(Duration::from_secs(10), "the daemon to exit", || {
+        env.call("GET", "/v1/health", None).is_err().then_some(())
+    });
+    env.ok(&["vm", "list"]);
+    assert_ne!(env.daemon_pid(), first_daemon);
+    let st = env.status("t1");
+    assert_eq!(
+        (st["state"].as_str(), st["ready"].as_bool()),
+        (Some("running"), Some(true))
+    );
+    assert!(env.event_kinds("t1").contains(&"reattached".to_string()));
+
+    // A start accepted and then refused by the host counts as a failed start.
+    let (code, err) = env
+        .call(
+            "POST",
+            "/v1/vms",
+            Some(&json!({"name": "bad", "image": "nosuch"})),
+        )
+        .unwrap();
+    assert_eq!(code, 400, "{err}");
+    assert!(err["error"].as_str().unwrap().contains("nosuch"), "{err}");
+
+    // The guest, read from the host.
+    let m = env.get_ok(
+        "POST",
+        "/v1/vms/t1/marker",
+        Some(&json!({"value_hex": "c0ffee"})),
+    );
+    assert!(m["paddr"].as_u64().unwrap() > 0);
+    let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
+    assert!(vi["osrelease"].as_str().unwrap().contains('.'));
+    let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);
+    assert!(!logs.as_str().unwrap().is_empty());
+
+    env.get_ok("POST", "/v1/vms/t1/crash", None);
+    let st = wait(&env, "t1", "panicked");
+    assert_eq!(st["ready"], false);
+    let st = env.get_ok("POST", "/v1/vms/t1/stop", None);
+    assert_eq!(st["state"], "stopped");
+    let st = env.get_ok("DELETE", "/v1/vms/t1", None);
+    assert_eq!(st["name"], "t1");
+
+    // One more boot to readiness (this daemon's histogram), then a kill.
+    start(&env, "t2");
+    wait(&env, "t2", "ready");
+    let st = env.get_ok("POST", "/v1/vms/t2/kill", None);
+    assert_eq!(st["state"], "stopped");
+
+    // A QEMU that dies on its own is seen as exited.
+    let st = start(&env, "t3");
+    let pid = st["qemu_pid"].as_u64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait(&env, "t3", "stopped");
+    let evs = env.events("t3");
+    assert_eq!(evs.last().unwrap()["kind"], "exited", "{evs:?}");
+    assert!(evs.iter().all(|e| e["v"] == 1), "{evs:?}");
+
+    let text = env.get_ok("GET", "/metrics", None);
+    let text = text.as_str().unwrap();
+    let s = samples(text);
+    let counters: Vec<(&String, &f64)> = s.iter().filter(|(k, _)| k.ends_with("_total")).collect();
+    assert!(counters.len() >= 7, "{text}");
+    for (k, v) in counters {
+        assert!(*v > 0.0, "metric {k} never moved:\n{text}");
+    }
+    assert!(s["rebound_vm_ready_seconds_count"] >= 1.0, "{text}");
+    assert!(text.contains("rebound_vms{state=\"stopped\"} 2"), "{text}");
+
+    let missing = env.api.unexercised();
+    assert!(
+        missing.is_empty(),
+        "operations of the spec never exercised: {missing:?}"
+    );
+}

@@ -260,6 +260,9 @@ pub struct QemuCommand {
     pub devices: Vec<Device>,
     pub control: Control,
     pub incoming: Option<Incoming>,
+    /// `-S`: the vCPUs stay stopped until `cont` (QMP or HMP), so nothing but the
+    /// host writes guest RAM until then.
+    pub paused: bool,
 }
 
 /// Escapes a value for QEMU's `key=value,...` option syntax (commas are doubled).
@@ -289,6 +292,7 @@ impl QemuCommand {
             devices: Vec::new(),
             control: Control::default(),
             incoming: None,
+            paused: false,
         }
     }
 
@@ -385,6 +389,9 @@ impl QemuCommand {
         self.control_args(&mut a);
         if let Some(Incoming::Defer) = self.incoming {
             a.push(&["-incoming", "defer"]);
+        }
+        if self.paused {
+            a.push(&["-S"]);
         }
         Ok(a.0)
     }

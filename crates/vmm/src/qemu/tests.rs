@@ -288,3 +288,14 @@ fn boot_files() {
     assert_eq!(after(&a, "-serial"), ["file:/t/serial.log"]);
     assert_eq!(after(&a, "-mon"), ["chardev=hmp0,mode=readline"]);
 }
+
+#[test]
+fn paused_at_start() {
+    let mut q = vm();
+    assert!(!q.args().unwrap().iter().any(|a| a == "-S"));
+    q.paused = true;
+    q.incoming = Some(Incoming::Defer);
+    let a = q.args().unwrap();
+    assert_eq!(a.iter().filter(|a| *a == "-S").count(), 1);
+    assert_eq!(after(&a, "-incoming"), ["defer"]);
+}

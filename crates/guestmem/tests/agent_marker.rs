@@ -10,11 +10,11 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use rebound_guestmem::{find_vmcoreinfo, read_vmcoreinfo, GuestMemory, Layout};
+use rebound_vmm::qemu::{Boot, Machine, MemoryBackend};
 
 fn image_dir() -> PathBuf {
     let home = rebound_home();
@@ -51,48 +51,28 @@ fn json_u64(text: &str, after: &str, key: &str) -> Option<u64> {
 
 struct Vm {
     /// Held so QEMU dies with the test.
-    _qemu: ChildGuard,
+    _qemu: Qemu,
     ram: PathBuf,
     sock: PathBuf,
     serial: PathBuf,
 }
 
-fn boot(dir: &Path, image: &Path, size: &str) -> Vm {
+fn boot(dir: &Path, image: &Path, size_mib: u64) -> Vm {
     let manifest = std::fs::read_to_string(image.join("manifest.json")).unwrap();
     let append = json_str(&manifest, "append").expect("manifest append");
-    let ram = dir.join(format!("ram-{size}"));
-    let sock = dir.join(format!("agent-{size}.sock"));
-    let serial = dir.join(format!("serial-{size}"));
-    let child = Command::new("qemu-system-x86_64")
-        .args(["-machine", "pc,memory-backend=ram,accel=tcg", "-m", size])
-        .args([
-            "-object",
-            &format!(
-                "memory-backend-file,id=ram,size={size},mem-path={},share=on",
-                ram.display()
-            ),
-        ])
-        .args(["-display", "none", "-nodefaults", "-no-user-config"])
-        .args(["-serial", &format!("file:{}", serial.display())])
-        .arg("-kernel")
-        .arg(image.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(image.join("initrd.cpio.gz"))
-        .args(["-append", &format!("{append} rebound.workload=none")])
-        .args(["-device", "virtio-serial-pci"])
-        .args([
-            "-chardev",
-            &format!("socket,id=agent,path={},server=on,wait=off", sock.display()),
-        ])
-        .args([
-            "-device",
-            "virtserialport,chardev=agent,name=org.rebound.agent",
-        ])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("qemu-system-x86_64");
+    let ram = dir.join(format!("ram-{size_mib}"));
+    let sock = dir.join(format!("agent-{size_mib}.sock"));
+    let serial = dir.join(format!("serial-{size_mib}"));
+    let boot = Boot {
+        kernel: image.join("vmlinuz"),
+        initrd: Some(image.join("initrd.cpio.gz")),
+        append: format!("{append} rebound.workload=none"),
+    };
+    let backend = MemoryBackend::SharedFile(ram.clone());
+    let mut q = guest_command(Machine::Pc, size_mib, backend, boot, &serial);
+    q.control.agent = Some(sock.clone());
     Vm {
-        _qemu: ChildGuard(child),
+        _qemu: spawn_qemu(&q, &dir.join(format!("qemu-{size_mib}.log"))),
         ram,
         sock,
         serial,
@@ -148,7 +128,7 @@ fn marker_written_by_the_guest_is_at_the_address_the_agent_reports() {
     let cases = [("256M", 256 * MIB), ("5G", 5 * GIB)];
     let mut vms: Vec<Vm> = cases
         .iter()
-        .map(|(s, _)| boot(dir.path(), &image, s))
+        .map(|(_, bytes)| boot(dir.path(), &image, bytes / MIB))
         .collect();
     let mut rng = fastrand::Rng::with_seed(0x6d61_726b);
     for ((size, bytes), vm) in cases.iter().zip(vms.iter_mut()) {

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,6 +19,7 @@ use rebound_guestmem::{
     find_vmcoreinfo, find_vmcoreinfo_all, free_pages, read_vmcoreinfo, Found, FreePages,
     GuestMemory, KernelPageTables, Layout, PageSource, VmcoreInfo,
 };
+use rebound_vmm::qemu::{Boot, Incoming, Machine, MemoryBackend};
 
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -52,8 +53,10 @@ fn initramfs(dir: &Path) -> PathBuf {
     for d in ["bin", "proc", "sys", "dev"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
-    std::fs::copy("/usr/bin/busybox", root.join("bin/busybox"))
-        .expect("static busybox at /usr/bin/busybox");
+    std::fs::copy("/usr/bin/busybox", root.join("bin/busybox")).expect(
+        "no static busybox at /usr/bin/busybox: scripts/install-deps.sh installs it \
+         (Debian package busybox-static)",
+    );
     std::fs::write(root.join("init"), INIT).unwrap();
     let out = dir.join("initrd");
     let status = Command::new("sh")
@@ -65,14 +68,32 @@ fn initramfs(dir: &Path) -> PathBuf {
         .current_dir(&root)
         .status()
         .unwrap();
-    assert!(status.success(), "cpio failed");
+    assert!(
+        status.success(),
+        "cpio failed ({status}); scripts/install-deps.sh installs cpio"
+    );
     out
 }
 
 struct Guest {
-    child: ChildGuard,
+    qemu: Qemu,
     serial: PathBuf,
     ram: PathBuf,
+}
+
+struct Kernel {
+    kernel: PathBuf,
+    initrd: PathBuf,
+}
+
+impl Kernel {
+    fn boot(&self) -> Boot {
+        Boot {
+            kernel: self.kernel.clone(),
+            initrd: Some(self.initrd.clone()),
+            append: "console=ttyS0 quiet panic=0".into(),
+        }
+    }
 }
 
 /// A scratch directory on tmpfs with the kernel and a fresh initramfs.
@@ -88,55 +109,16 @@ fn setup() -> (tempfile::TempDir, Kernel) {
     (dir, k)
 }
 
-/// The QEMU command line of a test guest with its RAM in `ram`.
-fn qemu_cmd(
-    k: &Kernel,
-    machine: &str,
-    size: &str,
-    ram: &Path,
-    share: bool,
-    serial: &Path,
-) -> Command {
-    let share = if share { "on" } else { "off" };
-    let mut c = Command::new("qemu-system-x86_64");
-    c.args([
-        "-machine",
-        &format!("{machine},memory-backend=ram,accel=tcg"),
-        "-m",
-        size,
-    ])
-    .args([
-        "-object",
-        &format!(
-            "memory-backend-file,id=ram,size={size},mem-path={},share={share}",
-            ram.display()
-        ),
-    ])
-    .args(["-display", "none", "-nodefaults", "-no-user-config"])
-    .args(["-serial", &format!("file:{}", serial.display())])
-    .arg("-kernel")
-    .arg(&k.kernel)
-    .arg("-initrd")
-    .arg(&k.initrd)
-    .args(["-append", "console=ttyS0 quiet panic=0"])
-    .stdin(Stdio::null());
-    c
-}
-
-struct Kernel {
-    kernel: PathBuf,
-    initrd: PathBuf,
-}
-
-fn boot(dir: &Path, k: &Kernel, machine: &str, size: &str, extra: &[&str]) -> Guest {
-    let ram = dir.join(format!("ram-{machine}-{size}"));
-    let serial = dir.join(format!("serial-{machine}-{size}"));
-    let child = qemu_cmd(k, machine, size, &ram, true, &serial)
-        .args(extra)
-        .spawn()
-        .expect("qemu-system-x86_64");
+/// Boots a guest with its RAM a shared file in `dir` and a human monitor on `monitor`.
+fn boot(dir: &Path, k: &Kernel, machine: Machine, size_mib: u64, monitor: &Path) -> Guest {
+    let name = format!("{machine:?}-{size_mib}");
+    let ram = dir.join(format!("ram-{name}"));
+    let serial = dir.join(format!("serial-{name}"));
+    let backend = MemoryBackend::SharedFile(ram.clone());
+    let mut q = guest_command(machine, size_mib, backend, k.boot(), &serial);
+    q.control.hmp = Some(monitor.to_path_buf());
     Guest {
-        child: ChildGuard(child),
+        qemu: spawn_qemu(&q, &dir.join(format!("qemu-{name}.log"))),
         serial,
         ram,
     }
@@ -156,7 +138,7 @@ struct Report {
 fn guest_report(g: &mut Guest) -> Report {
     let t0 = Instant::now();
     loop {
-        assert!(g.child.try_wait().unwrap().is_none(), "guest QEMU exited");
+        g.qemu.assert_running();
         let log = std::fs::read_to_string(&g.serial).unwrap_or_default();
         if log.contains("READY") {
             let value = |k: &str| {
@@ -195,21 +177,18 @@ fn guest_report(g: &mut Guest) -> Report {
 fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
     let (dir, k) = setup();
     let cases = [
-        ("pc", "256M", Layout::pc(256 * MIB).unwrap()),
-        ("pc", "5G", Layout::pc(5 * GIB).unwrap()),
-        ("q35", "4G", Layout::q35(4 * GIB).unwrap()),
+        (Machine::Pc, 256, Layout::pc(256 * MIB).unwrap()),
+        (Machine::Pc, 5 << 10, Layout::pc(5 * GIB).unwrap()),
+        (Machine::Q35, 4 << 10, Layout::q35(4 * GIB).unwrap()),
     ];
     let monitor = |i: usize| dir.path().join(format!("mon-{i}.sock"));
     let mut guests: Vec<Guest> = cases
         .iter()
         .enumerate()
-        .map(|(i, (m, s, _))| {
-            let mon = format!("unix:{},server=on,wait=off", monitor(i).display());
-            boot(dir.path(), &k, m, s, &["-monitor", &mon])
-        })
+        .map(|(i, (m, mib, _))| boot(dir.path(), &k, *m, *mib, &monitor(i)))
         .collect();
-    for (i, ((machine, size, layout), g)) in cases.iter().zip(guests.iter_mut()).enumerate() {
-        let what = format!("{machine} {size}");
+    for (i, ((machine, mib, layout), g)) in cases.iter().zip(guests.iter_mut()).enumerate() {
+        let what = format!("{machine:?} {mib} MiB");
         let Report {
             uname,
             sysfs,
@@ -248,7 +227,7 @@ fn live_guests_vmcoreinfo_and_layout_match_what_the_guest_reports() {
         }
         // The same through the QEMU process (the path a lazily restored guest needs).
         let target = MapTarget::Path(g.ram.clone());
-        let via_proc = GuestMemory::open_process(g.child.id(), &target, *layout).unwrap();
+        let via_proc = GuestMemory::open_process(g.qemu.id(), &target, *layout).unwrap();
         let found_proc = find_vmcoreinfo(&via_proc).unwrap();
         assert_eq!(
             (found_proc.paddr, &found_proc.info),
@@ -440,8 +419,7 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
     let (dir, k) = setup();
     let d = dir.path();
     let mon_a = d.join("mon-a.sock");
-    let mon_arg = format!("unix:{},server=on,wait=off", mon_a.display());
-    let mut g = boot(d, &k, "pc", "256M", &["-monitor", &mon_arg]);
+    let mut g = boot(d, &k, Machine::Pc, 256, &mon_a);
     let Report {
         uname,
         sysfs,
@@ -471,17 +449,18 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
 
     // Restore onto a MAP_PRIVATE mapping of the image, left paused.
     let mon_b = d.join("mon-b.sock");
-    let mon_arg = format!("unix:{},server=on,wait=off", mon_b.display());
-    let serial = d.join("serial-restored");
-    let child = qemu_cmd(&k, "pc", "256M", &image, false, &serial)
-        .args(["-monitor", &mon_arg, "-incoming", "defer", "-S"])
-        .spawn()
-        .unwrap();
-    let restored = Guest {
-        child: ChildGuard(child),
-        serial,
-        ram: image.clone(),
-    };
+    let backend = MemoryBackend::PrivateImage(image.clone());
+    let mut q = guest_command(
+        Machine::Pc,
+        256,
+        backend,
+        k.boot(),
+        &d.join("serial-restored"),
+    );
+    q.control.hmp = Some(mon_b.clone());
+    q.incoming = Some(Incoming::Defer);
+    q.paused = true;
+    let restored = spawn_qemu(&q, &d.join("qemu-restored.log"));
     hmp(&mon_b, "migrate_set_capability x-ignore-shared on");
     hmp(
         &mon_b,
@@ -490,7 +469,7 @@ fn lazily_restored_guest_is_read_through_qemu_without_faulting_pages() {
     wait_migration(&mon_b);
 
     let layout = Layout::pc(256 * MIB).unwrap();
-    let pid = restored.child.id();
+    let pid = restored.id();
     let mem = GuestMemory::open_process(pid, &MapTarget::Path(image.clone()), layout).unwrap();
     let pages = 256 * MIB / 4096;
     let present_before = present_pages(pid, mem.source().base(), pages);

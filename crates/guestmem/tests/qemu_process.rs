@@ -4,43 +4,34 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use rebound_guestmem::maps::{read_maps, MapTarget};
 use rebound_guestmem::{GuestMemory, Layout, PageSource};
+use rebound_vmm::api::Accel;
+use rebound_vmm::qemu::{Device, MemoryBackend, QemuCommand};
 
 const RAM: u64 = 64 * MIB;
 
-// A paused QEMU, killed on drop.
-use common::ChildGuard as Qemu;
-
-fn qemu(backend: &str) -> Qemu {
-    qemu_with(backend, &["-m", "64M", "-monitor", "none"])
+/// A QEMU whose vCPUs never start, with `RAM` from `backend` and nothing else.
+fn paused(backend: MemoryBackend) -> QemuCommand {
+    let mut q = QemuCommand::new(Accel::Tcg, RAM / MIB, backend);
+    q.paused = true;
+    q
 }
 
-fn qemu_with(backend: &str, extra: &[&str]) -> Qemu {
-    let child = Command::new("qemu-system-x86_64")
-        .args(["-machine", "pc,accel=tcg,memory-backend=ram", "-S"])
-        .args(["-display", "none", "-nodefaults", "-serial", "none"])
-        .args(["-object", backend])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("qemu-system-x86_64 must be installed");
-    Qemu(child)
+/// [`paused`] started, its log in `dir`.
+fn qemu(backend: MemoryBackend, dir: &Path) -> Qemu {
+    spawn_qemu(&paused(backend), &dir.join("qemu.log"))
 }
 
 /// Waits until QEMU has mapped a file matching `pred`; returns its path.
 fn wait_for_mapping(q: &mut Qemu, pred: impl Fn(&str) -> bool) -> String {
     let t0 = Instant::now();
     loop {
-        if let Some(status) = q.0.try_wait().unwrap() {
-            panic!("qemu exited early: {status}");
-        }
-        if let Ok(maps) = read_maps(q.0.id()) {
+        q.assert_running();
+        if let Ok(maps) = read_maps(q.id()) {
             if let Some(e) = maps.iter().find(|e| pred(&e.path) && e.len() >= RAM) {
                 return e.path.clone();
             }
@@ -53,21 +44,13 @@ fn wait_for_mapping(q: &mut Qemu, pred: impl Fn(&str) -> bool) -> String {
     }
 }
 
-fn backend_file(path: &Path, share: bool) -> String {
-    let share = if share { "on" } else { "off" };
-    format!(
-        "memory-backend-file,id=ram,size=64M,mem-path={},share={share}",
-        path.display()
-    )
-}
-
 #[test]
 fn shared_file_reads_the_same_through_the_process_and_the_file() {
-    let (_dir, path) = sparse_ram(Some("/dev/shm"), RAM);
+    let (dir, path) = sparse_ram(Some("/dev/shm"), RAM);
     write_at(&path, 0x123000, b"before qemu");
-    let mut q = qemu(&backend_file(&path, true));
+    let mut q = qemu(MemoryBackend::SharedFile(path.clone()), dir.path());
     wait_for_mapping(&mut q, |p| Path::new(p) == path);
-    let pid = q.0.id();
+    let pid = q.id();
 
     let target = MapTarget::Path(path.clone());
     let via_proc = GuestMemory::open_process(pid, &target, Layout::pc(RAM).unwrap()).unwrap();
@@ -88,11 +71,11 @@ fn shared_file_reads_the_same_through_the_process_and_the_file() {
 #[test]
 fn private_image_mapping_is_read_without_disturbing_the_process() {
     // A lazily restored guest: RAM is a MAP_PRIVATE mapping of an image on tmpfs.
-    let (_dir, image) = sparse_ram(Some("/dev/shm"), RAM);
+    let (dir, image) = sparse_ram(Some("/dev/shm"), RAM);
     write_at(&image, 0x200000, b"from the image");
-    let mut q = qemu(&backend_file(&image, false));
+    let mut q = qemu(MemoryBackend::PrivateImage(image.clone()), dir.path());
     wait_for_mapping(&mut q, |p| Path::new(p) == image);
-    let pid = q.0.id();
+    let pid = q.id();
     let target = MapTarget::Path(image.clone());
     let mem = GuestMemory::open_process(pid, &target, Layout::pc(RAM).unwrap()).unwrap();
     let base = mem.source().base();
@@ -150,9 +133,10 @@ fn present(pid: u32, vaddr: u64) -> bool {
 
 #[test]
 fn memfd_ram_is_reachable_through_proc_fd() {
-    let mut q = qemu("memory-backend-memfd,id=ram,size=64M,share=on");
+    let dir = tempfile::tempdir().unwrap();
+    let mut q = qemu(MemoryBackend::Memfd { share: true }, dir.path());
     wait_for_mapping(&mut q, |p| p.starts_with("/memfd:"));
-    let pid = q.0.id();
+    let pid = q.id();
     let fd_path = memfd_of(pid).expect("qemu holds a memfd");
     // Plant a marker through the memfd, as the guest would have written it.
     write_at(&fd_path, 0x1000, b"memfd marker");
@@ -182,11 +166,11 @@ fn memfd_of(pid: u32) -> Option<PathBuf> {
 
 #[test]
 fn missing_mapping_is_a_clear_error() {
-    let (_dir, path) = sparse_ram(Some("/dev/shm"), RAM);
-    let mut q = qemu(&backend_file(&path, true));
+    let (dir, path) = sparse_ram(Some("/dev/shm"), RAM);
+    let mut q = qemu(MemoryBackend::SharedFile(path.clone()), dir.path());
     wait_for_mapping(&mut q, |p| Path::new(p) == path);
     let other = MapTarget::Path("/dev/shm/not-this-one".into());
-    let err = GuestMemory::open_process(q.0.id(), &other, Layout::pc(RAM).unwrap()).unwrap_err();
+    let err = GuestMemory::open_process(q.id(), &other, Layout::pc(RAM).unwrap()).unwrap_err();
     let chain = format!("{:#}", anyhow::Error::from(err));
     assert!(
         chain.contains("no mapping of /dev/shm/not-this-one"),
@@ -203,24 +187,16 @@ fn virtio_mem_device_memory_is_read_at_the_address_qemu_gives_it() {
         .set_len(256 * MIB)
         .unwrap();
     let mon = dir.path().join("mon.sock");
-    let vmem_obj = format!(
-        "memory-backend-file,id=vmem0,size=256M,mem-path={},share=on",
-        vmem.display()
-    );
-    let mon_arg = format!("unix:{},server=on,wait=off", mon.display());
-    let mut q = qemu_with(
-        &backend_file(&path, true),
-        &[
-            "-m",
-            "64M,maxmem=1G",
-            "-monitor",
-            &mon_arg,
-            "-object",
-            &vmem_obj,
-            "-device",
-            "virtio-mem-pci,id=vm0,memdev=vmem0,requested-size=0,block-size=2M",
-        ],
-    );
+    let mut cmd = paused(MemoryBackend::SharedFile(path.clone()));
+    cmd.memory.max_mib = Some(1024);
+    cmd.control.hmp = Some(mon.clone());
+    cmd.devices.push(Device::VirtioMem {
+        backend: MemoryBackend::SharedFile(vmem.clone()),
+        size_mib: 256,
+        requested_mib: 0,
+        block_mib: 2,
+    });
+    let mut q = spawn_qemu(&cmd, &dir.path().join("qemu.log"));
     wait_for_mapping(&mut q, |p| Path::new(p) == vmem);
     let layout = Layout::pc(RAM).unwrap();
     // QEMU's own answer for where the device memory sits.
@@ -243,7 +219,7 @@ fn virtio_mem_device_memory_is_read_at_the_address_qemu_gives_it() {
         via_file.read_vec(memaddr + 6 * MIB + 3, 13).unwrap(),
         b"device memory"
     );
-    let pid = q.0.id();
+    let pid = q.id();
     let mut via_proc =
         GuestMemory::open_process(pid, &MapTarget::Path(path.clone()), layout).unwrap();
     let dev =

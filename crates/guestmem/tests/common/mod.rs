@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: real sparse RAM files.
+//! Helpers shared by the integration tests: real sparse RAM files, QEMU started from
+//! the runtime's typed command line.
 #![allow(dead_code)] // each test binary uses a subset
 
 use std::fs::File;
@@ -6,6 +7,11 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
+
+use rebound_vmm::api::Accel;
+use rebound_vmm::paths::Paths;
+use rebound_vmm::process::{find_qemu, qemu_command};
+use rebound_vmm::qemu::{Boot, Machine, MemoryBackend, QemuCommand, Serial};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -72,34 +78,70 @@ pub fn hmp(sock: &Path, cmd: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A child process (QEMU), killed and reaped when dropped.
-pub struct ChildGuard(pub Child);
+/// A QEMU process, killed and reaped when dropped; its output is in `log`.
+pub struct Qemu {
+    pub child: Child,
+    pub log: PathBuf,
+}
 
-impl std::ops::Deref for ChildGuard {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
+impl Qemu {
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Panics, showing QEMU's log, if QEMU has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            panic!("QEMU exited ({status}): {log}");
+        }
     }
 }
 
-impl std::ops::DerefMut for ChildGuard {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for ChildGuard {
+impl Drop for Qemu {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-/// `$REBOUND_HOME`, by default `~/.local/share/rebound` (as the CLI does).
+/// Starts QEMU with `q`'s arguments, its output appended to `log`. Fails, saying how
+/// to install it, when QEMU is missing.
+pub fn spawn_qemu(q: &QemuCommand, log: &Path) -> Qemu {
+    let qemu = find_qemu().unwrap_or_else(|e| {
+        panic!("{e}; scripts/install-deps.sh installs it (Debian package qemu-system-x86)")
+    });
+    let args = q.args().expect("a QEMU command line QEMU can run");
+    let child = qemu_command(&qemu, &args, log)
+        .unwrap()
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", qemu.display()));
+    Qemu {
+        child,
+        log: log.to_path_buf(),
+    }
+}
+
+/// A TCG guest of `size_mib` on `machine`, RAM from `backend`, booting `boot`, its
+/// console appended to `serial`.
+pub fn guest_command(
+    machine: Machine,
+    size_mib: u64,
+    backend: MemoryBackend,
+    boot: Boot,
+    serial: &Path,
+) -> QemuCommand {
+    let mut q = QemuCommand::new(Accel::Tcg, size_mib, backend);
+    q.machine = machine;
+    q.boot = Some(boot);
+    q.control.serial = Serial::File(serial.to_path_buf());
+    q
+}
+
+/// `$REBOUND_HOME`, resolved as the runtime resolves it (`REBOUND_HOME`, else
+/// `$XDG_DATA_HOME/rebound`, else `~/.local/share/rebound`).
 pub fn rebound_home() -> PathBuf {
-    std::env::var_os("REBOUND_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".local/share/rebound")
-        })
+    Paths::from_env()
+        .expect("REBOUND_HOME, XDG_DATA_HOME or HOME is set")
+        .home
 }

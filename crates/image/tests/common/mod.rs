@@ -1,17 +1,11 @@
-//! Booting a real guest from a real image under QEMU, shared by the boot test and the
-//! boot-time benchmark (`examples/boot_ready.rs`).
-#![allow(dead_code)]
+//! The `default` image built for tests: shared by this crate's build test and by the
+//! runtime's boot tests and boot-time benchmark (`crates/vmm/tests/common`, which
+//! includes this file), so every test boots the same image from the same place.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use anyhow::{anyhow, bail, Context, Result};
 use rebound_image::{BuildOptions, Image};
-use serde_json::Value;
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -20,401 +14,51 @@ pub fn workspace_root() -> PathBuf {
         .expect("workspace root")
 }
 
-pub fn qemu_available() -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").is_file()))
-        .unwrap_or(false)
+/// Where the tests keep their image, across runs (so the package cache and the image
+/// are reused when nothing changed).
+pub fn image_home() -> PathBuf {
+    option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/tmp"))
+        .join("rebound-image-home")
 }
 
-/// Builds the agent with its Makefile and the `default` image in a home kept across runs
-/// (so the package cache and the image are reused when nothing changed).
-pub fn ensure_image(home: &Path) -> Result<Image> {
-    // Tests run in parallel threads: one make and one build at a time.
-    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = ONCE.lock().unwrap_or_else(|e| e.into_inner());
-    let agent_dir = workspace_root().join("guest/agent");
+/// The static agent, built with its Makefile.
+pub fn agent() -> PathBuf {
+    let dir = workspace_root().join("guest/agent");
     let st = Command::new("make")
         .arg("-s")
         .arg("-C")
-        .arg(&agent_dir)
+        .arg(&dir)
         .status()
-        .context("running make")?;
-    if !st.success() {
-        bail!("make -C guest/agent failed");
-    }
+        .unwrap_or_else(|e| {
+            panic!("cannot run make: {e}; scripts/install-deps.sh installs make and gcc")
+        });
+    assert!(
+        st.success(),
+        "make -C guest/agent failed ({st}): it needs gcc, make and libc6-dev (scripts/install-deps.sh)"
+    );
+    dir.join("rebound-agent")
+}
+
+/// Builds the agent and the `default` image in `home`.
+pub fn ensure_image(home: &Path) -> Image {
+    // Tests run in parallel threads: one make and one build at a time.
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let opts = BuildOptions {
-        agent: agent_dir.join("rebound-agent"),
+        agent: agent(),
         force: false,
     };
-    let img = rebound_image::build(home, "default", &opts, &mut |l| eprintln!("image: {l}"))?;
-    Ok(img)
-}
-
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// A running QEMU with our guest; killed (and its RAM file removed) on drop.
-pub struct Guest {
-    child: Child,
-    pub dir: tempfile::TempDir,
-    pub ram: PathBuf,
-    pub web_port: u16,
-    pub kv_port: u16,
-    pub spawned: Instant,
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.ram);
-    }
-}
-
-impl Guest {
-    /// Boots `img` (on a copy of its data disk) with `extra` appended to its command line.
-    pub fn boot(img: &Image, extra: &str, ram_mib: u64) -> Result<Guest> {
-        Guest::boot_with(img, extra, ram_mib, None, &[])
-    }
-
-    /// As [`Guest::boot`], with room for hotplugged memory up to `maxmem_mib` and more QEMU
-    /// arguments (e.g. a virtio-mem device).
-    pub fn boot_with(
-        img: &Image,
-        extra: &str,
-        ram_mib: u64,
-        maxmem_mib: Option<u64>,
-        qemu_args: &[&str],
-    ) -> Result<Guest> {
-        let dir = tempfile::tempdir()?;
-        let disk = dir.path().join("data.ext4");
-        std::fs::copy(&img.disk, &disk)?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .subsec_nanos();
-        let ram = PathBuf::from(format!(
-            "/dev/shm/rebound-image-test-{}-{nanos}",
-            std::process::id()
-        ));
-        let (web_port, kv_port) = (free_port()?, free_port()?);
-        let p = |name: &str| dir.path().join(name).display().to_string();
-        let mut args: Vec<String> = vec![
-            "-machine".into(),
-            "pc,memory-backend=ram".into(),
-            "-object".into(),
-            format!("memory-backend-file,id=ram,size={ram_mib}M,mem-path={},share=on", ram.display()),
-            "-m".into(),
-            match maxmem_mib {
-                Some(max) => format!("{ram_mib}M,maxmem={max}M"),
-                None => format!("{ram_mib}M"),
-            },
-            "-accel".into(),
-            "tcg".into(),
-            "-nographic".into(),
-            "-nodefaults".into(),
-            "-no-user-config".into(),
-            "-serial".into(),
-            format!("file:{}", p("serial.log")),
-            "-kernel".into(),
-            img.kernel.display().to_string(),
-            "-initrd".into(),
-            img.initrd.display().to_string(),
-            "-append".into(),
-            format!("{} {extra}", img.append),
-            "-device".into(),
-            "virtio-serial-pci".into(),
-            "-chardev".into(),
-            format!("socket,id=agent,path={},server=on,wait=off", p("agent.sock")),
-            "-device".into(),
-            "virtserialport,chardev=agent,name=org.rebound.agent".into(),
-            "-netdev".into(),
-            format!("user,id=n0,hostfwd=tcp:127.0.0.1:{web_port}-:8080,hostfwd=tcp:127.0.0.1:{kv_port}-:7070"),
-            "-device".into(),
-            "virtio-net-pci,netdev=n0,romfile=".into(),
-            "-device".into(),
-            "pvpanic".into(),
-            "-action".into(),
-            "panic=pause".into(),
-            "-blockdev".into(),
-            format!("driver=file,filename={},node-name=data0", disk.display()),
-            "-device".into(),
-            "virtio-blk-pci,drive=data0".into(),
-            "-device".into(),
-            "i6300esb".into(),
-            "-action".into(),
-            "watchdog=pause".into(),
-            "-device".into(),
-            "vmcoreinfo".into(),
-            "-device".into(),
-            "virtio-balloon-pci".into(),
-            "-qmp".into(),
-            format!("unix:{},server=on,wait=off", p("qmp.sock")),
-        ];
-        args.extend(qemu_args.iter().map(|a| a.to_string()));
-        let log = std::fs::File::create(dir.path().join("qemu.log"))?;
-        let spawned = Instant::now();
-        let child = Command::new("qemu-system-x86_64")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting qemu-system-x86_64")?;
-        Ok(Guest {
-            child,
-            dir,
-            ram,
-            web_port,
-            kv_port,
-            spawned,
-        })
-    }
-
-    /// CPU time QEMU has used so far (user + system), in seconds: under TCG this is the
-    /// guest's work, nearly independent of how busy the host is.
-    pub fn cpu_seconds(&self) -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        // Fields after the ")" closing the command name; utime and stime are 14th and 15th.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 =
-            f.get(11).unwrap_or(&"0").parse::<f64>()? + f.get(12).unwrap_or(&"0").parse::<f64>()?;
-        Ok(ticks / 100.0) // USER_HZ is 100 on Linux
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// Waits until QEMU exits; returns its exit status.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                return Ok(st);
+    rebound_image::build(home, "default", &opts, &mut |l| eprintln!("image: {l}")).unwrap_or_else(
+        |e| {
+            let mut chain = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                chain.push_str(&format!(": {s}"));
+                source = s.source();
             }
-            if Instant::now() > deadline {
-                bail!("qemu still running after {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits until the serial log contains `needle`.
-    pub fn wait_serial(&self, needle: &str, timeout: Duration) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let s = self.serial();
-            if s.contains(needle) {
-                return Ok(s);
-            }
-            if Instant::now() > deadline {
-                bail!("serial log lacks {needle:?} after {timeout:?}:\n{s}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn serial(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(self.path("serial.log")).unwrap_or_default())
-            .into_owned()
-    }
-
-    /// Bytes of guest RAM at a guest physical address (file offset == address below 4 GiB).
-    pub fn read_ram(&self, paddr: u64, len: usize) -> Result<Vec<u8>> {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(&self.ram)?;
-        let mut buf = vec![0u8; len];
-        f.read_exact_at(&mut buf, paddr)?;
-        Ok(buf)
-    }
-
-    fn wait_socket(&mut self, name: &str, deadline: Instant) -> Result<UnixStream> {
-        loop {
-            if let Ok(s) = UnixStream::connect(self.path(name)) {
-                return Ok(s);
-            }
-            if let Some(st) = self.child.try_wait()? {
-                let log = std::fs::read_to_string(self.path("qemu.log")).unwrap_or_default();
-                bail!("qemu exited ({st}): {log}");
-            }
-            if Instant::now() > deadline {
-                bail!("{name} did not appear");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn agent(&mut self, deadline: Instant) -> Result<Agent> {
-        let s = self.wait_socket("agent.sock", deadline)?;
-        Ok(Agent {
-            reader: BufReader::new(s.try_clone()?),
-            stream: s,
-            seen: Vec::new(),
-        })
-    }
-
-    pub fn qmp(&mut self, deadline: Instant) -> Result<Qmp> {
-        let s = self.wait_socket("qmp.sock", deadline)?;
-        let mut q = Qmp {
-            reader: BufReader::new(s.try_clone()?),
-            stream: s,
-        };
-        q.read(deadline)?; // greeting
-        q.execute("qmp_capabilities", deadline)?;
-        Ok(q)
-    }
-}
-
-fn read_json_line(reader: &mut BufReader<UnixStream>, deadline: Instant) -> Result<Value> {
-    loop {
-        let left = deadline
-            .checked_duration_since(Instant::now())
-            .ok_or_else(|| anyhow!("timed out"))?;
-        reader
-            .get_ref()
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) => bail!("connection closed"),
-            Ok(_) if line.trim().is_empty() => continue,
-            Ok(_) => {
-                return serde_json::from_str(line.trim())
-                    .with_context(|| format!("bad JSON line {line:?}"))
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                bail!("timed out")
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// The host end of the agent channel.
-pub struct Agent {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-    /// Every message received so far, in order.
-    pub seen: Vec<Value>,
-}
-
-impl Agent {
-    pub fn send(&mut self, line: &str) -> Result<()> {
-        self.stream.write_all(line.as_bytes())?;
-        self.stream.write_all(b"\n")?;
-        Ok(())
-    }
-
-    /// The next message satisfying `pred`, within `timeout`.
-    pub fn wait_for(
-        &mut self,
-        timeout: Duration,
-        what: &str,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let v = read_json_line(&mut self.reader, deadline)
-                .with_context(|| format!("waiting for {what}"))?;
-            self.seen.push(v.clone());
-            if pred(&v) {
-                return Ok(v);
-            }
-        }
-    }
-}
-
-pub fn is_type(v: &Value, t: &str) -> bool {
-    v["type"] == t
-}
-
-/// A QMP connection.
-pub struct Qmp {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
-
-impl Qmp {
-    pub fn read(&mut self, deadline: Instant) -> Result<Value> {
-        read_json_line(&mut self.reader, deadline)
-    }
-
-    pub fn execute(&mut self, cmd: &str, deadline: Instant) -> Result<Value> {
-        self.execute_args(cmd, Value::Null, deadline)
-    }
-
-    pub fn execute_args(&mut self, cmd: &str, args: Value, deadline: Instant) -> Result<Value> {
-        let mut req = serde_json::json!({ "execute": cmd });
-        if !args.is_null() {
-            req["arguments"] = args;
-        }
-        self.stream.write_all(format!("{req}\n").as_bytes())?;
-        loop {
-            let v = self.read(deadline)?;
-            if v.get("return").is_some() {
-                return Ok(v["return"].clone());
-            }
-            if let Some(e) = v.get("error") {
-                bail!("{cmd}: {e}");
-            }
-        }
-    }
-
-    pub fn wait_event(&mut self, name: &str, deadline: Instant) -> Result<Value> {
-        loop {
-            let v = self
-                .read(deadline)
-                .with_context(|| format!("waiting for {name}"))?;
-            if v["event"] == name {
-                return Ok(v);
-            }
-        }
-    }
-}
-
-/// One HTTP/1.1 GET; returns (status, body).
-pub fn http_get(port: u16, target: &str) -> Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    write!(s, "GET {target} HTTP/1.1\r\nHost: guest\r\n\r\n")?;
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp)?;
-    let split = resp
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| anyhow!("no header end in {resp:?}"))?;
-    let head = String::from_utf8_lossy(&resp[..split]).into_owned();
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .ok_or_else(|| anyhow!("bad status line {head}"))?
-        .parse()?;
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .ok_or_else(|| anyhow!("no Content-Length in {head}"))?
-        .trim()
-        .parse()?;
-    let body = resp[split + 4..].to_vec();
-    if body.len() != len {
-        bail!("body has {} bytes, Content-Length says {len}", body.len());
-    }
-    Ok((status, body))
-}
-
-/// The counter workload's checksum after `seq` ticks, recomputed on the host from the
-/// definition in guest/agent/wl_counter.c.
-pub fn counter_checksum(seq: u64) -> u64 {
-    const WORDS: u64 = 1 << 17;
-    let mut w: Vec<u64> = (0..WORDS).map(rebound_image::splitmix64).collect();
-    for n in 1..=seq {
-        w[((n * 7919) % WORDS) as usize] ^= rebound_image::splitmix64(n);
-    }
-    w.iter().enumerate().fold(0u64, |acc, (i, x)| {
-        acc.wrapping_add(x.wrapping_mul(2 * i as u64 + 1))
-    })
+            panic!("building the default image in {}: {chain}", home.display())
+        },
+    )
 }

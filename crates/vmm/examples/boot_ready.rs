@@ -2,7 +2,7 @@
 //! the wall time from spawning QEMU to the agent's `ready`, the guest's uptime at `ready`,
 //! and when init started (from the serial log), then the median.
 //!
-//! cargo run --release -p rebound-image --example boot_ready -- [RUNS] [WORKLOAD] [HOME]
+//! cargo run --release -p rebound-vmm --example boot_ready -- [RUNS] [WORKLOAD] [HOME]
 //! (HOME defaults to the integration tests' image home under target/tmp.)
 
 #[path = "../tests/common/mod.rs"]
@@ -11,8 +11,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use common::{ensure_image, is_type, Guest};
+use common::{ensure_image, image_home, is_type, Guest, Result};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -23,11 +22,8 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let runs: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(5);
     let workload = args.get(2).cloned().unwrap_or_else(|| "web".into());
-    let home = args
-        .get(3)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::workspace_root().join("target/tmp/rebound-image-home"));
-    let img = ensure_image(&home)?;
+    let home = args.get(3).map(PathBuf::from).unwrap_or_else(image_home);
+    let img = ensure_image(&home);
     println!(
         "image {} kernel {} ({})",
         img.name,
@@ -40,7 +36,7 @@ fn main() -> Result<()> {
         let mut agent = g.agent(std::time::Instant::now() + Duration::from_secs(30))?;
         let ready = agent
             .wait_for(Duration::from_secs(60), "ready", |v| is_type(v, "ready"))
-            .context("no ready")?;
+            .map_err(|e| format!("no ready: {e}"))?;
         let wall = g.spawned.elapsed().as_secs_f64();
         let cpu = g.cpu_seconds()?;
         let uptime = ready["uptime_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;

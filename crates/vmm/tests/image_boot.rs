@@ -1,56 +1,19 @@
-//! Builds the `default` image for real (Debian packages, static agent) and boots it under
-//! QEMU/TCG once, with every workload running, checking what a user would see: the
-//! agent's `ready`, the web pages, kv answers, counter lines whose checksums the host
-//! recomputes, memfill rounds without errors, a marker's bytes at the reported physical
-//! address in the RAM file, the VMCOREINFO note at its reported address, and a crash that
-//! QEMU reports as GUEST_PANICKED.
+//! Boots the `default` image (built as the image crate's tests build it) under QEMU/TCG
+//! with its command line from [`rebound_vmm::qemu::QemuCommand`], with every workload
+//! running, checking what a user would see: the agent's `ready`, the web pages, kv
+//! answers, counter lines whose checksums the host recomputes, memfill rounds without
+//! errors, a marker's bytes at the reported physical address in the RAM file, the
+//! VMCOREINFO note at its reported address, and a crash that QEMU reports as
+//! GUEST_PANICKED.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
-use common::{counter_checksum, ensure_image, http_get, is_type, qemu_available, Guest};
-
-fn home() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rebound-image-home")
-}
-
-#[test]
-fn image_build_is_cached_and_listed() -> Result<()> {
-    if !qemu_available() {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
-        return Ok(());
-    }
-    let img = ensure_image(&home())?;
-    let manifest_before = std::fs::read(img.dir.join("manifest.json"))?;
-    let mut lines = Vec::new();
-    let again = rebound_image::build(
-        &home(),
-        "default",
-        &rebound_image::BuildOptions {
-            agent: common::workspace_root().join("guest/agent/rebound-agent"),
-            force: false,
-        },
-        &mut |l| lines.push(l.to_string()),
-    )?;
-    assert_eq!(again, img);
-    assert!(lines.iter().any(|l| l.contains("up to date")), "{lines:?}");
-    assert_eq!(
-        std::fs::read(img.dir.join("manifest.json"))?,
-        manifest_before,
-        "cached build rewrote the manifest"
-    );
-    let list = rebound_image::list(&home())?;
-    assert_eq!(list.len(), 1);
-    assert_eq!(list[0].name, "default");
-    assert_eq!(list[0].kernel_release, img.kernel_release);
-    assert!(list[0].size_bytes > 10 << 20, "{:?}", list[0]);
-    Ok(())
-}
+use common::{counter_checksum, ensure_image, http_get, image_home, is_type, Guest, Result};
+use rebound_vmm::qemu::{Device, MemoryBackend};
 
 fn kv(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, cmd: &str) -> Result<String> {
     stream.write_all(format!("{cmd}\r\n").as_bytes())?;
@@ -61,11 +24,7 @@ fn kv(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, cmd: &str) -> R
 
 #[test]
 fn guest_boots_serves_and_crashes() -> Result<()> {
-    if !qemu_available() {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
-        return Ok(());
-    }
-    let img = ensure_image(&home())?;
+    let img = ensure_image(&image_home());
     let mut g = Guest::boot(
         &img,
         "rebound.workload=web,kv,counter,memfill rebound.memfill=16M rebound.counter_hz=20",
@@ -76,7 +35,7 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
     agent.send(r#"{"cmd":"hello"}"#)?;
     let ready = agent
         .wait_for(Duration::from_secs(60), "ready", |v| is_type(v, "ready"))
-        .with_context(|| g.serial())?;
+        .map_err(|e| format!("{e}\n{}", g.serial()))?;
     let boot_s = g.spawned.elapsed().as_secs_f64();
     eprintln!(
         "boot -> ready: {boot_s:.2} s wall, guest uptime {} ms",
@@ -88,17 +47,17 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
     assert_eq!(ready["kernel_release"], img.kernel_release.as_str());
     assert_eq!(ready["workload"], "web,kv,counter,memfill");
     assert_eq!(ready["service_port"], 8080);
-    let mem = ready["mem_total_kib"].as_u64().context("mem_total_kib")?;
-    ensure!(
+    let mem = ready["mem_total_kib"].as_u64().ok_or("mem_total_kib")?;
+    assert!(
         mem > 150_000 && mem < 262_144,
         "MemTotal {mem} KiB for a 256 MiB guest"
     );
     let note_addr = ready["vmcoreinfo"]["paddr"]
         .as_u64()
-        .context("vmcoreinfo.paddr")?;
+        .ok_or("vmcoreinfo.paddr")?;
     let note_size = ready["vmcoreinfo"]["size"]
         .as_u64()
-        .context("vmcoreinfo.size")? as usize;
+        .ok_or("vmcoreinfo.size")? as usize;
     let note = g.read_ram(note_addr, note_size)?;
     assert_eq!(&note[..4], &11u32.to_le_bytes(), "VMCOREINFO note namesz");
     assert_eq!(&note[12..23], b"VMCOREINFO\0");
@@ -147,16 +106,16 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
 
     // marker: the bytes are at the reported guest physical address in the RAM file.
     let bytes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     agent.send(&format!(
-        r#"{{"cmd":"marker","id":42,"value_hex":"{}"}}"#,
-        hex::encode(&bytes)
+        r#"{{"cmd":"marker","id":42,"value_hex":"{hex}"}}"#
     ))?;
     let m = agent.wait_for(Duration::from_secs(10), "marker reply", |v| {
         is_type(v, "marker")
     })?;
     assert_eq!(m["id"], 42);
     assert_eq!(m["len"], 64);
-    let paddr = m["paddr"].as_u64().context("paddr")?;
+    let paddr = m["paddr"].as_u64().ok_or("paddr")?;
     assert_eq!(paddr % 4096, 0);
     assert_eq!(g.read_ram(paddr, 64)?, bytes);
 
@@ -189,7 +148,7 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
     let c = agent.wait_for(Duration::from_secs(10), "counter tick", |v| {
         is_type(v, "counter") && v["seq"].as_u64().unwrap_or(0) >= 5
     })?;
-    let seq = c["seq"].as_u64().context("seq")?;
+    let seq = c["seq"].as_u64().ok_or("seq")?;
     assert_eq!(c["checksum"], format!("{:016x}", counter_checksum(seq)));
     let heartbeats = agent
         .seen
@@ -244,23 +203,20 @@ fn guest_boots_serves_and_crashes() -> Result<()> {
 /// host must show in the guest's MemTotal (our kernel parameters once broke virtio there).
 #[test]
 fn agent_without_host_then_poweroff() -> Result<()> {
-    if !qemu_available() {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
-        return Ok(());
-    }
-    let img = ensure_image(&home())?;
-    let vmem = [
-        "-object",
-        "memory-backend-ram,id=vmem0,size=512M",
-        "-device",
-        "virtio-mem-pci,id=vm0,memdev=vmem0,requested-size=0,block-size=2M",
-    ];
+    let img = ensure_image(&image_home());
     let mut g = Guest::boot_with(
         &img,
         "rebound.workload=counter rebound.counter_hz=50",
         256,
-        Some(1024),
-        &vmem,
+        |q| {
+            q.memory.max_mib = Some(1024);
+            q.devices.push(Device::VirtioMem {
+                backend: MemoryBackend::Anonymous,
+                size_mib: 512,
+                requested_mib: 0,
+                block_mib: 2,
+            });
+        },
     )?;
     g.wait_serial("rebound-agent: ready", Duration::from_secs(60))?;
     let ready_seen = Instant::now();
@@ -279,20 +235,20 @@ fn agent_without_host_then_poweroff() -> Result<()> {
     let hb = agent.wait_for(Duration::from_secs(5), "heartbeat", |v| {
         is_type(v, "heartbeat")
     })?;
-    let seq = hb["seq"].as_u64().context("seq")?;
-    ensure!(
+    let seq = hb["seq"].as_u64().ok_or("seq")?;
+    assert!(
         seq >= 3 && seq * 2 >= away,
         "heartbeat seq {seq} after {away} s away from the agent"
     );
     let c = agent.wait_for(Duration::from_secs(5), "counter", |v| is_type(v, "counter"))?;
-    ensure!(c["seq"].as_u64().unwrap_or(0) > 150, "counter {c}");
+    assert!(c["seq"].as_u64().unwrap_or(0) > 150, "counter {c}");
 
     // virtio-mem: plug 128 MiB and watch MemTotal grow by it.
-    let before = ready["mem_total_kib"].as_u64().context("mem_total_kib")?;
+    let before = ready["mem_total_kib"].as_u64().ok_or("mem_total_kib")?;
     let mut q = g.qmp(Instant::now() + Duration::from_secs(10))?;
     q.execute_args(
         "qom-set",
-        serde_json::json!({"path": "/machine/peripheral/vm0", "property": "requested-size", "value": 128u64 << 20}),
+        serde_json::json!({"path": "/machine/peripheral/vmem0", "property": "requested-size", "value": 128u64 << 20}),
         Instant::now() + Duration::from_secs(5),
     )?;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -303,7 +259,7 @@ fn agent_without_host_then_poweroff() -> Result<()> {
         let r = agent.wait_for(Duration::from_secs(5), "ready", |v| is_type(v, "ready"))?;
         after = r["mem_total_kib"].as_u64().unwrap_or(0);
     }
-    ensure!(
+    assert!(
         after >= before + (120 << 10),
         "MemTotal {before} -> {after} KiB after plugging 128 MiB"
     );
@@ -311,7 +267,7 @@ fn agent_without_host_then_poweroff() -> Result<()> {
     agent.send(r#"{"cmd":"poweroff"}"#)?;
     let st = g
         .wait_exit(Duration::from_secs(30))
-        .with_context(|| g.serial())?;
+        .map_err(|e| format!("{e}\n{}", g.serial()))?;
     assert!(st.success(), "qemu exit status {st}");
     Ok(())
 }

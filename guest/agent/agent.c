@@ -5,6 +5,9 @@
  * One poll loop, nothing in it blocks: the port is non-blocking, and while no host is
  * connected (the port reports POLLHUP and writes would fail with EAGAIN) messages are
  * dropped rather than queued, so a host that comes later gets fresh state by `hello`. */
+#include <sys/ioctl.h>
+#include <linux/watchdog.h>
+
 #include "agent.h"
 #include "json.h"
 
@@ -52,6 +55,8 @@ static char outbuf[OUTBUF_CAP];
 static size_t outlen;
 static uint64_t dropped;
 static int watchdog_fd = -1;
+/* Set by the host's watchdog_stop: the watchdog then expires as for a hung guest. */
+static int watchdog_starved;
 static int all_ready_seen;
 
 /* ---------- output ---------- */
@@ -241,6 +246,9 @@ static void handle_line(char *line, size_t len)
 		do_marker(&c);
 	} else if (strcmp(c.cmd, "poweroff") == 0) {
 		do_poweroff();
+	} else if (strcmp(c.cmd, "watchdog_stop") == 0) {
+		logmsg("watchdog_stop: no longer feeding /dev/watchdog");
+		watchdog_starved = 1;
 	} else {
 		snprintf(msg, sizeof(msg), "unknown command \"%.40s\"", c.cmd);
 		send_error(msg);
@@ -435,10 +443,14 @@ static void tick(uint64_t seq)
 	struct jbuf b;
 	if (watchdog_fd < 0 && access("/dev/watchdog", F_OK) == 0) {
 		watchdog_fd = open("/dev/watchdog", O_WRONLY | O_CLOEXEC);
-		if (watchdog_fd >= 0)
+		if (watchdog_fd >= 0) {
+			int t = (int)cfg.watchdog_s;
+			if (t && ioctl(watchdog_fd, WDIOC_SETTIMEOUT, &t) < 0)
+				logmsg("watchdog timeout %d s: %s", (int)cfg.watchdog_s, strerror(errno));
 			logmsg("feeding /dev/watchdog");
+		}
 	}
-	if (watchdog_fd >= 0 && write(watchdog_fd, "k", 1) != 1)
+	if (watchdog_fd >= 0 && !watchdog_starved && write(watchdog_fd, "k", 1) != 1)
 		logmsg("watchdog write: %s", strerror(errno));
 	jb_init(&b, buf, sizeof(buf));
 	jb_raw(&b, "{\"type\":\"heartbeat\",\"seq\":");

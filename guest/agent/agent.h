@@ -31,6 +31,7 @@ struct config {
 	uint64_t memfill_bytes;
 	unsigned counter_hz;
 	int port_override; /* 0: none */
+	unsigned watchdog_s; /* watchdog timeout to set; 0: the driver's default */
 };
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */

@@ -155,6 +155,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				problem(err, errlen, &problems, "rebound.counter_hz", val);
 			else
 				cfg->counter_hz = (unsigned)u;
+		} else if (strcmp(key, "watchdog_s") == 0) {
+			if (parse_uint(val, 1, 600, &u) < 0)
+				problem(err, errlen, &problems, "rebound.watchdog_s", val);
+			else
+				cfg->watchdog_s = (unsigned)u;
 		} else if (strcmp(key, "port") == 0) {
 			if (parse_uint(val, 1, 65535, &u) < 0)
 				problem(err, errlen, &problems, "rebound.port", val);

@@ -193,6 +193,10 @@ static void test_sizes_and_cmdline(void)
 	CHECK(parse_cmdline("rebound.workload=kv,web rebound.port=1234", &cfg, err, sizeof(err)) == 0);
 	CHECK(workload_port(&cfg, WL_KV) == 1234 && workload_port(&cfg, WL_WEB) == 8080);
 	/* Bad values are reported and fall back to defaults. */
+	CHECK(parse_cmdline("rebound.watchdog_s=3", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.watchdog_s == 3);
+	CHECK(parse_cmdline("rebound.watchdog_s=0 rebound.watchdog_s=601", &cfg, err, sizeof(err)) == 2);
+	CHECK(cfg.watchdog_s == 0);
 	CHECK(parse_cmdline("rebound.workload=bitcoin rebound.memfill=lots rebound.port=70000 rebound.counter_hz=0", &cfg, err, sizeof(err)) == 4);
 	CHECK(strstr(err, "rebound.workload=bitcoin") != NULL);
 	CHECK(cfg.nworkloads == 0 && cfg.memfill_bytes == 64ULL << 20 && cfg.port_override == 0 && cfg.counter_hz == 10);

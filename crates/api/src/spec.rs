@@ -38,7 +38,7 @@ pub enum SpecError {
     WorkloadWithoutImage,
     #[error("unknown workload {0:?}: expected web, kv, memfill, counter or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, counter_hz or port")]
+    #[error("unknown workload argument {0:?}: expected memfill, counter_hz, port or watchdog_s")]
     WorkloadArg(String),
     #[error("workload argument {0}={1:?} is malformed")]
     WorkloadArgValue(String, String),
@@ -413,6 +413,7 @@ impl VmSpec {
                 "memfill" => parse_memfill(v).is_ok(),
                 "counter_hz" => v.parse::<u32>().is_ok_and(|n| n > 0),
                 "port" => v.parse::<u16>().is_ok_and(|n| n > 0),
+                "watchdog_s" => v.parse::<u32>().is_ok_and(|n| (1..=600).contains(&n)),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),
             };
             if !ok {

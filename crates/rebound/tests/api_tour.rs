@@ -11,7 +11,8 @@ use common::{eventually, Env};
 use serde_json::{json, Value};
 
 fn start(env: &Env, name: &str) -> Value {
-    let spec = json!({"name": name, "workload": "web", "memory_mib": 128});
+    let spec = json!({"name": name, "workload": "web", "memory_mib": 128,
+                      "workload_args": {"watchdog_s": "2"}});
     let (code, st) = env.call("POST", "/v1/vms", Some(&spec)).unwrap();
     assert_eq!(code, 201, "{st}");
     st
@@ -97,9 +98,15 @@ fn every_operation_and_every_metric() {
     let st = env.get_ok("DELETE", "/v1/vms/t1", None);
     assert_eq!(st["name"], "t1");
 
-    // One more boot to readiness (this daemon's histogram), then a kill.
+    // One more boot to readiness (this daemon's histogram), a hang the watchdog
+    // catches, then a kill.
     start(&env, "t2");
     wait(&env, "t2", "ready");
+    env.get_ok("POST", "/v1/vms/t2/crash?how=hang", None);
+    let st = wait(&env, "t2", "panicked");
+    assert_eq!(st["ready"], false);
+    let kinds = env.event_kinds("t2");
+    assert!(kinds.contains(&"watchdog".to_string()), "{kinds:?}");
     let st = env.get_ok("POST", "/v1/vms/t2/kill", None);
     assert_eq!(st["state"], "stopped");
 

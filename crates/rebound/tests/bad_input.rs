@@ -106,6 +106,16 @@ fn malformed_sizes_and_flags() {
             .check_response("POST", "/v1/vms", 400, &a.content_type, &a.body)
             .unwrap();
     }
+    // An unknown way to crash is refused before anything else.
+    let path = "/v1/vms/a/crash?how=melt";
+    let a = rt
+        .block_on(client.exchange(hyper::Method::POST, path, None))
+        .unwrap();
+    assert_eq!(a.status.as_u16(), 400);
+    assert!(String::from_utf8_lossy(&a.body).contains("expected panic or hang"));
+    env.api
+        .check_response("POST", path, 400, &a.content_type, &a.body)
+        .unwrap();
     // Nothing was saved.
     assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
 }

@@ -175,6 +175,11 @@ impl AgentLink {
     }
 
     /// Asks the guest to sync and power off.
+    /// Asks the agent to stop feeding the watchdog: it then expires as for a hung guest.
+    pub fn watchdog_stop(&self) -> Result<(), AgentError> {
+        self.send(json!({"cmd": "watchdog_stop"}))
+    }
+
     pub fn poweroff(&self) -> Result<(), AgentError> {
         self.send(json!({"cmd": "poweroff"}))
     }

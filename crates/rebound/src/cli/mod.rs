@@ -95,6 +95,9 @@ pub struct StartArgs {
     /// Memory the memfill workload fills, e.g. 64M.
     #[arg(long, value_parser = parse_size_arg)]
     pub memfill: Option<String>,
+    /// The guest watchdog's timeout in seconds (1-600; needs the agent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub watchdog: Option<u32>,
     /// auto, kvm or tcg.
     #[arg(long, default_value = "auto")]
     pub accel: rebound_api::spec::AccelChoice,
@@ -202,10 +205,14 @@ pub enum VmCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Make the guest kernel panic.
+    /// Make the guest kernel panic (or, with --hang, make it hang: its watchdog expires).
     Crash {
         /// The VM's name.
         name: String,
+        /// Stop feeding the guest's watchdog instead of panicking it (needs the agent;
+        /// the watchdog's timeout is --watchdog, 30 s by default).
+        #[arg(long)]
+        hang: bool,
     },
     /// Have the guest write HEX bytes into a page; prints its guest physical address.
     Marker {

@@ -45,7 +45,10 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             println!("removed {name}");
             Ok(())
         }
-        VmCmd::Crash { name } => simple(paths, &name, "crash", "crash requested for").await,
+        VmCmd::Crash { name, hang } => {
+            let op = if hang { "crash?how=hang" } else { "crash" };
+            simple(paths, &name, op, "crash requested for").await
+        }
         VmCmd::Console { name } => {
             let v = status(&connect(paths).await?, &name).await?;
             if v.state == VmState::Stopped {
@@ -179,6 +182,9 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     s.workload = a.workload;
     if let Some(m) = &a.memfill {
         s.workload_args.insert("memfill".into(), m.clone());
+    }
+    if let Some(w) = a.watchdog {
+        s.workload_args.insert("watchdog_s".into(), w.to_string());
     }
     s.accel = a.accel;
     s.ready = a.ready.clone();

@@ -149,8 +149,22 @@ async fn kill(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoRespo
     Ok(Json(d.find(&name)?.run_for_status(Job::Kill).await?))
 }
 
-async fn crash(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    let s = d.find(&name)?.run_for_status(Job::Crash).await?;
+async fn crash(
+    State(d): D,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let hang = match q.get("how").map(String::as_str) {
+        None | Some("panic") => false,
+        Some("hang") => true,
+        Some(other) => {
+            return Err(OpError::BadRequest(format!(
+                "cannot crash by {other:?}: expected panic or hang"
+            ))
+            .into())
+        }
+    };
+    let s = d.find(&name)?.run_for_status(Job::Crash { hang }).await?;
     Ok((StatusCode::ACCEPTED, Json(s)))
 }
 

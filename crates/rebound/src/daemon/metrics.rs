@@ -28,6 +28,7 @@ pub struct Metrics {
     pub starts: Counter,
     pub start_failures: Counter,
     pub panics: Counter,
+    pub watchdog_expiries: Counter,
     pub stops: Counter,
     pub kills: Counter,
     pub exits: Counter,
@@ -62,6 +63,11 @@ impl Metrics {
             "vm_panics",
             "Guest kernel panics (GUEST_PANICKED)",
         );
+        let watchdog_expiries = counter(
+            &mut registry,
+            "vm_watchdog_expiries",
+            "Guests whose watchdog expired (hung), paused by QEMU",
+        );
         let stops = counter(&mut registry, "vm_stops", "VMs stopped on request");
         let kills = counter(&mut registry, "vm_kills", "VMs killed on request");
         let exits = counter(
@@ -87,6 +93,7 @@ impl Metrics {
             starts,
             start_failures,
             panics,
+            watchdog_expiries,
             stops,
             kills,
             exits,

@@ -16,7 +16,8 @@ pub enum Trigger<'a> {
     Stopped,
     /// QMP `RESUME`.
     Resumed,
-    /// QMP `GUEST_PANICKED`.
+    /// QMP `GUEST_PANICKED`, or `WATCHDOG` (a hung guest): either way the guest is
+    /// dead, paused by QEMU with its RAM kept.
     Panicked,
     /// A stop or kill job begins tearing QEMU down.
     TearDown,

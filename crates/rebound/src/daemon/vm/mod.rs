@@ -27,8 +27,9 @@ pub enum Job {
     Stop,
     /// SIGKILL at once.
     Kill,
-    /// Make the guest kernel panic.
-    Crash,
+    /// Make the guest kernel panic (`hang: false`), or make it look hung by starving
+    /// its watchdog (`hang: true`).
+    Crash { hang: bool },
     /// Have the agent write these bytes (hex) into guest RAM.
     Marker(String),
 }
@@ -38,7 +39,7 @@ impl Job {
         match self {
             Job::Stop => "stop",
             Job::Kill => "kill",
-            Job::Crash => "crash",
+            Job::Crash { .. } => "crash",
             Job::Marker(_) => "marker",
         }
     }

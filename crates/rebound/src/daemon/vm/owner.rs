@@ -332,9 +332,16 @@ impl Owner {
                 }
                 c
             }
+            EventData::Watchdog { .. } => {
+                let c = self.apply(Trigger::Panicked);
+                if c {
+                    self.metrics.watchdog_expiries.inc();
+                }
+                true
+            }
             EventData::Paused => self.apply(Trigger::Stopped),
             EventData::Resumed => self.apply(Trigger::Resumed),
-            // Watchdog, shutdown and balloon are facts, not state changes.
+            // Shutdown and balloon are facts, not state changes.
             _ => true,
         };
         if changed {
@@ -450,7 +457,7 @@ impl Owner {
         match job {
             Job::Stop => self.stop().await.map(|s| Done::Status(Box::new(s))),
             Job::Kill => self.kill().await.map(|s| Done::Status(Box::new(s))),
-            Job::Crash => self.crash().await.map(|s| Done::Status(Box::new(s))),
+            Job::Crash { hang } => self.crash(hang).await.map(|s| Done::Status(Box::new(s))),
             Job::Marker(hex) => self.marker(&hex).await.map(Done::Marker),
         }
     }
@@ -530,8 +537,20 @@ impl Owner {
     }
 
     /// Panics the guest kernel: through the agent when it is up, else with an NMI.
-    async fn crash(&mut self) -> Result<VmStatus, OpError> {
+    /// With `hang`, the agent stops feeding the watchdog instead.
+    async fn crash(&mut self, hang: bool) -> Result<VmStatus, OpError> {
         self.require_running("only a running guest can be crashed")?;
+        if hang {
+            let agent = self
+                .agent
+                .as_ref()
+                .ok_or(rebound_vmm::agent::AgentError::NotConnected)?;
+            agent.watchdog_stop()?;
+            self.event(EventData::CrashRequested {
+                via: "watchdog".into(),
+            });
+            return Ok(self.vm.status());
+        }
         let via_agent = match (&self.agent, self.vm.record().kernel_release.is_some()) {
             (Some(a), true) => a.crash().is_ok(),
             _ => false,

@@ -7,7 +7,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hareplica::{BackupConfig, BackupHandle, BackupServer, Endpoint};
+use hareplica::{BackupConfig, BackupHandle, BackupServer, Endpoint, Spin};
+
+/// The backup's side of a benchmark's spin configuration: the same fixed poll or none,
+/// or the backup's own adaptive default.
+pub fn backup_spin(spin: Spin) -> Spin {
+    match spin {
+        Spin::Adaptive { .. } => Spin::BACKUP,
+        s => s,
+    }
+}
 
 /// Where the backup runs.
 #[derive(Debug, Clone)]
@@ -44,25 +53,25 @@ pub struct Backup {
     kind: BackupKind,
     dir: PathBuf,
     endpoint: String,
-    /// The server's busy-poll for the next frame (zero: off).
-    spin: Duration,
+    /// How the server waits for the next frame.
+    spin: Spin,
     running: Running,
 }
 
 impl Backup {
     /// Starts a backup whose socket and replica live under `dir`.
     pub fn start(kind: &BackupKind, dir: &Path) -> Result<Backup> {
-        Self::start_spinning(kind, dir, Duration::ZERO)
+        Self::start_spinning(kind, dir, Spin::BACKUP)
     }
 
-    /// Starts a backup that busy-polls `spin` for each next frame before blocking.
-    pub fn start_spinning(kind: &BackupKind, dir: &Path, spin: Duration) -> Result<Backup> {
+    /// Starts a backup that waits for each next frame as `spin` says.
+    pub fn start_spinning(kind: &BackupKind, dir: &Path, spin: Spin) -> Result<Backup> {
         let endpoint = format!("unix:{}", dir.join("backup.sock").display());
         let mut b = Backup {
             kind: kind.clone(),
             dir: dir.to_path_buf(),
             endpoint,
-            spin,
+            spin: backup_spin(spin),
             running: Running::Stopped,
         };
         b.restart()?;
@@ -71,6 +80,14 @@ impl Backup {
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The backup's process id when it runs as a process.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.running {
+            Running::Process(c) => Some(c.id()),
+            _ => None,
+        }
     }
 
     /// (Re)starts on the same directory and endpoint: the replica and its log survive.
@@ -101,9 +118,10 @@ impl Backup {
                     .arg(&self.endpoint)
                     .arg("--dir")
                     .arg(&replica);
-                if !self.spin.is_zero() {
-                    // Only when asked: backups without the option keep working.
-                    cmd.arg("--spin-us").arg(self.spin.as_micros().to_string());
+                // Only when asked: the default is the backup's own.
+                if let Spin::Off | Spin::Fixed(_) = self.spin {
+                    cmd.arg("--spin-us")
+                        .arg(self.spin.limit().as_micros().to_string());
                 }
                 let child = cmd
                     .stdin(Stdio::null())

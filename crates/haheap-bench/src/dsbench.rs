@@ -23,7 +23,7 @@ pub struct DsArgs {
     pub backup: Vec<bool>,
     pub seed: u64,
     /// Busy-poll before blocking, in the primary and the backup (zero: off).
-    pub spin: Duration,
+    pub spin: haheap::Spin,
 }
 
 #[derive(Debug, Clone, Serialize)]

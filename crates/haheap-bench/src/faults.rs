@@ -264,7 +264,7 @@ fn take_over_and_verify(
         backup: Some(ep.to_string()),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
-        spin: Duration::ZERO,
+        spin: haheap::Spin::PRIMARY,
     };
     let t0 = Instant::now();
     let mut heap = loop {

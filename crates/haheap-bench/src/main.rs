@@ -16,10 +16,11 @@ mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use haheap::EngineKind;
+use haheap::{EngineKind, Spin};
 use haheap_ds::Ds;
 use serde_json::json;
 
@@ -129,15 +130,32 @@ struct MicroCli {
     /// Runs per cell, engines interleaved; the median is reported.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
-    /// Busy-poll this many µs before blocking, in the primary (for an Ack; the uffd
-    /// handler for faults) and the backup (for the next frame); 0 blocks at once.
-    #[arg(long, default_value_t = 0, value_parser = spin_us())]
-    spin_us: u64,
+    /// How the primary (for an Ack; the uffd handler for faults) and the backup (for the
+    /// next frame) wait, comma-separated configurations run side by side: "auto" (the
+    /// default of both: adaptive), 0 (never busy-poll), or µs to busy-poll always.
+    #[arg(long, value_delimiter = ',', default_value = "auto", value_parser = parse_spin)]
+    spin_us: Vec<Spin>,
 }
 
-/// `--spin-us`: at most a second.
-fn spin_us() -> clap::builder::RangedU64ValueParser {
-    clap::value_parser!(u64).range(0..=1_000_000)
+/// `--spin-us`: "auto", or µs up to a second (0: off).
+fn parse_spin(s: &str) -> Result<Spin, String> {
+    if s == "auto" {
+        return Ok(Spin::PRIMARY);
+    }
+    match s.parse::<u64>() {
+        Ok(0) => Ok(Spin::Off),
+        Ok(us) if us <= 1_000_000 => Ok(Spin::Fixed(Duration::from_micros(us))),
+        _ => Err(format!("{s:?} is neither auto nor 0..=1000000 µs")),
+    }
+}
+
+/// A `--spin-us` value as given.
+pub fn spin_name(s: Spin) -> String {
+    match s {
+        Spin::Adaptive { .. } => "auto".into(),
+        Spin::Off => "0".into(),
+        Spin::Fixed(d) => d.as_micros().to_string(),
+    }
 }
 
 #[derive(Args)]
@@ -156,10 +174,10 @@ struct DsCli {
     /// Structures, comma-separated, or "all".
     #[arg(long, value_delimiter = ',', default_value = "all")]
     structures: Vec<String>,
-    /// Busy-poll this many µs before blocking, in the primary (for an Ack; the uffd
-    /// handler for faults) and the backup (for the next frame); 0 blocks at once.
-    #[arg(long, default_value_t = 0, value_parser = spin_us())]
-    spin_us: u64,
+    /// How the primary and the backup wait: "auto" (adaptive, the default), 0 (never
+    /// busy-poll) or µs to busy-poll always.
+    #[arg(long, default_value = "auto", value_parser = parse_spin)]
+    spin_us: Spin,
 }
 
 #[derive(Args)]
@@ -260,9 +278,9 @@ struct BackupCli {
     dir: PathBuf,
     #[arg(long)]
     durable: bool,
-    /// Busy-poll this many µs for the next frame before blocking (0: off).
-    #[arg(long, default_value_t = 0, value_parser = spin_us())]
-    spin_us: u64,
+    /// "auto" (adaptive, the default), 0 (never busy-poll) or µs to busy-poll always.
+    #[arg(long, default_value = "auto", value_parser = parse_spin)]
+    spin_us: Spin,
 }
 
 fn engines(names: &[String]) -> Result<Vec<EngineKind>> {
@@ -357,14 +375,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 backup: c.common.backup.list(),
                 seed: c.common.seed,
                 repeat: c.repeat as usize,
-                spin: std::time::Duration::from_micros(c.spin_us),
+                spins: c.spin_us,
             };
             eprintln!("{}", Machine::probe().line());
             let cells = micro::run(&a, &kind)?;
             let goals = micro::goals(&cells);
             let cmd = format!(
                 "micro: {} tx, {} MB heap, seed {}, median of {} interleaved runs, spin {} us",
-                a.txs, a.heap_mb, a.seed, a.repeat, c.spin_us
+                a.txs,
+                a.heap_mb,
+                a.seed,
+                a.repeat,
+                a.spins
+                    .iter()
+                    .map(|&s| spin_name(s))
+                    .collect::<Vec<_>>()
+                    .join(",")
             );
             emit(
                 c.common.out(),
@@ -385,14 +411,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 structures: structures(&c.structures)?,
                 backup: c.common.backup.list(),
                 seed: c.common.seed,
-                spin: std::time::Duration::from_micros(c.spin_us),
+                spin: c.spin_us,
             };
             eprintln!("{}", Machine::probe().line());
             let cells = dsbench::run(&a, &kind)?;
             let goals = dsbench::goals(&cells);
             let cmd = format!(
                 "ds: {} ops per phase, {} MB heap, seed {}, spin {} us",
-                a.ops, a.heap_mb, a.seed, c.spin_us
+                a.ops,
+                a.heap_mb,
+                a.seed,
+                spin_name(a.spin)
             );
             emit(
                 c.common.out(),
@@ -513,7 +542,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let ep: hareplica::Endpoint = c.listen.parse().context("--listen")?;
             let mut cfg = hareplica::BackupConfig::new(ep, &c.dir);
             cfg.durable = c.durable;
-            cfg.spin = std::time::Duration::from_micros(c.spin_us);
+            cfg.spin = backup::backup_spin(c.spin_us);
             let (server, _report) =
                 hareplica::BackupServer::bind(cfg).context("starting the backup")?;
             server.serve().context("serving")?;

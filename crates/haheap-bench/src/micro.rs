@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode};
+use haheap::{BackupFailure, EngineKind, Heap, HeapConfig, ReplMode, Spin};
 use haheap_ds::SplitMix64;
 use serde::Serialize;
 
@@ -23,14 +23,16 @@ pub struct MicroArgs {
     pub seed: u64,
     /// Runs per cell; the median time is reported.
     pub repeat: usize,
-    /// Busy-poll before blocking, in the client and the backup (zero: off).
-    pub spin: Duration,
+    /// How the client and the backup wait, one configuration after another (interleaved).
+    pub spins: Vec<Spin>,
 }
 
 /// One measured cell.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
     pub engine: String,
+    /// The `--spin-us` configuration: "auto", "0" or µs.
+    pub spin: String,
     pub backup: bool,
     pub ppt: usize,
     pub wpp: usize,
@@ -51,6 +53,22 @@ pub struct Cell {
     pub collect_us: f64,
     pub diff_us: f64,
     pub ship_us: f64,
+    /// CPU time per transaction of this process (every thread: the stores, tend, a
+    /// busy-polling wait, the uffd handler, a backup thread) and of a backup process.
+    pub cpu_us: f64,
+    pub backup_cpu_us: Option<f64>,
+}
+
+/// CPU time of every thread of process `pid` so far, in ns (the scheduler's own account,
+/// `/proc/PID/task/*/schedstat`), or `None` when it cannot be read.
+fn cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0;
+    for t in tasks {
+        let stat = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+        sum += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
 }
 
 /// The run with the median time, carrying all runs' times.
@@ -64,7 +82,12 @@ fn median_run(mut runs: Vec<Cell>) -> Cell {
 
 /// Runs `txs` transactions of `ppt` x `wpp` stores on `heap`; returns the cell (without
 /// the speedup, filled in later).
-fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> Result<Cell> {
+fn run_cell(
+    heap: &mut Heap,
+    (ppt, wpp, txs): (usize, usize, usize),
+    seed: u64,
+    backup_pid: Option<u32>,
+) -> Result<Cell> {
     let page = heap.page_size();
     let pages = heap.len() / page;
     let log = !heap.engine().is_page_level();
@@ -73,6 +96,8 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
     let mut chosen: Vec<usize> = Vec::with_capacity(ppt);
     let (mut total, mut pages_sum, mut shipped, mut written) = (Duration::ZERO, 0usize, 0u64, 0u64);
     let before = heap.counters();
+    let me = std::process::id();
+    let cpu_before = (cpu_ns(me), backup_pid.and_then(cpu_ns));
     for _ in 0..txs {
         // Plan outside the timed part: distinct pages, random aligned offsets, new values.
         chosen.clear();
@@ -110,10 +135,13 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
         written += (plan.len() * 8) as u64;
     }
     let n = txs as f64;
+    let cpu_after = (cpu_ns(me), backup_pid.and_then(cpu_ns));
+    let cpu = |a: Option<u64>, b: Option<u64>| Some((a? - b?) as f64 / 1e3 / n);
     let after = heap.counters();
     let per_tx = |a: u64, b: u64| (a - b) as f64 / 1e3 / n;
     Ok(Cell {
         engine: heap.engine().to_string(),
+        spin: String::new(),
         backup: false,
         ppt,
         wpp,
@@ -128,6 +156,8 @@ fn run_cell(heap: &mut Heap, ppt: usize, wpp: usize, txs: usize, seed: u64) -> R
         collect_us: per_tx(after.collect_ns, before.collect_ns),
         diff_us: per_tx(after.diff_ns, before.diff_ns),
         ship_us: per_tx(after.ship_ns, before.ship_ns),
+        cpu_us: cpu(cpu_after.0, cpu_before.0).unwrap_or(f64::NAN),
+        backup_cpu_us: cpu(cpu_after.1, cpu_before.1),
     })
 }
 
@@ -148,14 +178,21 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
     for &with_backup in &a.backup {
         for &ppt in &a.ppts {
             for &wpp in &a.wpps {
-                // Repeats interleave the engines so that load from other work on the
-                // machine falls on all of them alike; each engine keeps its median run.
-                let mut runs: Vec<Vec<Cell>> = vec![Vec::new(); a.engines.len()];
-                for (ei, &engine) in (0..a.repeat).flat_map(|_| a.engines.iter().enumerate()) {
+                // Repeats interleave the spin configurations and engines so that load
+                // from other work on the machine falls on all of them alike; each keeps
+                // its median run.
+                let configs: Vec<(Spin, EngineKind)> = a
+                    .spins
+                    .iter()
+                    .flat_map(|&s| a.engines.iter().map(move |&e| (s, e)))
+                    .collect();
+                let mut runs: Vec<Vec<Cell>> = vec![Vec::new(); configs.len()];
+                for (ei, &(spin, engine)) in (0..a.repeat).flat_map(|_| configs.iter().enumerate())
+                {
                     // A fresh backup per run: the heap announces itself as new.
                     let dir = tempfile::tempdir().context("temp dir for the backup")?;
                     let backup = match with_backup {
-                        true => Some(Backup::start_spinning(backup_kind, dir.path(), a.spin)?),
+                        true => Some(Backup::start_spinning(backup_kind, dir.path(), spin)?),
                         false => None,
                     };
                     let cfg = HeapConfig {
@@ -164,29 +201,33 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
                         backup: backup.as_ref().map(|b| b.endpoint().to_string()),
                         mode: ReplMode::Sync,
                         on_backup_failure: BackupFailure::Fail,
-                        spin: a.spin,
+                        spin,
                     };
                     let mut heap =
                         Heap::create(cfg).with_context(|| format!("creating a {engine} heap"))?;
                     warm_up(&mut heap)?;
                     let seed = a.seed ^ ((ppt as u64) << 32) ^ ((wpp as u64) << 16);
-                    let mut c = run_cell(&mut heap, ppt, wpp, a.txs, seed)
+                    let pid = backup.as_ref().and_then(Backup::pid);
+                    let mut c = run_cell(&mut heap, (ppt, wpp, a.txs), seed, pid)
                         .with_context(|| format!("{engine} ppt {ppt} wpp {wpp}"))?;
                     c.backup = with_backup;
+                    c.spin = crate::spin_name(spin);
                     drop(heap);
                     drop(backup);
                     eprintln!(
-                        "  micro {:<8} backup={:<5} ppt={:<2} wpp={:<2} {:>9.2} us/tx",
-                        c.engine, with_backup, ppt, wpp, c.us_per_tx
+                        "  micro {:<8} spin={:<6} backup={:<5} ppt={:<2} wpp={:<2} {:>9.2} us/tx",
+                        c.engine, c.spin, with_backup, ppt, wpp, c.us_per_tx
                     );
                     runs[ei].push(c);
                 }
                 let mut row: Vec<Cell> = runs.into_iter().map(median_run).collect();
-                let base = row
+                let bases: Vec<(String, f64)> = row
                     .iter()
-                    .find(|c| c.engine == "mprotect")
-                    .map(|c| c.us_per_tx);
+                    .filter(|c| c.engine == "mprotect")
+                    .map(|c| (c.spin.clone(), c.us_per_tx))
+                    .collect();
                 for c in &mut row {
+                    let base = bases.iter().find(|(s, _)| *s == c.spin).map(|b| b.1);
                     c.speedup_vs_mprotect = base.map_or(0.0, |b| ratio(b, c.us_per_tx));
                 }
                 cells.extend(row);
@@ -198,8 +239,9 @@ pub fn run(a: &MicroArgs, backup_kind: &BackupKind) -> Result<Vec<Cell>> {
 
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
-        "{:<7}{:>4}{:>4}  {:<9}{:>10}{:>9}{:>9}{:>11}{:>11}{:>8}{:>9}{:>8}{:>8}\n",
+        "{:<7}{:>7}{:>4}{:>4}  {:<9}{:>10}{:>9}{:>9}{:>11}{:>11}{:>8}{:>9}{:>8}{:>8}{:>9}{:>9}\n",
         "backup",
+        "spin",
         "ppt",
         "wpp",
         "engine",
@@ -211,12 +253,16 @@ pub fn table(cells: &[Cell]) -> String {
         "ship/wr",
         "collect",
         "diff",
-        "ship"
+        "ship",
+        "cpu",
+        "bk cpu"
     );
     for c in cells {
+        let bk = c.backup_cpu_us.map_or("-".into(), |v| format!("{v:.2}"));
         s += &format!(
-            "{:<7}{:>4}{:>4}  {:<9}{:>10.2}{:>9.2}{:>9.2}{:>11.0}{:>11.0}{:>8.2}{:>9.2}{:>8.2}{:>8.2}\n",
+            "{:<7}{:>7}{:>4}{:>4}  {:<9}{:>10.2}{:>9.2}{:>9.2}{:>11.0}{:>11.0}{:>8.2}{:>9.2}{:>8.2}{:>8.2}{:>9.2}{:>9}\n",
             if c.backup { "yes" } else { "no" },
+            c.spin,
             c.ppt,
             c.wpp,
             c.engine,
@@ -228,7 +274,9 @@ pub fn table(cells: &[Cell]) -> String {
             c.shipped_over_written,
             c.collect_us,
             c.diff_us,
-            c.ship_us
+            c.ship_us,
+            c.cpu_us,
+            bk
         );
     }
     s
@@ -240,11 +288,20 @@ pub fn goals(cells: &[Cell]) -> Vec<String> {
     let mut wpps: Vec<usize> = cells.iter().map(|c| c.wpp).collect();
     wpps.sort_unstable();
     wpps.dedup();
-    for wpp in wpps {
+    let mut spins: Vec<&str> = cells.iter().map(|c| c.spin.as_str()).collect();
+    spins.dedup();
+    spins.sort_unstable();
+    spins.dedup();
+    for (spin, wpp) in spins
+        .iter()
+        .flat_map(|s| wpps.iter().map(move |w| (*s, *w)))
+    {
         let at = |e: &str| {
             cells
                 .iter()
-                .find(|c| c.backup && c.ppt == 32 && c.wpp == wpp && c.engine == e)
+                .find(|c| {
+                    c.backup && c.ppt == 32 && c.wpp == wpp && c.engine == e && c.spin == spin
+                })
                 .map(|c| c.us_per_tx)
         };
         let Some(mp) = at("mprotect") else { continue };
@@ -257,11 +314,12 @@ pub fn goals(cells: &[Cell]) -> Vec<String> {
             out.push(verdict(
                 x >= 5.0,
                 &format!(
-                    "32 pages/tx, {wpp} writes/page, with backup: best page-level engine {e} {t:.1} us vs mprotect {mp:.1} us = {x:.2}x (goal >= 5x)"
+                    "32 pages/tx, {wpp} writes/page, with backup, spin {spin}: best page-level engine {e} {t:.1} us vs mprotect {mp:.1} us = {x:.2}x (goal >= 5x)"
                 ),
             ));
         }
     }
+    out.extend(default_vs_poll(cells));
     let mut engines: Vec<&str> = cells.iter().map(|c| c.engine.as_str()).collect();
     engines.sort_unstable();
     engines.dedup();
@@ -288,6 +346,50 @@ pub fn goals(cells: &[Cell]) -> Vec<String> {
                 worst.shipped_over_written, worst.ppt, worst.wpp
             ),
         ));
+    }
+    out
+}
+
+/// The default ("auto") against the longest busy-poll of the same run, for every engine
+/// at 32 pages/tx with the backup: the default's time and its speedup over mprotect
+/// within 20% of the busy-poll ones (issue 9).
+fn default_vs_poll(cells: &[Cell]) -> Vec<String> {
+    let poll = cells
+        .iter()
+        .filter_map(|c| c.spin.parse::<u64>().ok())
+        .max()
+        .filter(|&us| us > 0)
+        .map(|us| us.to_string());
+    let Some(poll) = poll else { return Vec::new() };
+    let mut out = Vec::new();
+    for d in cells
+        .iter()
+        .filter(|c| c.backup && c.ppt == 32 && c.spin == "auto")
+    {
+        let Some(p) = cells.iter().find(|c| {
+            (c.backup, c.ppt, c.wpp, c.engine.as_str(), c.spin.as_str())
+                == (true, 32, d.wpp, d.engine.as_str(), poll.as_str())
+        }) else {
+            continue;
+        };
+        let slower = d.us_per_tx / p.us_per_tx - 1.0;
+        out.push(verdict(
+            slower <= 0.2,
+            &format!(
+                "32 pages/tx, {} writes/page, {}: default {:.1} us ({:.1} us CPU) vs busy-poll {poll} us {:.1} us ({:.1} us CPU): {:+.0}% (goal <= +20%)",
+                d.wpp, d.engine, d.us_per_tx, d.cpu_us, p.us_per_tx, p.cpu_us, slower * 100.0
+            ),
+        ));
+        if d.engine != "mprotect" && p.speedup_vs_mprotect > 0.0 {
+            let lost = 1.0 - d.speedup_vs_mprotect / p.speedup_vs_mprotect;
+            out.push(verdict(
+                lost <= 0.2,
+                &format!(
+                    "32 pages/tx, {} writes/page, {} vs mprotect: default {:.2}x vs busy-poll {:.2}x ({:.0}% lower; goal <= 20%)",
+                    d.wpp, d.engine, d.speedup_vs_mprotect, p.speedup_vs_mprotect, lost * 100.0
+                ),
+            ));
+        }
     }
     out
 }

@@ -74,7 +74,7 @@ pub fn run(a: &PrimaryArgs) -> Result<()> {
             on_backup_failure: a.block.map_or(BackupFailure::Fail, |timeout| {
                 BackupFailure::Block { timeout }
             }),
-            spin: std::time::Duration::ZERO,
+            spin: haheap::Spin::PRIMARY,
         };
     let mut heap = Heap::create(cfg).context("creating the primary heap")?;
     let out = std::io::stdout();

@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
         backup: args.get(2).cloned(),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
-        spin: std::time::Duration::ZERO,
+        spin: haheap::Spin::PRIMARY,
     };
     let mut heap = Heap::create(cfg).context("creating the heap")?;
     println!("engine {} ({})", heap.engine(), heap.engine_reason());

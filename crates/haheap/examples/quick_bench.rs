@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
             backup: backup.as_ref().map(|b| b.endpoint().to_string()),
             mode: ReplMode::Sync,
             on_backup_failure: BackupFailure::Fail,
-            spin: std::time::Duration::ZERO,
+            spin: haheap::Spin::PRIMARY,
         };
         let mut h = match Heap::create(cfg) {
             Ok(h) => h,

@@ -126,11 +126,21 @@
 #define HAHEAP_FLAG_BLOCK 2
 
 /**
- * haheap_create/haheap_declare/haheap_takeover flag: busy-poll up to HAHEAP_SPIN_US
- * before sleeping, for the backup's acknowledgement in haheap_tend and, with the uffd
- * engine, for faults. Lower latency when the machine has a CPU to spare; burns it.
+ * haheap_create/haheap_declare/haheap_takeover flag: always busy-poll up to
+ * HAHEAP_SPIN_US before sleeping, for the backup's acknowledgement in haheap_tend and,
+ * with the uffd engine, for faults; burns a CPU meanwhile. Without this flag (and without
+ * HAHEAP_FLAG_NO_SPIN) haheap_tend adapts: it busy-polls up to 100 us for the
+ * acknowledgement while the backup has been answering within that, on a machine with
+ * more than one CPU, and sleeps otherwise (at most 100 us of CPU per commit, spent
+ * instead of a sleeping thread's wake-up, 40-50 us on an idle virtual CPU).
  */
 #define HAHEAP_FLAG_SPIN 4
+
+/**
+ * haheap_create/haheap_declare/haheap_takeover flag: never busy-poll; haheap_tend sleeps
+ * until the acknowledgement comes (the least CPU, the slowest synchronous commits).
+ */
+#define HAHEAP_FLAG_NO_SPIN 8
 
 /**
  * How long HAHEAP_FLAG_SPIN busy-polls, in microseconds.
@@ -185,8 +195,8 @@ extern "C" {
  *
  * `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
  * `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
- * `flags`: 0, or any of HAHEAP_FLAG_ASYNC, HAHEAP_FLAG_SPIN and HAHEAP_FLAG_BLOCK (with
- * its timeout in the upper bits).
+ * `flags`: 0, or any of HAHEAP_FLAG_ASYNC, HAHEAP_FLAG_SPIN or HAHEAP_FLAG_NO_SPIN, and
+ * HAHEAP_FLAG_BLOCK (with its timeout in the upper bits).
  *
  * # Safety
  * - `engine`: null or a NUL-terminated string, read during the call only.

@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use hareplica::Spin;
+
 /// Errors parsing configuration values.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -112,10 +114,12 @@ pub struct HeapConfig {
     /// What a commit does while the backup is gone; the backup must be reachable when the
     /// heap is created or taken over.
     pub on_backup_failure: BackupFailure,
-    /// Busy-poll this long before blocking (zero: off): for the backup's acknowledgement,
-    /// and, with the `uffd` engine, in its handler thread for the next fault. Saves an idle
-    /// CPU's wakeup latency per commit (and per faulting page) at the cost of CPU time.
-    pub spin: Duration,
+    /// How to wait for the backup's acknowledgement. The default, [`Spin::PRIMARY`], busy-
+    /// polls up to 100 µs while the backup has been answering within that (on a machine
+    /// with more than one CPU), and sleeps otherwise: it saves an idle CPU's wake-up per
+    /// commit for at most 100 µs of CPU. `Spin::Fixed` always polls, and also makes the
+    /// `uffd` engine's handler thread poll for the next fault that long.
+    pub spin: Spin,
 }
 
 impl HeapConfig {
@@ -127,7 +131,7 @@ impl HeapConfig {
             backup: None,
             mode: ReplMode::Sync,
             on_backup_failure: BackupFailure::Fail,
-            spin: Duration::ZERO,
+            spin: Spin::PRIMARY,
         }
     }
 }

@@ -5,9 +5,9 @@
 //! backup with a commit record → copy the changed bytes into the shadow. `abort` copies the
 //! shadow (page engines) or the undo log (`log`) back over what was written.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::config::{ConfigError, EngineKind, HeapConfig, HeapCounters, TxStats};
+use crate::config::{ConfigError, EngineKind, HeapConfig, HeapCounters, Spin, TxStats};
 use crate::engine::{self, Dirty, EngineError, Tracker};
 use crate::region::{Region, RegionError, Shadow};
 use crate::repl::{self, DiffRun, ReplError, Replicator};
@@ -465,7 +465,12 @@ impl Parts {
         } else {
             None
         };
-        let tracker = engine::build(kind, &region, cfg.spin)?;
+        // Only a fixed spin makes the uffd handler poll: it has no peer to measure.
+        let fault_spin = match cfg.spin {
+            Spin::Fixed(d) => d,
+            Spin::Off | Spin::Adaptive { .. } => Duration::ZERO,
+        };
+        let tracker = engine::build(kind, &region, fault_spin)?;
         debug_assert_eq!(tracker.kind(), kind);
         Ok(Parts {
             tracker,

@@ -45,7 +45,7 @@ mod repl;
 mod sys;
 
 pub use config::{
-    BackupFailure, ConfigError, EngineKind, HeapConfig, HeapCounters, ReplMode, TxStats,
+    BackupFailure, ConfigError, EngineKind, HeapConfig, HeapCounters, ReplMode, Spin, TxStats,
 };
 pub use engine::{capabilities, Capabilities, EngineError};
 pub use heap::{Error, Heap};

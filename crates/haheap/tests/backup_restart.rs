@@ -115,7 +115,7 @@ fn cfg(b: &BackupProc, engine: EngineKind) -> HeapConfig {
         on_backup_failure: BackupFailure::Block {
             timeout: Duration::from_secs(60),
         },
-        spin: Duration::ZERO,
+        spin: haheap::Spin::PRIMARY,
     }
 }
 

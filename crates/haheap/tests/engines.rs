@@ -9,16 +9,16 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use haheap::{DiffRun, EngineKind, Error, Heap, HeapConfig};
+use haheap::{DiffRun, EngineKind, Error, Heap, HeapConfig, Spin};
 
 const PAGE: usize = 4096;
 
 fn heap(engine: EngineKind, pages: usize) -> Heap {
-    heap_spinning(engine, pages, Duration::ZERO)
+    heap_spinning(engine, pages, Spin::Off)
 }
 
 /// A heap whose engine busy-polls for `spin` (the uffd handler thread does).
-fn heap_spinning(engine: EngineKind, pages: usize, spin: Duration) -> Heap {
+fn heap_spinning(engine: EngineKind, pages: usize, spin: Spin) -> Heap {
     let mut cfg = HeapConfig::local(pages * PAGE, engine);
     cfg.spin = spin;
     let h = Heap::create(cfg)
@@ -46,10 +46,10 @@ fn coalesce(mut w: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
 }
 
 fn run_random(engine: EngineKind, seed: u64, pages: usize, txs: usize) {
-    run_random_spinning(engine, seed, pages, txs, Duration::ZERO)
+    run_random_spinning(engine, seed, pages, txs, Spin::Off)
 }
 
-fn run_random_spinning(engine: EngineKind, seed: u64, pages: usize, txs: usize, spin: Duration) {
+fn run_random_spinning(engine: EngineKind, seed: u64, pages: usize, txs: usize, spin: Spin) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut h = heap_spinning(engine, pages, spin);
     let len = h.len();
@@ -193,7 +193,8 @@ fn uffd_random_transactions_match_brute_force() {
 /// The handler thread busy-polls between faults: the same pages must be seen.
 #[test]
 fn uffd_with_a_spinning_handler_matches_brute_force() {
-    run_random_spinning(EngineKind::Uffd, 5, 48, 300, Duration::from_micros(200));
+    let spin = Spin::Fixed(Duration::from_micros(200));
+    run_random_spinning(EngineKind::Uffd, 5, 48, 300, spin);
 }
 
 #[test]
@@ -457,6 +458,9 @@ impl Drop for Mapping {
 
 /// Without privilege (a child running as nobody, with vm.unprivileged_userfaultfd=0 here)
 /// the library still tracks through a user-mode-only userfaultfd, or says why it cannot.
+/// As root the child drops to nobody, running a copy of this test binary from a directory
+/// nobody can enter (the checkout may be in a private home or a mode-700 temp dir); as
+/// another user the child is already unprivileged and runs as that user.
 #[test]
 fn unprivileged_process_tracks_or_explains() {
     if std::env::var_os("HAHEAP_UNPRIV_CHILD").is_some() {
@@ -470,24 +474,30 @@ fn unprivileged_process_tracks_or_explains() {
         println!("child-ok");
         return;
     }
-    // SAFETY: geteuid has no side effects.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: cannot start an unprivileged child; skipped");
-        return;
-    }
+    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
+    // SAFETY: geteuid has no side effects.
+    let root = unsafe { libc::geteuid() } == 0;
+    let public = tempfile::tempdir().unwrap();
+    let exe = public.path().join("engines-test");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    for (path, mode) in [(public.path(), 0o755), (exe.as_path(), 0o755)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut child = std::process::Command::new(&exe);
+    child
         .args([
             "--exact",
             "unprivileged_process_tracks_or_explains",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("HAHEAP_UNPRIV_CHILD", "1")
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+        .current_dir(public.path())
+        .env("HAHEAP_UNPRIV_CHILD", "1");
+    if root {
+        child.uid(65534).gid(65534);
+    }
+    let out = child.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

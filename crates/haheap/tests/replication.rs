@@ -23,7 +23,7 @@ fn cfg(b: &BackupHandle, engine: EngineKind, size: usize) -> HeapConfig {
         backup: Some(b.endpoint().to_string()),
         mode: ReplMode::Sync,
         on_backup_failure: BackupFailure::Fail,
-        spin: std::time::Duration::ZERO,
+        spin: haheap::Spin::PRIMARY,
     }
 }
 
@@ -182,7 +182,7 @@ fn async_mode_flush_waits_for_every_ack() {
 
 #[test]
 fn spinning_heap_and_backup_replicate_every_commit() {
-    let spin = std::time::Duration::from_micros(200);
+    let spin = haheap::Spin::Fixed(std::time::Duration::from_micros(200));
     for (i, engine) in EngineKind::CONCRETE.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let ep = format!("unix:{}", dir.path().join("backup.sock").display());

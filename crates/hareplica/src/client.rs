@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::diff::DiffRun;
 use crate::endpoint::{Endpoint, EndpointError, PollingReader, Stream};
+use crate::spin::{Spin, Spinner};
 use crate::wire::{
     self, CommitKind, ErrorCode, FrameReader, Hello, HelloKind, Message, Mode, WireError, MAX_HEAP,
 };
@@ -63,9 +64,9 @@ pub struct ClientOptions {
     /// How long a commit waits for an awaited acknowledgement before the backup counts
     /// as gone.
     pub ack_timeout: Duration,
-    /// Busy-poll this long for an awaited acknowledgement before blocking (zero: block
-    /// at once). Saves the sleeping reader's wakeup on an idle machine; burns a CPU.
-    pub spin: Duration,
+    /// How to wait for an awaited acknowledgement: busy-polling saves the sleeping
+    /// reader's wake-up on an idle machine and burns a CPU meanwhile (see [`Spin`]).
+    pub spin: Spin,
 }
 
 impl ClientOptions {
@@ -75,7 +76,7 @@ impl ClientOptions {
             on_failure: OnFailure::Fail,
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
-            spin: Duration::ZERO,
+            spin: Spin::PRIMARY,
         }
     }
 }
@@ -119,6 +120,7 @@ pub struct ReplicaClient {
     streaming: Option<Streaming>,
     spare: Vec<Vec<u8>>,
     stats: ClientStats,
+    spinner: Spinner,
 }
 
 fn unavailable(ep: &Endpoint, e: impl std::error::Error + Send + Sync + 'static) -> Error {
@@ -232,6 +234,7 @@ impl ReplicaClient {
             streaming: None,
             spare: Vec::new(),
             stats: ClientStats::default(),
+            spinner: Spinner::new(opts.spin),
         })
     }
 
@@ -359,7 +362,7 @@ impl ReplicaClient {
             match conn.writer.write_all(&st.frames[start..]) {
                 Ok(()) => self.stats.bytes_sent += n as u64,
                 Err(e) => {
-                    log::warn!("replication link lost while streaming tx {tx_id}: {e}");
+                    tracing::warn!("replication link lost while streaming tx {tx_id}: {e}");
                     if let Some(c) = self.conn.take() {
                         c.writer.shutdown();
                     }
@@ -412,10 +415,10 @@ impl ReplicaClient {
                 idle_limit: Some(self.opts.ack_timeout),
                 ..FrameReader::default()
             };
-            if !self.opts.spin.is_zero() {
-                conn.reader.poll_for(self.opts.spin);
-            }
-            let res = match frames.read(&mut conn.reader) {
+            let start = self.spinner.wait(&mut conn.reader);
+            let read = frames.read(&mut conn.reader);
+            self.spinner.waited(start);
+            let res = match read {
                 Ok(Message::Ack { tx_id }) => self.acked(tx_id),
                 Ok(Message::Error { code, message }) => Err(refusal(code, message)),
                 Ok(m) => Err(Error::Protocol(format!(
@@ -459,7 +462,7 @@ impl ReplicaClient {
         if let Some(c) = self.conn.take() {
             c.writer.shutdown();
         }
-        log::warn!("replication link lost: {err}");
+        tracing::warn!("replication link lost: {err}");
         match self.opts.on_failure {
             OnFailure::Fail => Err(err),
             OnFailure::Reconnect { .. } => self.reconnect_per_policy().map(|_| ()),
@@ -536,7 +539,7 @@ impl ReplicaClient {
             self.stats.resent += 1;
         }
         self.stats.reconnects += 1;
-        log::info!(
+        tracing::info!(
             "reconnected to {} at tx {last_tx}, resent {}",
             self.ep,
             self.unacked.len()

@@ -16,6 +16,7 @@ pub mod diff;
 pub mod endpoint;
 pub mod replica;
 pub mod server;
+pub mod spin;
 pub mod store;
 pub mod wire;
 
@@ -25,4 +26,5 @@ pub use client::{
 pub use diff::{diff_pages, prefetch_page, DiffRun};
 pub use endpoint::Endpoint;
 pub use server::{BackupConfig, BackupHandle, BackupServer};
+pub use spin::Spin;
 pub use wire::{Mode, StatusInfo};

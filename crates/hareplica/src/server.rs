@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::endpoint::{Endpoint, EndpointError, Listener, PollingReader, Stream};
 use crate::replica::{ReplicaState, Verdict};
+use crate::spin::{Spin, Spinner};
 use crate::store::{OpenReport, Store, StoreError};
 use crate::wire::{
     self, Commit, CommitKind, CompactCommit, ErrorCode, FrameReader, Hello, HelloKind, Message,
@@ -62,9 +63,9 @@ pub struct BackupConfig {
     /// A peer that stops sending inside a frame for this long is dropped (its partial
     /// frame discarded), so a half-sent commit cannot hold the primary session forever.
     pub frame_timeout: Duration,
-    /// Busy-poll this long for the next frame before blocking (zero: block at once).
-    /// Saves the sleeping reader's wakeup on an idle machine; burns a CPU.
-    pub spin: Duration,
+    /// How to wait for the next frame: busy-polling saves the sleeping reader's wake-up
+    /// on an idle machine and burns a CPU meanwhile (see [`Spin`]).
+    pub spin: Spin,
 }
 
 impl BackupConfig {
@@ -76,7 +77,7 @@ impl BackupConfig {
             allow_reset: false,
             checkpoint_bytes: 0,
             frame_timeout: Duration::from_secs(30),
-            spin: Duration::ZERO,
+            spin: Spin::BACKUP,
         }
     }
 }
@@ -112,6 +113,8 @@ struct Shared {
     conn_seq: AtomicU64,
     open_streams: Mutex<Vec<(u64, Stream)>>,
     cfg: BackupConfig,
+    /// Warnings about what peers sent: a peer must not be able to flood the log.
+    peer_warnings: LogBudget,
     /// Called by a connection between logging a transaction and acknowledging it (the
     /// window in which a promote and a takeover may run): lets a test hold it there.
     #[cfg(test)]
@@ -139,10 +142,39 @@ impl Shared {
             conn_seq: AtomicU64::new(0),
             open_streams: Mutex::new(Vec::new()),
             cfg,
+            peer_warnings: LogBudget::default(),
             #[cfg(test)]
             before_ack: Mutex::new(None),
         };
         Ok((shared, report))
+    }
+}
+
+/// At most [`LogBudget::PER_SECOND`] log lines a second; the ones refused are counted and
+/// reported by the next line allowed.
+#[derive(Default)]
+struct LogBudget {
+    /// Start of the current second, lines allowed in it, lines refused since the last one.
+    state: Mutex<(Option<Instant>, u32, u64)>,
+}
+
+impl LogBudget {
+    const PER_SECOND: u32 = 10;
+
+    /// `Some(lines refused before this one)` when this line may be logged.
+    fn allow(&self) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, used, refused) = &mut *st;
+        let now = Instant::now();
+        if start.is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1)) {
+            (*start, *used) = (Some(now), 0);
+        }
+        if *used >= Self::PER_SECOND {
+            *refused += 1;
+            return None;
+        }
+        *used += 1;
+        Some(std::mem::take(refused))
     }
 }
 
@@ -213,7 +245,7 @@ impl BackupServer {
                         return Ok(());
                     }
                     // Out of descriptors and similar: wait rather than spin or die.
-                    log::warn!("accept failed: {e}");
+                    tracing::warn!("accept failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
@@ -304,7 +336,7 @@ impl BackupHandle {
 impl Drop for BackupHandle {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            log::warn!("backup shutdown: {e}");
+            tracing::warn!("backup shutdown: {e}");
         }
     }
 }
@@ -348,7 +380,7 @@ fn send(stream: &mut Stream, msg: &Message) -> bool {
     match stream.write_all(&buf) {
         Ok(()) => true,
         Err(e) => {
-            log::debug!("send to {} failed: {e}", stream.peer_name());
+            tracing::debug!("send to {} failed: {e}", stream.peer_name());
             false
         }
     }
@@ -372,6 +404,7 @@ struct Connection<'a> {
     parts_bytes: u64,
     /// Largest commit payload accepted: small until a session names its heap size.
     commit_cap: u32,
+    spinner: Spinner,
 }
 
 impl<'a> Connection<'a> {
@@ -379,7 +412,7 @@ impl<'a> Connection<'a> {
         let peer = stream.peer_name();
         // A tick lets the frame reader notice stalls inside a frame.
         if let Err(e) = stream.set_read_timeout(Some(READ_TICK)) {
-            log::warn!("{peer}: cannot set a read timeout: {e}");
+            tracing::warn!("{peer}: cannot set a read timeout: {e}");
         }
         Connection {
             shared,
@@ -391,6 +424,7 @@ impl<'a> Connection<'a> {
             parts: Vec::new(),
             parts_bytes: 0,
             commit_cap: PRE_SESSION_COMMIT_CAP,
+            spinner: Spinner::new(shared.cfg.spin),
         }
     }
 
@@ -401,15 +435,20 @@ impl<'a> Connection<'a> {
                 idle_limit: None,
                 commit_cap: self.commit_cap,
             };
-            let spin = self.shared.cfg.spin;
-            if !spin.is_zero() {
-                self.reader.poll_for(spin);
-            }
-            let msg = match frames.read(&mut self.reader) {
+            let start = self.spinner.wait(&mut self.reader);
+            let read = frames.read(&mut self.reader);
+            self.spinner.waited(start);
+            let msg = match read {
                 Ok(m) => m,
                 Err(WireError::Closed) => break,
                 Err(e) => {
-                    log::warn!("{}: dropping the connection: {e}", self.peer);
+                    if let Some(more) = self.shared.peer_warnings.allow() {
+                        tracing::warn!(
+                            suppressed = more,
+                            "{}: dropping the connection: {e}",
+                            self.peer
+                        );
+                    }
                     let code = match e {
                         WireError::Io(_) | WireError::Truncated { .. } | WireError::Stalled(_) => {
                             None
@@ -447,7 +486,9 @@ impl<'a> Connection<'a> {
 
     /// Acknowledges what was accepted before the refusal, then sends the refusal.
     fn refuse(&mut self, Refusal(code, why): Refusal) {
-        log::warn!("{}: refused: {why}", self.peer);
+        if let Some(more) = self.shared.peer_warnings.allow() {
+            tracing::warn!(suppressed = more, "{}: refused: {why}", self.peer);
+        }
         self.settle(true);
         send(self.reader.get_mut(), &error_msg(code, why));
     }
@@ -459,7 +500,7 @@ impl<'a> Connection<'a> {
             let mut inner = lock(self.shared);
             if inner.session.as_ref().is_some_and(|s| s.id == id) {
                 inner.session = None;
-                log::info!("{}: primary session ended", self.peer);
+                tracing::info!("{}: primary session ended", self.peer);
             }
             self.shared.session_ended.notify_all();
         }
@@ -561,7 +602,7 @@ impl<'a> Connection<'a> {
                 fresh.reset(h.heap_size);
                 inner.store.checkpoint(&fresh).map_err(internal)?;
                 *st = fresh;
-                log::info!(
+                tracing::info!(
                     "{}: new heap of {} bytes, epoch {}",
                     self.peer,
                     h.heap_size,
@@ -570,7 +611,7 @@ impl<'a> Connection<'a> {
             }
             HelloKind::Resume => {
                 check_resume(st, &h)?;
-                log::info!("{}: primary resumed at tx {}", self.peer, st.last_tx);
+                tracing::info!("{}: primary resumed at tx {}", self.peer, st.last_tx);
             }
         }
         let welcome = Message::Welcome {
@@ -590,7 +631,7 @@ impl<'a> Connection<'a> {
             let inner = &mut *inner;
             let epoch = bump_epoch(inner, "take over")?;
             self.start_session(inner, mode);
-            log::info!(
+            tracing::info!(
                 "{}: takeover at tx {}, epoch {epoch}",
                 self.peer,
                 inner.state.last_tx
@@ -626,7 +667,7 @@ impl<'a> Connection<'a> {
             let mut inner = lock(self.shared);
             let inner = &mut *inner;
             let epoch = bump_epoch(inner, "promote")?;
-            log::info!("promoted to epoch {epoch} at tx {}", inner.state.last_tx);
+            tracing::info!("promoted to epoch {epoch} at tx {}", inner.state.last_tx);
             Message::Welcome {
                 last_tx: inner.state.last_tx,
                 epoch,
@@ -722,7 +763,7 @@ impl<'a> Connection<'a> {
                 self.applied = true;
             }
             Verdict::Duplicate => {
-                log::info!("{}: tx {tx_id} resent, acknowledged again", self.peer)
+                tracing::info!("{}: tx {tx_id} resent, acknowledged again", self.peer)
             }
             Verdict::Refuse(code, why) => return Err(Refusal(code, why)),
         }
@@ -746,7 +787,7 @@ impl<'a> Connection<'a> {
             ok = match inner.store.barrier() {
                 Ok(()) => self.reader.get_mut().write_all(&self.pending_acks).is_ok(),
                 Err(e) => {
-                    log::error!("log barrier failed, acknowledgements withheld: {e}");
+                    tracing::error!("log barrier failed, acknowledgements withheld: {e}");
                     false
                 }
             };
@@ -766,7 +807,7 @@ impl<'a> Connection<'a> {
                 .barrier()
                 .and_then(|()| inner.store.checkpoint(&inner.state))
             {
-                log::error!("replica checkpoint failed, the log keeps growing: {e}");
+                tracing::error!("replica checkpoint failed, the log keeps growing: {e}");
             }
         }
         // Between transactions: the log's next pages get ready off the commit path.
@@ -820,7 +861,7 @@ fn bump_epoch(inner: &mut Inner, to: &str) -> Result<u64, Refusal> {
 }
 
 fn internal(e: StoreError) -> Refusal {
-    log::error!("replica store: {e}");
+    tracing::error!("replica store: {e}");
     Refusal(ErrorCode::Internal, format!("backup storage failed: {e}"))
 }
 

@@ -455,7 +455,7 @@ fn read_progress(f: &mut File, buf: &mut [u8], path: &Path) -> Result<(), StoreE
     for (i, chunk) in buf.chunks_mut(PROGRESS_STEP).enumerate() {
         f.read_exact(chunk).map_err(io_err("read", path))?;
         if total > PROGRESS_STEP {
-            log::info!(
+            tracing::info!(
                 "read {} of {} MiB of {}",
                 ((i * PROGRESS_STEP) + chunk.len()) >> 20,
                 total >> 20,
@@ -519,7 +519,7 @@ fn write_sparse(f: &File, data: &[u8], base: u64, path: &Path) -> Result<(), Sto
         f.write_all_at(chunk, base + (i * CHUNK) as u64)
             .map_err(io_err("write", path))?;
         if data.len() > PROGRESS_STEP && (i * CHUNK).is_multiple_of(PROGRESS_STEP) {
-            log::info!(
+            tracing::info!(
                 "wrote {} of {} MiB of {}",
                 (i * CHUNK) >> 20,
                 data.len() >> 20,

@@ -157,7 +157,7 @@ fn fresh_heap_does_not_overwrite_a_replica_unless_allowed() {
         Err(Error::Rejected {
             code: ErrorCode::Exists,
             message,
-        }) => assert!(message.contains("attach")),
+        }) => assert!(message.contains("haheap_takeover")),
         other => panic!("fresh connect over a replica: {:?}", other.err()),
     }
     assert_eq!(backup.status().last_tx, 1);

@@ -116,6 +116,18 @@ fn assert_same(replayed: &ReplicaState, live: &ReplicaState) {
     assert!(replayed.image == live.image, "replay and live image differ");
 }
 
+#[test]
+fn peer_warnings_are_rate_limited_and_counted() {
+    let budget = LogBudget::default();
+    let allowed: Vec<Option<u64>> = (0..25).map(|_| budget.allow()).collect();
+    assert!(allowed[..10].iter().all(|a| *a == Some(0)));
+    assert!(allowed[10..].iter().all(Option::is_none), "{allowed:?}");
+    // The next second's first line reports the 15 refused.
+    budget.state.lock().unwrap().0 = Some(Instant::now() - Duration::from_secs(1));
+    assert_eq!(budget.allow(), Some(15));
+    assert_eq!(budget.allow(), Some(0));
+}
+
 /// One atomic step of the model: each is one of the connection's critical sections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {

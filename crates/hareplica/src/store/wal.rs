@@ -146,7 +146,7 @@ impl WalFile {
         if rc != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                log::info!(
+                tracing::info!(
                     "{}: no fallocate here, appending with write",
                     self.path.display()
                 );

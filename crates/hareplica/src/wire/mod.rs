@@ -82,8 +82,6 @@
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 mod commit;
 pub mod compact;
 
@@ -187,7 +185,8 @@ impl FrameType {
 }
 
 /// Replication mode, as the primary announces it (and as [`crate::ReplicaClient`] runs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Mode {
     /// `commit` returns after the backup acknowledged the transaction.
     Sync,
@@ -212,7 +211,8 @@ pub struct Hello {
 }
 
 /// Error codes carried by `Error` frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[repr(u16)]
 pub enum ErrorCode {
     Malformed = 1,
@@ -248,7 +248,8 @@ impl ErrorCode {
 }
 
 /// A backup's state as `Status` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StatusInfo {
     pub last_tx: u64,
     pub epoch: u64,
@@ -265,7 +266,8 @@ pub struct StatusInfo {
     pub primary: Option<PrimaryInfo>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PrimaryInfo {
     pub peer: String,
     pub epoch: u64,

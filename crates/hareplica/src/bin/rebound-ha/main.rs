@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use hareplica::store::Store;
-use hareplica::{BackupConfig, BackupServer, Endpoint, StatusInfo};
+use hareplica::{BackupConfig, BackupServer, Endpoint, Spin, StatusInfo};
 
 #[derive(Parser)]
 #[command(
@@ -49,10 +49,11 @@ enum Cmd {
         /// Drop a peer that stalls inside a frame for this many milliseconds.
         #[arg(long, default_value_t = 30_000)]
         frame_timeout_ms: u64,
-        /// Busy-poll this many µs for the next frame before blocking (0: off). Cuts the
-        /// wakeup latency of an idle CPU from each commit at the cost of CPU time.
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-        spin_us: u64,
+        /// Busy-poll this many µs for the next frame before blocking, always (0: never).
+        /// Default: adaptive, up to 500 µs while the primary commits at least that often
+        /// (saves an idle CPU's wake-up per commit; costs the backup up to a CPU meanwhile).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+        spin_us: Option<u64>,
     },
     /// Show a backup's state, from its directory or by asking it.
     Status {
@@ -97,8 +98,13 @@ fn main() -> ExitCode {
         1 => "debug",
         _ => "trace",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
-        .format_timestamp_millis()
+    // RUST_LOG (an env filter) overrides -v.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
@@ -127,19 +133,23 @@ fn run(cmd: Cmd) -> Result<()> {
                 allow_reset,
                 checkpoint_bytes: checkpoint_kb.unwrap_or(0) << 10,
                 frame_timeout: Duration::from_millis(frame_timeout_ms),
-                spin: Duration::from_micros(spin_us),
+                spin: match spin_us {
+                    None => Spin::BACKUP,
+                    Some(0) => Spin::Off,
+                    Some(us) => Spin::Fixed(Duration::from_micros(us)),
+                },
                 ..BackupConfig::new(listen, &dir)
             };
             let (server, report) =
                 BackupServer::bind(cfg).with_context(|| format!("backup on {}", dir.display()))?;
             let st = server.status();
             if report.torn_tail_bytes > 0 {
-                log::warn!(
+                tracing::warn!(
                     "cut a torn log tail of {} bytes (a crash mid-write)",
                     report.torn_tail_bytes
                 );
             }
-            log::info!(
+            tracing::info!(
                 "listening on {} (heap {} bytes, tx {}, epoch {}, {} log records replayed{})",
                 server.local_endpoint(),
                 st.heap_size,

@@ -1,0 +1,277 @@
+//! ELF notes of a vmcore: per-vCPU registers and VMCOREINFO.
+//!
+//! Each note is `u32 namesz, u32 descsz, u32 type`, the name (with its NUL,
+//! padded to 4 bytes), the descriptor (padded to 4 bytes). The tools look
+//! for:
+//! - `"CORE"` type 1 (`NT_PRSTATUS`): one per CPU, counted as the CPU count
+//!   (makedumpfile `get_pt_note_info`, crash `netdump.c`/`diskdump.c`).
+//! - `"QEMU"` type 0: QEMU's per-vCPU CPU state (crash reads it for QEMU
+//!   dumps, `QEMUCPUState` in QEMU's `dump.c`).
+//! - `"VMCOREINFO"` type 0: the kernel's description of itself.
+//!
+//! QEMU writes ready-made register notes: QMP `dump-guest-memory` with
+//! `paging: false, begin: 0, length: 4096` produces a tiny ELF whose PT_NOTE
+//! holds them; [`notes_from_qemu_elf`] takes them out of it.
+
+use std::fs::File;
+use std::path::Path;
+
+use crate::elf::{le32, read_at, read_elf, ElfError, PT_NOTE};
+
+/// `NT_PRSTATUS`.
+pub const NT_PRSTATUS: u32 = 1;
+/// Largest notes segment this reader accepts (QEMU's for 1024 vCPUs is ~1.2 MiB).
+pub const MAX_NOTES_BYTES: u64 = 16 << 20;
+
+/// Errors reading notes.
+#[derive(Debug, thiserror::Error)]
+pub enum NoteError {
+    /// The file's ELF headers are unusable.
+    #[error("cannot read the notes file {path}")]
+    Elf { path: String, source: ElfError },
+    /// Opening the file failed.
+    #[error("cannot open the notes file {path}")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The file has no PT_NOTE.
+    #[error("{0} has no PT_NOTE program header")]
+    NoNotes(String),
+    /// A note runs past the end of its segment.
+    #[error("note at byte {at} of the notes segment runs past its end ({len} bytes)")]
+    Overrun { at: usize, len: usize },
+    /// A notes segment is larger than any vmcore's.
+    #[error("notes segment of {0} bytes exceeds the {MAX_NOTES_BYTES}-byte limit")]
+    TooLarge(u64),
+}
+
+/// One ELF note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// The name without its NUL (`CORE`, `QEMU`, `VMCOREINFO`).
+    pub name: Vec<u8>,
+    /// `n_type`.
+    pub kind: u32,
+    /// The descriptor.
+    pub desc: Vec<u8>,
+}
+
+fn pad4(n: usize) -> usize {
+    n.next_multiple_of(4)
+}
+
+impl Note {
+    /// The VMCOREINFO note around the kernel's text.
+    pub fn vmcoreinfo(text: &str) -> Note {
+        Note {
+            name: b"VMCOREINFO".to_vec(),
+            kind: 0,
+            desc: text.as_bytes().to_vec(),
+        }
+    }
+
+    /// An `NT_PRSTATUS` register note (`CORE`, type 1).
+    pub fn is_prstatus(&self) -> bool {
+        self.name == b"CORE" && self.kind == NT_PRSTATUS
+    }
+
+    /// A VMCOREINFO note.
+    pub fn is_vmcoreinfo(&self) -> bool {
+        self.name == b"VMCOREINFO" && self.kind == 0
+    }
+
+    /// Bytes the note takes in a notes segment.
+    pub fn encoded_len(&self) -> usize {
+        12 + pad4(self.name.len() + 1) + pad4(self.desc.len())
+    }
+
+    /// Offset of the descriptor from the start of the note.
+    pub fn desc_offset(&self) -> usize {
+        12 + pad4(self.name.len() + 1)
+    }
+
+    /// Appends the encoded note.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.name.len() as u32 + 1).to_le_bytes());
+        out.extend_from_slice(&(self.desc.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.kind.to_le_bytes());
+        out.extend_from_slice(&self.name);
+        out.resize(out.len() + pad4(self.name.len() + 1) - self.name.len(), 0);
+        out.extend_from_slice(&self.desc);
+        out.resize(out.len() + pad4(self.desc.len()) - self.desc.len(), 0);
+    }
+}
+
+/// Parses a notes segment. Zero padding at the end (a segment rounded up) is
+/// allowed; a note that runs past the end is not.
+pub fn parse_notes(buf: &[u8]) -> Result<Vec<Note>, NoteError> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at + 12 <= buf.len() {
+        let (namesz, descsz, kind) = (
+            le32(buf, at) as usize,
+            le32(buf, at + 4) as usize,
+            le32(buf, at + 8),
+        );
+        if namesz == 0 && descsz == 0 && kind == 0 {
+            break; // padding
+        }
+        let name_at = at + 12;
+        let desc_at = name_at.checked_add(pad4(namesz));
+        let end = desc_at.and_then(|d| d.checked_add(pad4(descsz)));
+        let (Some(desc_at), Some(end)) = (desc_at, end) else {
+            return Err(NoteError::Overrun { at, len: buf.len() });
+        };
+        if end > buf.len() {
+            return Err(NoteError::Overrun { at, len: buf.len() });
+        }
+        let name = &buf[name_at..name_at + namesz];
+        let name = name.strip_suffix(b"\0").unwrap_or(name);
+        out.push(Note {
+            name: name.to_vec(),
+            kind,
+            desc: buf[desc_at..desc_at + descsz].to_vec(),
+        });
+        at = end;
+    }
+    Ok(out)
+}
+
+/// Reads every PT_NOTE of an ELF core file.
+pub fn read_elf_notes(path: &Path) -> Result<Vec<Note>, NoteError> {
+    let shown = path.display().to_string();
+    let file = File::open(path).map_err(|source| NoteError::Open {
+        path: shown.clone(),
+        source,
+    })?;
+    let elf_err = |source| NoteError::Elf {
+        path: shown.clone(),
+        source,
+    };
+    let core = read_elf(&file).map_err(elf_err)?;
+    let mut notes = Vec::new();
+    let mut found = false;
+    for p in core.phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
+        found = true;
+        if p.p_filesz > MAX_NOTES_BYTES {
+            return Err(NoteError::TooLarge(p.p_filesz));
+        }
+        let buf =
+            read_at(&file, core.file_len, p.p_offset, p.p_filesz, "PT_NOTE").map_err(elf_err)?;
+        notes.extend(parse_notes(&buf)?);
+    }
+    if !found {
+        return Err(NoteError::NoNotes(shown));
+    }
+    Ok(notes)
+}
+
+/// The register notes of the tiny ELF QEMU writes for QMP
+/// `{"execute":"dump-guest-memory","arguments":{"paging":false,"protocol":"file:PATH","begin":0,"length":4096}}`:
+/// every note except VMCOREINFO (the dump writer adds its own), in order:
+/// per vCPU an `NT_PRSTATUS` (`CORE`) and QEMU's CPU state (`QEMU`).
+pub fn notes_from_qemu_elf(path: impl AsRef<Path>) -> Result<Vec<Note>, NoteError> {
+    let mut notes = read_elf_notes(path.as_ref())?;
+    notes.retain(|n| !n.is_vmcoreinfo());
+    Ok(notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elf::{encode_header, Phdr};
+
+    fn sample() -> Vec<Note> {
+        vec![
+            Note {
+                name: b"CORE".to_vec(),
+                kind: NT_PRSTATUS,
+                desc: vec![7; 336],
+            },
+            Note {
+                name: b"QEMU".to_vec(),
+                kind: 0,
+                desc: vec![9; 473],
+            },
+            Note::vmcoreinfo("OSRELEASE=6.1.0\nPAGESIZE=4096\n"),
+        ]
+    }
+
+    fn elf_with_notes(notes: &[u8]) -> Vec<u8> {
+        let mut v = encode_header(1);
+        Phdr {
+            p_type: PT_NOTE,
+            p_offset: 120,
+            p_filesz: notes.len() as u64,
+            ..Phdr::default()
+        }
+        .encode(&mut v);
+        v.extend_from_slice(notes);
+        v
+    }
+
+    #[test]
+    fn notes_round_trip_and_qemu_extraction_drops_vmcoreinfo() {
+        let mut buf = Vec::new();
+        for n in sample() {
+            n.encode(&mut buf);
+            assert_eq!(buf.len() % 4, 0);
+        }
+        assert_eq!(
+            buf.len(),
+            sample().iter().map(Note::encoded_len).sum::<usize>()
+        );
+        buf.extend_from_slice(&[0; 16]); // padding is fine
+        assert_eq!(parse_notes(&buf).unwrap(), sample());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regs.elf");
+        std::fs::write(&p, elf_with_notes(&buf)).unwrap();
+        let got = notes_from_qemu_elf(&p).unwrap();
+        assert_eq!(got, sample()[..2].to_vec());
+        assert!(got[0].is_prstatus());
+    }
+
+    #[test]
+    fn malformed_notes_files_are_refused() {
+        let mut buf = Vec::new();
+        sample()[0].encode(&mut buf);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.elf");
+        let check = |bytes: Vec<u8>, want: &str| {
+            std::fs::write(&p, bytes).unwrap();
+            let e = notes_from_qemu_elf(&p).unwrap_err();
+            let mut chain = e.to_string();
+            if let Some(s) = std::error::Error::source(&e) {
+                chain.push_str(&format!(": {s}"));
+            }
+            assert!(chain.contains(want), "{want:?} not in {chain:?}");
+        };
+        // Truncated: the PT_NOTE claims more than the file has.
+        let whole = elf_with_notes(&buf);
+        check(whole[..whole.len() - 8].to_vec(), "PT_NOTE needs");
+        // A note whose descsz runs past its segment.
+        let mut over = buf.clone();
+        over[4..8].copy_from_slice(&4000u32.to_le_bytes());
+        check(elf_with_notes(&over), "runs past its end");
+        let mut huge = buf.clone();
+        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        check(elf_with_notes(&huge), "runs past its end");
+        // Wrong magic, no notes, oversized segment.
+        let mut magic = whole.clone();
+        magic[1] = b'X';
+        check(magic, "not an ELF file");
+        let mut none = encode_header(0);
+        none.resize(64, 0);
+        check(none, "has no PT_NOTE");
+        let mut big = encode_header(1);
+        Phdr {
+            p_type: PT_NOTE,
+            p_offset: 120,
+            p_filesz: MAX_NOTES_BYTES + 1,
+            ..Phdr::default()
+        }
+        .encode(&mut big);
+        check(big, "exceeds");
+    }
+}

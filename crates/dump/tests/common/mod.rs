@@ -14,6 +14,7 @@ use rebound_dump::kdump::{self, read_kdump, PageDesc};
 /// The guest memory tests' helpers: sparse RAM files and VMCOREINFO text.
 #[path = "../../../guestmem/tests/common/mod.rs"]
 mod guestmem_common;
+#[allow(unused_imports)] // each test binary uses a subset
 pub use guestmem_common::{sparse_ram, vmcoreinfo_text, write_at, GIB, MIB};
 
 /// A Debian tool from /usr/bin; fails saying how to get it.

@@ -119,6 +119,38 @@ pub enum EventData {
         #[serde(default)]
         error: Option<String>,
     },
+    /// The crash policy took over a crashed guest (`cause`: panic or watchdog).
+    CrashHandling {
+        id: String,
+        cause: String,
+        on_crash: crate::crash::OnCrash,
+    },
+    /// The dump began, into `path` (renamed there when complete).
+    DumpStarted { id: String, path: String },
+    /// A chunk of the crashed VM's memory is dumped (durable) and given back.
+    ChunkReclaimed {
+        id: String,
+        dumped_bytes: u64,
+        crashed_bytes: u64,
+        recovery_bytes: u64,
+    },
+    /// The dump is complete and durable, or failed (`error`).
+    DumpFinished {
+        id: String,
+        #[serde(default)]
+        bytes: Option<u64>,
+        seconds: f64,
+        #[serde(default)]
+        error: Option<String>,
+    },
+    /// A recovery VM was spawned on the crashed VM's disks.
+    RecoveryStarted {
+        id: String,
+        pid: u32,
+        boot_memory_mib: u64,
+    },
+    /// The recovery VM passed the readiness condition: the service is back.
+    Recovered { id: String, downtime_ms: u64 },
 }
 
 impl EventData {
@@ -143,11 +175,17 @@ impl EventData {
             EventData::Stopped { .. } => "stopped",
             EventData::Killed { .. } => "killed",
             EventData::Exited { .. } => "exited",
+            EventData::CrashHandling { .. } => "crash_handling",
+            EventData::DumpStarted { .. } => "dump_started",
+            EventData::ChunkReclaimed { .. } => "chunk_reclaimed",
+            EventData::DumpFinished { .. } => "dump_finished",
+            EventData::RecoveryStarted { .. } => "recovery_started",
+            EventData::Recovered { .. } => "recovered",
         }
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 18] = [
+    pub const KINDS: [&'static str; 24] = [
         "started",
         "reattached",
         "agent_ready",
@@ -166,6 +204,12 @@ impl EventData {
         "stopped",
         "killed",
         "exited",
+        "crash_handling",
+        "dump_started",
+        "chunk_reclaimed",
+        "dump_finished",
+        "recovery_started",
+        "recovered",
     ];
 
     /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,

@@ -7,11 +7,16 @@
 //! - [`event`]: the versioned, typed event log (`events.jsonl` and `GET .../events`);
 //! - [`reply`]: the other answers (health, marker, VMCOREINFO, errors).
 
+pub mod crash;
 pub mod event;
 pub mod reply;
 pub mod spec;
 pub mod status;
 
+pub use crash::{
+    Compress, CrashPhase, CrashPolicy, CrashReport, DumpFormat, IoPolicy, MemorySample, OnCrash,
+    PageClass,
+};
 pub use event::{Event, EventData, EVENT_LOG_VERSION};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
 pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};

@@ -40,6 +40,8 @@ pub enum SpecError {
     Workload(String),
     #[error("unknown workload argument {0:?}: expected memfill, counter_hz, port or watchdog_s")]
     WorkloadArg(String),
+    #[error("{0}")]
+    CrashPolicy(String),
     #[error("workload argument {0}={1:?} is malformed")]
     WorkloadArgValue(String, String),
 }
@@ -310,6 +312,9 @@ pub struct VmSpec {
     pub ready: Option<String>,
     #[serde(default)]
     pub forwards: Vec<Forward>,
+    /// What happens when the guest panics or hangs.
+    #[serde(default)]
+    pub crash: crate::crash::CrashPolicy,
 }
 
 /// How the guest boots once the spec is checked.
@@ -338,6 +343,7 @@ impl VmSpec {
             accel: AccelChoice::Auto,
             ready: None,
             forwards: Vec::new(),
+            crash: crate::crash::CrashPolicy::default(),
         }
     }
 
@@ -408,6 +414,7 @@ impl VmSpec {
                 return Err(SpecError::WorkloadWithoutImage);
             }
         }
+        self.crash.validate(self.memory_mib)?;
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {
                 "memfill" => parse_memfill(v).is_ok(),

@@ -15,8 +15,14 @@ pub enum VmState {
     Running,
     /// The vCPUs are stopped (by a user, the watchdog or a QEMU error).
     Paused,
-    /// The guest kernel panicked; QEMU keeps it paused with its RAM intact.
+    /// The guest kernel panicked or its watchdog expired; QEMU keeps it paused with
+    /// its RAM intact.
     Panicked,
+    /// The crashed guest's QEMU is gone and its memory is being dumped; no recovery
+    /// VM runs yet.
+    Dumping,
+    /// A recovery VM boots on the crashed VM's disks (a dump may run meanwhile).
+    Recovering,
     /// A stop or kill is tearing QEMU down.
     Stopping,
     /// No QEMU runs for this VM.
@@ -25,11 +31,13 @@ pub enum VmState {
 
 impl VmState {
     /// Every state, in the order status tables and metrics list them.
-    pub const ALL: [VmState; 6] = [
+    pub const ALL: [VmState; 8] = [
         VmState::Starting,
         VmState::Running,
         VmState::Paused,
         VmState::Panicked,
+        VmState::Dumping,
+        VmState::Recovering,
         VmState::Stopping,
         VmState::Stopped,
     ];
@@ -40,6 +48,8 @@ impl VmState {
             VmState::Running => "running",
             VmState::Paused => "paused",
             VmState::Panicked => "panicked",
+            VmState::Dumping => "dumping",
+            VmState::Recovering => "recovering",
             VmState::Stopping => "stopping",
             VmState::Stopped => "stopped",
         }

@@ -90,6 +90,10 @@ fn every_operation_and_every_metric() {
     let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);
     assert!(!logs.as_str().unwrap().is_empty());
 
+    // No crash policy: no crash reports.
+    assert_eq!(env.get_ok("GET", "/v1/vms/t1/crashes", None), json!([]));
+    let (code, _) = env.call("GET", "/v1/vms/t1/crashes/latest", None).unwrap();
+    assert_eq!(code, 404);
     env.get_ok("POST", "/v1/vms/t1/crash", None);
     let st = wait(&env, "t1", "panicked");
     assert_eq!(st["ready"], false);

@@ -68,6 +68,17 @@ pub fn create_overlay(base: &Path, overlay: &Path) -> Result<Disk, DiskError> {
     Ok(Disk::file(overlay, DiskFormat::Qcow2))
 }
 
+/// The VM's existing overlay, used as it is (a recovery VM sees the crashed VM's data).
+pub fn existing_overlay(overlay: &Path) -> Result<Disk, DiskError> {
+    match detect_format(overlay)? {
+        DiskFormat::Qcow2 => Ok(Disk::file(overlay, DiskFormat::Qcow2)),
+        DiskFormat::Raw => Err(DiskError::Overlay(
+            overlay.to_path_buf(),
+            "the VM's disk copy is not qcow2".into(),
+        )),
+    }
+}
+
 /// A disk the user brought, used as is.
 pub fn user_disk(path: &Path) -> Result<Disk, DiskError> {
     let format = detect_format(path)?;

@@ -67,6 +67,12 @@ impl Paths {
         VmDir(self.vms_dir().join(name))
     }
 
+    /// A crashed VM's RAM, moved out of its run directory until it is dumped (the
+    /// same tmpfs, so the move is a rename).
+    pub fn crashed_ram(&self, name: &str, id: &str) -> PathBuf {
+        self.run.join(format!("{name}.crash-{id}.ram"))
+    }
+
     /// Runtime files of one VM.
     pub fn run_dir(&self, name: &str) -> RunDir {
         RunDir(self.run.join(name))
@@ -91,6 +97,10 @@ impl VmDir {
     pub fn disk_overlay(&self, i: usize) -> PathBuf {
         self.0.join(format!("disk{i}.qcow2"))
     }
+    /// One crash's directory: its record and, by default, its dump.
+    pub fn crash_dir(&self, id: &str) -> PathBuf {
+        self.0.join("crashes").join(id)
+    }
     /// Serial log kept after the run dir is removed.
     pub fn serial_log(&self) -> PathBuf {
         self.0.join("serial.log")
@@ -107,6 +117,10 @@ impl RunDir {
     }
     pub fn ram(&self) -> PathBuf {
         self.0.join("ram")
+    }
+    /// Memory a recovery VM gets plugged in (virtio-mem).
+    pub fn vmem(&self) -> PathBuf {
+        self.0.join("vmem")
     }
     pub fn qmp(&self) -> PathBuf {
         self.0.join("qmp.sock")

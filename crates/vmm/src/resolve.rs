@@ -173,12 +173,27 @@ pub fn vm_command(
 }
 
 /// Resolves `spec` for this host, creating the VM's writable disk copy last.
+/// How a recovery VM (started after a crash, on the crashed VM's disks) differs from
+/// a fresh start.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    /// The crashed VM's forwards: the service comes back on the same host ports.
+    pub forwards: Vec<PortForward>,
+    /// Memory to boot with; the rest of the VM's memory is plugged in later with
+    /// virtio-mem, as the crashed VM's memory is given back. `None`: all at once.
+    pub boot_memory_mib: Option<u64>,
+}
+
+/// Block size of the recovery VM's virtio-mem device, in MiB.
+pub const VIRTIO_MEM_BLOCK_MIB: u64 = 2;
+
 pub fn resolve(
     paths: &Paths,
     host: &HostFacts,
     spec: &VmSpec,
     boot: BootSource,
     ready: ReadySpec,
+    recovery: Option<&Recovery>,
 ) -> Result<Resolved, BootError> {
     let qemu = process::find_qemu()?;
     let (kernel, initrd, append, image_disk) = match &boot {
@@ -210,21 +225,38 @@ pub fn resolve(
     }
     let accel = accel::choose(spec.accel, host)?;
     check_ram_fits(&paths.run, spec.memory_mib)?;
-    let forwards = plan_forwards(spec, &ready)?;
+    let forwards = match recovery {
+        Some(r) => r.forwards.clone(),
+        None => plan_forwards(spec, &ready)?,
+    };
 
     let dir = paths.vm(&spec.name);
     crate::private::create_dir_all(dir.path())
         .map_err(|e| BootError::Dir(dir.path().to_path_buf(), e))?;
     let mut all_disks: Vec<Disk> = Vec::new();
     if let Some(base) = image_disk {
-        all_disks.push(disks::create_overlay(&base, &dir.disk_overlay(0))?);
+        let overlay = dir.disk_overlay(0);
+        all_disks.push(match recovery {
+            // The service must see its data: the crashed VM's own copy, as it left it.
+            Some(_) => disks::existing_overlay(&overlay)?,
+            None => disks::create_overlay(&base, &overlay)?,
+        });
     }
     all_disks.extend(user_disks);
+    let run = paths.run_dir(&spec.name);
+    let boot_memory = recovery
+        .and_then(|r| r.boot_memory_mib)
+        .filter(|m| *m < spec.memory_mib);
+    let append = match boot_memory {
+        // Plugged memory must be movable to be unplugged again, and online at once.
+        Some(_) => format!("{append} memhp_default_state=online_movable"),
+        None => append,
+    };
 
     let mut command = vm_command(
-        &paths.run_dir(&spec.name),
+        &run,
         accel.accel,
-        spec.memory_mib,
+        boot_memory.unwrap_or(spec.memory_mib),
         Boot {
             kernel,
             initrd,
@@ -234,6 +266,15 @@ pub fn resolve(
     );
     command.cpus = spec.cpus;
     command.disks = all_disks;
+    if let Some(m) = boot_memory {
+        command.memory.max_mib = Some(spec.memory_mib);
+        command.devices.push(crate::qemu::Device::VirtioMem {
+            backend: MemoryBackend::SharedFile(run.vmem()),
+            size_mib: spec.memory_mib - m,
+            requested_mib: 0,
+            block_mib: VIRTIO_MEM_BLOCK_MIB,
+        });
+    }
     Ok(Resolved {
         qemu,
         command,

@@ -10,8 +10,10 @@ use rebound_vmm::paths::Paths;
 
 mod bench;
 mod console;
+mod crash;
 mod image;
 mod output;
+mod plot;
 mod vm;
 
 #[derive(Parser, Debug)]
@@ -35,9 +37,38 @@ pub enum Cmd {
     Vm(VmCmd),
     /// Run the daemon in the foreground, or stop it.
     Daemon(DaemonArgs),
+    /// Crash reports: what happened when a guest died, and how fast it came back.
+    #[command(subcommand)]
+    Crash(CrashCmd),
     /// Measurements.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CrashCmd {
+    /// List crashes (of one VM, or of all).
+    List {
+        /// The VM's name (default: every VM).
+        name: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One crash: downtime, dump, pages, memory timeline.
+    Report {
+        /// The VM's name.
+        name: String,
+        /// The crash's id (default: the latest).
+        #[arg(long)]
+        id: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Also draw both VMs' memory and the dump's progress over time to this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -107,6 +138,34 @@ pub struct StartArgs {
     /// HOSTPORT:GUESTPORT (host 0 = pick a free port; repeatable).
     #[arg(long = "forward")]
     pub forwards: Vec<rebound_api::spec::Forward>,
+    /// What to do when the guest panics or hangs: none, dump, recover,
+    /// dump-then-recover or dump-and-recover.
+    #[arg(long, default_value = "none", value_parser = parse_on_crash)]
+    pub on_crash: rebound_api::OnCrash,
+    /// Where dumps go (default: $REBOUND_HOME/vms/NAME/crashes/ID/).
+    #[arg(long)]
+    pub dump_dir: Option<PathBuf>,
+    /// elf or kdump.
+    #[arg(long, default_value = "elf", value_parser = parse_dump_format)]
+    pub dump_format: rebound_api::DumpFormat,
+    /// Page compression of a kdump dump: none, zstd or zlib.
+    #[arg(long, default_value = "none", value_parser = parse_compress)]
+    pub compress: rebound_api::Compress,
+    /// Page classes to leave out of dumps: a comma list of zero, free, cache, user (or none).
+    #[arg(long, default_value = "none", value_parser = parse_filter)]
+    pub filter: PageClasses,
+    /// Dump and hand over memory in chunks of this size.
+    #[arg(long, default_value = "128M", value_parser = parse_memory)]
+    pub chunk: u64,
+    /// Memory the recovery VM starts with.
+    #[arg(long, default_value = "128M", value_parser = parse_memory)]
+    pub min_memory: u64,
+    /// dump-first, recovery-first, fair, or D:R (MB/s for the dump and the recovery VM's disks).
+    #[arg(long, default_value = "fair", value_parser = parse_io_policy)]
+    pub io_policy: rebound_api::IoPolicy,
+    /// What the crashed VM and its recovery VM may hold together (default: memory + min-memory).
+    #[arg(long, value_parser = parse_memory)]
+    pub host_memory_budget: Option<u64>,
     /// Return once QEMU runs instead of waiting for readiness.
     #[arg(long)]
     pub no_wait: bool,
@@ -120,6 +179,32 @@ pub struct StartArgs {
 
 fn parse_memory(s: &str) -> Result<u64, String> {
     rebound_api::spec::parse_memory_mib(s).map_err(|e| e.to_string())
+}
+
+/// Page classes as one clap value.
+#[derive(Debug, Clone)]
+pub struct PageClasses(pub Vec<rebound_api::PageClass>);
+
+fn parse_filter(s: &str) -> Result<PageClasses, String> {
+    rebound_api::crash::parse_filter(s)
+        .map(PageClasses)
+        .map_err(|e| e.to_string())
+}
+
+fn parse_on_crash(s: &str) -> Result<rebound_api::OnCrash, String> {
+    s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
+}
+
+fn parse_dump_format(s: &str) -> Result<rebound_api::DumpFormat, String> {
+    s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
+}
+
+fn parse_compress(s: &str) -> Result<rebound_api::Compress, String> {
+    s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
+}
+
+fn parse_io_policy(s: &str) -> Result<rebound_api::IoPolicy, String> {
+    s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<String, String> {
@@ -295,6 +380,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Image(c) => image::run(&paths, c),
         Cmd::Vm(c) => vm::run(&paths, c).await,
         Cmd::Daemon(a) => daemon(&paths, a).await,
+        Cmd::Crash(c) => crash::run(&paths, c).await,
         Cmd::Bench(c) => bench::run(&paths, c).await,
     }
 }

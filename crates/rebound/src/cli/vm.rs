@@ -162,6 +162,16 @@ fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
         .into_owned())
 }
 
+/// A directory the daemon will write into: made absolute, created private if missing.
+fn abs_dir(p: &Path) -> anyhow::Result<String> {
+    rebound_vmm::private::create_dir_all(p)
+        .with_context(|| format!("cannot create dump directory {}", p.display()))?;
+    Ok(std::fs::canonicalize(p)
+        .with_context(|| format!("dump directory {}", p.display()))?
+        .to_string_lossy()
+        .into_owned())
+}
+
 /// Builds the spec from flags; user files are checked and made absolute here
 /// because the daemon runs in another directory.
 pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
@@ -187,6 +197,20 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
         s.workload_args.insert("watchdog_s".into(), w.to_string());
     }
     s.accel = a.accel;
+    s.crash = rebound_api::CrashPolicy {
+        on_crash: a.on_crash,
+        dump_dir: match &a.dump_dir {
+            Some(d) => Some(abs_dir(d)?),
+            None => None,
+        },
+        dump_format: a.dump_format,
+        compress: a.compress,
+        filter: a.filter.0.clone(),
+        chunk_mib: a.chunk,
+        min_memory_mib: a.min_memory,
+        io_policy: a.io_policy,
+        host_memory_budget_mib: a.host_memory_budget,
+    };
     s.ready = a.ready.clone();
     s.forwards = a.forwards.clone();
     s.validate()?;

@@ -54,6 +54,8 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/events", get(events))
         .route("/v1/vms/{name}/logs", get(logs))
         .route("/v1/vms/{name}/vmcoreinfo", get(vmcoreinfo))
+        .route("/v1/vms/{name}/crashes", get(crashes))
+        .route("/v1/vms/{name}/crashes/{id}", get(crash_report))
         .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError(OpError::BadRequest("no such endpoint".into()))
@@ -208,6 +210,22 @@ async fn logs(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoRespo
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         String::from_utf8_lossy(&bytes).into_owned(),
+    ))
+}
+
+async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    Ok(Json(super::crashes::list(&vm.dir.path().join("crashes"))))
+}
+
+async fn crash_report(
+    State(d): D,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let id = (id != "latest").then_some(id.as_str());
+    Ok(Json(
+        super::crashes::get(&vm.dir.path().join("crashes"), id).map_err(OpError::from)?,
     ))
 }
 

@@ -47,12 +47,16 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("crash report")]
+    Report(#[from] super::crashes::ReportError),
 }
 
 impl OpError {
     pub fn status(&self) -> StatusCode {
         match self {
             OpError::UnknownVm(_) => StatusCode::NOT_FOUND,
+            OpError::Report(super::crashes::ReportError::Unknown(_)) => StatusCode::NOT_FOUND,
+            OpError::Report(_) => StatusCode::INTERNAL_SERVER_ERROR,
             OpError::NameInUse(..) | OpError::WrongState(..) | OpError::Unreachable(..) => {
                 StatusCode::CONFLICT
             }

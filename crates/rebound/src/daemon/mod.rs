@@ -7,11 +7,13 @@
 //! - [`state`]: the table of VMs: start, re-attach, remove, wait.
 //! - [`vm`]: one VM: its handle, its owner task and its state machine.
 //! - [`guest`]: reading the guest from the host (VMCOREINFO).
+//! - [`crashes`]: crash reports read back from disk.
 //! - [`metrics`]: counters and gauges for operators.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
 //! - [`api`]: HTTP routes.
 
 pub mod api;
+pub mod crashes;
 pub mod error;
 pub mod guest;
 pub mod metrics;

@@ -21,6 +21,12 @@ pub enum Trigger<'a> {
     Panicked,
     /// A stop or kill job begins tearing QEMU down.
     TearDown,
+    /// The crashed QEMU is gone; its memory is being dumped.
+    DumpBegins,
+    /// A recovery VM's QEMU was spawned.
+    RecoveryBegins,
+    /// The VM's readiness condition held.
+    Ready,
     /// QEMU is gone (exited, killed, or never came up).
     Gone,
 }
@@ -35,7 +41,17 @@ pub fn next(s: VmState, t: Trigger<'_>) -> Option<VmState> {
         // While tearing down, QEMU's own events no longer change what the user sees.
         (Stopping, _) => return None,
         (_, Trigger::TearDown) => Stopping,
+        (Panicked, Trigger::DumpBegins) => Dumping,
+        (Panicked | Dumping, Trigger::RecoveryBegins) => Recovering,
+        (_, Trigger::DumpBegins | Trigger::RecoveryBegins) => return None,
+        (Recovering, Trigger::Ready) => Running,
+        (_, Trigger::Ready) => return None,
+        // A dumping VM has no QEMU whose events could still arrive.
+        (Dumping, _) => return None,
         (_, Trigger::Panicked) => Panicked,
+        // A recovery VM runs before it is ready: it is still recovering.
+        (Recovering, Trigger::Resumed) => return None,
+        (Recovering, Trigger::QemuStatus("running")) => return None,
         // A panicked guest stays panicked (QEMU also reports STOP and `paused`).
         (Panicked, Trigger::Stopped | Trigger::Resumed) => return None,
         (Panicked, Trigger::QemuStatus(q)) if q != "running" => return None,
@@ -83,6 +99,19 @@ mod tests {
             (Stopped, Trigger::Gone, None),
             (Stopped, q("running"), None),
             (Stopped, Trigger::TearDown, None),
+            (Panicked, Trigger::DumpBegins, Some(Dumping)),
+            (Running, Trigger::DumpBegins, None),
+            (Dumping, Trigger::RecoveryBegins, Some(Recovering)),
+            (Panicked, Trigger::RecoveryBegins, Some(Recovering)),
+            (Running, Trigger::RecoveryBegins, None),
+            (Recovering, q("running"), None),
+            (Recovering, Trigger::Resumed, None),
+            (Recovering, Trigger::Ready, Some(Running)),
+            (Running, Trigger::Ready, None),
+            (Recovering, Trigger::Panicked, Some(Panicked)),
+            (Dumping, Trigger::Panicked, None),
+            (Dumping, Trigger::Gone, Some(Stopped)),
+            (Dumping, Trigger::TearDown, Some(Stopping)),
         ] {
             assert_eq!(next(from, t), to, "{from} + {t:?}");
         }

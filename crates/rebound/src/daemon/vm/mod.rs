@@ -5,6 +5,8 @@
 //! Reading a VM (status, events, waiting for a state) never goes through the owner,
 //! so it answers at once even while a long job runs.
 
+mod crash;
+mod dump;
 pub mod machine;
 mod owner;
 
@@ -136,7 +138,7 @@ impl VmHandle {
         r
     }
 
-    fn set_job(&self, job: Option<&'static str>) {
+    pub(super) fn set_job(&self, job: Option<&'static str>) {
         self.shared.lock().expect("vm lock").job = job;
         self.changed.send_modify(|v| *v += 1);
     }

@@ -49,10 +49,12 @@ pub struct StartJob {
     pub reply: oneshot::Sender<Result<VmStatus, OpError>>,
 }
 
-struct Owner {
-    vm: Arc<VmHandle>,
-    metrics: Arc<Metrics>,
-    qmp: Option<Arc<Qmp>>,
+pub(super) struct Owner {
+    pub(super) vm: Arc<VmHandle>,
+    pub(super) paths: Paths,
+    pub(super) host: rebound_vmm::accel::HostFacts,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) qmp: Option<Arc<Qmp>>,
     qmp_events: Option<UnboundedReceiver<QmpEvent>>,
     agent: Option<Arc<AgentLink>>,
     agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
@@ -60,6 +62,8 @@ struct Owner {
     ready: ReadySpec,
     probe_port: Option<u16>,
     last_memfill: Option<(tokio::time::Instant, u64)>,
+    /// The crash being handled, if any (its dump may outlive the recovery).
+    pub(super) crash: Option<super::crash::Handling>,
 }
 
 /// Spawns the owner task of `vm`.
@@ -69,10 +73,10 @@ pub fn start_owner(
     jobs: UnboundedReceiver<Request>,
     init: Init,
 ) {
-    let paths = d.paths.clone();
-    let host = d.host.clone();
     let owner = Owner {
         vm,
+        paths: d.paths.clone(),
+        host: d.host.clone(),
         metrics: d.metrics.clone(),
         qmp: None,
         qmp_events: None,
@@ -82,8 +86,9 @@ pub fn start_owner(
         ready: ReadySpec::Agent,
         probe_port: None,
         last_memfill: None,
+        crash: None,
     };
-    tokio::spawn(owner.run(paths, host, jobs, init));
+    tokio::spawn(owner.run(jobs, init));
 }
 
 /// The next item of an optional channel; never, if there is none.
@@ -99,16 +104,11 @@ enum Input {
     Qmp(Option<QmpEvent>),
     Agent(Option<AgentMsg>),
     Probe,
+    Dump(Option<super::crash::DumpProgress>),
 }
 
 impl Owner {
-    async fn run(
-        mut self,
-        paths: Paths,
-        host: rebound_vmm::accel::HostFacts,
-        mut jobs: UnboundedReceiver<Request>,
-        init: Init,
-    ) {
+    async fn run(mut self, mut jobs: UnboundedReceiver<Request>, init: Init) {
         match init {
             Init::Start(job) => {
                 let StartJob {
@@ -118,7 +118,7 @@ impl Owner {
                     reply,
                 } = *job;
                 self.vm.set_job(Some("start"));
-                let r = self.start(&paths, &host, spec, boot, ready).await;
+                let r = self.start(spec, boot, ready, None).await;
                 self.vm.set_job(None);
                 let failed = r.is_err();
                 if failed {
@@ -151,6 +151,7 @@ impl Owner {
                 e = recv_opt(&mut self.qmp_events) => Input::Qmp(e),
                 m = recv_opt(&mut self.agent_msgs) => Input::Agent(m),
                 _ = probe.tick(), if probing => Input::Probe,
+                p = super::crash::next_progress(&mut self.crash) => Input::Dump(p),
             };
             match input {
                 // The daemon dropped the handle (a new start replaced it, or the VM
@@ -162,7 +163,12 @@ impl Owner {
                     self.vm.set_job(None);
                     let _ = reply.send(r);
                 }
-                Input::Qmp(Some(ev)) => self.on_qmp(ev),
+                Input::Qmp(Some(ev)) => {
+                    if let Some(cause) = self.on_qmp(ev) {
+                        self.respond_to_crash(cause).await;
+                    }
+                }
+                Input::Dump(p) => self.on_dump_progress(p).await,
                 Input::Qmp(None) => self.on_qemu_gone().await,
                 Input::Agent(Some(m)) => self.on_agent(m),
                 Input::Agent(None) => self.agent_msgs = None,
@@ -172,7 +178,7 @@ impl Owner {
     }
 
     /// Moves the state by `t` through the one transition table.
-    fn apply(&self, t: Trigger<'_>) -> bool {
+    pub(super) fn apply(&self, t: Trigger<'_>) -> bool {
         self.vm.update(|r| match next(r.state, t) {
             Some(to) => {
                 r.state = to;
@@ -185,7 +191,7 @@ impl Owner {
         })
     }
 
-    fn event(&self, data: EventData) {
+    pub(super) fn event(&self, data: EventData) {
         if let Err(e) = self.vm.events.append(data) {
             tracing::error!(vm = %self.vm.name, "{}", crate::daemon::error::chain(&e));
         }
@@ -193,19 +199,22 @@ impl Owner {
 
     // ---- start and re-attach ----
 
-    async fn start(
+    /// Resolves and spawns QEMU for `spec` (a recovery VM with `recovery`), and takes
+    /// over its QMP session and agent link.
+    pub(super) async fn start(
         &mut self,
-        paths: &Paths,
-        host: &rebound_vmm::accel::HostFacts,
         spec: VmSpec,
         boot: BootSource,
         ready: ReadySpec,
+        recovery: Option<resolve::Recovery>,
     ) -> Result<VmStatus, OpError> {
-        let (p, h, s) = (paths.clone(), host.clone(), spec.clone());
-        let res: Resolved =
-            tokio::task::spawn_blocking(move || resolve::resolve(&p, &h, &s, boot, ready))
-                .await
-                .map_err(|e| OpError::Internal(e.to_string()))??;
+        let recovering = recovery.is_some();
+        let (p, h, s) = (self.paths.clone(), self.host.clone(), spec.clone());
+        let res: Resolved = tokio::task::spawn_blocking(move || {
+            resolve::resolve(&p, &h, &s, boot, ready, recovery.as_ref())
+        })
+        .await
+        .map_err(|e| OpError::Internal(e.to_string()))??;
         let run = self.vm.run.clone();
         let _ = std::fs::remove_dir_all(run.path());
         rebound_vmm::private::create_dir_all(run.path())
@@ -216,8 +225,13 @@ impl Owner {
         let pid = child.id().unwrap_or(0);
         self.child = Some(child);
         let t0 = mono_ns();
+        let prev_state = self.vm.record().state;
         self.vm.update(|r| {
             *r = VmRecord::new(&spec, &run);
+            if recovering {
+                // A crashed VM's state moves on only by its transitions, below.
+                r.state = prev_state;
+            }
             r.accel = res.accel.accel;
             r.accel_reason = res.accel.reason.clone();
             r.qemu_pid = Some(pid);
@@ -226,6 +240,9 @@ impl Owner {
             r.started_mono_ns = Some(t0);
             r.service_port = spec.service_port();
         });
+        if recovering {
+            self.apply(Trigger::RecoveryBegins);
+        }
         self.event(EventData::Started {
             pid,
             accel: res.accel.accel,
@@ -320,22 +337,23 @@ impl Owner {
 
     // ---- what QEMU and the guest report ----
 
-    fn on_qmp(&mut self, ev: QmpEvent) {
-        let Some(data) = EventData::from_qmp(&ev.event, &ev.data) else {
-            return;
-        };
+    /// Applies a QMP event; returns the crash's cause when the guest just died.
+    fn on_qmp(&mut self, ev: QmpEvent) -> Option<&'static str> {
+        let data = EventData::from_qmp(&ev.event, &ev.data)?;
+        let mut died = None;
         let changed = match &data {
             EventData::Panicked { .. } => {
                 let c = self.apply(Trigger::Panicked);
                 if c {
                     self.metrics.panics.inc();
+                    died = Some("panic");
                 }
                 c
             }
             EventData::Watchdog { .. } => {
-                let c = self.apply(Trigger::Panicked);
-                if c {
+                if self.apply(Trigger::Panicked) {
                     self.metrics.watchdog_expiries.inc();
+                    died = Some("watchdog");
                 }
                 true
             }
@@ -347,6 +365,7 @@ impl Owner {
         if changed {
             self.event(data);
         }
+        died
     }
 
     async fn on_qemu_gone(&mut self) {
@@ -380,7 +399,10 @@ impl Owner {
                     EventData::AgentHello(info)
                 });
                 if matches!(self.ready, ReadySpec::Agent)
-                    && self.vm.record().state == VmState::Running
+                    && matches!(
+                        self.vm.record().state,
+                        VmState::Running | VmState::Recovering
+                    )
                 {
                     self.mark_ready("agent".into());
                 }
@@ -411,7 +433,10 @@ impl Owner {
     }
 
     async fn probe(&mut self) {
-        if self.vm.record().state != VmState::Running {
+        if !matches!(
+            self.vm.record().state,
+            VmState::Running | VmState::Recovering
+        ) {
             return;
         }
         let ok = readiness::probe(
@@ -426,7 +451,7 @@ impl Owner {
         }
     }
 
-    fn mark_ready(&self, probe: String) {
+    pub(super) fn mark_ready(&mut self, probe: String) {
         let first = self.vm.update(|r| {
             if r.ready {
                 return None;
@@ -448,6 +473,7 @@ impl Owner {
                 ready_after_ms: ms,
                 probe,
             });
+            self.on_recovered();
         }
     }
 
@@ -580,7 +606,7 @@ impl Owner {
 
     /// Waits for `pid` to be gone and reaps it if it is our child (no zombie stays);
     /// returns its exit code when known.
-    async fn reap(&mut self, pid: u32) -> Option<i32> {
+    pub(super) async fn reap(&mut self, pid: u32) -> Option<i32> {
         match self.child.take() {
             Some(mut c) => match tokio::time::timeout(Duration::from_secs(10), c.wait()).await {
                 Ok(Ok(st)) => st.code(),
@@ -593,15 +619,25 @@ impl Owner {
         }
     }
 
-    /// Drops the connections, keeps the serial log, removes the run dir (RAM,
-    /// sockets), marks the VM stopped and logs why.
-    fn finish(&mut self, data: EventData) {
-        self.qmp = None;
+    /// Stops listening to QEMU and the agent (the QMP client stays for a last command).
+    pub(super) fn disconnect(&mut self) {
         self.qmp_events = None;
         self.agent = None;
         self.agent_msgs = None;
+    }
+
+    /// Keeps the serial log with the record and removes the run dir (RAM, sockets).
+    pub(super) fn cleanup_run_dir(&self) {
         let _ = std::fs::copy(self.vm.run.serial_log(), self.vm.dir.serial_log());
         let _ = std::fs::remove_dir_all(self.vm.run.path());
+    }
+
+    /// Drops the connections, keeps the serial log, removes the run dir (RAM,
+    /// sockets), marks the VM stopped and logs why.
+    fn finish(&mut self, data: EventData) {
+        self.disconnect();
+        self.qmp = None;
+        self.cleanup_run_dir();
         self.vm.update(|r| {
             if let Some(to) = next(r.state, Trigger::Gone) {
                 r.state = to;

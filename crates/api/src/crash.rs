@@ -1,0 +1,451 @@
+//! A VM's crash policy (`VmSpec.crash`): what Rebound does when the guest panics or
+//! hangs, as `rebound vm start --on-crash ...` sets it. It is part of the VM's record
+//! and survives a daemon restart.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::SpecError;
+
+/// What happens after a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnCrash {
+    /// Keep the crashed guest paused with its RAM, as it is.
+    #[default]
+    None,
+    /// Dump its memory; no recovery VM.
+    Dump,
+    /// Start a recovery VM at once; no dump.
+    Recover,
+    /// Dump, then start the recovery VM (the sequential baseline).
+    DumpThenRecover,
+    /// Dump and recover at the same time, handing memory over chunk by chunk.
+    DumpAndRecover,
+}
+
+impl OnCrash {
+    pub fn dumps(self) -> bool {
+        matches!(
+            self,
+            OnCrash::Dump | OnCrash::DumpThenRecover | OnCrash::DumpAndRecover
+        )
+    }
+    pub fn recovers(self) -> bool {
+        matches!(
+            self,
+            OnCrash::Recover | OnCrash::DumpThenRecover | OnCrash::DumpAndRecover
+        )
+    }
+}
+
+/// The dump's file format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DumpFormat {
+    /// ELF core (`crash`, `makedumpfile` read it).
+    #[default]
+    Elf,
+    /// kdump-compressed (diskdump), as `makedumpfile -c/-l/-z` writes.
+    Kdump,
+}
+
+/// Page compression of a kdump-compressed dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compress {
+    #[default]
+    None,
+    Zstd,
+    Lz4,
+    Zlib,
+}
+
+/// Classes of pages a selective dump can leave out (makedumpfile's dump levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageClass {
+    Zero,
+    Free,
+    Cache,
+    User,
+}
+
+/// How disk bandwidth is shared between the dump and the recovery VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "policy")]
+pub enum IoPolicy {
+    /// Both run unthrottled.
+    #[default]
+    Fair,
+    /// The recovery VM's disks are throttled while the dump runs.
+    DumpFirst,
+    /// The dump is held back while the recovery VM boots.
+    RecoveryFirst,
+    /// Fixed rates in MB/s for the dump and the recovery VM's disks.
+    Rates { dump_mbps: u32, recovery_mbps: u32 },
+}
+
+/// A VM's crash policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrashPolicy {
+    #[serde(default)]
+    pub on_crash: OnCrash,
+    /// Where dumps go (default: `$REBOUND_HOME/vms/NAME/crashes/ID/`).
+    #[serde(default)]
+    pub dump_dir: Option<String>,
+    #[serde(default)]
+    pub dump_format: DumpFormat,
+    #[serde(default)]
+    pub compress: Compress,
+    /// Page classes left out of the dump (none by default).
+    #[serde(default)]
+    pub filter: Vec<PageClass>,
+    #[serde(default = "default_chunk")]
+    pub chunk_mib: u64,
+    /// Memory the recovery VM starts with.
+    #[serde(default = "default_min_memory")]
+    pub min_memory_mib: u64,
+    #[serde(default)]
+    pub io_policy: IoPolicy,
+    /// What the crashed VM and its recovery VM may hold together (default: the VM's
+    /// memory plus `min_memory_mib`).
+    #[serde(default)]
+    pub host_memory_budget_mib: Option<u64>,
+}
+
+fn default_chunk() -> u64 {
+    128
+}
+
+fn default_min_memory() -> u64 {
+    128
+}
+
+impl Default for CrashPolicy {
+    fn default() -> Self {
+        CrashPolicy {
+            on_crash: OnCrash::None,
+            dump_dir: None,
+            dump_format: DumpFormat::Elf,
+            compress: Compress::None,
+            filter: Vec::new(),
+            chunk_mib: default_chunk(),
+            min_memory_mib: default_min_memory(),
+            io_policy: IoPolicy::Fair,
+            host_memory_budget_mib: None,
+        }
+    }
+}
+
+impl CrashPolicy {
+    /// The budget in force: the given one, or memory + min-memory.
+    pub fn budget_mib(&self, memory_mib: u64) -> u64 {
+        self.host_memory_budget_mib
+            .unwrap_or(memory_mib + self.min_memory_mib)
+    }
+
+    /// Refuses contradictions, each with one line.
+    pub fn validate(&self, memory_mib: u64) -> Result<(), SpecError> {
+        let bad = |m: String| Err(SpecError::CrashPolicy(m));
+        if self.compress != Compress::None && self.dump_format != DumpFormat::Kdump {
+            return bad("--compress applies to --dump-format kdump only".into());
+        }
+        if self.compress == Compress::Lz4 {
+            return bad(
+                "--compress lz4: neither crash nor makedumpfile reads lz4 kdump files; use zstd, zlib or none"
+                    .into(),
+            );
+        }
+        if self.chunk_mib == 0 || self.chunk_mib > memory_mib.max(1) {
+            return bad(format!(
+                "--chunk {} MiB must be between 1 MiB and the VM's memory ({memory_mib} MiB)",
+                self.chunk_mib
+            ));
+        }
+        if self.min_memory_mib < 16 || self.min_memory_mib > memory_mib {
+            return bad(format!(
+                "--min-memory {} MiB must be between 16 MiB and the VM's memory ({memory_mib} MiB)",
+                self.min_memory_mib
+            ));
+        }
+        if let Some(b) = self.host_memory_budget_mib {
+            if b < self.min_memory_mib {
+                return bad(format!(
+                    "--host-memory-budget {b} MiB is below --min-memory {} MiB: the recovery VM could never start",
+                    self.min_memory_mib
+                ));
+            }
+        }
+        if let IoPolicy::Rates {
+            dump_mbps,
+            recovery_mbps,
+        } = self.io_policy
+        {
+            if dump_mbps == 0 || recovery_mbps == 0 {
+                return bad("--io-policy D:R rates must be at least 1 MB/s".into());
+            }
+        }
+        let dump_only = [
+            (self.dump_dir.is_some(), "--dump-dir"),
+            (!self.filter.is_empty(), "--filter"),
+        ];
+        if !self.on_crash.dumps() {
+            if let Some((_, flag)) = dump_only.iter().find(|(set, _)| *set) {
+                return bad(format!(
+                    "{flag} needs --on-crash dump, dump-then-recover or dump-and-recover"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+macro_rules! from_str_kebab {
+    ($t:ty, $what:literal, $expected:literal) => {
+        impl FromStr for $t {
+            type Err = SpecError;
+            fn from_str(s: &str) -> Result<Self, SpecError> {
+                serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+                    SpecError::CrashPolicy(format!(
+                        concat!("unknown ", $what, " {:?}: expected ", $expected),
+                        s
+                    ))
+                })
+            }
+        }
+    };
+}
+
+from_str_kebab!(
+    OnCrash,
+    "--on-crash",
+    "none, dump, recover, dump-then-recover or dump-and-recover"
+);
+from_str_kebab!(DumpFormat, "--dump-format", "elf or kdump");
+from_str_kebab!(Compress, "--compress", "none, zstd, lz4 or zlib");
+from_str_kebab!(PageClass, "page class", "zero, free, cache or user");
+
+/// Parses `--filter zero,free,...` (`none` for nothing).
+pub fn parse_filter(s: &str) -> Result<Vec<PageClass>, SpecError> {
+    if s == "none" || s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<PageClass> = s.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+impl FromStr for IoPolicy {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Ok(match s {
+            "fair" => IoPolicy::Fair,
+            "dump-first" => IoPolicy::DumpFirst,
+            "recovery-first" => IoPolicy::RecoveryFirst,
+            _ => {
+                let err = || {
+                    SpecError::CrashPolicy(format!(
+                        "unknown --io-policy {s:?}: expected dump-first, recovery-first, fair or D:R (MB/s)"
+                    ))
+                };
+                let (d, r) = s.split_once(':').ok_or_else(err)?;
+                IoPolicy::Rates {
+                    dump_mbps: d.parse().map_err(|_| err())?,
+                    recovery_mbps: r.parse().map_err(|_| err())?,
+                }
+            }
+        })
+    }
+}
+
+impl fmt::Display for IoPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IoPolicy::Fair => f.write_str("fair"),
+            IoPolicy::DumpFirst => f.write_str("dump-first"),
+            IoPolicy::RecoveryFirst => f.write_str("recovery-first"),
+            IoPolicy::Rates {
+                dump_mbps,
+                recovery_mbps,
+            } => write!(f, "{dump_mbps}:{recovery_mbps}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_flags() {
+        assert_eq!(
+            "dump-and-recover".parse::<OnCrash>().unwrap(),
+            OnCrash::DumpAndRecover
+        );
+        assert!("sometimes".parse::<OnCrash>().is_err());
+        assert_eq!("kdump".parse::<DumpFormat>().unwrap(), DumpFormat::Kdump);
+        assert_eq!(
+            parse_filter("free,zero,free").unwrap(),
+            vec![PageClass::Zero, PageClass::Free]
+        );
+        assert_eq!(parse_filter("none").unwrap(), vec![]);
+        assert!(parse_filter("zero,kernel").is_err());
+        assert_eq!(
+            "100:20".parse::<IoPolicy>().unwrap(),
+            IoPolicy::Rates {
+                dump_mbps: 100,
+                recovery_mbps: 20
+            }
+        );
+        assert_eq!("100:20".parse::<IoPolicy>().unwrap().to_string(), "100:20");
+        assert!("100:".parse::<IoPolicy>().is_err());
+        assert!("fast".parse::<IoPolicy>().is_err());
+    }
+
+    #[test]
+    fn refuses_contradictions() {
+        let p = |f: &dyn Fn(&mut CrashPolicy)| {
+            let mut c = CrashPolicy {
+                on_crash: OnCrash::DumpAndRecover,
+                ..CrashPolicy::default()
+            };
+            f(&mut c);
+            c.validate(1024)
+        };
+        assert!(p(&|_| {}).is_ok());
+        assert_eq!(CrashPolicy::default().budget_mib(1024), 1152);
+        for (f, want) in [
+            (
+                &(|c: &mut CrashPolicy| c.host_memory_budget_mib = Some(64))
+                    as &dyn Fn(&mut CrashPolicy),
+                "below --min-memory",
+            ),
+            (
+                &|c: &mut CrashPolicy| c.compress = Compress::Zstd,
+                "kdump only",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.dump_format = DumpFormat::Kdump;
+                    c.compress = Compress::Lz4
+                },
+                "lz4",
+            ),
+            (&|c: &mut CrashPolicy| c.chunk_mib = 0, "--chunk"),
+            (
+                &|c: &mut CrashPolicy| c.min_memory_mib = 2048,
+                "--min-memory",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.on_crash = OnCrash::Recover;
+                    c.filter = vec![PageClass::Free]
+                },
+                "--filter needs",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.io_policy = IoPolicy::Rates {
+                        dump_mbps: 0,
+                        recovery_mbps: 1,
+                    }
+                },
+                "at least 1 MB/s",
+            ),
+        ] {
+            let e = p(f).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn json_form() {
+        let c = CrashPolicy {
+            on_crash: OnCrash::DumpThenRecover,
+            filter: vec![PageClass::Free],
+            io_policy: IoPolicy::Rates {
+                dump_mbps: 100,
+                recovery_mbps: 50,
+            },
+            ..CrashPolicy::default()
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["on_crash"], "dump-then-recover");
+        assert_eq!(v["io_policy"]["policy"], "rates");
+        assert_eq!(serde_json::from_value::<CrashPolicy>(v).unwrap(), c);
+        // Old records without a policy read as none.
+        let c: CrashPolicy = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, CrashPolicy::default());
+    }
+}
+
+/// Format version of a crash report (`vms/NAME/crashes/ID/report.json`).
+pub const CRASH_REPORT_VERSION: u32 = 1;
+
+/// Where one crash's handling stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CrashPhase {
+    /// The guest is dead and kept paused (policy `none`).
+    Kept,
+    Dumping,
+    Recovering,
+    /// Everything the policy asked for is finished.
+    Done,
+    /// Something the policy asked for failed; `notes` say what.
+    Failed,
+}
+
+/// One sample of the memory timeline (bytes), taken at every chunk and event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// Seconds since the crash.
+    pub t_s: f64,
+    /// Host memory the crashed VM's RAM still holds.
+    pub crashed_bytes: u64,
+    /// Memory the recovery VM is configured with (boot plus plugged).
+    pub recovery_bytes: u64,
+    /// Guest memory the dump has covered (written or skipped), durable.
+    pub dumped_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+}
+
+/// What happened in one crash, kept next to its dump and served by
+/// `GET /v1/vms/{name}/crashes[/{id}]` and `rebound crash report`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CrashReport {
+    pub version: u32,
+    pub id: String,
+    pub vm: String,
+    /// `panic` (GUEST_PANICKED) or `watchdog` (a hang).
+    pub cause: String,
+    pub policy: CrashPolicy,
+    pub crashed_at: String,
+    pub crashed_mono_ns: u64,
+    pub phase: CrashPhase,
+    /// Crash to the recovery VM passing the VM's readiness condition.
+    pub downtime_s: Option<f64>,
+    /// Dump start to the dump being durable and complete.
+    pub dump_s: Option<f64>,
+    /// Recovery VM spawn to ready.
+    pub recovery_s: Option<f64>,
+    pub dump_path: Option<String>,
+    pub dump_bytes: Option<u64>,
+    pub pages_written: Option<u64>,
+    /// Pages left out, by class.
+    #[serde(default)]
+    pub pages_skipped: std::collections::BTreeMap<String, u64>,
+    pub io_policy: String,
+    /// What did not go as asked (e.g. "VMCOREINFO not found: dumped unfiltered").
+    #[serde(default)]
+    pub notes: Vec<String>,
+    #[serde(default)]
+    pub timeline: Vec<MemorySample>,
+}

@@ -1,0 +1,83 @@
+//! Figures drawn from reports (SVG, text left to the viewer: no font library).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use rebound_api::CrashReport;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Both VMs' memory and the dump's progress over time, events marked (as Vicover's
+/// figures of memory during recovery).
+pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
+    if r.timeline.is_empty() {
+        anyhow::bail!("crash {} has no memory timeline to plot", r.id);
+    }
+    let t_max = r.timeline.iter().map(|s| s.t_s).fold(0.1, f64::max) * 1.05;
+    let y_max = r
+        .timeline
+        .iter()
+        .flat_map(|s| [s.crashed_bytes, s.recovery_bytes, s.dumped_bytes])
+        .max()
+        .unwrap_or(1) as f64
+        / MIB
+        * 1.1;
+    let root = SVGBackend::new(out, (900, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = format!(
+        "{} crash {} ({}): downtime {}",
+        r.vm,
+        r.id,
+        serde_json::to_value(r.policy.on_crash)?
+            .as_str()
+            .unwrap_or("?"),
+        r.downtime_s
+            .map(|d| format!("{d:.2} s"))
+            .unwrap_or_else(|| "-".into())
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max.max(1.0))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the crash")
+        .y_desc("MiB")
+        .draw()?;
+    type Series = (&'static str, RGBColor, fn(&rebound_api::MemorySample) -> u64);
+    let series: [Series; 3] = [
+        ("crashed VM's memory", RED, |s| s.crashed_bytes),
+        ("recovery VM's memory", BLUE, |s| s.recovery_bytes),
+        ("dumped", GREEN, |s| s.dumped_bytes),
+    ];
+    for (label, color, f) in series {
+        chart
+            .draw_series(LineSeries::new(
+                r.timeline.iter().map(|s| (s.t_s, f(s) as f64 / MIB)),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    for s in r.timeline.iter().filter(|s| s.event.is_some()) {
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(s.t_s, 0.0), (s.t_s, y_max)],
+            BLACK.mix(0.3),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            s.event.clone().unwrap_or_default(),
+            (s.t_s, y_max * 0.97),
+            ("sans-serif", 12),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::MiddleRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

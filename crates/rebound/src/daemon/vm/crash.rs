@@ -1,0 +1,482 @@
+//! What the owner does when its guest dies (panic or watchdog), by the VM's crash
+//! policy (`rebound_api::CrashPolicy`):
+//!
+//! 1. the crashed QEMU's vCPU registers are saved (when dumping), its RAM file is moved
+//!    out of the run directory (a rename on the same tmpfs), and the QEMU is told to
+//!    quit, which flushes and releases its disks and forwarded ports (it will never run
+//!    again, so no two QEMUs ever write one disk);
+//! 2. the dump reads the moved RAM file chunk by chunk and punches each chunk out
+//!    once it is durable, so host memory comes back at a steady rate;
+//! 3. the recovery VM boots on the same disk copy and ports, with the memory the
+//!    budget allows now, and is given the rest with virtio-mem as the dump frees it.
+//!
+//! A report (`vms/NAME/crashes/ID/report.json`) and the event log follow every step.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rebound_api::{CrashPhase, CrashPolicy, CrashReport, EventData, MemorySample, OnCrash};
+use rebound_vmm::events::{mono_ns, wall_now};
+use rebound_vmm::resolve::{Recovery, VIRTIO_MEM_BLOCK_MIB};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::machine::Trigger;
+use super::owner::Owner;
+
+const MIB: u64 = 1 << 20;
+
+/// What the dump task reports to the owner.
+#[derive(Debug)]
+pub enum DumpProgress {
+    /// Guest memory covered so far (written or skipped) is durable, and the RAM file
+    /// now holds this much.
+    Chunk {
+        dumped_bytes: u64,
+        crashed_bytes: u64,
+    },
+    /// Finished: the dump's size, or why it failed.
+    Done(Result<DumpDone, String>),
+}
+
+/// A finished dump.
+#[derive(Debug)]
+pub struct DumpDone {
+    pub bytes: u64,
+    pub pages_written: u64,
+    pub pages_skipped: std::collections::BTreeMap<String, u64>,
+    pub notes: Vec<String>,
+}
+
+/// One crash being handled.
+pub struct Handling {
+    pub report: CrashReport,
+    dir: PathBuf,
+    crashed_ram: PathBuf,
+    progress: Option<UnboundedReceiver<DumpProgress>>,
+    dump_started_ns: Option<u64>,
+    /// A recovery VM is due once the budget allows it.
+    recovery_due: bool,
+    recovery_spawned_ns: Option<u64>,
+    /// What the recovery VM is configured with now (boot + plugged), MiB.
+    recovery_mib: u64,
+    boot_mib: u64,
+    dumped_bytes: u64,
+}
+
+/// The next dump progress message, if a dump runs; never, otherwise.
+pub async fn next_progress(h: &mut Option<Handling>) -> Option<DumpProgress> {
+    match h.as_mut().and_then(|h| h.progress.as_mut()) {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A crash id: UTC time to the millisecond, sortable.
+fn crash_id() -> String {
+    chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ").to_string()
+}
+
+/// Bytes a file holds on its filesystem (0 once it is gone).
+fn held(path: &Path) -> u64 {
+    rebound_vmm::process::allocated_bytes(path).unwrap_or(0)
+}
+
+impl Owner {
+    /// Takes over a guest that just died, as its crash policy says.
+    pub(super) async fn respond_to_crash(&mut self, cause: &'static str) {
+        let rec = self.vm.record();
+        let policy = rec.spec.crash.clone();
+        if policy.on_crash == OnCrash::None
+            || self.crash.as_ref().is_some_and(|h| h.progress.is_some())
+        {
+            // Kept paused, as it is; or a dump of an earlier crash still holds memory
+            // (the recovery VM crashed too): keep this one for the operator.
+            return;
+        }
+        let id = crash_id();
+        let dir = self.vm.dir.crash_dir(&id);
+        if let Err(e) = rebound_vmm::private::create_dir_all(&dir) {
+            tracing::error!(vm = %self.vm.name, "cannot create {}: {e}; the guest stays paused", dir.display());
+            return;
+        }
+        let now = mono_ns();
+        let report = CrashReport {
+            version: rebound_api::crash::CRASH_REPORT_VERSION,
+            id: id.clone(),
+            vm: self.vm.name.clone(),
+            cause: cause.to_string(),
+            policy: policy.clone(),
+            crashed_at: wall_now(),
+            crashed_mono_ns: now,
+            phase: CrashPhase::Recovering,
+            downtime_s: None,
+            dump_s: None,
+            recovery_s: None,
+            dump_path: None,
+            dump_bytes: None,
+            pages_written: None,
+            pages_skipped: Default::default(),
+            io_policy: policy.io_policy.to_string(),
+            notes: Vec::new(),
+            timeline: Vec::new(),
+        };
+        self.event(EventData::CrashHandling {
+            id: id.clone(),
+            cause: cause.to_string(),
+            on_crash: policy.on_crash,
+        });
+        self.vm.set_job(Some("crash"));
+        let crashed_ram = self.paths.crashed_ram(&self.vm.name, &id);
+        let mut h = Handling {
+            report,
+            dir,
+            crashed_ram: crashed_ram.clone(),
+            progress: None,
+            dump_started_ns: None,
+            recovery_due: policy.on_crash.recovers(),
+            recovery_spawned_ns: None,
+            recovery_mib: 0,
+            boot_mib: 0,
+            dumped_bytes: 0,
+        };
+        let cpu_notes = if policy.on_crash.dumps() {
+            self.save_cpu_notes(&h.dir).await
+        } else {
+            None
+        };
+        // The RAM stays on the same tmpfs under a name the run directory's cleanup
+        // does not touch; QEMU's mapping follows the rename.
+        let moved = std::fs::rename(self.vm.run.ram(), &crashed_ram);
+        if let Err(e) = &moved {
+            h.report
+                .notes
+                .push(format!("cannot move the crashed RAM aside: {e}"));
+        }
+        self.release_crashed_qemu().await;
+        if policy.on_crash.dumps() && moved.is_ok() {
+            h.report.phase = CrashPhase::Dumping;
+            self.apply(Trigger::DumpBegins);
+            self.start_dump(&mut h, &policy, cpu_notes);
+        } else {
+            let _ = std::fs::remove_file(&crashed_ram);
+        }
+        if policy.on_crash == OnCrash::DumpThenRecover {
+            h.recovery_due = h.progress.is_none();
+        }
+        sample(&mut h, 0, Some("crash"));
+        self.crash = Some(h);
+        self.maybe_start_recovery().await;
+        self.settle_crash();
+    }
+
+    /// QEMU's own per-vCPU register notes: a tiny ELF of the first page, whose notes
+    /// are NT_PRSTATUS and QEMU's CPU state.
+    async fn save_cpu_notes(&self, dir: &Path) -> Option<PathBuf> {
+        let q = self.qmp.as_ref()?;
+        let path = dir.join("cpu-notes.elf");
+        let args = serde_json::json!({"paging": false, "protocol": format!("file:{}", path.display()),
+            "format": "elf", "begin": 0, "length": 4096});
+        match q.execute("dump-guest-memory", Some(args)).await {
+            Ok(_) => Some(path),
+            Err(e) => {
+                tracing::warn!(vm = %self.vm.name, "no vCPU registers for the dump: {e}");
+                None
+            }
+        }
+    }
+
+    /// Quits the crashed QEMU (flushing and releasing its disks and ports) and
+    /// removes its run directory; the VM keeps its state (panicked or dumping).
+    async fn release_crashed_qemu(&mut self) {
+        let pid = self.vm.record().qemu_pid;
+        self.disconnect();
+        if let Some(pid) = pid {
+            if let Some(q) = &self.qmp {
+                let _ = q.execute("quit", None).await;
+            }
+            if !rebound_vmm::process::wait_gone(pid, Duration::from_secs(5)).await {
+                rebound_vmm::process::sigkill(pid);
+            }
+            self.reap(pid).await;
+        }
+        self.qmp = None;
+        self.cleanup_run_dir();
+        self.vm.update(|r| r.qemu_pid = None);
+    }
+
+    fn start_dump(&mut self, h: &mut Handling, policy: &CrashPolicy, cpu_notes: Option<PathBuf>) {
+        let out = match &policy.dump_dir {
+            Some(d) => PathBuf::from(d).join(format!("{}-{}.vmcore", self.vm.name, h.report.id)),
+            None => h.dir.join("vmcore"),
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        h.progress = Some(rx);
+        h.dump_started_ns = Some(mono_ns());
+        h.report.dump_path = Some(out.display().to_string());
+        self.event(EventData::DumpStarted {
+            id: h.report.id.clone(),
+            path: out.display().to_string(),
+        });
+        let job = super::dump::DumpJob {
+            ram: h.crashed_ram.clone(),
+            memory_mib: self.vm.record().spec.memory_mib,
+            out,
+            cpu_notes,
+            policy: policy.clone(),
+            vmcoreinfo: self.vm.record().vmcoreinfo,
+        };
+        tokio::task::spawn_blocking(move || super::dump::run(job, tx));
+    }
+
+    /// Starts the recovery VM if one is due and the budget has room for its boot
+    /// memory; otherwise it starts at a later chunk.
+    async fn maybe_start_recovery(&mut self) {
+        let Some(h) = self.crash.as_mut() else { return };
+        if !h.recovery_due || h.recovery_spawned_ns.is_some() {
+            return;
+        }
+        let rec = self.vm.record();
+        let mem = rec.spec.memory_mib;
+        let budget = rec.spec.crash.budget_mib(mem);
+        let free_mib = budget.saturating_sub(held(&h.crashed_ram).div_ceil(MIB));
+        if free_mib < rec.spec.crash.min_memory_mib {
+            return;
+        }
+        let boot = if free_mib >= mem {
+            None
+        } else {
+            Some(round_block(free_mib).max(rec.spec.crash.min_memory_mib))
+        };
+        let forwards = rec.forwards.clone();
+        let (boot_src, ready) = match rec.spec.validate() {
+            Ok(v) => v,
+            Err(e) => {
+                h.report.notes.push(format!("recovery VM not started: {e}"));
+                h.report.phase = CrashPhase::Failed;
+                return;
+            }
+        };
+        h.recovery_spawned_ns = Some(mono_ns());
+        h.boot_mib = boot.unwrap_or(mem);
+        h.recovery_mib = h.boot_mib;
+        let id = h.report.id.clone();
+        let spec = rec.spec.clone();
+        let r = self
+            .start(
+                spec,
+                boot_src,
+                ready,
+                Some(Recovery {
+                    forwards,
+                    boot_memory_mib: boot,
+                }),
+            )
+            .await;
+        let boot_memory_mib = self.crash.as_ref().map_or(0, |h| h.boot_mib);
+        match r {
+            Ok(st) => {
+                self.event(EventData::RecoveryStarted {
+                    id,
+                    pid: st.qemu_pid.unwrap_or(0),
+                    boot_memory_mib,
+                });
+                let h = self.crash.as_mut().expect("crash handling");
+                let d = h.dumped_bytes;
+                sample(h, d, Some("recovery started"));
+            }
+            Err(e) => {
+                let h = self.crash.as_mut().expect("crash handling");
+                h.report.notes.push(format!(
+                    "the recovery VM failed to start: {}",
+                    crate::daemon::error::chain(&e)
+                ));
+                h.recovery_due = false;
+                h.report.phase = rebound_api::CrashPhase::Failed;
+                self.metrics.start_failures.inc();
+            }
+        }
+        self.save_report();
+    }
+
+    /// Grows the recovery VM into memory the dump gave back (virtio-mem).
+    async fn grow_recovery(&mut self) {
+        let Some(h) = self.crash.as_mut() else { return };
+        if h.recovery_spawned_ns.is_none() {
+            return;
+        }
+        let rec = self.vm.record();
+        let mem = rec.spec.memory_mib;
+        if h.recovery_mib >= mem {
+            return;
+        }
+        let budget = rec.spec.crash.budget_mib(mem);
+        let free = budget.saturating_sub(held(&h.crashed_ram).div_ceil(MIB));
+        let target = round_block(free.min(mem));
+        if target <= h.recovery_mib {
+            return;
+        }
+        let plug = target - h.boot_mib;
+        let Some(q) = self.qmp.clone() else { return };
+        let args = serde_json::json!({"path": "/machine/peripheral/vmem0",
+            "property": "requested-size", "value": plug * MIB});
+        match q.execute("qom-set", Some(args)).await {
+            Ok(_) => {
+                let h = self.crash.as_mut().expect("crash handling");
+                h.recovery_mib = target;
+            }
+            Err(e) => tracing::warn!(vm = %self.vm.name, "cannot grow the recovery VM: {e}"),
+        }
+    }
+
+    /// A message from the dump task.
+    pub(super) async fn on_dump_progress(&mut self, p: Option<DumpProgress>) {
+        let Some(h) = self.crash.as_mut() else { return };
+        let done = match p {
+            Some(DumpProgress::Chunk {
+                dumped_bytes,
+                crashed_bytes,
+            }) => {
+                h.dumped_bytes = dumped_bytes;
+                let id = h.report.id.clone();
+                self.grow_recovery().await;
+                self.maybe_start_recovery().await;
+                let h = self.crash.as_mut().expect("crash handling");
+                sample(h, dumped_bytes, None);
+                let recovery_bytes = h.recovery_mib * MIB;
+                self.event(EventData::ChunkReclaimed {
+                    id,
+                    dumped_bytes,
+                    crashed_bytes,
+                    recovery_bytes,
+                });
+                return;
+            }
+            Some(DumpProgress::Done(r)) => r,
+            None => Err("the dump task ended without reporting".to_string()),
+        };
+        h.progress = None;
+        let secs = h
+            .dump_started_ns
+            .map(|t| mono_ns().saturating_sub(t) as f64 / 1e9)
+            .unwrap_or(0.0);
+        h.report.dump_s = Some(secs);
+        let (bytes, error) = match done {
+            Ok(d) => {
+                h.report.dump_bytes = Some(d.bytes);
+                h.report.pages_written = Some(d.pages_written);
+                h.report.pages_skipped = d.pages_skipped;
+                h.report.notes.extend(d.notes);
+                // Everything is in the dump: the crashed memory is no longer needed.
+                let _ = std::fs::remove_file(&h.crashed_ram);
+                (Some(d.bytes), None)
+            }
+            Err(e) => {
+                // What was not dumped stays in the RAM file: nothing is lost.
+                h.report.notes.push(format!(
+                    "dump failed: {e}; the memory not yet dumped stays in {}",
+                    h.crashed_ram.display()
+                ));
+                h.report.phase = CrashPhase::Failed;
+                (None, Some(e))
+            }
+        };
+        let id = h.report.id.clone();
+        let d = h.dumped_bytes;
+        sample(h, d, Some("dump finished"));
+        self.event(EventData::DumpFinished {
+            id,
+            bytes,
+            seconds: secs,
+            error,
+        });
+        let policy = self.vm.record().spec.crash.on_crash;
+        match policy {
+            OnCrash::DumpThenRecover => {
+                let h = self.crash.as_mut().expect("crash handling");
+                h.recovery_due = true;
+            }
+            OnCrash::Dump => {
+                // Nothing runs any more for this VM.
+                self.apply(Trigger::Gone);
+            }
+            _ => {}
+        }
+        self.maybe_start_recovery().await;
+        self.grow_recovery().await;
+        self.settle_crash();
+    }
+
+    /// The recovery VM passed its readiness condition: the service is back.
+    pub(super) fn on_recovered(&mut self) {
+        let Some(h) = self.crash.as_mut() else { return };
+        let Some(spawned) = h.recovery_spawned_ns else {
+            return;
+        };
+        if h.report.downtime_s.is_some() {
+            return;
+        }
+        let now = mono_ns();
+        let downtime = now.saturating_sub(h.report.crashed_mono_ns);
+        h.report.downtime_s = Some(downtime as f64 / 1e9);
+        h.report.recovery_s = Some(now.saturating_sub(spawned) as f64 / 1e9);
+        let id = h.report.id.clone();
+        let d = h.dumped_bytes;
+        sample(h, d, Some("service ready"));
+        self.apply(Trigger::Ready);
+        self.event(EventData::Recovered {
+            id,
+            downtime_ms: downtime / 1_000_000,
+        });
+        self.settle_crash();
+    }
+
+    /// Marks the crash done once nothing of it runs any more, and saves the report.
+    fn settle_crash(&mut self) {
+        let Some(h) = self.crash.as_mut() else { return };
+        let dumping = h.progress.is_some();
+        let recovering = h.recovery_due && h.report.downtime_s.is_none();
+        if !dumping && !recovering {
+            if h.report.phase != CrashPhase::Failed {
+                h.report.phase = CrashPhase::Done;
+            }
+        } else if !dumping {
+            h.report.phase = CrashPhase::Recovering;
+        }
+        let finished = !dumping && !recovering;
+        self.save_report();
+        if finished {
+            self.vm.set_job(None);
+            self.crash = None;
+        } else if !dumping {
+            self.vm.set_job(None);
+        } else {
+            self.vm.set_job(Some("dump"));
+        }
+    }
+
+    /// Writes the report next to the dump (atomically, private).
+    pub(super) fn save_report(&self) {
+        let Some(h) = &self.crash else { return };
+        let data = serde_json::to_vec_pretty(&h.report).expect("reports serialize");
+        if let Err(e) = rebound_vmm::private::write_atomic(&h.dir.join("report.json"), &data) {
+            tracing::error!(vm = %self.vm.name, "cannot save the crash report: {e}");
+        }
+    }
+}
+
+/// Rounds down to the virtio-mem block size.
+fn round_block(mib: u64) -> u64 {
+    mib / VIRTIO_MEM_BLOCK_MIB * VIRTIO_MEM_BLOCK_MIB
+}
+
+/// Adds a point to the memory timeline.
+fn sample(h: &mut Handling, dumped_bytes: u64, event: Option<&str>) {
+    let t_s = (mono_ns().saturating_sub(h.report.crashed_mono_ns)) as f64 / 1e9;
+    h.report.timeline.push(MemorySample {
+        t_s,
+        crashed_bytes: held(&h.crashed_ram),
+        recovery_bytes: h.recovery_mib * MIB,
+        dumped_bytes,
+        event: event.map(str::to_string),
+    });
+}

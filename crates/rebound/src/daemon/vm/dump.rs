@@ -1,0 +1,199 @@
+//! The dump task of a crash: reads the crashed VM's moved RAM file through
+//! `rebound-guestmem`, writes it with `rebound-dump`, and punches every chunk out of
+//! the RAM file once it is durable (and pages the filter leaves out at once), so the
+//! memory goes to the recovery VM at the rate the dump makes progress.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+
+use rebound_api::{Compress, CrashPolicy, DumpFormat, PageClass, VmcoreinfoAddr};
+use rebound_dump::{DumpOptions, Dumper, Format, PageFilter, Progress};
+use rebound_guestmem::{
+    find_vmcoreinfo, free_pages, read_vmcoreinfo, FileSource, GuestMemory, KernelPageTables,
+    Layout, VmcoreInfo,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::crash::{DumpDone, DumpProgress};
+
+/// What the dump task needs.
+pub struct DumpJob {
+    pub ram: PathBuf,
+    pub memory_mib: u64,
+    pub out: PathBuf,
+    pub cpu_notes: Option<PathBuf>,
+    pub policy: CrashPolicy,
+    pub vmcoreinfo: Option<VmcoreinfoAddr>,
+}
+
+/// Runs the dump to its end and reports it; never panics the daemon.
+pub fn run(job: DumpJob, tx: UnboundedSender<DumpProgress>) {
+    let r = write(&job, &tx);
+    let _ = tx.send(DumpProgress::Done(r));
+}
+
+/// Releases dumped memory and tells the owner.
+struct Punch<'a> {
+    ram: std::fs::File,
+    layout: Layout,
+    path: &'a std::path::Path,
+    tx: &'a UnboundedSender<DumpProgress>,
+    durable: u64,
+}
+
+impl Punch<'_> {
+    fn punch(&self, gpa: Range<u64>) {
+        for r in self.layout.ranges() {
+            let g = r.gpa_range();
+            let (s, e) = (gpa.start.max(g.start), gpa.end.min(g.end));
+            if s >= e {
+                continue;
+            }
+            let off = self.layout.gpa_to_offset(s).expect("inside a RAM range");
+            // SAFETY: fallocate on a descriptor we own; it only frees the file's
+            // blocks in [off, off + len), which the dump has made durable elsewhere.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.ram.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as libc::off_t,
+                    (e - s) as libc::off_t,
+                )
+            };
+            if rc != 0 {
+                tracing::warn!(
+                    "cannot release dumped memory of {}: {}",
+                    self.path.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
+impl Progress for Punch<'_> {
+    fn durable(&mut self, gpa: Range<u64>) {
+        self.durable += gpa.end - gpa.start;
+        self.punch(gpa);
+        let _ = self.tx.send(DumpProgress::Chunk {
+            dumped_bytes: self.durable,
+            crashed_bytes: rebound_vmm::process::allocated_bytes(self.path).unwrap_or(0),
+        });
+    }
+}
+
+/// The guest's VMCOREINFO: at the agent's address, else found by scanning.
+fn vmcoreinfo(
+    mem: &GuestMemory<FileSource>,
+    at: Option<VmcoreinfoAddr>,
+) -> Result<VmcoreInfo, String> {
+    if let Some(a) = at {
+        if let Ok(i) = read_vmcoreinfo(mem, a.paddr, a.size) {
+            return Ok(i);
+        }
+    }
+    find_vmcoreinfo(mem)
+        .map(|f| f.info)
+        .map_err(|e| e.to_string())
+}
+
+fn format(p: &CrashPolicy) -> Format {
+    match p.dump_format {
+        DumpFormat::Elf => Format::Elf,
+        DumpFormat::Kdump => Format::Kdump {
+            compress: match p.compress {
+                Compress::None => rebound_dump::Compress::None,
+                Compress::Zlib => rebound_dump::Compress::Zlib,
+                Compress::Zstd => rebound_dump::Compress::Zstd,
+                Compress::Lz4 => rebound_dump::Compress::Lz4,
+            },
+        },
+    }
+}
+
+fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, String> {
+    let layout = Layout::pc(job.memory_mib << 20).map_err(|e| e.to_string())?;
+    let mem = GuestMemory::open_ram_file(&job.ram, layout).map_err(|e| e.to_string())?;
+    let mut notes = Vec::new();
+    let info = match vmcoreinfo(&mem, job.vmcoreinfo) {
+        Ok(i) => Some(i),
+        Err(e) => {
+            notes.push(format!("VMCOREINFO not found ({e}): dumped unfiltered"));
+            None
+        }
+    };
+    let cpu = match &job.cpu_notes {
+        Some(p) => rebound_dump::notes_from_qemu_elf(p).unwrap_or_else(|e| {
+            notes.push(format!("no vCPU registers: {e}"));
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    let ram = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&job.ram)
+        .map_err(|e| format!("cannot open {}: {e}", job.ram.display()))?;
+    let mut punch = Punch {
+        ram,
+        layout,
+        path: &job.ram,
+        tx,
+        durable: 0,
+    };
+    let mut skipped = BTreeMap::new();
+    // Free pages: found from the guest's own buddy lists, and given back before any I/O.
+    let free = match (&info, job.policy.filter.contains(&PageClass::Free)) {
+        (Some(i), true) => match KernelPageTables::from_vmcoreinfo(i)
+            .map_err(|e| e.to_string())
+            .and_then(|pt| free_pages(&mem, i, &pt).map_err(|e| e.to_string()))
+        {
+            Ok(f) => {
+                for r in &f.ranges {
+                    punch.punch(r.clone());
+                }
+                skipped.insert("free".to_string(), f.bytes / 4096);
+                Some(f)
+            }
+            Err(e) => {
+                notes.push(format!("free pages not found ({e}): written"));
+                None
+            }
+        },
+        _ => None,
+    };
+    for c in &job.policy.filter {
+        if !matches!(c, PageClass::Free) {
+            notes.push(format!(
+                "page class {c:?} is not classified yet: its pages were written"
+            ));
+        }
+    }
+    let mut d = Dumper::new(&mem).notes(&cpu);
+    if let Some(i) = &info {
+        d = d.vmcoreinfo(&i.text);
+    }
+    if let Some(f) = &free {
+        d = d.filter(f as &dyn PageFilter);
+    }
+    let opts = DumpOptions {
+        format: format(&job.policy),
+        chunk_bytes: job.policy.chunk_mib << 20,
+        ..DumpOptions::default()
+    };
+    if let Some(dir) = job.out.parent() {
+        rebound_vmm::private::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let r = d
+        .write(&job.out, &opts, &mut punch)
+        .map_err(|e| crate::daemon::error::chain(&e))?;
+    notes.extend(r.warnings.iter().cloned());
+    Ok(DumpDone {
+        bytes: r.file_bytes,
+        pages_written: r.pages_dumped,
+        pages_skipped: skipped,
+        notes,
+    })
+}

@@ -1,0 +1,183 @@
+//! A guest that panics comes back by its crash policy: a recovery VM on the same disk
+//! copy serves on the same host port, the dump is a file `crash` reads, the memory
+//! handed over never exceeds the host budget, and the report says what happened.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{eventually, http_get, Env};
+use serde_json::Value;
+
+fn start(env: &Env, name: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["vm", "start", name, "--workload", "web", "--json"];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&env.ok(&args)).unwrap()
+}
+
+/// Waits until the VM's event log has `kind`.
+fn wait_event(env: &Env, name: &str, kind: &str) {
+    eventually(Duration::from_secs(180), kind, || {
+        env.event_kinds(name)
+            .iter()
+            .any(|k| k == kind)
+            .then_some(())
+    });
+}
+
+/// Waits for the crash to be handled to its end and returns the report.
+fn settled_report(env: &Env, name: &str) -> Value {
+    eventually(Duration::from_secs(180), "the crash to be handled", || {
+        let (code, r) = env
+            .call("GET", &format!("/v1/vms/{name}/crashes/latest"), None)
+            .ok()?;
+        (code == 200 && (r["phase"] == "done" || r["phase"] == "failed")).then_some(r)
+    })
+}
+
+#[test]
+fn recover_brings_the_service_back_on_the_same_port() {
+    let env = Env::new();
+    let st = start(&env, "r1", &["--memory", "192M", "--on-crash", "recover"]);
+    let port = env.host_port("r1", 8080);
+    let first_pid = st["qemu_pid"].as_u64().unwrap();
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
+
+    env.ok(&["vm", "crash", "r1"]);
+    wait_event(&env, "r1", "recovered");
+    let st = env.get_ok("POST", "/v1/vms/r1/wait?for=ready&timeout_ms=120000", None);
+    assert_eq!(st["state"], "running");
+    assert_ne!(st["qemu_pid"].as_u64().unwrap(), first_pid);
+    assert_eq!(env.host_port("r1", 8080), port, "the service moved");
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
+
+    let r = settled_report(&env, "r1");
+    assert_eq!(r["phase"], "done", "{r}");
+    assert_eq!(r["cause"], "panic");
+    assert!(r["downtime_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["dump_path"], Value::Null);
+    let kinds = env.event_kinds("r1");
+    for k in [
+        "panicked",
+        "crash_handling",
+        "recovery_started",
+        "recovered",
+    ] {
+        assert!(kinds.contains(&k.to_string()), "{k} missing: {kinds:?}");
+    }
+    // Both QEMUs used the VM's one disk copy.
+    let disks: Vec<String> = env
+        .events("r1")
+        .iter()
+        .filter(|e| e["kind"] == "started")
+        .map(|e| {
+            let argv = e["detail"]["argv"].as_array().unwrap();
+            argv.iter()
+                .filter_map(|a| a.as_str())
+                .find(|a| a.contains("disk0.qcow2"))
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(disks.len(), 2);
+    assert_eq!(disks[0], disks[1]);
+    // The crashed RAM is gone: nothing kept it.
+    let left: Vec<_> = std::fs::read_dir(env.run.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn dump_and_recover_within_a_memory_budget() {
+    let env = Env::new();
+    // 256 MiB guest with 64 MiB of anonymous memory in use, a budget that does not
+    // hold both VMs whole: the recovery VM must start small and grow as the dump
+    // gives memory back.
+    start(
+        &env,
+        "d1",
+        &[
+            "--memory",
+            "256M",
+            "--on-crash",
+            "dump-and-recover",
+            "--chunk",
+            "32M",
+            "--min-memory",
+            "128M",
+            "--host-memory-budget",
+            "320M",
+            "--filter",
+            "free",
+        ],
+    );
+    let port = env.host_port("d1", 8080);
+    env.ok(&["vm", "crash", "d1"]);
+    wait_event(&env, "d1", "recovered");
+    env.get_ok("POST", "/v1/vms/d1/wait?for=ready&timeout_ms=180000", None);
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
+
+    let r = settled_report(&env, "d1");
+    assert_eq!(r["phase"], "done", "{r}");
+    let dump = r["dump_path"].as_str().unwrap();
+    assert!(std::fs::metadata(dump).unwrap().len() > 0);
+    assert!(!std::path::Path::new(&format!("{dump}.partial")).exists());
+    // The standard tool reads it.
+    let out = Command::new("crash")
+        .args(["--osrelease", dump])
+        .output()
+        .unwrap();
+    let rel = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && rel.trim().contains("amd64"),
+        "crash --osrelease: {rel}"
+    );
+    // Free pages were left out and counted.
+    assert!(r["pages_skipped"]["free"].as_u64().unwrap() > 0, "{r}");
+
+    // Host memory held by both VMs never exceeded the budget.
+    let budget = 320u64 << 20;
+    let timeline = r["timeline"].as_array().unwrap();
+    assert!(timeline.len() >= 3, "{r}");
+    for s in timeline {
+        let held = s["crashed_bytes"].as_u64().unwrap() + s["recovery_bytes"].as_u64().unwrap();
+        assert!(held <= budget + (1 << 20), "over the budget: {s}");
+    }
+    // The recovery VM started below the guest's size and grew to it.
+    let rec: Vec<u64> = timeline
+        .iter()
+        .map(|s| s["recovery_bytes"].as_u64().unwrap())
+        .filter(|b| *b > 0)
+        .collect();
+    assert!(rec[0] < 256 << 20, "{rec:?}");
+    assert_eq!(*rec.last().unwrap(), 256 << 20, "{rec:?}");
+    let kinds = env.event_kinds("d1");
+    for k in [
+        "dump_started",
+        "chunk_reclaimed",
+        "dump_finished",
+        "recovered",
+    ] {
+        assert!(kinds.contains(&k.to_string()), "{k} missing: {kinds:?}");
+    }
+    // The guest sees the plugged memory.
+    let st = env.status("d1");
+    assert_eq!(st["state"], "running");
+
+    // The report, as a user reads it, and its figure.
+    let svg = env.home.path().join("d1.svg");
+    let text = env.ok(&["crash", "report", "d1", "--plot", svg.to_str().unwrap()]);
+    assert!(text.contains("downtime"), "{text}");
+    let fig = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        fig.starts_with("<svg") && fig.contains("recovery VM"),
+        "{}",
+        &fig[..200.min(fig.len())]
+    );
+    let list = env.ok(&["crash", "list"]);
+    assert!(list.contains("dump-and-recover"), "{list}");
+}

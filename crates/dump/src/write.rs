@@ -84,6 +84,13 @@ pub enum Format {
     Kdump { compress: Compress },
 }
 
+impl Format {
+    /// `Format::Kdump { compress }`.
+    pub const fn kdump(compress: Compress) -> Format {
+        Format::Kdump { compress }
+    }
+}
+
 /// How to write a dump.
 #[derive(Debug, Clone)]
 pub struct DumpOptions {
@@ -975,6 +982,9 @@ impl Run<'_> {
             progress.advanced(covered, self.written);
             *done.0.lock().unwrap_or_else(|e| e.into_inner()) = i + 1;
             done.1.notify_all();
+            if batch.len() < opts.batch_fsync && i + 1 < n {
+                start_writeback(self.file);
+            }
             if batch.len() >= opts.batch_fsync || i + 1 == n {
                 if opts.format == Format::Elf
                     && c.file_end
@@ -1014,6 +1024,19 @@ impl Run<'_> {
             }
         }
         Ok(wrote)
+    }
+}
+
+/// Starts writing the file's dirty pages back without waiting, so the flush
+/// at the end of the batch finds most of them on disk already. Best effort:
+/// errors show up at the flush.
+fn start_writeback(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync_file_range only reads its integer arguments; the
+    // descriptor is open for as long as `file` is borrowed, and offset 0 with
+    // length 0 means "to the end of the file", a valid range for any file.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 

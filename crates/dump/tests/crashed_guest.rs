@@ -5,20 +5,18 @@
 //! image (built here as the other crates' tests build it), QEMU, crash and
 //! makedumpfile; fails, saying what to install, without them.
 
-#[path = "../../vmm/tests/common/mod.rs"]
-mod vmm_common;
-
 mod common;
+#[path = "common/crashed.rs"]
+mod crashed;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::{crash_osrelease, run, tool, MIB};
+use crashed::{crashed_guest, Result};
 use rebound_dump::inspect::DumpKind;
-use rebound_dump::{inspect, notes_from_qemu_elf, Compress, DumpOptions, Dumper, Format};
-use rebound_guestmem::{free_pages, read_vmcoreinfo, GuestMemory, KernelPageTables, Layout};
-use vmm_common::{ensure_image, image_home, is_type, Guest, Result};
+use rebound_dump::{inspect, Compress, DumpOptions, Dumper, Format};
+use rebound_guestmem::{free_pages, KernelPageTables};
 
 /// `makedumpfile --dump-dmesg DUMP OUT`: the guest's kernel log.
 fn dmesg(dump: &Path, out: &Path) -> String {
@@ -46,39 +44,17 @@ fn assert_panic_in(log: &str, what: &str) {
 fn dumps_of_a_crashed_guest_are_read_by_makedumpfile_and_crash() -> Result<()> {
     let (crash, makedumpfile) = (tool("crash"), tool("makedumpfile"));
     eprintln!("{} and {}", crash.display(), makedumpfile.display());
-    let img = ensure_image(&image_home());
-    let mut g = Guest::boot_with(&img, "rebound.workload=none", 256, |q| q.cpus = 2)?;
-    let mut agent = g.agent(Instant::now() + Duration::from_secs(60))?;
-    agent.send(r#"{"cmd":"hello"}"#)?;
-    let ready = agent
-        .wait_for(Duration::from_secs(120), "ready", |v| is_type(v, "ready"))
-        .map_err(|e| format!("{e}\n{}", g.serial()))?;
-    let paddr = ready["vmcoreinfo"]["paddr"].as_u64().ok_or("paddr")?;
-    let size = ready["vmcoreinfo"]["size"].as_u64().ok_or("size")?;
-    let release = img.kernel_release.clone();
-
-    let mut q = g.qmp(Instant::now() + Duration::from_secs(10))?;
-    agent.send(r#"{"cmd":"crash"}"#)?;
-    q.wait_event("GUEST_PANICKED", Instant::now() + Duration::from_secs(30))?;
-    let serial = g.serial();
-    assert!(serial.contains("Kernel panic"), "{serial}");
-
-    // Register notes, the way the caller gets them: QEMU's tiny ELF.
     let dir = tempfile::Builder::new().prefix("dump-test").tempdir()?;
-    let regs = dir.path().join("regs.elf");
-    q.execute_args(
-        "dump-guest-memory",
-        serde_json::json!({"paging": false, "protocol": format!("file:{}", regs.display()),
-                           "begin": 0, "length": 4096}),
-        Instant::now() + Duration::from_secs(30),
+    let c = crashed_guest(
+        256,
+        "rebound.workload=none",
+        false,
+        &dir.path().join("regs.elf"),
     )?;
-    let notes = notes_from_qemu_elf(&regs)?;
+    let (mem, info, notes, release) = (&c.mem, &c.info, &c.notes, c.release.clone());
     assert_eq!(notes.iter().filter(|n| n.is_prstatus()).count(), 2);
-
-    let mem = GuestMemory::open_ram_file(&g.ram, Layout::pc(256 * MIB)?)?;
-    let info = read_vmcoreinfo(&mem, paddr, size)?;
     assert_eq!(info.osrelease, release);
-    let free = free_pages(&mem, &info, &KernelPageTables::from_vmcoreinfo(&info)?)?;
+    let free = free_pages(mem, info, &KernelPageTables::from_vmcoreinfo(info)?)?;
     eprintln!("free pages: {} MiB", free.bytes >> 20);
 
     let opts = |format| DumpOptions {
@@ -87,12 +63,7 @@ fn dumps_of_a_crashed_guest_are_read_by_makedumpfile_and_crash() -> Result<()> {
         threads: 2,
         batch_fsync: 2,
     };
-    let zlib = Format::Kdump {
-        compress: Compress::Zlib,
-    };
-    let zstd = Format::Kdump {
-        compress: Compress::Zstd,
-    };
+    let (zlib, zstd) = (Format::kdump(Compress::Zlib), Format::kdump(Compress::Zstd));
     let cases = [
         ("elf", Format::Elf, false),
         ("elf-free", Format::Elf, true),
@@ -101,7 +72,7 @@ fn dumps_of_a_crashed_guest_are_read_by_makedumpfile_and_crash() -> Result<()> {
     ];
     for (name, format, filtered) in cases {
         let out = dir.path().join(name);
-        let mut d = Dumper::new(&mem).vmcoreinfo(&info.text).notes(&notes);
+        let mut d = Dumper::new(mem).vmcoreinfo(&info.text).notes(notes);
         if filtered {
             d = d.filter(&free);
         }

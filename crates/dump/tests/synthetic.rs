@@ -81,15 +81,9 @@ impl Progress for Log {
 fn formats() -> Vec<Format> {
     vec![
         Format::Elf,
-        Format::Kdump {
-            compress: Compress::None,
-        },
-        Format::Kdump {
-            compress: Compress::Zlib,
-        },
-        Format::Kdump {
-            compress: Compress::Zstd,
-        },
+        Format::kdump(Compress::None),
+        Format::kdump(Compress::Zlib),
+        Format::kdump(Compress::Zstd),
     ]
 }
 
@@ -363,9 +357,7 @@ fn lz4_and_bad_options_are_refused() {
     let mem = GuestMemory::open_ram_file(&r.path, r.layout).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x");
-    let lz4 = Format::Kdump {
-        compress: Compress::Lz4,
-    };
+    let lz4 = Format::kdump(Compress::Lz4);
     let e = Dumper::new(&mem)
         .write(&out, &opts(lz4, 4, 1, 1), &mut ())
         .unwrap_err()

@@ -54,6 +54,18 @@ fn err_chain(p: &Path) -> String {
     s
 }
 
+/// A named damage and what the error must say.
+type Case = (&'static str, Box<dyn FnOnce(&mut Vec<u8>)>, &'static str);
+
+/// Each damaged copy of `good` is refused with its message.
+fn check_errors(good: &Path, cases: Vec<Case>) {
+    for (name, edit, want) in cases {
+        let p = damaged(good, name, edit);
+        let e = err_chain(&p);
+        assert!(e.contains(want), "{name}: {want:?} not in {e:?}");
+    }
+}
+
 fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -70,7 +82,7 @@ fn damaged_kdump_headers_are_errors_naming_the_field() {
     assert!(info.complete, "{:?}", info.problems);
     assert_eq!(info.osrelease.as_deref(), Some("6.1.0-malformed"));
     let len = std::fs::metadata(&good).unwrap().len() as usize;
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Vec<u8>)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         ("empty", Box::new(|b| b.clear()), "is not a vmcore"),
         (
             "magic",
@@ -144,11 +156,7 @@ fn damaged_kdump_headers_are_errors_naming_the_field() {
             "malformed notes: note at byte 0 of the notes segment runs past its end",
         ),
     ];
-    for (name, edit, want) in cases {
-        let p = damaged(&good, name, edit);
-        let e = err_chain(&p);
-        assert!(e.contains(want), "{name}: {want:?} not in {e:?}");
-    }
+    check_errors(&good, cases);
     // Cut inside the page data: readable, incomplete, the lost pages named.
     let p = damaged(&good, "data", |b| b.truncate(len - 100 * 1024));
     let i = inspect(&p).unwrap();
@@ -181,7 +189,7 @@ fn damaged_elf_dumps_are_errors_or_say_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let good = dump(dir.path(), Format::Elf);
     assert!(inspect(&good).unwrap().complete);
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Vec<u8>)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "magic",
             Box::new(|b| b[0] = 0),
@@ -224,11 +232,7 @@ fn damaged_elf_dumps_are_errors_or_say_what_is_missing() {
             "PT_LOAD p_filesz/p_memsz",
         ),
     ];
-    for (name, edit, want) in cases {
-        let p = damaged(&good, name, edit);
-        let e = err_chain(&p);
-        assert!(e.contains(want), "{name}: {want:?} not in {e:?}");
-    }
+    check_errors(&good, cases);
     // Cut inside the data: what is left is readable, the rest is named.
     let p = damaged(&good, "data", |b| b.truncate(b.len() - 3 * MIB as usize));
     let i = inspect(&p).unwrap();

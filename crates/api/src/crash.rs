@@ -438,6 +438,9 @@ pub struct CrashReport {
     pub recovery_s: Option<f64>,
     pub dump_path: Option<String>,
     pub dump_bytes: Option<u64>,
+    /// Bytes the dump actually wrote (its holes take none): what the disk carried.
+    #[serde(default)]
+    pub dump_io_bytes: Option<u64>,
     pub pages_written: Option<u64>,
     /// Pages left out, by class.
     #[serde(default)]

@@ -181,3 +181,47 @@ fn dump_and_recover_within_a_memory_budget() {
     let list = env.ok(&["crash", "list"]);
     assert!(list.contains("dump-and-recover"), "{list}");
 }
+
+#[test]
+fn the_service_answers_while_a_rate_limited_dump_still_runs() {
+    let env = Env::new();
+    // The dump is held to 10 MB/s, as on a slow disk: the recovery VM must serve
+    // long before the dump ends.
+    start(
+        &env,
+        "s1",
+        &[
+            "--memory",
+            "256M",
+            "--on-crash",
+            "dump-and-recover",
+            "--chunk",
+            "16M",
+            "--io-policy",
+            "10:50",
+        ],
+    );
+    let port = env.host_port("s1", 8080);
+    env.ok(&["vm", "crash", "s1"]);
+    wait_event(&env, "s1", "recovered");
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
+    let kinds = env.event_kinds("s1");
+    assert!(
+        !kinds.contains(&"dump_finished".to_string()),
+        "the dump ended before the service came back: {kinds:?}"
+    );
+    assert_eq!(env.status("s1")["job"], "dump");
+    let r = settled_report(&env, "s1");
+    assert_eq!(r["phase"], "done", "{r}");
+    // The rate held: the dump took at least its bytes at 10 MB/s (less one chunk,
+    // which goes out before the first wait).
+    let bytes = r["dump_io_bytes"].as_u64().unwrap();
+    assert!(bytes > 32 << 20, "{r}");
+    let floor = bytes.saturating_sub(16 << 20) as f64 / 10e6;
+    assert!(r["dump_s"].as_f64().unwrap() >= floor * 0.95, "{r}");
+    assert!(
+        r["downtime_s"].as_f64().unwrap() < r["dump_s"].as_f64().unwrap(),
+        "{r}"
+    );
+    assert_eq!(r["io_policy"], "10:50");
+}

@@ -46,7 +46,11 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
         .x_desc("seconds since the crash")
         .y_desc("MiB")
         .draw()?;
-    type Series = (&'static str, RGBColor, fn(&rebound_api::MemorySample) -> u64);
+    type Series = (
+        &'static str,
+        RGBColor,
+        fn(&rebound_api::MemorySample) -> u64,
+    );
     let series: [Series; 3] = [
         ("crashed VM's memory", RED, |s| s.crashed_bytes),
         ("recovery VM's memory", BLUE, |s| s.recovery_bytes),

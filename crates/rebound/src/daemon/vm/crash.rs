@@ -15,7 +15,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rebound_api::{CrashPhase, CrashPolicy, CrashReport, EventData, MemorySample, OnCrash};
+use rebound_api::{
+    CrashPhase, CrashPolicy, CrashReport, EventData, IoPolicy, MemorySample, OnCrash,
+};
 use rebound_vmm::events::{mono_ns, wall_now};
 use rebound_vmm::resolve::{Recovery, VIRTIO_MEM_BLOCK_MIB};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -42,6 +44,7 @@ pub enum DumpProgress {
 #[derive(Debug)]
 pub struct DumpDone {
     pub bytes: u64,
+    pub io_bytes: u64,
     pub pages_written: u64,
     pub pages_skipped: std::collections::BTreeMap<String, u64>,
     pub notes: Vec<String>,
@@ -61,6 +64,30 @@ pub struct Handling {
     recovery_mib: u64,
     boot_mib: u64,
     dumped_bytes: u64,
+    /// The dump's rate, which the I/O policy changes as recovery advances.
+    rate: super::dump::Rate,
+    /// The recovery VM's disks are throttled while the dump runs.
+    throttled: bool,
+}
+
+/// While a dump and a recovery VM share the disk: the dump's rate and the recovery
+/// VM's disk rate, in bytes per second (0: unlimited), as the I/O policy says.
+/// `dump-first` holds the recovery VM's disks to 10 MB/s; `recovery-first` holds the
+/// dump to 10 MB/s until the recovery VM is ready; `D:R` fixes both.
+pub fn io_rates(p: IoPolicy, recovery_ready: bool) -> (u64, u64) {
+    const SLOW: u64 = 10_000_000;
+    match p {
+        IoPolicy::Fair => (0, 0),
+        IoPolicy::DumpFirst => (0, SLOW),
+        IoPolicy::RecoveryFirst => (if recovery_ready { 0 } else { SLOW }, 0),
+        IoPolicy::Rates {
+            dump_mbps,
+            recovery_mbps,
+        } => (
+            dump_mbps as u64 * 1_000_000,
+            recovery_mbps as u64 * 1_000_000,
+        ),
+    }
 }
 
 /// The next dump progress message, if a dump runs; never, otherwise.
@@ -114,6 +141,7 @@ impl Owner {
             recovery_s: None,
             dump_path: None,
             dump_bytes: None,
+            dump_io_bytes: None,
             pages_written: None,
             pages_skipped: Default::default(),
             io_policy: policy.io_policy.to_string(),
@@ -138,6 +166,8 @@ impl Owner {
             recovery_mib: 0,
             boot_mib: 0,
             dumped_bytes: 0,
+            rate: Default::default(),
+            throttled: false,
         };
         let cpu_notes = if policy.on_crash.dumps() {
             self.save_cpu_notes(&h.dir).await
@@ -217,7 +247,11 @@ impl Owner {
             id: h.report.id.clone(),
             path: out.display().to_string(),
         });
+        let (dump_rate, _) = io_rates(policy.io_policy, false);
+        h.rate
+            .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
         let job = super::dump::DumpJob {
+            rate: h.rate.clone(),
             ram: h.crashed_ram.clone(),
             memory_mib: self.vm.record().spec.memory_mib,
             out,
@@ -283,6 +317,7 @@ impl Owner {
                 let h = self.crash.as_mut().expect("crash handling");
                 let d = h.dumped_bytes;
                 sample(h, d, Some("recovery started"));
+                self.apply_io_policy().await;
             }
             Err(e) => {
                 let h = self.crash.as_mut().expect("crash handling");
@@ -363,6 +398,7 @@ impl Owner {
         let (bytes, error) = match done {
             Ok(d) => {
                 h.report.dump_bytes = Some(d.bytes);
+                h.report.dump_io_bytes = Some(d.io_bytes);
                 h.report.pages_written = Some(d.pages_written);
                 h.report.pages_skipped = d.pages_skipped;
                 h.report.notes.extend(d.notes);
@@ -403,7 +439,41 @@ impl Owner {
         }
         self.maybe_start_recovery().await;
         self.grow_recovery().await;
+        self.apply_io_policy().await;
         self.settle_crash();
+    }
+
+    /// Sets the dump's rate and the recovery VM's disk throttling for where the crash
+    /// stands: limits only while both run, cleared when the dump ends.
+    async fn apply_io_policy(&mut self) {
+        let Some(h) = self.crash.as_mut() else { return };
+        let dumping = h.progress.is_some();
+        let ready = h.report.downtime_s.is_some();
+        let (dump_rate, rec_rate) = if dumping {
+            io_rates(h.report.policy.io_policy, ready)
+        } else {
+            (0, 0)
+        };
+        h.rate
+            .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
+        let running = h.recovery_spawned_ns.is_some();
+        let want = running && rec_rate > 0;
+        if want == h.throttled || !running {
+            return;
+        }
+        h.throttled = want;
+        let Some(q) = self.qmp.clone() else { return };
+        let disks =
+            self.vm.record().spec.disks.len() + usize::from(self.vm.record().spec.kernel.is_none());
+        for i in 0..disks {
+            let args = serde_json::json!({
+                "id": format!("/machine/peripheral/disk{i}/virtio-backend"),
+                "bps": rec_rate, "bps_rd": 0, "bps_wr": 0,
+                "iops": 0, "iops_rd": 0, "iops_wr": 0});
+            if let Err(e) = q.execute("block_set_io_throttle", Some(args)).await {
+                tracing::warn!(vm = %self.vm.name, "cannot set disk{i}'s I/O limit: {e}");
+            }
+        }
     }
 
     /// The recovery VM passed its readiness condition: the service is back.
@@ -418,6 +488,11 @@ impl Owner {
         let now = mono_ns();
         let downtime = now.saturating_sub(h.report.crashed_mono_ns);
         h.report.downtime_s = Some(downtime as f64 / 1e9);
+        if h.progress.is_some() {
+            let (dump_rate, _) = io_rates(h.report.policy.io_policy, true);
+            h.rate
+                .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
+        }
         h.report.recovery_s = Some(now.saturating_sub(spawned) as f64 / 1e9);
         let id = h.report.id.clone();
         let d = h.dumped_bytes;

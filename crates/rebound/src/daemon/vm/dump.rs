@@ -18,8 +18,13 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::crash::{DumpDone, DumpProgress};
 
+/// The dump's write rate in bytes per second (0: unlimited); the owner changes it as
+/// the I/O policy says (e.g. held back until the recovery VM is ready).
+pub type Rate = std::sync::Arc<std::sync::atomic::AtomicU64>;
+
 /// What the dump task needs.
 pub struct DumpJob {
+    pub rate: Rate,
     pub ram: PathBuf,
     pub memory_mib: u64,
     pub out: PathBuf,
@@ -41,6 +46,9 @@ struct Punch<'a> {
     path: &'a std::path::Path,
     tx: &'a UnboundedSender<DumpProgress>,
     durable: u64,
+    rate: Rate,
+    /// Token bucket: bytes written and when, at the last check.
+    last: (u64, std::time::Instant),
 }
 
 impl Punch<'_> {
@@ -74,6 +82,22 @@ impl Punch<'_> {
 }
 
 impl Progress for Punch<'_> {
+    /// Holds the writer to the rate in force: after each chunk it sleeps until the
+    /// bytes written since the last chunk fit the rate.
+    fn advanced(&mut self, _covered: u64, written: u64) {
+        let rate = self.rate.load(std::sync::atomic::Ordering::Relaxed);
+        let (last_written, last_t) = self.last;
+        if rate > 0 {
+            let due = std::time::Duration::from_secs_f64(
+                written.saturating_sub(last_written) as f64 / rate as f64,
+            );
+            if let Some(wait) = due.checked_sub(last_t.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        self.last = (written, std::time::Instant::now());
+    }
+
     fn durable(&mut self, gpa: Range<u64>) {
         self.durable += gpa.end - gpa.start;
         self.punch(gpa);
@@ -141,6 +165,8 @@ fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, 
         path: &job.ram,
         tx,
         durable: 0,
+        rate: job.rate.clone(),
+        last: (0, std::time::Instant::now()),
     };
     let mut skipped = BTreeMap::new();
     // Free pages: found from the guest's own buddy lists, and given back before any I/O.
@@ -192,6 +218,7 @@ fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, 
     notes.extend(r.warnings.iter().cloned());
     Ok(DumpDone {
         bytes: r.file_bytes,
+        io_bytes: punch.last.0,
         pages_written: r.pages_dumped,
         pages_skipped: skipped,
         notes,

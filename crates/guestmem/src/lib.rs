@@ -15,14 +15,21 @@
 //!   found by scanning; its note and text formats are described there.
 //! - [`pagetable`]: x86-64 kernel virtual → guest physical translation,
 //!   starting from VMCOREINFO's `init_top_pgt` and `phys_base`.
+//! - [`memmap`]: where the guest kernel's `struct page` array is (sparse
+//!   memory sections).
 //! - [`buddy`]: the guest kernel's free pages (buddy blocks), read from its
 //!   `struct page`s, so dumps can leave them out.
+//! - [`classify`]: every page frame sorted as makedumpfile's dump levels
+//!   sort them (zero, cache, private cache, user, free, kernel), and the
+//!   pages a dump at a given level leaves out.
 
 #![allow(clippy::single_range_in_vec_init)] // ranges of offsets, not one-element vectors
 
 pub mod buddy;
+pub mod classify;
 pub mod layout;
 pub mod maps;
+pub mod memmap;
 pub mod memory;
 pub mod pagetable;
 pub mod procmem;
@@ -32,8 +39,13 @@ mod testutil;
 pub mod vmcoreinfo;
 
 pub use buddy::{free_pages, BuddyError, FreePages};
+pub use classify::{
+    classify, ClassCounts, Classification, ClassifyError, DumpLevel, Excluded, ExcludedCounts,
+    PageClass,
+};
 pub use layout::{Layout, LayoutError, PcOptions, RamRange};
 pub use maps::MapTarget;
+pub use memmap::{MemMap, MemMapError};
 pub use memory::{GuestMemory, MemoryError};
 pub use pagetable::{KernelPageTables, PageTableError, Translation};
 pub use procmem::ProcMemSource;

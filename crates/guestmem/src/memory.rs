@@ -221,6 +221,14 @@ impl<S: PageSource> GuestMemory<S> {
         Ok(u32::from_le_bytes(b))
     }
 
+    /// Every RAM range by GPA, sorted: boot RAM and device memory blocks.
+    pub fn ram_ranges(&self) -> Vec<Range<u64>> {
+        let mut out: Vec<Range<u64>> = self.layout.ranges().map(|r| r.gpa_range()).collect();
+        out.extend(self.devices.iter().map(|d| d.gpa..d.gpa + d.source.size()));
+        out.sort_by_key(|r| r.start);
+        out
+    }
+
     /// GPA ranges that may hold non-zero bytes (allocated in the backing),
     /// sorted; every other RAM address reads as zero.
     pub fn data_ranges(&self) -> Result<Vec<Range<u64>>, MemoryError> {

@@ -92,3 +92,48 @@ pub fn ram() -> (tempfile::TempDir, std::path::PathBuf, File) {
     f.set_len(RAM).unwrap();
     (dir, path, f)
 }
+
+/// Where the synthetic kernel maps all of RAM (the direct map).
+pub const DIRECT_MAP: u64 = 0xffff_8880_0000_0000;
+/// Where the synthetic kernel maps its struct page array.
+pub const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
+/// Physical home of the struct page array (RAM / 4 KiB * 64 B = 1 MiB).
+pub const MEM_MAP_PA: u64 = 0x40_0000;
+/// Physical address of the section roots (extreme) and of the section page.
+pub const ROOTS_PA: u64 = 0x20_0000;
+pub const SECTION_PA: u64 = 0x20_1000;
+
+/// A 64 MiB sparse-memory "kernel" in a real sparse RAM file: direct map in
+/// 2 MiB pages, vmemmap in 4 KiB pages, the section roots at [`ROOTS_PA`],
+/// the section page at [`SECTION_PA`] with section 0's mem_map present.
+/// Returns the builder (its file is the RAM) and `SYMBOL(mem_section)`,
+/// `LENGTH(mem_section)` for the chosen model.
+pub fn sparse_kernel(extreme: bool) -> (tempfile::TempDir, std::path::PathBuf, Builder, u64, u64) {
+    let (dir, path, f) = ram();
+    let mut b = Builder::new(f, 4);
+    for pa in (0..RAM).step_by(0x20_0000) {
+        b.map(DIRECT_MAP + pa, pa, 0x20_0000);
+    }
+    for off in (0..RAM / 4096 * 64).step_by(4096) {
+        b.map(VMEMMAP + off, MEM_MAP_PA + off, 0x1000);
+    }
+    let coded = VMEMMAP | 3; // mem_map of pfn 0, present, has mem_map
+    let (symbol, length) = if extreme {
+        b.file
+            .write_all_at(&(DIRECT_MAP + SECTION_PA).to_le_bytes(), ROOTS_PA)
+            .unwrap();
+        (DIRECT_MAP + ROOTS_PA, 2048)
+    } else {
+        (DIRECT_MAP + SECTION_PA, 1 << 19)
+    };
+    b.file
+        .write_all_at(&coded.to_le_bytes(), SECTION_PA)
+        .unwrap();
+    (dir, path, b, symbol, length)
+}
+
+/// Writes `bytes` at byte `offset` of the struct page of `pfn`.
+pub fn write_struct(file: &File, pfn: u64, offset: u64, bytes: &[u8]) {
+    file.write_all_at(bytes, MEM_MAP_PA + pfn * 64 + offset)
+        .unwrap();
+}

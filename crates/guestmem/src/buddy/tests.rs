@@ -2,12 +2,7 @@ use std::os::unix::fs::FileExt;
 
 use super::*;
 use crate::layout::Layout;
-use crate::testutil::{ram, Builder, RAM};
-
-const DIRECT_MAP: u64 = 0xffff_8880_0000_0000;
-const VMEMMAP: u64 = 0xffff_ea00_0000_0000;
-/// Physical home of the struct page array (RAM / 4 KiB * 64 B = 1 MiB).
-const MEM_MAP_PA: u64 = 0x40_0000;
+use crate::testutil::{sparse_kernel, write_struct, DIRECT_MAP, RAM};
 
 fn info(length: u64, mem_section_va: u64) -> VmcoreInfo {
     let text = format!(
@@ -20,29 +15,9 @@ fn info(length: u64, mem_section_va: u64) -> VmcoreInfo {
     VmcoreInfo::parse(text.as_bytes()).unwrap()
 }
 
-/// A 64 MiB "kernel": direct map in 2 MiB pages, vmemmap in 4 KiB pages,
-/// section roots at PA 0x200000, the section page at PA 0x201000.
+/// The synthetic 64 MiB kernel with free blocks.
 fn kernel(extreme: bool) -> (tempfile::TempDir, GuestMemory, KernelPageTables, VmcoreInfo) {
-    let (dir, path, f) = ram();
-    let mut b = Builder::new(f, 4);
-    for pa in (0..RAM).step_by(0x20_0000) {
-        b.map(DIRECT_MAP + pa, pa, 0x20_0000);
-    }
-    for off in (0..RAM / 4096 * 64).step_by(4096) {
-        b.map(VMEMMAP + off, MEM_MAP_PA + off, 0x1000);
-    }
-    let coded = VMEMMAP | 3; // mem_map of pfn 0, present, has mem_map
-    let (length, symbol) = if extreme {
-        b.file
-            .write_all_at(&(DIRECT_MAP + 0x20_1000).to_le_bytes(), 0x20_0000)
-            .unwrap();
-        (2048, DIRECT_MAP + 0x20_0000)
-    } else {
-        (1 << 19, DIRECT_MAP + 0x20_1000)
-    };
-    b.file
-        .write_all_at(&coded.to_le_bytes(), 0x20_1000)
-        .unwrap();
+    let (dir, path, b, symbol, length) = sparse_kernel(extreme);
     // Free blocks: (pfn, order written in page.private).
     // 0x1f00 order 9 (unaligned, as only corruption makes it) runs across the
     // 8192-page read batch and over the "head" at 0x2000, which is inside it.
@@ -53,11 +28,8 @@ fn kernel(extreme: bool) -> (tempfile::TempDir, GuestMemory, KernelPageTables, V
         (0x3000, 10),
         (0x3800, 99),
     ] {
-        let at = MEM_MAP_PA + pfn * 64;
-        b.file
-            .write_all_at(&(-129i32).to_le_bytes(), at + 48)
-            .unwrap();
-        b.file.write_all_at(&order.to_le_bytes(), at + 40).unwrap();
+        write_struct(&b.file, pfn, 48, &(-129i32).to_le_bytes());
+        write_struct(&b.file, pfn, 40, &order.to_le_bytes());
     }
     let pt = b.tables(0);
     let mem = GuestMemory::open_ram_file(&path, Layout::pc(RAM).unwrap()).unwrap();

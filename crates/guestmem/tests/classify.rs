@@ -1,9 +1,10 @@
 //! Page classification against makedumpfile on a real guest: the image's
-//! guest fills 64 MiB of anonymous memory and serves a file from its data
-//! disk (page cache, ext4 buffer heads), is paused, classified from its RAM
-//! file, dumped by QEMU, and makedumpfile -d 31 filters the same memory. Every
-//! per-class count must match makedumpfile's report exactly: the guest is
-//! paused, so both read the same bytes.
+//! guest fills 64 MiB of anonymous memory, serves a file from its data disk
+//! (page cache, ext4 buffer heads), gives 64 MiB to the balloon (offline
+//! pages) and panics; QEMU pauses it. Its RAM file is classified, QEMU
+//! dumps the same memory to an ELF, and makedumpfile -d 31 filters that.
+//! Every per-class count must match makedumpfile's report exactly: the guest
+//! is stopped, so both read the same bytes.
 //!
 //! Needs the image `make image` builds (`$REBOUND_HOME/images/default`),
 //! QEMU and makedumpfile (`scripts/install-deps.sh`); fails, saying so,
@@ -29,6 +30,7 @@ use rebound_vmm::qemu::{
 };
 
 const RAM_MIB: u64 = 384;
+const BALLOON_MIB: u64 = 64;
 
 /// Waits until `path` (a console log) contains `what`; fails showing it.
 fn wait_for_log(qemu: &mut Qemu, path: &Path, what: &str, within: Duration) {
@@ -124,7 +126,7 @@ fn parse_report(text: &str) -> (ExcludedCounts, u64) {
 }
 
 #[test]
-fn counts_per_class_match_makedumpfile_on_a_paused_guest() {
+fn counts_per_class_match_makedumpfile_on_a_panicked_guest() {
     let home = rebound_home();
     let image = rebound_vmm::images::open(&home, "default").unwrap_or_else(|e| {
         panic!(
@@ -154,9 +156,10 @@ fn counts_per_class_match_makedumpfile_on_a_paused_guest() {
         ),
     };
     let backend = MemoryBackend::SharedFile(ram.clone());
-    let mut q = guest_command(Machine::Pc, RAM_MIB, backend, boot, &serial);
+    let mut q = guest_command(Machine::Pc, RAM_MIB, backend, boot, &serial).with_crash_devices();
     q.control.hmp = Some(mon.clone());
-    q.control.agent = Some(d.join("agent.sock"));
+    let agent = d.join("agent.sock");
+    q.control.agent = Some(agent.clone());
     q.disks.push(Disk::file(&disk, DiskFormat::Raw));
     q.nics.push(Nic {
         backend: NetBackend::User {
@@ -180,7 +183,27 @@ fn counts_per_class_match_makedumpfile_on_a_paused_guest() {
         "memfill: 64 MiB filled",
         Duration::from_secs(180),
     );
-    hmp(&mon, "stop");
+    // Ballooned pages are offline pages.
+    hmp(&mon, &format!("balloon {}", RAM_MIB - BALLOON_MIB));
+    let t0 = Instant::now();
+    while !hmp(&mon, "info balloon").contains(&format!("actual={}", RAM_MIB - BALLOON_MIB)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the balloon did not inflate"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The agent panics the kernel; pvpanic makes QEMU pause it.
+    let mut link = std::os::unix::net::UnixStream::connect(&agent).unwrap();
+    link.write_all(b"{\"cmd\":\"crash\"}\n").unwrap();
+    let t0 = Instant::now();
+    while !hmp(&mon, "info status").contains("guest-panicked") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the guest did not panic"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     let mem = GuestMemory::open_ram_file(&ram, Layout::pc(RAM_MIB << 20).unwrap()).unwrap();
     let info = find_vmcoreinfo(&mem).unwrap().info;

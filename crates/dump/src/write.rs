@@ -661,7 +661,24 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
                 });
             }
             drop(tx);
-            let result = run.write_in_order(plan, opts, &rx, &done, progress);
+            // The flusher: fdatasync of one batch while the next is written.
+            let (to_flush, flush_rx) = mpsc::channel::<Vec<Range<u64>>>();
+            let (flushed_tx, flushed) = mpsc::channel();
+            let file = run.file;
+            s.spawn(move || {
+                for batch in flush_rx {
+                    let r = file.sync_data().map(|_| batch);
+                    if flushed_tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            });
+            let flusher = Flusher {
+                to_flush,
+                flushed,
+                outstanding: 0,
+            };
+            let result = run.write_in_order(plan, opts, &rx, &done, flusher, progress);
             if result.is_err() {
                 // Under the lock, so no worker misses the wake-up.
                 let _w = done.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -748,6 +765,14 @@ fn elf_segments(plan: &Plan) -> Vec<Seg> {
         }
     }
     segs
+}
+
+/// The writer's end of the flusher thread.
+struct Flusher {
+    to_flush: mpsc::Sender<Vec<Range<u64>>>,
+    flushed: mpsc::Receiver<std::io::Result<Vec<Range<u64>>>>,
+    /// Batches sent and not yet reported back.
+    outstanding: usize,
 }
 
 /// State of one dump being written.
@@ -940,6 +965,7 @@ impl Run<'_> {
         opts: &DumpOptions,
         rx: &mpsc::Receiver<(usize, WorkResult)>,
         done: &(Mutex<usize>, Condvar),
+        mut flusher: Flusher,
         progress: &mut dyn Progress,
     ) -> Result<(), DumpError> {
         let n = plan.chunks.len();
@@ -982,8 +1008,10 @@ impl Run<'_> {
             progress.advanced(covered, self.written);
             *done.0.lock().unwrap_or_else(|e| e.into_inner()) = i + 1;
             done.1.notify_all();
-            if batch.len() < opts.batch_fsync && i + 1 < n {
-                start_writeback(self.file);
+            start_writeback(self.file);
+            while let Ok(r) = flusher.flushed.try_recv() {
+                flusher.outstanding -= 1;
+                self.flushed(r, progress)?;
             }
             if batch.len() >= opts.batch_fsync || i + 1 == n {
                 if opts.format == Format::Elf
@@ -998,12 +1026,44 @@ impl Run<'_> {
                         .set_len(c.file_end)
                         .map_err(|e| self.stopped(e.into()))?;
                 }
-                self.file.sync_data().map_err(|e| self.stopped(e.into()))?;
-                for r in batch.drain(..) {
-                    self.durable.push(r.clone());
-                    progress.durable(r);
+                // At most one flush runs while the next batch is written.
+                while flusher.outstanding > 0 {
+                    self.wait_flush(&mut flusher, progress)?;
                 }
+                if flusher.to_flush.send(std::mem::take(&mut batch)).is_err() {
+                    return Err(self.stopped("the flusher thread ended early".into()));
+                }
+                flusher.outstanding += 1;
             }
+        }
+        while flusher.outstanding > 0 {
+            self.wait_flush(&mut flusher, progress)?;
+        }
+        Ok(())
+    }
+
+    fn wait_flush(
+        &mut self,
+        flusher: &mut Flusher,
+        progress: &mut dyn Progress,
+    ) -> Result<(), DumpError> {
+        let r = flusher
+            .flushed
+            .recv()
+            .map_err(|_| self.stopped("the flusher thread ended early".into()))?;
+        flusher.outstanding -= 1;
+        self.flushed(r, progress)
+    }
+
+    /// A batch's flush ended: its chunks are durable, or the dump stops.
+    fn flushed(
+        &mut self,
+        r: std::io::Result<Vec<Range<u64>>>,
+        progress: &mut dyn Progress,
+    ) -> Result<(), DumpError> {
+        for g in r.map_err(|e| self.stopped(e.into()))? {
+            self.durable.push(g.clone());
+            progress.durable(g);
         }
         Ok(())
     }

@@ -296,10 +296,14 @@ fn a_dump_that_stops_stays_partial_and_says_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     for (i, format) in formats().into_iter().enumerate() {
         let r = ram(64, 0);
+        // Data in every chunk, so every chunk needs a read.
+        for chunk in 0..16 {
+            write_at(&r.path, chunk * 4 * MIB + 8192, &page_pattern(chunk));
+        }
         let mem = GuestMemory::open_ram_file(&r.path, r.layout).unwrap();
         let out = dir.path().join(format!("p{i}"));
         let mut cut = CutAfter {
-            n: 3,
+            n: 1,
             ram: r.path.clone(),
             durable: Vec::new(),
         };
@@ -312,11 +316,11 @@ fn a_dump_that_stops_stays_partial_and_says_what_is_missing() {
         let DumpError::Stopped { durable, total, .. } = e else {
             panic!("{format:?}: {msg}");
         };
-        // Chunks without data need no read: the dump stops at the first read
-        // after the cut, at the latest when it reaches the note at 20 MiB.
+        // Workers read at most 2 chunks ahead of the writer, and flushes run
+        // one batch behind it: the dump stops within a few chunks of the cut.
         let reported: u64 = cut.durable.iter().map(|g| g.end - g.start).sum();
         assert_eq!(durable, reported, "{msg}");
-        assert!((12 * MIB..=20 * MIB).contains(&durable), "{msg}");
+        assert!((4 * MIB..=32 * MIB).contains(&durable), "{msg}");
         assert_eq!(total, 64 * MIB);
         assert!(
             msg.contains(&format!(

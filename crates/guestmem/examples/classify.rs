@@ -13,18 +13,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use rebound_guestmem::{classify, find_vmcoreinfo, DumpLevel, GuestMemory, Layout};
 
-fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-fn run() -> Result<()> {
+fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if !(1..=3).contains(&args.len()) {
+    let (1..=3) = args.len() else {
         bail!("usage: classify RAM_FILE [MACHINE] [LEVEL]");
-    }
+    };
     let size = std::fs::metadata(&args[0])
         .with_context(|| format!("cannot stat {}", args[0]))?
         .len();

@@ -434,6 +434,25 @@ fn release(osrelease: &str) -> Option<(u32, u32)> {
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
+/// `NUMBER(name)` as a `T`, if VMCOREINFO has it; a value out of `T`'s
+/// range or not `valid` is an error.
+fn number<T: TryFrom<i64>>(
+    info: &VmcoreInfo,
+    name: &str,
+    valid: impl Fn(i64) -> bool,
+) -> Result<Option<T>, ClassifyError> {
+    let Some(value) = info.number(name) else {
+        return Ok(None);
+    };
+    match T::try_from(value) {
+        Ok(v) if valid(value) => Ok(Some(v)),
+        _ => Err(ClassifyError::BadValue {
+            key: format!("NUMBER({name})"),
+            value,
+        }),
+    }
+}
+
 impl Rules {
     fn new(info: &VmcoreInfo) -> Result<Rules, ClassifyError> {
         let map = MemMap::from_vmcoreinfo(info)?;
@@ -450,31 +469,9 @@ impl Rules {
         let mapping = field("mapping", "OFFSET(page.mapping)", 8)?;
         let private = field("private", "OFFSET(page.private)", 8)?;
         let compound_head = field("compound_head", "OFFSET(page.compound_head)", 8)?;
-        let number = |name: &str| -> Result<Option<i64>, ClassifyError> { Ok(info.number(name)) };
-        let bit = |name: &str| -> Result<Option<u32>, ClassifyError> {
-            match number(name)? {
-                None => Ok(None),
-                Some(v) if (0..64).contains(&v) => Ok(Some(v as u32)),
-                Some(value) => Err(ClassifyError::BadValue {
-                    key: format!("NUMBER({name})"),
-                    value,
-                }),
-            }
-        };
-        let required_bit = |name: &'static str, key: &'static str| -> Result<u32, ClassifyError> {
-            bit(name)?.ok_or(ClassifyError::MemMap(MemMapError::Missing(key)))
-        };
-        let mapcount_value = |name: &str| -> Result<Option<i32>, ClassifyError> {
-            match number(name)? {
-                None => Ok(None),
-                Some(v) => i32::try_from(v)
-                    .map(Some)
-                    .map_err(|_| ClassifyError::BadValue {
-                        key: format!("NUMBER({name})"),
-                        value: v,
-                    }),
-            }
-        };
+        let bit = |name| number::<u32>(info, name, |v| v < 64);
+        let mapcount_value = |name| number::<i32>(info, name, |_| true);
+        let required_bit = |name, key| -> Result<u32, ClassifyError> { Ok(need(bit(name)?, key)?) };
         let compound = if let Some(v) = mapcount_value("PAGE_HUGETLB_MAPCOUNT_VALUE")? {
             Compound::FlagsMapcount {
                 hugetlb_mapcount: v,

@@ -12,7 +12,7 @@
 //! |     | [`PageClass::Hwpoison`] | `PG_hwpoison` |
 //! |     | [`PageClass::Offline`] | not slab, `_mapcount == PAGE_OFFLINE_MAPCOUNT_VALUE` (balloon, virtio-mem, ...) |
 //! |     | [`PageClass::Kernel`] | everything else |
-//! | 1   | zero content | any page still dumped whose 4 KiB are all zero |
+//! | 1   | zero content | any page still dumped whose bytes are all zero |
 //!
 //! A cache page has `PG_lru`, or `PG_swapcache` with `PG_swapbacked` (when
 //! the kernel has `PG_swapbacked`). A compound head (`flags & PG_head_mask`)
@@ -22,8 +22,12 @@
 //! `PAGE_HUGETLB_MAPCOUNT_VALUE` (6.9+). An order that is 64 or more or that
 //! the head's pfn is not aligned to counts as 0. When a block reaches over
 //! pages an earlier block already claimed, the earlier claim stands.
-//! This is makedumpfile's `__exclude_unnecessary_pages` (1.7.2, and the
-//! later kernels' rules of its successors), so the counts match its report.
+//! Pages of sections without a `mem_map` have no struct page: kernel.
+//! This is makedumpfile's `__exclude_unnecessary_pages` (1.7.2, plus its
+//! successors' rules for later kernels: the 6.6+ compound fields,
+//! unaccepted pages, slab by `PAGE_SLAB_MAPCOUNT_VALUE` and slab pages never
+//! anonymous, which on a 6.1 kernel change nothing), so the counts match
+//! its report.
 //!
 //! Hwpoison and offline pages are left out at any level that reads struct
 //! pages (any of bits 2–16, or always when the kernel has `PG_hwpoison`), as

@@ -44,7 +44,7 @@ fn parse(text: &str) -> VmcoreInfo {
 }
 
 struct Guest {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     file: File,
     mem: GuestMemory,
     text: String,
@@ -55,7 +55,7 @@ impl Guest {
         let (dir, path, b, symbol, length) = sparse_kernel(extreme);
         let mem = GuestMemory::open_ram_file(&path, Layout::pc(RAM).unwrap()).unwrap();
         Guest {
-            _dir: dir,
+            dir,
             file: b.file,
             mem,
             text: text(symbol, length),
@@ -420,4 +420,33 @@ fn corrupt_sections_fail_or_end() {
         c.excluded(DumpLevel::new(30).unwrap()).counts().remaining,
         PAGES
     );
+}
+
+#[test]
+fn device_memory_is_classified_too() {
+    let mut g = Guest::new(true);
+    zoo(&g);
+    let dev = g.dir.path().join("vmem");
+    File::create(&dev).unwrap().set_len(2 << 20).unwrap();
+    File::options()
+        .write(true)
+        .open(&dev)
+        .unwrap()
+        .write_all_at(b"plugged", 0x1000)
+        .unwrap();
+    let base = g.mem.layout().device_memory_base();
+    g.mem.add_device_memory_file(&dev, base, 2 << 20).unwrap();
+    let c = g.classify().unwrap();
+    let first = base / 4096;
+    // No section describes it: kept, zero where it is zero.
+    assert_eq!(c.class(first + 1), Some(PageClass::Kernel));
+    assert_eq!(c.is_zero(first), Some(true));
+    assert_eq!(c.is_zero(first + 1), Some(false));
+    assert_eq!(c.counts().total(), PAGES + 512);
+    let ranges = c.excluded(DumpLevel::ALL).excluded_ranges();
+    assert!(
+        ranges.contains(&(base + 0x2000..base + (2 << 20))),
+        "{ranges:x?}"
+    );
+    assert!(!c.excluded(DumpLevel::ALL).is_excluded_gpa(base + 0x1000));
 }

@@ -452,3 +452,55 @@ pub struct CrashReport {
     #[serde(default)]
     pub timeline: Vec<MemorySample>,
 }
+
+/// Which program writes an on-demand dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DumpEngine {
+    /// Rebound's writer (`rebound-dump`): parallel, filtered, readable by makedumpfile.
+    #[default]
+    Rebound,
+    /// QEMU's own `dump-guest-memory` (the stock baseline).
+    Qemu,
+}
+
+/// `POST /v1/vms/{name}/dump`: dump a running, paused or crashed VM now. A running
+/// guest is paused for the dump and resumed after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DumpRequest {
+    /// Absolute path of the dump (written beside it and renamed when complete).
+    pub out: String,
+    #[serde(default)]
+    pub format: DumpFormat,
+    #[serde(default)]
+    pub compress: Compress,
+    #[serde(default)]
+    pub filter: Vec<PageClass>,
+    #[serde(default)]
+    pub engine: DumpEngine,
+    /// Permissions of the dump (octal, e.g. 0o640); 0600 when absent.
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+/// What an on-demand dump wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DumpResult {
+    pub path: String,
+    pub engine: DumpEngine,
+    pub format: DumpFormat,
+    /// The file's length.
+    pub bytes: u64,
+    /// Bytes actually written (holes take none).
+    pub io_bytes: u64,
+    /// From the start of the dump to the file being complete and durable.
+    pub seconds: f64,
+    /// How long the guest was paused for it (0 for a guest that was not running).
+    pub paused_s: f64,
+    pub pages_written: u64,
+    #[serde(default)]
+    pub pages_skipped: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}

@@ -14,8 +14,8 @@ pub mod spec;
 pub mod status;
 
 pub use crash::{
-    Compress, CrashPhase, CrashPolicy, CrashReport, DumpFormat, IoPolicy, MemorySample, OnCrash,
-    PageClass,
+    Compress, CrashPhase, CrashPolicy, CrashReport, DumpEngine, DumpFormat, DumpRequest,
+    DumpResult, IoPolicy, MemorySample, OnCrash, PageClass,
 };
 pub use event::{Event, EventData, EVENT_LOG_VERSION};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};

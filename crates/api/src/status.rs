@@ -138,6 +138,16 @@ pub struct VmStatus {
     /// The job the VM's owner is running (`start`, `stop`, `kill`, `crash`, ...), if any.
     #[serde(default)]
     pub job: Option<String>,
+    /// How far that job is, where it can tell.
+    #[serde(default)]
+    pub progress: Option<JobProgress>,
+}
+
+/// How far a job is, in its own units (bytes of guest memory for a dump).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobProgress {
+    pub done: u64,
+    pub total: u64,
 }
 
 impl VmStatus {

@@ -87,6 +87,28 @@ fn every_operation_and_every_metric() {
     assert!(m["paddr"].as_u64().unwrap() > 0);
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
+    // A dump of the running guest, now: paused for it, resumed after, private.
+    let out = env.home.path().join("t1.vmcore");
+    let d = env.get_ok(
+        "POST",
+        "/v1/vms/t1/dump",
+        Some(&json!({"out": out.to_str().unwrap(), "filter": ["free"]})),
+    );
+    assert!(d["paused_s"].as_f64().unwrap() > 0.0, "{d}");
+    assert!(d["pages_written"].as_u64().unwrap() > 0, "{d}");
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&out).unwrap().mode() & 0o777, 0o600);
+    }
+    let osrel = std::process::Command::new("crash")
+        .args(["--osrelease", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&osrel.stdout).contains("amd64"),
+        "{osrel:?}"
+    );
+    assert_eq!(wait(&env, "t1", "ready")["state"], "running");
     let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);
     assert!(!logs.as_str().unwrap().is_empty());
 

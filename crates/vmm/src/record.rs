@@ -99,6 +99,7 @@ impl VmRecord {
             ready_after_ms: self.ready_after_ms,
             forwards: self.forwards.clone(),
             job: job.map(str::to_string),
+            progress: None,
         }
     }
 

@@ -203,6 +203,15 @@ fn parse_compress(s: &str) -> Result<rebound_api::Compress, String> {
     s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
 }
 
+fn parse_engine(s: &str) -> Result<rebound_api::DumpEngine, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("unknown engine {s:?}: expected rebound or qemu"))
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    rebound_vmm::private::parse_mode(s)
+}
+
 fn parse_io_policy(s: &str) -> Result<rebound_api::IoPolicy, String> {
     s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
 }
@@ -306,6 +315,33 @@ pub enum VmCmd {
         /// The bytes, in hex (e.g. deadbeef).
         #[arg(value_parser = parse_hex)]
         hex: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dump the guest's memory now (a running guest is paused for it), with a
+    /// progress bar on a terminal.
+    Dump {
+        /// The VM's name.
+        name: String,
+        /// The dump file (written beside it and renamed when complete).
+        #[arg(long)]
+        out: PathBuf,
+        /// elf or kdump.
+        #[arg(long, default_value = "elf", value_parser = parse_dump_format)]
+        format: rebound_api::DumpFormat,
+        /// Page compression of a kdump dump: none, zstd or zlib.
+        #[arg(long, default_value = "none", value_parser = parse_compress)]
+        compress: rebound_api::Compress,
+        /// Page classes to leave out: a comma list of zero, free, cache, user (or none).
+        #[arg(long, default_value = "none", value_parser = parse_filter)]
+        filter: PageClasses,
+        /// rebound (our writer) or qemu (QEMU's dump-guest-memory, the stock baseline).
+        #[arg(long, default_value = "rebound", value_parser = parse_engine)]
+        engine: rebound_api::DumpEngine,
+        /// The dump's permissions (octal, e.g. 640); 600 when not given.
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<u32>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

@@ -107,6 +107,57 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        VmCmd::Dump {
+            name,
+            out,
+            format,
+            compress,
+            filter,
+            engine,
+            mode,
+            json,
+        } => {
+            let c = connect(paths).await?;
+            let out = if out.is_absolute() {
+                out
+            } else {
+                std::env::current_dir()?.join(out)
+            };
+            let req = rebound_api::DumpRequest {
+                out: out.display().to_string(),
+                format,
+                compress,
+                filter: filter.0,
+                engine,
+                mode,
+            };
+            let path = format!("/v1/vms/{}/dump", enc(&name));
+            let body = serde_json::to_value(&req)?;
+            let call = {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    c.call::<rebound_api::DumpResult>(Method::POST, &path, Some(&body))
+                        .await
+                })
+            };
+            let r = show_progress(&c, &name, call).await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "{} ({} MiB, {} MiB written) in {:.2} s, guest paused {:.2} s",
+                    r.path,
+                    r.bytes >> 20,
+                    r.io_bytes >> 20,
+                    r.seconds,
+                    r.paused_s
+                );
+                for n in &r.notes {
+                    println!("note: {n}");
+                }
+            }
+            Ok(())
+        }
         VmCmd::Vmcoreinfo { name, json } => {
             let c = connect(paths).await?;
             let v: VmcoreinfoReply = c
@@ -124,6 +175,35 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
                 println!("entries   {}", v.entries.len());
             }
             Ok(())
+        }
+    }
+}
+
+/// Draws the job's progress on a terminal until `call` finishes.
+async fn show_progress<T>(
+    c: &Client,
+    name: &str,
+    mut call: tokio::task::JoinHandle<T>,
+) -> anyhow::Result<T> {
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        tokio::select! {
+            r = &mut call => {
+                if tty {
+                    eprint!("\r{:60}\r", "");
+                }
+                return Ok(r?);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)), if tty => {
+                if let Ok(st) = status(c, name).await {
+                    if let Some(p) = st.progress.filter(|p| p.total > 0) {
+                        let f = p.done as f64 / p.total as f64;
+                        let bar = "#".repeat((f * 30.0) as usize);
+                        eprint!("\r{name}: dump [{bar:<30}] {:>3.0}% {} MiB", f * 100.0, p.done >> 20);
+                        let _ = std::io::stderr().flush();
+                    }
+                }
+            }
         }
     }
 }

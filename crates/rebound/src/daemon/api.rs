@@ -54,6 +54,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/events", get(events))
         .route("/v1/vms/{name}/logs", get(logs))
         .route("/v1/vms/{name}/vmcoreinfo", get(vmcoreinfo))
+        .route("/v1/vms/{name}/dump", post(dump))
         .route("/v1/vms/{name}/crashes", get(crashes))
         .route("/v1/vms/{name}/crashes/{id}", get(crash_report))
         .route("/metrics", get(metrics))
@@ -185,7 +186,7 @@ async fn marker(
     guest::check_marker_hex(hex)?;
     match vm.run(Job::Marker(hex.to_string())).await? {
         Done::Marker(m) => Ok(Json(m)),
-        Done::Status(_) => Err(OpError::Internal("marker job answered a status".into()).into()),
+        _ => Err(OpError::Internal("marker job answered something else".into()).into()),
     }
 }
 
@@ -211,6 +212,16 @@ async fn logs(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoRespo
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         String::from_utf8_lossy(&bytes).into_owned(),
     ))
+}
+
+async fn dump(State(d): D, Path(name): Path<String>, body: Bytes) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let req: rebound_api::DumpRequest = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid DumpRequest: {e}")))?;
+    match vm.run(Job::Dump(Box::new(req))).await? {
+        Done::Dump(r) => Ok(Json(*r)),
+        _ => Err(OpError::Internal("dump job answered something else".into()).into()),
+    }
 }
 
 async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

@@ -47,6 +47,8 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("the dump failed: {0}")]
+    DumpFailed(String),
     #[error("crash report")]
     Report(#[from] super::crashes::ReportError),
 }
@@ -70,7 +72,8 @@ impl OpError {
             | OpError::NoQmp
             | OpError::OwnerGone(_)
             | OpError::Io(..)
-            | OpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | OpError::Internal(_)
+            | OpError::DumpFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -201,7 +201,7 @@ impl Owner {
 
     /// QEMU's own per-vCPU register notes: a tiny ELF of the first page, whose notes
     /// are NT_PRSTATUS and QEMU's CPU state.
-    async fn save_cpu_notes(&self, dir: &Path) -> Option<PathBuf> {
+    pub(super) async fn save_cpu_notes(&self, dir: &Path) -> Option<PathBuf> {
         let q = self.qmp.as_ref()?;
         let path = dir.join("cpu-notes.elf");
         let args = serde_json::json!({"paging": false, "protocol": format!("file:{}", path.display()),
@@ -256,8 +256,12 @@ impl Owner {
             memory_mib: self.vm.record().spec.memory_mib,
             out,
             cpu_notes,
-            policy: policy.clone(),
+            format: policy.dump_format,
+            compress: policy.compress,
+            filter: policy.filter.clone(),
+            chunk_mib: policy.chunk_mib,
             vmcoreinfo: self.vm.record().vmcoreinfo,
+            release: true,
         };
         tokio::task::spawn_blocking(move || super::dump::run(job, tx));
     }

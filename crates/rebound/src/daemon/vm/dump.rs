@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 
-use rebound_api::{Compress, CrashPolicy, DumpFormat, PageClass, VmcoreinfoAddr};
+use rebound_api::{Compress, DumpFormat, PageClass, VmcoreinfoAddr};
 use rebound_dump::{DumpOptions, Dumper, Format, PageFilter, Progress};
 use rebound_guestmem::{
     find_vmcoreinfo, free_pages, read_vmcoreinfo, FileSource, GuestMemory, KernelPageTables,
@@ -22,29 +22,35 @@ use super::crash::{DumpDone, DumpProgress};
 /// the I/O policy says (e.g. held back until the recovery VM is ready).
 pub type Rate = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
-/// What the dump task needs.
+/// What a dump needs.
 pub struct DumpJob {
     pub rate: Rate,
     pub ram: PathBuf,
     pub memory_mib: u64,
     pub out: PathBuf,
     pub cpu_notes: Option<PathBuf>,
-    pub policy: CrashPolicy,
+    pub format: DumpFormat,
+    pub compress: Compress,
+    pub filter: Vec<PageClass>,
+    pub chunk_mib: u64,
     pub vmcoreinfo: Option<VmcoreinfoAddr>,
+    /// Punch dumped memory out of the RAM file (a crashed guest's, never a live one's).
+    pub release: bool,
 }
 
-/// Runs the dump to its end and reports it; never panics the daemon.
+/// Runs a crash's dump to its end and reports it; never panics the daemon.
 pub fn run(job: DumpJob, tx: UnboundedSender<DumpProgress>) {
-    let r = write(&job, &tx);
+    let r = write(&job, Some(&tx), &mut |_| {});
     let _ = tx.send(DumpProgress::Done(r));
 }
 
-/// Releases dumped memory and tells the owner.
+/// Holds the dump to its rate, releases dumped memory and tells the owner.
 struct Punch<'a> {
-    ram: std::fs::File,
+    ram: Option<std::fs::File>,
     layout: Layout,
     path: &'a std::path::Path,
-    tx: &'a UnboundedSender<DumpProgress>,
+    tx: Option<&'a UnboundedSender<DumpProgress>>,
+    covered: &'a mut dyn FnMut(u64),
     durable: u64,
     rate: Rate,
     /// Token bucket: bytes written and when, at the last check.
@@ -53,6 +59,7 @@ struct Punch<'a> {
 
 impl Punch<'_> {
     fn punch(&self, gpa: Range<u64>) {
+        let Some(ram) = &self.ram else { return };
         for r in self.layout.ranges() {
             let g = r.gpa_range();
             let (s, e) = (gpa.start.max(g.start), gpa.end.min(g.end));
@@ -64,7 +71,7 @@ impl Punch<'_> {
             // blocks in [off, off + len), which the dump has made durable elsewhere.
             let rc = unsafe {
                 libc::fallocate(
-                    self.ram.as_raw_fd(),
+                    ram.as_raw_fd(),
                     libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                     off as libc::off_t,
                     (e - s) as libc::off_t,
@@ -84,7 +91,8 @@ impl Punch<'_> {
 impl Progress for Punch<'_> {
     /// Holds the writer to the rate in force: after each chunk it sleeps until the
     /// bytes written since the last chunk fit the rate.
-    fn advanced(&mut self, _covered: u64, written: u64) {
+    fn advanced(&mut self, covered: u64, written: u64) {
+        (self.covered)(covered);
         let rate = self.rate.load(std::sync::atomic::Ordering::Relaxed);
         let (last_written, last_t) = self.last;
         if rate > 0 {
@@ -101,7 +109,8 @@ impl Progress for Punch<'_> {
     fn durable(&mut self, gpa: Range<u64>) {
         self.durable += gpa.end - gpa.start;
         self.punch(gpa);
-        let _ = self.tx.send(DumpProgress::Chunk {
+        let Some(tx) = self.tx else { return };
+        let _ = tx.send(DumpProgress::Chunk {
             dumped_bytes: self.durable,
             crashed_bytes: rebound_vmm::process::allocated_bytes(self.path).unwrap_or(0),
         });
@@ -123,11 +132,11 @@ fn vmcoreinfo(
         .map_err(|e| e.to_string())
 }
 
-fn format(p: &CrashPolicy) -> Format {
-    match p.dump_format {
+fn format(job: &DumpJob) -> Format {
+    match job.format {
         DumpFormat::Elf => Format::Elf,
         DumpFormat::Kdump => Format::Kdump {
-            compress: match p.compress {
+            compress: match job.compress {
                 Compress::None => rebound_dump::Compress::None,
                 Compress::Zlib => rebound_dump::Compress::Zlib,
                 Compress::Zstd => rebound_dump::Compress::Zstd,
@@ -137,7 +146,12 @@ fn format(p: &CrashPolicy) -> Format {
     }
 }
 
-fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, String> {
+/// Writes the dump; `covered` hears how much guest memory is done.
+pub fn write(
+    job: &DumpJob,
+    tx: Option<&UnboundedSender<DumpProgress>>,
+    covered: &mut dyn FnMut(u64),
+) -> Result<DumpDone, String> {
     let layout = Layout::pc(job.memory_mib << 20).map_err(|e| e.to_string())?;
     let mem = GuestMemory::open_ram_file(&job.ram, layout).map_err(|e| e.to_string())?;
     let mut notes = Vec::new();
@@ -155,22 +169,28 @@ fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, 
         }),
         None => Vec::new(),
     };
-    let ram = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&job.ram)
-        .map_err(|e| format!("cannot open {}: {e}", job.ram.display()))?;
+    let ram = match job.release {
+        true => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&job.ram)
+                .map_err(|e| format!("cannot open {}: {e}", job.ram.display()))?,
+        ),
+        false => None,
+    };
     let mut punch = Punch {
         ram,
         layout,
         path: &job.ram,
         tx,
+        covered,
         durable: 0,
         rate: job.rate.clone(),
         last: (0, std::time::Instant::now()),
     };
     let mut skipped = BTreeMap::new();
     // Free pages: found from the guest's own buddy lists, and given back before any I/O.
-    let free = match (&info, job.policy.filter.contains(&PageClass::Free)) {
+    let free = match (&info, job.filter.contains(&PageClass::Free)) {
         (Some(i), true) => match KernelPageTables::from_vmcoreinfo(i)
             .map_err(|e| e.to_string())
             .and_then(|pt| free_pages(&mem, i, &pt).map_err(|e| e.to_string()))
@@ -189,7 +209,7 @@ fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, 
         },
         _ => None,
     };
-    for c in &job.policy.filter {
+    for c in &job.filter {
         if !matches!(c, PageClass::Free) {
             notes.push(format!(
                 "page class {c:?} is not classified yet: its pages were written"
@@ -204,8 +224,8 @@ fn write(job: &DumpJob, tx: &UnboundedSender<DumpProgress>) -> Result<DumpDone, 
         d = d.filter(f as &dyn PageFilter);
     }
     let opts = DumpOptions {
-        format: format(&job.policy),
-        chunk_bytes: job.policy.chunk_mib << 20,
+        format: format(job),
+        chunk_bytes: job.chunk_mib << 20,
         ..DumpOptions::default()
     };
     if let Some(dir) = job.out.parent() {

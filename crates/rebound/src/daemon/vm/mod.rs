@@ -7,6 +7,7 @@
 
 mod crash;
 mod dump;
+mod dump_now;
 pub mod machine;
 mod owner;
 
@@ -34,6 +35,8 @@ pub enum Job {
     Crash { hang: bool },
     /// Have the agent write these bytes (hex) into guest RAM.
     Marker(String),
+    /// Dump the VM's memory now.
+    Dump(Box<rebound_api::DumpRequest>),
 }
 
 impl Job {
@@ -43,6 +46,7 @@ impl Job {
             Job::Kill => "kill",
             Job::Crash { .. } => "crash",
             Job::Marker(_) => "marker",
+            Job::Dump(_) => "dump",
         }
     }
 }
@@ -52,6 +56,7 @@ impl Job {
 pub enum Done {
     Status(Box<VmStatus>),
     Marker(MarkerReply),
+    Dump(Box<rebound_api::DumpResult>),
 }
 
 type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
@@ -60,6 +65,7 @@ type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
 struct Shared {
     rec: VmRecord,
     job: Option<&'static str>,
+    progress: Option<(u64, u64)>,
 }
 
 /// One VM as the rest of the daemon sees it.
@@ -85,7 +91,11 @@ impl VmHandle {
             run: paths.run_dir(&name),
             dir,
             name,
-            shared: Mutex::new(Shared { rec, job: None }),
+            shared: Mutex::new(Shared {
+                rec,
+                job: None,
+                progress: None,
+            }),
             changed: watch::channel(0).0,
             jobs,
         });
@@ -99,7 +109,11 @@ impl VmHandle {
 
     pub fn status(&self) -> VmStatus {
         let s = self.shared.lock().expect("vm lock");
-        s.rec.status(s.job)
+        let mut st = s.rec.status(s.job);
+        st.progress = s
+            .progress
+            .map(|(done, total)| rebound_api::status::JobProgress { done, total });
+        st
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -120,7 +134,7 @@ impl VmHandle {
     pub async fn run_for_status(&self, job: Job) -> Result<VmStatus, OpError> {
         match self.run(job).await? {
             Done::Status(s) => Ok(*s),
-            Done::Marker(_) => Ok(self.status()),
+            Done::Marker(_) | Done::Dump(_) => Ok(self.status()),
         }
     }
 
@@ -136,6 +150,12 @@ impl VmHandle {
         }
         self.changed.send_modify(|v| *v += 1);
         r
+    }
+
+    /// How far the job under way is (done, total), for a progress bar.
+    pub(super) fn set_progress(&self, p: Option<(u64, u64)>) {
+        self.shared.lock().expect("vm lock").progress = p;
+        self.changed.send_modify(|v| *v += 1);
     }
 
     pub(super) fn set_job(&self, job: Option<&'static str>) {

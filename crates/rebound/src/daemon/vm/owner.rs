@@ -485,6 +485,7 @@ impl Owner {
             Job::Kill => self.kill().await.map(|s| Done::Status(Box::new(s))),
             Job::Crash { hang } => self.crash(hang).await.map(|s| Done::Status(Box::new(s))),
             Job::Marker(hex) => self.marker(&hex).await.map(Done::Marker),
+            Job::Dump(req) => self.dump_now(*req).await.map(|r| Done::Dump(Box::new(r))),
         }
     }
 

@@ -117,6 +117,7 @@ fn main() -> Result<()> {
         ("rebound elf", Format::Elf, false),
         ("rebound kdump-zlib", zlib, false),
         ("rebound kdump-zstd", zstd, false),
+        ("rebound kdump-lzo", Format::kdump(Compress::Lzo), false),
         ("rebound elf, free pages left out", Format::Elf, true),
         ("rebound kdump-zstd, free left out", zstd, true),
     ];

@@ -71,6 +71,8 @@ pub enum Compress {
     Zlib,
     /// zstd frames (`makedumpfile -z`), read by crash 8.0.2 as Debian builds it.
     Zstd,
+    /// LZO1X-1 blocks (`makedumpfile -l`), read by makedumpfile and crash.
+    Lzo,
     /// Refused: no reader supports LZ4 pages.
     Lz4,
 }
@@ -163,6 +165,14 @@ pub struct Dumper<'a, S: PageSource> {
     notes: &'a [Note],
     filter: Option<&'a dyn PageFilter>,
 }
+
+// Every backing of guest RAM can be dumped: workers read it from several threads.
+const _: fn() = || {
+    fn dumpable<S: PageSource + Sync>() {}
+    dumpable::<rebound_guestmem::FileSource>();
+    dumpable::<rebound_guestmem::ProcMemSource>();
+    dumpable::<Box<dyn PageSource + Sync>>();
+};
 
 /// A chunk of guest RAM: the unit of work and of durability.
 struct Chunk {
@@ -271,6 +281,7 @@ enum Compressor {
     None,
     Zlib(flate2::Compress),
     Zstd(zstd::bulk::Compressor<'static>),
+    Lzo,
 }
 
 impl Compressor {
@@ -282,6 +293,8 @@ impl Compressor {
                 Compressor::Zlib(flate2::Compress::new(flate2::Compression::fast(), true))
             }
             Compress::Zstd => Compressor::Zstd(zstd::bulk::Compressor::new(1)?),
+            // LZO1X-1 with 14-bit dictionary hashing, as liblzo's lzo1x_1_compress.
+            Compress::Lzo => Compressor::Lzo,
         })
     }
 
@@ -305,6 +318,13 @@ impl Compressor {
                 .compress_to_buffer(page, &mut out[start..])
                 .ok()
                 .map(|n| (n, kdump::DUMP_DH_COMPRESSED_ZSTD)),
+            Compressor::Lzo => {
+                let c = lzo1x::compress(page, lzo1x::CompressLevel::new(3));
+                out.get_mut(start..start + c.len()).map(|dst| {
+                    dst.copy_from_slice(&c);
+                    (c.len(), kdump::DUMP_DH_COMPRESSED_LZO)
+                })
+            }
         };
         match got {
             Some((n, flags)) => {
@@ -888,6 +908,7 @@ impl Run<'_> {
         let mut status = match compress {
             Compress::Zlib => kdump::DUMP_DH_COMPRESSED_ZLIB,
             Compress::Zstd => kdump::DUMP_DH_COMPRESSED_ZSTD,
+            Compress::Lzo => kdump::DUMP_DH_COMPRESSED_LZO,
             Compress::None | Compress::Lz4 => 0,
         };
         if first {
@@ -1192,7 +1213,12 @@ mod tests {
                 rng as u8
             })
             .collect();
-        for c in [Compress::Zlib, Compress::Zstd, Compress::None] {
+        for c in [
+            Compress::Zlib,
+            Compress::Zstd,
+            Compress::Lzo,
+            Compress::None,
+        ] {
             let mut out = vec![1, 2, 3];
             let (n, f) = Compressor::new(c).unwrap().page(&noise, &mut out).unwrap();
             assert_eq!((n, f), (4096, 0), "{c:?}");

@@ -69,6 +69,7 @@ fn dumps_of_a_crashed_guest_are_read_by_makedumpfile_and_crash() -> Result<()> {
         ("elf-free", Format::Elf, true),
         ("kdump-zlib", zlib, true),
         ("kdump-zstd", zstd, false),
+        ("kdump-lzo", Format::kdump(Compress::Lzo), false),
     ];
     for (name, format, filtered) in cases {
         let out = dir.path().join(name);
@@ -129,7 +130,9 @@ fn dumps_of_a_crashed_guest_are_read_by_makedumpfile_and_crash() -> Result<()> {
     assert_eq!(crash_osrelease(&d31), release);
     assert_panic_in(&dmesg(&d31, &dir.path().join("d31.dmesg")), "-d 31 of ELF");
 
-    // makedumpfile reads our kdump (zlib) as input too: dmesg and re-filtering.
+    // makedumpfile reads our kdump (zlib, lzo) as input too: dmesg and re-filtering.
+    let kl = dir.path().join("kdump-lzo");
+    assert_panic_in(&dmesg(&kl, &dir.path().join("kl.dmesg")), "kdump-lzo");
     let kz = dir.path().join("kdump-zlib");
     assert_panic_in(&dmesg(&kz, &dir.path().join("kz.dmesg")), "kdump-zlib");
     let kz31 = dir.path().join("kdump-zlib-d31");

@@ -84,6 +84,7 @@ fn formats() -> Vec<Format> {
         Format::kdump(Compress::None),
         Format::kdump(Compress::Zlib),
         Format::kdump(Compress::Zstd),
+        Format::kdump(Compress::Lzo),
     ]
 }
 
@@ -173,6 +174,7 @@ fn elf_and_kdump_dumps_are_read_by_crash_and_hold_every_page() {
                 compression: match compress {
                     Compress::None => "none",
                     Compress::Zlib => "zlib",
+                    Compress::Lzo => "lzo",
                     _ => "zstd",
                 },
             },

@@ -109,6 +109,8 @@ pub fn dump_page(dump: &Path, gpa: u64) -> Option<Vec<u8>> {
     f.read_exact_at(&mut stored, d.offset).unwrap();
     if d.flags & kdump::DUMP_DH_COMPRESSED_ZSTD != 0 {
         page = zstd::bulk::decompress(&stored, 4096).unwrap();
+    } else if d.flags & kdump::DUMP_DH_COMPRESSED_LZO != 0 {
+        lzo1x::decompress(&stored, &mut page).unwrap();
     } else if d.flags & kdump::DUMP_DH_COMPRESSED_ZLIB != 0 {
         let mut z = flate2::Decompress::new(true);
         z.decompress(&stored, &mut page, flate2::FlushDecompress::Finish)

@@ -125,6 +125,34 @@ fn parse_report(text: &str) -> (ExcludedCounts, u64) {
     (counts, field("Original pages"))
 }
 
+/// Runs `makedumpfile -d LEVEL` on `elf`; returns its report's counts,
+/// its "Original pages" and the whole output.
+fn makedumpfile(
+    elf: &Path,
+    vmcoreinfo: &Path,
+    level: u32,
+    dir: &Path,
+) -> (ExcludedCounts, u64, String) {
+    let out = dir.join(format!("vmcore-{level}.kdump"));
+    let run = Command::new("makedumpfile")
+        .args(["-d", &level.to_string(), "--message-level", "31", "-i"])
+        .arg(vmcoreinfo)
+        .args([elf, &out])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("running makedumpfile: {e}; scripts/install-deps.sh installs it (Debian package makedumpfile)")
+        });
+    let report =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "makedumpfile -d {level} failed:\n{report}"
+    );
+    std::fs::remove_file(&out).unwrap();
+    let (counts, original) = parse_report(&report);
+    (counts, original, report)
+}
+
 #[test]
 fn counts_per_class_match_makedumpfile_on_a_panicked_guest() {
     let home = rebound_home();
@@ -236,41 +264,34 @@ fn counts_per_class_match_makedumpfile_on_a_panicked_guest() {
     let loads = fix_elf(&elf);
     let vmcoreinfo = d.join("vmcoreinfo");
     std::fs::write(&vmcoreinfo, &info.text).unwrap();
-    let kdump = d.join("vmcore.kdump");
-    let run = Command::new("makedumpfile")
-        .args(["-d", "31", "--message-level", "31", "-i"])
-        .arg(&vmcoreinfo)
-        .args([&elf, &kdump])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("running makedumpfile: {e}; scripts/install-deps.sh installs it (Debian package makedumpfile)")
-        });
-    let report =
-        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "makedumpfile failed:\n{report}");
-    let (theirs, original) = parse_report(&report);
-    assert_eq!(
-        original,
-        RAM_MIB << 8,
-        "makedumpfile saw all of RAM:\n{report}"
-    );
-    // makedumpfile sees the pages of QEMU's PT_LOADs only.
-    let ours = c.excluded(DumpLevel::ALL).counts_in(&loads);
     eprintln!("PT_LOADs {loads:x?}");
-    eprintln!("{:<14} {:>10} {:>14}", "class", "rebound", "makedumpfile");
-    for (name, a, b) in [
-        ("zero", ours.zero, theirs.zero),
-        ("cache", ours.cache, theirs.cache),
-        ("cache private", ours.cache_private, theirs.cache_private),
-        ("user", ours.user, theirs.user),
-        ("free", ours.free, theirs.free),
-        ("hwpoison", ours.hwpoison, theirs.hwpoison),
-        ("offline", ours.offline, theirs.offline),
-        ("remaining", ours.remaining, theirs.remaining),
-    ] {
-        eprintln!("{name:<14} {a:>10} {b:>14}");
+    // Every bit alone, and mixes; makedumpfile sees the pages of QEMU's PT_LOADs only.
+    for level in [31, 1, 2, 4, 8, 16, 22] {
+        let (theirs, original, report) = makedumpfile(&elf, &vmcoreinfo, level, d);
+        assert_eq!(
+            original,
+            RAM_MIB << 8,
+            "makedumpfile saw all of RAM:\n{report}"
+        );
+        let ours = c.excluded(DumpLevel::new(level).unwrap()).counts_in(&loads);
+        eprintln!(
+            "-d {level}: {:<14} {:>10} {:>14}",
+            "class", "rebound", "makedumpfile"
+        );
+        for (name, a, b) in [
+            ("zero", ours.zero, theirs.zero),
+            ("cache", ours.cache, theirs.cache),
+            ("cache private", ours.cache_private, theirs.cache_private),
+            ("user", ours.user, theirs.user),
+            ("free", ours.free, theirs.free),
+            ("hwpoison", ours.hwpoison, theirs.hwpoison),
+            ("offline", ours.offline, theirs.offline),
+            ("remaining", ours.remaining, theirs.remaining),
+        ] {
+            eprintln!("       {name:<14} {a:>10} {b:>14}");
+        }
+        assert_eq!(ours, theirs, "-d {level}, makedumpfile's report:\n{report}");
     }
-    assert_eq!(ours, theirs, "makedumpfile's report:\n{report}");
 
     // A dump writer skipping our ranges writes what makedumpfile keeps.
     let excluded = c.excluded(DumpLevel::ALL);

@@ -2,8 +2,9 @@
 //! guest fills 64 MiB of anonymous memory, serves a file from its data disk
 //! (page cache, ext4 buffer heads), gives 64 MiB to the balloon (offline
 //! pages) and panics; QEMU pauses it. Its RAM file is classified, QEMU
-//! dumps the same memory to an ELF, and makedumpfile -d 31 filters that.
-//! Every per-class count must match makedumpfile's report exactly: the guest
+//! dumps the same memory to an ELF, and makedumpfile filters that.
+//! Every per-class count must match makedumpfile's report exactly, at seven
+//! levels, and so must every page's fate in its dump's bitmap: the guest
 //! is stopped, so both read the same bytes.
 //!
 //! Needs the image `make image` builds (`$REBOUND_HOME/images/default`),
@@ -125,14 +126,31 @@ fn parse_report(text: &str) -> (ExcludedCounts, u64) {
     (counts, field("Original pages"))
 }
 
+/// The dumpable-page bitmap (the second bitmap) of a kdump-compressed file:
+/// bit `pfn % 8` of byte `pfn / 8`. Zero pages stay set in it (they are
+/// written as one shared zero page), so it shows the struct page exclusions.
+fn kdump_dumpable(path: &Path) -> Vec<u8> {
+    let f = File::open(path).unwrap();
+    let mut h = [0u8; 440];
+    f.read_exact_at(&mut h, 0).unwrap();
+    assert_eq!(&h[..8], b"KDUMP   ", "a kdump-compressed file");
+    let int_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap()) as u64;
+    let (block, sub_hdr, bitmap_blocks) = (int_at(428), int_at(432), int_at(436));
+    let half = bitmap_blocks * block / 2;
+    let mut bitmap = vec![0u8; half as usize];
+    f.read_exact_at(&mut bitmap, (1 + sub_hdr) * block + half)
+        .unwrap();
+    bitmap
+}
+
 /// Runs `makedumpfile -d LEVEL` on `elf`; returns its report's counts,
-/// its "Original pages" and the whole output.
+/// its "Original pages", the whole output and its dumpable-page bitmap.
 fn makedumpfile(
     elf: &Path,
     vmcoreinfo: &Path,
     level: u32,
     dir: &Path,
-) -> (ExcludedCounts, u64, String) {
+) -> (ExcludedCounts, u64, String, Vec<u8>) {
     let out = dir.join(format!("vmcore-{level}.kdump"));
     let run = Command::new("makedumpfile")
         .args(["-d", &level.to_string(), "--message-level", "31", "-i"])
@@ -148,9 +166,10 @@ fn makedumpfile(
         run.status.success(),
         "makedumpfile -d {level} failed:\n{report}"
     );
+    let dumpable = kdump_dumpable(&out);
     std::fs::remove_file(&out).unwrap();
     let (counts, original) = parse_report(&report);
-    (counts, original, report)
+    (counts, original, report, dumpable)
 }
 
 #[test]
@@ -267,7 +286,7 @@ fn counts_per_class_match_makedumpfile_on_a_panicked_guest() {
     eprintln!("PT_LOADs {loads:x?}");
     // Every bit alone, and mixes; makedumpfile sees the pages of QEMU's PT_LOADs only.
     for level in [31, 1, 2, 4, 8, 16, 22] {
-        let (theirs, original, report) = makedumpfile(&elf, &vmcoreinfo, level, d);
+        let (theirs, original, report, dumpable) = makedumpfile(&elf, &vmcoreinfo, level, d);
         assert_eq!(
             original,
             RAM_MIB << 8,
@@ -291,6 +310,25 @@ fn counts_per_class_match_makedumpfile_on_a_panicked_guest() {
             eprintln!("       {name:<14} {a:>10} {b:>14}");
         }
         assert_eq!(ours, theirs, "-d {level}, makedumpfile's report:\n{report}");
+        // The same pages, not just as many: every page's fate by its struct page
+        // (the bitmap, read right, holds what the report says it does).
+        let set: u32 = dumpable[..(RAM_MIB << 5) as usize]
+            .iter()
+            .map(|b| b.count_ones())
+            .sum();
+        assert_eq!(u64::from(set), theirs.remaining + theirs.zero, "-d {level}");
+        let by_struct = c.excluded(DumpLevel::new(level & !1).unwrap());
+        let differ: Vec<u64> = (0..RAM_MIB << 8)
+            .filter(|&p| {
+                (dumpable[p as usize / 8] >> (p % 8)) & 1 == u8::from(by_struct.is_excluded(p))
+            })
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "-d {level}: {} pages differ, first {:x?}",
+            differ.len(),
+            &differ[..differ.len().min(8)]
+        );
     }
 
     // A dump writer skipping our ranges writes what makedumpfile keeps.

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use rebound_api::{Compress, DumpFormat, PageClass, VmcoreinfoAddr};
 use rebound_dump::{DumpOptions, Dumper, Format, PageFilter, Progress};
 use rebound_guestmem::{
-    find_vmcoreinfo, free_pages, read_vmcoreinfo, FileSource, GuestMemory, KernelPageTables,
+    classify, find_vmcoreinfo, read_vmcoreinfo, DumpLevel, Excluded, FileSource, GuestMemory,
     Layout, VmcoreInfo,
 };
 use tokio::sync::mpsc::UnboundedSender;
@@ -117,6 +117,35 @@ impl Progress for Punch<'_> {
     }
 }
 
+/// makedumpfile's dump level for the classes a filter leaves out.
+fn level_bits(filter: &[PageClass]) -> u32 {
+    filter
+        .iter()
+        .map(|c| match c {
+            PageClass::Zero => DumpLevel::ZERO,
+            PageClass::Cache => DumpLevel::CACHE | DumpLevel::CACHE_PRIVATE,
+            PageClass::User => DumpLevel::USER,
+            PageClass::Free => DumpLevel::FREE,
+        } as u32)
+        .fold(0, |a, b| a | b)
+}
+
+/// The classification's exclusions as the dump writer's filter.
+struct Filter<'a> {
+    ex: Excluded<'a>,
+    bits: u32,
+}
+
+impl PageFilter for Filter<'_> {
+    fn keep(&self, gpa: u64) -> bool {
+        !self.ex.is_excluded_gpa(gpa)
+    }
+
+    fn dump_level(&self) -> u32 {
+        self.bits
+    }
+}
+
 /// The guest's VMCOREINFO: at the agent's address, else found by scanning.
 fn vmcoreinfo(
     mem: &GuestMemory<FileSource>,
@@ -189,38 +218,55 @@ pub fn write(
         last: (0, std::time::Instant::now()),
     };
     let mut skipped = BTreeMap::new();
-    // Free pages: found from the guest's own buddy lists, and given back before any I/O.
-    let free = match (&info, job.filter.contains(&PageClass::Free)) {
-        (Some(i), true) => match KernelPageTables::from_vmcoreinfo(i)
-            .map_err(|e| e.to_string())
-            .and_then(|pt| free_pages(&mem, i, &pt).map_err(|e| e.to_string()))
-        {
-            Ok(f) => {
-                for r in &f.ranges {
-                    punch.punch(r.clone());
-                }
-                skipped.insert("free".to_string(), f.bytes / 4096);
-                Some(f)
-            }
+    // The classes the filter leaves out, classified from the guest's own struct pages
+    // (as makedumpfile's dump levels), and given back before any I/O.
+    let bits = level_bits(&job.filter);
+    let classes = match (&info, bits) {
+        (_, 0) => None,
+        (None, _) => {
+            notes.push("no VMCOREINFO, so pages were not classified: dumped unfiltered".into());
+            None
+        }
+        (Some(i), _) => match classify(&mem, i) {
+            Ok(c) => Some(c),
             Err(e) => {
-                notes.push(format!("free pages not found ({e}): written"));
+                notes.push(format!(
+                    "pages not classified ({}): dumped unfiltered",
+                    crate::daemon::error::chain(&e)
+                ));
                 None
             }
         },
-        _ => None,
     };
-    for c in &job.filter {
-        if !matches!(c, PageClass::Free) {
-            notes.push(format!(
-                "page class {c:?} is not classified yet: its pages were written"
-            ));
+    let level = DumpLevel::new(bits).map_err(|e| e.to_string())?;
+    let excluded = classes.as_ref().map(|c| Filter {
+        ex: c.excluded(level),
+        bits,
+    });
+    if let Some(f) = &excluded {
+        for r in f.ex.excluded_ranges() {
+            punch.punch(r);
+        }
+        let n = f.ex.counts();
+        for (k, v) in [
+            ("zero", n.zero),
+            ("cache", n.cache),
+            ("cache_private", n.cache_private),
+            ("user", n.user),
+            ("free", n.free),
+            ("hwpoison", n.hwpoison),
+            ("offline", n.offline),
+        ] {
+            if v > 0 {
+                skipped.insert(k.to_string(), v);
+            }
         }
     }
     let mut d = Dumper::new(&mem).notes(&cpu);
     if let Some(i) = &info {
         d = d.vmcoreinfo(&i.text);
     }
-    if let Some(f) = &free {
+    if let Some(f) = &excluded {
         d = d.filter(f as &dyn PageFilter);
     }
     let opts = DumpOptions {

@@ -549,9 +549,11 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             }
             file.sync_all()?;
             std::fs::rename(&partial, out)?;
-            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-                File::open(dir)?.sync_all()?;
-            }
+            let dir = match out.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            File::open(dir)?.sync_all()?;
             Ok(())
         };
         finish().map_err(|e| run.stopped(e))?;

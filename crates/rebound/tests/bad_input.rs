@@ -83,6 +83,38 @@ fn malformed_sizes_and_flags() {
         ),
         (&["vm", "start", "a", "--bogus"], "--bogus"),
         (&["vm", "marker", "a", "XYZ"], "lowercase hex"),
+        (
+            &[
+                "vm",
+                "start",
+                "a",
+                "--on-crash",
+                "dump-and-recover",
+                "--min-memory",
+                "128M",
+                "--host-memory-budget",
+                "64M",
+            ],
+            "below --min-memory",
+        ),
+        (
+            &["vm", "start", "a", "--on-crash", "sometimes"],
+            "expected none, dump, recover",
+        ),
+        (&["vm", "start", "a", "--compress", "zstd"], "kdump only"),
+        (
+            &[
+                "vm",
+                "start",
+                "a",
+                "--on-crash",
+                "recover",
+                "--filter",
+                "free",
+            ],
+            "--filter needs",
+        ),
+        (&["vm", "start", "a", "--io-policy", "fast"], "--io-policy"),
     ];
     for (args, want) in cases {
         let e = env.fails(args);

@@ -203,6 +203,110 @@ fn dump_and_recover_within_a_memory_budget() {
     );
     let list = env.ok(&["crash", "list"]);
     assert!(list.contains("dump-and-recover"), "{list}");
+
+    // A dump damaged afterwards: the report says so.
+    let f = std::fs::OpenOptions::new().write(true).open(dump).unwrap();
+    f.set_len(std::fs::metadata(dump).unwrap().len() / 2)
+        .unwrap();
+    let text = env.ok(&["crash", "report", "d1"]);
+    assert!(text.contains("is damaged now"), "{text}");
+}
+
+#[test]
+fn two_crashes_at_once_and_a_recovery_vm_that_crashes_too() {
+    let env = Env::new();
+    for n in ["a1", "a2"] {
+        start(&env, n, &["--memory", "128M", "--on-crash", "recover"]);
+    }
+    // Both at once.
+    for n in ["a1", "a2"] {
+        env.get_ok("POST", &format!("/v1/vms/{n}/crash"), None);
+    }
+    for n in ["a1", "a2"] {
+        wait_event(&env, n, "recovered");
+        assert_eq!(http_get(env.host_port(n, 8080), "/").unwrap().0, 200);
+    }
+    // The recovery VM gets the same policy.
+    env.get_ok("POST", "/v1/vms/a1/crash", None);
+    eventually(Duration::from_secs(180), "a second recovery", || {
+        let n = env
+            .event_kinds("a1")
+            .iter()
+            .filter(|k| *k == "recovered")
+            .count();
+        (n == 2).then_some(())
+    });
+    let crashes = env.get_ok("GET", "/v1/vms/a1/crashes", None);
+    assert_eq!(crashes.as_array().unwrap().len(), 2, "{crashes}");
+    assert!(crashes
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["phase"] == "done"));
+    assert_eq!(http_get(env.host_port("a1", 8080), "/").unwrap().0, 200);
+}
+
+#[test]
+fn a_full_dump_disk_loses_nothing_and_the_service_still_comes_back() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts a small tmpfs and must run as root (as `make test` does)"
+    );
+    let env = Env::new();
+    let full = tempfile::tempdir().unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs"])
+        .arg(full.path())
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs");
+    struct Umount(std::path::PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _u = Umount(full.path().to_path_buf());
+    start(
+        &env,
+        "f1",
+        &[
+            "--memory",
+            "192M",
+            "--on-crash",
+            "dump-and-recover",
+            "--chunk",
+            "16M",
+            "--dump-dir",
+            full.path().to_str().unwrap(),
+        ],
+    );
+    let port = env.host_port("f1", 8080);
+    env.ok(&["vm", "crash", "f1"]);
+    let r = settled_report(&env, "f1");
+    assert_eq!(r["phase"], "failed", "{r}");
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("dump failed") && notes.contains("No space left"),
+        "{r}"
+    );
+    // Nothing looks complete, and what was not dumped is still held.
+    let dump = r["dump_path"].as_str().unwrap();
+    assert!(
+        !std::path::Path::new(dump).exists(),
+        "{dump} looks complete"
+    );
+    let kept: Vec<_> = std::fs::read_dir(env.run.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "the crashed memory was dropped");
+    use std::os::unix::fs::MetadataExt;
+    assert!(kept[0].metadata().unwrap().blocks() > 0);
+    // The service came back all the same.
+    wait_event(&env, "f1", "recovered");
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
 }
 
 #[test]

@@ -48,6 +48,7 @@ fn summary(mut v: Vec<u64>) -> Summary {
 pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Ha { args } => ha(&args),
+        BenchCmd::Crash(args) => super::bench_crash::run(paths, args).await,
         BenchCmd::Boot {
             runs,
             memory,

@@ -9,6 +9,7 @@ use crate::client::Client;
 use rebound_vmm::paths::Paths;
 
 mod bench;
+mod bench_crash;
 mod console;
 mod crash;
 mod image;
@@ -400,6 +401,9 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A guest crash handled the stock way (QEMU's dump, reboot) and by each crash
+    /// policy, side by side: downtime, the client's longest gap, dump time and size.
+    Crash(bench_crash::CrashArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {

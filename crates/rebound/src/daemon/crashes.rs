@@ -25,8 +25,27 @@ pub enum ReportError {
     Version(String, u32),
 }
 
-/// Reads and checks one report file.
+/// Reads and checks one report file, and checks its dump as it is now on disk: a dump
+/// truncated or damaged after it was written is said so in the report's notes.
 pub fn load(path: &Path) -> Result<CrashReport, ReportError> {
+    let mut r = load_file(path)?;
+    if let (Some(dump), Some(_)) = (&r.dump_path, r.dump_bytes) {
+        match rebound_dump::inspect(dump) {
+            Ok(i) if i.complete => {}
+            Ok(i) => r.notes.push(format!(
+                "the dump {dump} is damaged now: {}",
+                i.problems.join("; ")
+            )),
+            Err(e) => r.notes.push(format!(
+                "the dump {dump} cannot be read now: {}",
+                crate::daemon::error::chain(&e)
+            )),
+        }
+    }
+    Ok(r)
+}
+
+fn load_file(path: &Path) -> Result<CrashReport, ReportError> {
     let p = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| ReportError::Read(p.clone(), e))?;
     if meta.len() > MAX_REPORT {

@@ -514,12 +514,13 @@ impl Owner {
         let Some(h) = self.crash.as_mut() else { return };
         let dumping = h.progress.is_some();
         let recovering = h.recovery_due && h.report.downtime_s.is_none();
-        if !dumping && !recovering {
-            if h.report.phase != CrashPhase::Failed {
+        // A failure stays the crash's outcome, whatever finishes after it.
+        if h.report.phase != CrashPhase::Failed {
+            if !dumping && !recovering {
                 h.report.phase = CrashPhase::Done;
+            } else if !dumping {
+                h.report.phase = CrashPhase::Recovering;
             }
-        } else if !dumping {
-            h.report.phase = CrashPhase::Recovering;
         }
         let finished = !dumping && !recovering;
         self.save_report();

@@ -352,3 +352,53 @@ fn the_service_answers_while_a_rate_limited_dump_still_runs() {
     );
     assert_eq!(r["io_policy"], "10:50");
 }
+
+#[test]
+fn a_daemon_killed_mid_dump_loses_no_memory() {
+    let env = Env::new();
+    start(
+        &env,
+        "k1",
+        &[
+            "--memory",
+            "256M",
+            "--on-crash",
+            "dump-then-recover",
+            "--chunk",
+            "8M",
+            "--io-policy",
+            "4:100",
+        ],
+    );
+    let daemon = env.daemon_pid();
+    env.ok(&["vm", "crash", "k1"]);
+    wait_event(&env, "k1", "chunk_reclaimed");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // A new daemon says what happened and where the memory is.
+    env.ok(&["vm", "list"]);
+    let r = env.get_ok("GET", "/v1/vms/k1/crashes/latest", None);
+    assert_eq!(r["phase"], "failed", "{r}");
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("the daemon stopped") && notes.contains("kept in"),
+        "{r}"
+    );
+    let ram: Vec<_> = std::fs::read_dir(env.run.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .collect();
+    assert_eq!(ram.len(), 1);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        ram[0].metadata().unwrap().blocks() > 0,
+        "the undumped memory was lost"
+    );
+    let partial = format!("{}.partial", r["dump_path"].as_str().unwrap());
+    assert!(std::path::Path::new(&partial).exists(), "{partial}");
+    assert_eq!(env.status("k1")["state"], "stopped");
+}

@@ -156,7 +156,7 @@ pub struct StartArgs {
     #[arg(long, default_value = "none", value_parser = parse_filter)]
     pub filter: PageClasses,
     /// Dump and hand over memory in chunks of this size.
-    #[arg(long, default_value = "128M", value_parser = parse_memory)]
+    #[arg(long, default_value = "128M", value_parser = parse_chunk)]
     pub chunk: u64,
     /// Memory the recovery VM starts with.
     #[arg(long, default_value = "128M", value_parser = parse_memory)]
@@ -202,6 +202,15 @@ fn parse_dump_format(s: &str) -> Result<rebound_api::DumpFormat, String> {
 
 fn parse_compress(s: &str) -> Result<rebound_api::Compress, String> {
     s.parse().map_err(|e: rebound_api::SpecError| e.to_string())
+}
+
+/// A size in whole MiB, at least 1 MiB (`CrashPolicy::validate` checks the rest).
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    let b = rebound_api::spec::parse_size(s).map_err(|e| e.to_string())?;
+    if b == 0 || b % (1 << 20) != 0 {
+        return Err(format!("chunk {s:?} must be a whole number of MiB, at least 1M"));
+    }
+    Ok(b >> 20)
 }
 
 fn parse_engine(s: &str) -> Result<rebound_api::DumpEngine, String> {

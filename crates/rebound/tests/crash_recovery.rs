@@ -16,6 +16,15 @@ fn start(env: &Env, name: &str, extra: &[&str]) -> Value {
     serde_json::from_str(&env.ok(&args)).unwrap()
 }
 
+/// Crashes the guest and waits until the service is back; returns its host port.
+fn crash_until_recovered(env: &Env, name: &str) -> u16 {
+    let port = env.host_port(name, 8080);
+    env.ok(&["vm", "crash", name]);
+    wait_event(env, name, "recovered");
+    assert_eq!(http_get(port, "/").unwrap().0, 200);
+    port
+}
+
 /// Waits until the VM's event log has `kind`.
 fn wait_event(env: &Env, name: &str, kind: &str) {
     eventually(Duration::from_secs(180), kind, || {
@@ -115,11 +124,8 @@ fn dump_and_recover_within_a_memory_budget() {
             "zero,free,cache,user",
         ],
     );
-    let port = env.host_port("d1", 8080);
-    env.ok(&["vm", "crash", "d1"]);
-    wait_event(&env, "d1", "recovered");
+    crash_until_recovered(&env, "d1");
     env.get_ok("POST", "/v1/vms/d1/wait?for=ready&timeout_ms=180000", None);
-    assert_eq!(http_get(port, "/").unwrap().0, 200);
 
     let r = settled_report(&env, "d1");
     assert_eq!(r["phase"], "done", "{r}");
@@ -328,10 +334,7 @@ fn the_service_answers_while_a_rate_limited_dump_still_runs() {
             "10:50",
         ],
     );
-    let port = env.host_port("s1", 8080);
-    env.ok(&["vm", "crash", "s1"]);
-    wait_event(&env, "s1", "recovered");
-    assert_eq!(http_get(port, "/").unwrap().0, 200);
+    crash_until_recovered(&env, "s1");
     let kinds = env.event_kinds("s1");
     assert!(
         !kinds.contains(&"dump_finished".to_string()),

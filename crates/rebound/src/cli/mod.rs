@@ -208,7 +208,9 @@ fn parse_compress(s: &str) -> Result<rebound_api::Compress, String> {
 fn parse_chunk(s: &str) -> Result<u64, String> {
     let b = rebound_api::spec::parse_size(s).map_err(|e| e.to_string())?;
     if b == 0 || b % (1 << 20) != 0 {
-        return Err(format!("chunk {s:?} must be a whole number of MiB, at least 1M"));
+        return Err(format!(
+            "chunk {s:?} must be a whole number of MiB, at least 1M"
+        ));
     }
     Ok(b >> 20)
 }

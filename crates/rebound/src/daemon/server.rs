@@ -107,7 +107,7 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
     }
 
     let d = Arc::new(Daemon::new(paths, socket.clone()));
-    d.reattach_all();
+    d.reattach_all().await;
     if let Some(addr) = opts.metrics_addr {
         let l = tokio::net::TcpListener::bind(addr)
             .await

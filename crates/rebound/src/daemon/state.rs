@@ -158,10 +158,11 @@ impl Daemon {
     }
 
     /// Loads every VM record; re-attaches to live QEMUs, marks the rest stopped.
-    pub fn reattach_all(self: &Arc<Self>) {
+    pub async fn reattach_all(self: &Arc<Self>) {
         let Ok(entries) = std::fs::read_dir(self.paths.vms_dir()) else {
             return;
         };
+        let mut pending = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
             let rec = match VmRecord::load(&self.paths.vm(&name).record()) {
@@ -176,11 +177,17 @@ impl Daemon {
             let (vm, jobs) = VmHandle::new(&self.paths, rec);
             self.vms.lock().expect("vms lock").insert(name, vm.clone());
             if live {
-                start_owner(self, vm, jobs, Init::Reattach);
+                let (done, settled) = tokio::sync::oneshot::channel();
+                start_owner(self, vm, jobs, Init::Reattach { done });
+                pending.push(settled);
             } else {
                 // A stopped VM's owner only waits for jobs (stop and kill are no-ops).
                 start_owner(self, vm, jobs, Init::Idle);
             }
+        }
+        // Owners re-attach in parallel; the daemon serves once every VM is settled.
+        for settled in pending {
+            let _ = settled.await;
         }
     }
 

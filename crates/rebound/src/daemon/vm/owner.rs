@@ -35,8 +35,9 @@ const MEMFILL_LOG_EVERY: Duration = Duration::from_secs(5);
 pub enum Init {
     /// Spawn QEMU for a checked spec and answer `reply` once QMP is up.
     Start(Box<StartJob>),
-    /// Take back a VM whose QEMU may still run (daemon restart).
-    Reattach,
+    /// Take back a VM whose QEMU may still run (daemon restart); `done` is told once
+    /// the VM is back or marked stopped, so the daemon serves only settled states.
+    Reattach { done: oneshot::Sender<()> },
     /// A stopped VM found on disk: only wait for jobs.
     Idle,
 }
@@ -132,13 +133,14 @@ impl Owner {
                 }
             }
             Init::Idle => {}
-            Init::Reattach => {
+            Init::Reattach { done } => {
                 if let Err(why) = self.reattach().await {
                     self.finish(EventData::Stopped {
                         how: None,
                         reason: Some(why),
                     });
                 }
+                let _ = done.send(());
             }
         }
         let mut probe = tokio::time::interval(Duration::from_millis(250));

@@ -405,3 +405,48 @@ fn a_daemon_killed_mid_dump_loses_no_memory() {
     assert!(std::path::Path::new(&partial).exists(), "{partial}");
     assert_eq!(env.status("k1")["state"], "stopped");
 }
+
+#[test]
+fn without_vmcoreinfo_the_dump_is_whole_and_says_so() {
+    let env = Env::new();
+    let st = start(
+        &env,
+        "v1",
+        &[
+            "--memory",
+            "192M",
+            "--on-crash",
+            "dump-and-recover",
+            "--filter",
+            "zero,free",
+        ],
+    );
+    // Wipe the guest's VMCOREINFO note in its RAM (a damaged kernel): the kernel
+    // does not need it to run, the dump needs it to classify pages.
+    let paddr = st["vmcoreinfo_paddr"]
+        .as_u64()
+        .expect("the agent reported VMCOREINFO");
+    {
+        use std::os::unix::fs::FileExt;
+        let ram = std::fs::OpenOptions::new()
+            .write(true)
+            .open(st["ram_file"].as_str().unwrap())
+            .unwrap();
+        ram.write_all_at(&[0u8; 4096], paddr).unwrap();
+    }
+    crash_until_recovered(&env, "v1");
+    let r = settled_report(&env, "v1");
+    assert_eq!(r["phase"], "done", "{r}");
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("VMCOREINFO not found") && notes.contains("unfiltered"),
+        "{r}"
+    );
+    assert_eq!(r["pages_skipped"], serde_json::json!({}), "{r}");
+    // Whole: every page of the guest's RAM is in the dump.
+    assert_eq!(
+        r["pages_written"].as_u64().unwrap(),
+        (192u64 << 20) / 4096,
+        "{r}"
+    );
+}

@@ -308,14 +308,11 @@ impl Prober {
         self.answers().into_iter().find(|&x| x > t)
     }
 
-    /// The longest time between two answers at or after the last one before `t`.
-    fn longest_gap_from(&self, t: f64) -> f64 {
-        let v = self.answers();
-        let start = v.iter().rposition(|&x| x <= t).unwrap_or(0);
-        v[start..]
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .fold(0.0, f64::max)
+    /// The outage that began at or after `t` (an answer still in flight when the crash
+    /// was asked for does not end it): the longest gap between two answers from the
+    /// last one before `t` on, as (its length, the first answer after it).
+    fn outage_after(&self, t: f64) -> (f64, f64) {
+        outage(&self.answers(), t)
     }
 
     async fn wait_answer_after(&self, t: f64, limit: Duration) -> anyhow::Result<f64> {
@@ -336,6 +333,15 @@ impl Drop for Prober {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }
+}
+
+/// [`Prober::outage_after`] over sorted answer times.
+fn outage(v: &[f64], t: f64) -> (f64, f64) {
+    let start = v.iter().rposition(|&x| x <= t).unwrap_or(0);
+    v[start..]
+        .windows(2)
+        .map(|w| (w[1] - w[0], w[1]))
+        .fold((0.0, t), |a, b| if b.0 > a.0 { b } else { a })
 }
 
 /// One HTTP GET of `/`: true on a 200 answer.
@@ -477,9 +483,8 @@ async fn run_case(
         fresh.crash = CrashPolicy::default();
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&fresh)?)).await?;
         let back = probe
-            .wait_answer_after(t_crash, Duration::from_secs(600))
+            .wait_answer_after(t_reboot, Duration::from_secs(600))
             .await?;
-        o.downtime_s = back - t_crash;
         o.dump_s = d.seconds;
         o.dump_bytes = d.bytes;
         o.dump_io_bytes = d.io_bytes;
@@ -487,14 +492,9 @@ async fn run_case(
         let at_rate = d.bytes as f64 / (args.disk_mbps as f64 * MB);
         let scaled = d.seconds.max(at_rate);
         o.scaled_dump_s = Some(scaled);
-        o.scaled_downtime_s = Some(o.downtime_s - d.seconds + scaled);
         o.reboot_only_s = Some(t_panicked - t_crash + back - t_reboot);
     } else {
         let r = wait_report(c, name, setup, &case.id).await?;
-        let back = probe
-            .wait_answer_after(t_crash, Duration::from_secs(60))
-            .await?;
-        o.downtime_s = back - t_crash;
         o.daemon_downtime_s = r.downtime_s;
         o.dump_s = r.dump_s.unwrap_or(0.0);
         o.dump_bytes = r.dump_bytes.unwrap_or(0);
@@ -510,9 +510,18 @@ async fn run_case(
             anyhow::bail!("{name}: crash handling failed: {}", r.notes.join("; "));
         }
     }
-    // A short look after the service came back: gaps while the dump still ran count.
+    // The service is back (for b-e before the dump ended); a short look after it, so
+    // gaps while the dump still ran count too.
+    probe
+        .wait_answer_after(t_crash, Duration::from_secs(60))
+        .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    o.longest_gap_s = probe.longest_gap_from(t_crash);
+    let (gap, back) = probe.outage_after(t_crash);
+    o.longest_gap_s = gap;
+    o.downtime_s = back - t_crash;
+    if let Some(scaled) = o.scaled_dump_s {
+        o.scaled_downtime_s = Some(o.downtime_s - o.dump_s + scaled);
+    }
     drop(probe);
     remove(c, name).await;
     let _ = std::fs::remove_file(&disk);
@@ -1016,6 +1025,14 @@ mod tests {
         let p = policy(&args("d"), &c[0], Path::new("/x"));
         assert_eq!(p.host_memory_budget_mib, Some(640));
         p.validate(512).unwrap();
+    }
+
+    #[test]
+    fn outage_ignores_answers_in_flight_at_the_crash() {
+        // Crash asked at 0.25; one answer still came at 0.3; back at 3.0.
+        let v = [0.1, 0.2, 0.3, 3.0, 3.1, 3.2];
+        assert_eq!(outage(&v, 0.25), (3.0 - 0.3, 3.0));
+        assert_eq!(outage(&[], 1.0), (0.0, 1.0));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Guest memory, disks, consoles and logs are the daemon user's alone: another local
 //! user (`nobody`) can neither read nor connect to anything Rebound keeps for a
 //! running VM or for a crashed one, and state an older version left readable is
-//! tightened when the daemon starts. Forwarded ports listen on loopback only.
+//! tightened when the daemon starts; the same holds for a crash's dump and report.
+//! Forwarded ports listen on loopback only.
 
 mod common;
 
@@ -196,6 +197,59 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
     assert!(run_dir.join("ram").exists());
     let (open, reached) = leaks(&env);
     assert!(open.is_empty(), "open to others after the crash: {open:#?}");
+    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+
+    // A dump, its crash report and the recovery VM's files, as they are written.
+    let out = env
+        .cmd(&[
+            "vm",
+            "start",
+            "p2",
+            "--workload",
+            "web",
+            "--memory",
+            "128M",
+            "--on-crash",
+            "dump-and-recover",
+            "--io-policy",
+            "5:100",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.get_ok("POST", "/v1/vms/p2/crash", None);
+    common::eventually(
+        std::time::Duration::from_secs(120),
+        "the dump to start",
+        || {
+            env.event_kinds("p2")
+                .contains(&"chunk_reclaimed".to_string())
+                .then_some(())
+        },
+    );
+    let (open, reached) = leaks(&env);
+    assert!(open.is_empty(), "open to others while dumping: {open:#?}");
+    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    common::eventually(
+        std::time::Duration::from_secs(180),
+        "the dump to finish",
+        || {
+            env.event_kinds("p2")
+                .contains(&"dump_finished".to_string())
+                .then_some(())
+        },
+    );
+    let dumps: Vec<PathBuf> = walk(env.home.path())
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "vmcore"))
+        .collect();
+    assert_eq!(dumps.len(), 1, "{dumps:?}");
+    let (open, reached) = leaks(&env);
+    assert!(open.is_empty(), "open to others after the dump: {open:#?}");
     assert!(reached.is_empty(), "nobody reached: {reached:#?}");
 
     // And stopped: the serial log kept with the record is private too.

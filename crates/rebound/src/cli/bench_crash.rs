@@ -71,8 +71,9 @@ pub struct CrashArgs {
     /// Chunk size of the dump and the memory handover.
     #[arg(long, default_value = "64M", value_parser = super::parse_memory)]
     chunk: u64,
-    /// Memory the recovery VM starts with.
-    #[arg(long, default_value = "128M", value_parser = super::parse_memory)]
+    /// Memory the recovery VM starts with (the default image's guest, root in RAM,
+    /// panicked "deadlocked on memory" when booted with 146 MiB).
+    #[arg(long, default_value = "256M", value_parser = super::parse_memory)]
     min_memory: u64,
     /// Where dumps are written (default: /var/tmp/rebound-bench-crash-PID); removed after.
     #[arg(long)]
@@ -537,6 +538,7 @@ async fn wait_report(
 ) -> anyhow::Result<CrashReport> {
     let deadline = Instant::now() + Duration::from_secs(900);
     let mut said_back = false;
+    let mut dumped_at: Option<Instant> = None;
     loop {
         if let Ok(r) = c
             .call::<CrashReport>(Method::GET, &format!("/v1/vms/{name}/crashes/latest"), None)
@@ -544,6 +546,14 @@ async fn wait_report(
         {
             if matches!(r.phase, CrashPhase::Done | CrashPhase::Failed) {
                 return Ok(r);
+            }
+            if r.dump_s.is_some() && r.downtime_s.is_none() {
+                let t = *dumped_at.get_or_insert_with(Instant::now);
+                if t.elapsed() > Duration::from_secs(180) {
+                    anyhow::bail!(
+                        "{name}: the recovery VM was not ready 180 s after the dump finished (see `rebound vm logs {name}`)"
+                    );
+                }
             }
             if let (Some(d), false) = (r.downtime_s, said_back) {
                 setup.say(&format!(
@@ -990,7 +1000,7 @@ mod tests {
             variants: v.into(),
             disk_mbps: 100,
             chunk: 64,
-            min_memory: 128,
+            min_memory: 256,
             dir: None,
             json: false,
             svg: None,
@@ -1023,7 +1033,7 @@ mod tests {
         assert_eq!(c[0].filter, [PageClass::Zero, PageClass::Free]);
         assert!(c[0].throttled && !c[1].throttled);
         let p = policy(&args("d"), &c[0], Path::new("/x"));
-        assert_eq!(p.host_memory_budget_mib, Some(640));
+        assert_eq!(p.host_memory_budget_mib, Some(768));
         p.validate(512).unwrap();
     }
 

@@ -871,14 +871,14 @@ fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[Sizes]) {
         }
     }
     for (case, o) in cases.iter().zip(med) {
-        if !o.pages_skipped.is_empty() || !o.notes.is_empty() {
+        if !o.pages_skipped.is_empty() {
             println!(
-                "{}: {} pages written, skipped {:?}; notes: {}",
-                case.id,
-                o.pages_written,
-                o.pages_skipped,
-                o.notes.join("; ")
+                "{}: {} pages written, skipped {:?}",
+                case.id, o.pages_written, o.pages_skipped
             );
+        }
+        for n in &o.notes {
+            println!("{}: note: {n}", case.id);
         }
     }
     for s in sizes {

@@ -100,6 +100,13 @@ fn leaks(env: &Env) -> (Vec<String>, Vec<String>) {
     (open, reachable_by_nobody(&paths))
 }
 
+/// Fails naming what is open to others, or what `nobody` reached, `when`.
+fn assert_private(env: &Env, when: &str) {
+    let (open, reached) = leaks(env);
+    assert!(open.is_empty(), "open to others {when}: {open:#?}");
+    assert!(reached.is_empty(), "nobody reached {when}: {reached:#?}");
+}
+
 #[test]
 fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
     let env = Env::new();
@@ -155,9 +162,7 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
         );
     }
     assert!(env.home.path().join("vms/p1/disk0.qcow2").exists());
-    let (open, reached) = leaks(&env);
-    assert!(open.is_empty(), "open to others while running: {open:#?}");
-    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    assert_private(&env, "while running");
     // The daemon said once that it tightened the old state.
     let log = std::fs::read_to_string(env.home.path().join("reboundd.log")).unwrap();
     assert_eq!(
@@ -195,9 +200,7 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
         None,
     );
     assert!(run_dir.join("ram").exists());
-    let (open, reached) = leaks(&env);
-    assert!(open.is_empty(), "open to others after the crash: {open:#?}");
-    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    assert_private(&env, "after the crash");
 
     // A dump, its crash report and the recovery VM's files, as they are written.
     let out = env
@@ -231,9 +234,7 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
                 .then_some(())
         },
     );
-    let (open, reached) = leaks(&env);
-    assert!(open.is_empty(), "open to others while dumping: {open:#?}");
-    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    assert_private(&env, "while dumping");
     common::eventually(
         std::time::Duration::from_secs(180),
         "the dump to finish",
@@ -248,14 +249,10 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
         .filter(|p| p.file_name().is_some_and(|n| n == "vmcore"))
         .collect();
     assert_eq!(dumps.len(), 1, "{dumps:?}");
-    let (open, reached) = leaks(&env);
-    assert!(open.is_empty(), "open to others after the dump: {open:#?}");
-    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    assert_private(&env, "after the dump");
 
     // And stopped: the serial log kept with the record is private too.
     env.get_ok("POST", "/v1/vms/p1/stop", None);
     assert!(env.home.path().join("vms/p1/serial.log").exists());
-    let (open, reached) = leaks(&env);
-    assert!(open.is_empty(), "open to others after stop: {open:#?}");
-    assert!(reached.is_empty(), "nobody reached: {reached:#?}");
+    assert_private(&env, "after stop");
 }

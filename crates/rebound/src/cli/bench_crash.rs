@@ -592,16 +592,13 @@ async fn run_sizes(
         ..Sizes::default()
     };
     let dump = |file: &'static str, body: Value| dump_as(c, setup, name, file, body);
-    s.qemu_elf = Some(dump("qemu.elf", json!({"engine": "qemu"})).await?);
-    s.ours_elf = Some(dump("ours.elf", json!({})).await?);
-    s.ours_zero_free = Some(dump("ours-zf.elf", json!({"filter": ["zero", "free"]})).await?);
-    s.ours_all_classes = Some(
-        dump(
-            "ours-d31.elf",
-            json!({"filter": ["zero", "free", "cache", "user"]}),
-        )
-        .await?,
-    );
+    let n = &mut s.notes;
+    s.qemu_elf = keep(dump("qemu.elf", json!({"engine": "qemu"})).await, n);
+    s.ours_elf = keep(dump("ours.elf", json!({})).await, n);
+    let zf = json!({"filter": ["zero", "free"]});
+    s.ours_zero_free = keep(dump("ours-zf.elf", zf).await, n);
+    let all = json!({"filter": ["zero", "free", "cache", "user"]});
+    s.ours_all_classes = keep(dump("ours-d31.elf", all).await, n);
     let ours = setup.dir.join(format!("{name}.ours.elf"));
     let mdf = setup.dir.join(format!("{name}.makedumpfile-d31.elf"));
     setup.say("s: makedumpfile -E -d 31 on our unfiltered ELF");
@@ -621,15 +618,11 @@ async fn run_sizes(
         Ok(st) => s.notes.push(format!("makedumpfile -E -d 31 failed ({st})")),
         Err(e) => s.notes.push(format!("cannot run makedumpfile: {e}")),
     }
-    s.qemu_kdump_zlib = Some(
-        dump(
-            "qemu.kdump",
-            json!({"engine": "qemu", "format": "kdump", "compress": "zlib"}),
-        )
-        .await?,
-    );
-    s.ours_kdump_zlib =
-        Some(dump("ours.kdump", json!({"format": "kdump", "compress": "zlib"})).await?);
+    let n = &mut s.notes;
+    let zlib = json!({"engine": "qemu", "format": "kdump", "compress": "zlib"});
+    s.qemu_kdump_zlib = keep(dump("qemu.kdump", zlib).await, n);
+    let zlib = json!({"format": "kdump", "compress": "zlib"});
+    s.ours_kdump_zlib = keep(dump("ours.kdump", zlib).await, n);
     for f in [
         "qemu.elf",
         "ours.elf",
@@ -656,7 +649,16 @@ async fn dump_as(
 ) -> anyhow::Result<DumpResult> {
     body["out"] = json!(setup.dir.join(format!("{name}.{file}")));
     setup.say(&format!("s: dump {file}"));
-    post(c, &format!("/v1/vms/{name}/dump"), Some(&body)).await
+    post(c, &format!("/v1/vms/{name}/dump"), Some(&body))
+        .await
+        .map_err(|e| anyhow::anyhow!("{file}: {e}"))
+}
+
+/// A dump's result, or `None` with why in `notes`: one failed dump of `s` does not
+/// lose the run.
+fn keep(r: anyhow::Result<DumpResult>, notes: &mut Vec<String>) -> Option<DumpResult> {
+    r.map_err(|e| notes.push(format!("dump {e:#} (not counted)")))
+        .ok()
 }
 
 /// The median outcome of a case over its runs (by client downtime).

@@ -23,7 +23,7 @@
 //!   (`fair` is `c` on the real disk).
 //! - `s` one more crashed guest kept paused, dumped several ways on the same memory:
 //!   QEMU's ELF and ours (throughput, durable), ours filtered against `makedumpfile -d
-//!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours.
+//!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours in zlib and zstd.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -134,6 +134,7 @@ struct Sizes {
     makedumpfile_d31_s: Option<f64>,
     qemu_kdump_zlib: Option<DumpResult>,
     ours_kdump_zlib: Option<DumpResult>,
+    ours_kdump_zstd: Option<DumpResult>,
     notes: Vec<String>,
 }
 
@@ -575,11 +576,11 @@ async fn run_sizes(
     args: &CrashArgs,
     setup: &Setup,
     name: &str,
-) -> anyhow::Result<Sizes> {
+) -> anyhow::Result<(Sizes, VmStatus)> {
     let disk = copy_disk(setup, name)?;
     let spec = setup.spec(args, name, &disk, CrashPolicy::default());
     setup.say(&format!("s: booting {name} and filling {} MiB", args.fill));
-    boot_filled(c, &spec, args.fill).await?;
+    let st = boot_filled(c, &spec, args.fill).await?;
     let _: Value = post(c, &format!("/v1/vms/{name}/crash"), None).await?;
     let _: VmStatus = post(
         c,
@@ -603,14 +604,14 @@ async fn run_sizes(
     let mdf = setup.dir.join(format!("{name}.makedumpfile-d31.elf"));
     setup.say("s: makedumpfile -E -d 31 on our unfiltered ELF");
     let t = Instant::now();
-    let st = std::process::Command::new("makedumpfile")
+    let ran = std::process::Command::new("makedumpfile")
         .args(["-E", "-d", "31"])
         .arg(&ours)
         .arg(&mdf)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
-    match st {
+    match ran {
         Ok(st) if st.success() => {
             s.makedumpfile_d31_s = Some(t.elapsed().as_secs_f64());
             s.makedumpfile_d31_elf_bytes = std::fs::metadata(&mdf).ok().map(|m| m.len());
@@ -623,6 +624,8 @@ async fn run_sizes(
     s.qemu_kdump_zlib = keep(dump("qemu.kdump", zlib).await, n);
     let zlib = json!({"format": "kdump", "compress": "zlib"});
     s.ours_kdump_zlib = keep(dump("ours.kdump", zlib).await, n);
+    let zstd = json!({"format": "kdump", "compress": "zstd"});
+    s.ours_kdump_zstd = keep(dump("ours-zstd.kdump", zstd).await, n);
     for f in [
         "qemu.elf",
         "ours.elf",
@@ -631,12 +634,13 @@ async fn run_sizes(
         "makedumpfile-d31.elf",
         "qemu.kdump",
         "ours.kdump",
+        "ours-zstd.kdump",
     ] {
         let _ = std::fs::remove_file(setup.dir.join(format!("{name}.{f}")));
     }
     remove(c, name).await;
     let _ = std::fs::remove_file(&disk);
-    Ok(s)
+    Ok((s, st))
 }
 
 /// One on-demand dump of the kept guest into the scratch directory.
@@ -666,6 +670,13 @@ fn pick_median(runs: &[Outcome]) -> Outcome {
     let mut v = runs.to_vec();
     v.sort_by(|a, b| a.downtime_s.total_cmp(&b.downtime_s));
     v[v.len() / 2].clone()
+}
+
+fn accel_of(st: &VmStatus) -> (String, String) {
+    (
+        st.accel.as_str().to_string(),
+        st.accel_reason.clone().unwrap_or_default(),
+    )
 }
 
 fn load_average() -> String {
@@ -721,10 +732,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
                     remove(&c, &name).await;
                 }
                 let (o, st) = r?;
-                accel = (
-                    st.accel.as_str().to_string(),
-                    st.accel_reason.clone().unwrap_or_default(),
-                );
+                accel = accel_of(&st);
                 setup.say(&format!(
                     "{}: client saw the service back after {:.2} s (longest gap {:.2} s)",
                     case.id, o.downtime_s, o.longest_gap_s
@@ -737,7 +745,9 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
                 if r.is_err() {
                     remove(&c, &name).await;
                 }
-                sizes.push(r?);
+                let (sz, st) = r?;
+                accel = accel_of(&st);
+                sizes.push(sz);
             }
         }
         Ok(())
@@ -821,19 +831,22 @@ fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[Sizes]) {
     );
     let guest = (meta.memory_mib << 20) as f64;
     let a = cases.iter().position(|c| c.id == "a").map(|i| &med[i]);
-    println!(
-        "{:<22} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>7}",
-        "case",
-        "downtime",
-        "daemon",
-        "gap",
-        "dump_s",
-        "covered/s",
-        "dump MiB",
-        "io MiB",
-        "io MB/s",
-        "vs a"
-    );
+    // With `--variants s` alone there are only the same-memory dumps.
+    if !cases.is_empty() {
+        println!(
+            "{:<22} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>7}",
+            "case",
+            "downtime",
+            "daemon",
+            "gap",
+            "dump_s",
+            "covered/s",
+            "dump MiB",
+            "io MiB",
+            "io MB/s",
+            "vs a"
+        );
+    }
     let opt = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
     for (case, o) in cases.iter().zip(med) {
         let ratio = baseline(case, a)
@@ -908,14 +921,16 @@ fn print_sizes(s: &Sizes) {
     row("ours ELF, filter zero,free,cache,user", &s.ours_all_classes);
     row("QEMU kdump-zlib", &s.qemu_kdump_zlib);
     row("ours kdump zlib", &s.ours_kdump_zlib);
+    row("ours kdump zstd", &s.ours_kdump_zstd);
     let speed = |x: &Option<DumpResult>, y: &Option<DumpResult>| match (x, y) {
         (Some(x), Some(y)) => format!("{:.2}x", x.seconds / y.seconds),
         _ => "-".into(),
     };
     println!(
-        "  throughput ours/QEMU: ELF {}, kdump-zlib {}",
+        "  throughput ours/QEMU: ELF {}, kdump-zlib {}, our kdump-zstd against QEMU's kdump-zlib {}",
         speed(&s.qemu_elf, &s.ours_elf),
-        speed(&s.qemu_kdump_zlib, &s.ours_kdump_zlib)
+        speed(&s.qemu_kdump_zlib, &s.ours_kdump_zlib),
+        speed(&s.qemu_kdump_zlib, &s.ours_kdump_zstd)
     );
     if let (Some(m), Some(t)) = (s.makedumpfile_d31_elf_bytes, s.makedumpfile_d31_s) {
         let ours = s.ours_all_classes.as_ref().map(|d| d.bytes).unwrap_or(0);

@@ -109,6 +109,17 @@ fn every_operation_and_every_metric() {
         "{osrel:?}"
     );
     assert_eq!(wait(&env, "t1", "ready")["state"], "running");
+    // The stock baseline: QEMU's own dump, made durable the same way.
+    let stock = env.home.path().join("t1.qemu.vmcore");
+    let d = env.get_ok(
+        "POST",
+        "/v1/vms/t1/dump",
+        Some(&json!({"out": stock.to_str().unwrap(), "engine": "qemu"})),
+    );
+    assert_eq!(d["engine"], "qemu");
+    assert_eq!(d["bytes"].as_u64().unwrap(), std::fs::metadata(&stock).unwrap().len());
+    assert!(d["bytes"].as_u64().unwrap() >= 128 << 20, "{d}");
+    assert_eq!(wait(&env, "t1", "ready")["state"], "running");
     let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);
     assert!(!logs.as_str().unwrap().is_empty());
 

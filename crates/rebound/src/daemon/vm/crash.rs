@@ -113,12 +113,30 @@ impl Owner {
     pub(super) async fn respond_to_crash(&mut self, cause: &'static str) {
         let rec = self.vm.record();
         let policy = rec.spec.crash.clone();
-        if policy.on_crash == OnCrash::None
-            || self.crash.as_ref().is_some_and(|h| h.progress.is_some())
-        {
-            // Kept paused, as it is; or a dump of an earlier crash still holds memory
-            // (the recovery VM crashed too): keep this one for the operator.
+        if policy.on_crash == OnCrash::None {
+            // Kept paused, as it is.
             return;
+        }
+        if let Some(h) = self.crash.as_mut() {
+            if h.report.downtime_s.is_none() {
+                // The recovery VM died before it was ready: that crash failed to recover.
+                h.report.notes.push(format!(
+                    "the recovery VM crashed too ({cause}) before it was ready"
+                ));
+                h.report.phase = CrashPhase::Failed;
+                h.recovery_due = false;
+            } else {
+                h.report.notes.push(format!(
+                    "the recovered VM crashed again ({cause}) while this dump ran"
+                ));
+            }
+            let dumping = h.progress.is_some();
+            self.save_report();
+            if dumping {
+                // The earlier dump still holds memory: keep this one for the operator.
+                return;
+            }
+            self.crash = None;
         }
         let id = crash_id();
         let dir = self.vm.dir.crash_dir(&id);

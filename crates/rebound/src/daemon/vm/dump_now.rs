@@ -95,12 +95,13 @@ impl Owner {
             (DumpFormat::Elf, _) => "elf",
             (DumpFormat::Kdump, _) => "kdump-zlib",
         };
-        let args = serde_json::json!({"paging": false, "format": format,
+        // Detached, and followed with query-dump: a large dump outlasts any one QMP
+        // command's timeout, and its progress feeds the progress bar.
+        let args = serde_json::json!({"paging": false, "format": format, "detach": true,
             "protocol": format!("file:{}", partial.display())});
-        let r = q.execute("dump-guest-memory", Some(args)).await;
-        if let Err(e) = r {
+        if let Err(e) = self.follow_qemu_dump(q, args).await {
             let _ = std::fs::remove_file(&partial);
-            return Err(e.into());
+            return Err(e);
         }
         // Durable, as ours: the same bar for both.
         let f = std::fs::File::open(&partial)
@@ -122,6 +123,35 @@ impl Owner {
             pages_skipped: Default::default(),
             notes: vec!["written by QEMU's dump-guest-memory".into()],
         })
+    }
+
+    /// Starts QEMU's detached dump and polls `query-dump` until it completes.
+    async fn follow_qemu_dump(
+        &self,
+        q: &rebound_vmm::qmp::Qmp,
+        args: serde_json::Value,
+    ) -> Result<(), OpError> {
+        q.execute("dump-guest-memory", Some(args)).await?;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let v = q.execute("query-dump", None).await?;
+            let done = v["completed"].as_u64().unwrap_or(0);
+            let total = v["total"].as_u64().unwrap_or(0);
+            match v["status"].as_str() {
+                Some("completed") => {
+                    self.vm.set_progress(None);
+                    return Ok(());
+                }
+                Some("active") | Some("none") => self.vm.set_progress(Some((done, total))),
+                _ => {
+                    self.vm.set_progress(None);
+                    return Err(OpError::DumpFailed(format!(
+                        "QEMU's dump-guest-memory ended as {}",
+                        v["status"]
+                    )));
+                }
+            }
+        }
     }
 
     async fn rebound_dump(

@@ -117,7 +117,10 @@ fn every_operation_and_every_metric() {
         Some(&json!({"out": stock.to_str().unwrap(), "engine": "qemu"})),
     );
     assert_eq!(d["engine"], "qemu");
-    assert_eq!(d["bytes"].as_u64().unwrap(), std::fs::metadata(&stock).unwrap().len());
+    assert_eq!(
+        d["bytes"].as_u64().unwrap(),
+        std::fs::metadata(&stock).unwrap().len()
+    );
     assert!(d["bytes"].as_u64().unwrap() >= 128 << 20, "{d}");
     assert_eq!(wait(&env, "t1", "ready")["state"], "running");
     let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);

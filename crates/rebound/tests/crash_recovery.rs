@@ -20,19 +20,9 @@ fn start(env: &Env, name: &str, extra: &[&str]) -> Value {
 fn crash_until_recovered(env: &Env, name: &str) -> u16 {
     let port = env.host_port(name, 8080);
     env.ok(&["vm", "crash", name]);
-    wait_event(env, name, "recovered");
+    env.wait_event(name, "recovered");
     assert_eq!(http_get(port, "/").unwrap().0, 200);
     port
-}
-
-/// Waits until the VM's event log has `kind`.
-fn wait_event(env: &Env, name: &str, kind: &str) {
-    eventually(Duration::from_secs(180), kind, || {
-        env.event_kinds(name)
-            .iter()
-            .any(|k| k == kind)
-            .then_some(())
-    });
 }
 
 /// Waits for the crash to be handled to its end and returns the report.
@@ -54,7 +44,7 @@ fn recover_brings_the_service_back_on_the_same_port() {
     assert_eq!(http_get(port, "/").unwrap().0, 200);
 
     env.ok(&["vm", "crash", "r1"]);
-    wait_event(&env, "r1", "recovered");
+    env.wait_event("r1", "recovered");
     let st = env.get_ok("POST", "/v1/vms/r1/wait?for=ready&timeout_ms=120000", None);
     assert_eq!(st["state"], "running");
     assert_ne!(st["qemu_pid"].as_u64().unwrap(), first_pid);
@@ -229,7 +219,7 @@ fn two_crashes_at_once_and_a_recovery_vm_that_crashes_too() {
         env.get_ok("POST", &format!("/v1/vms/{n}/crash"), None);
     }
     for n in ["a1", "a2"] {
-        wait_event(&env, n, "recovered");
+        env.wait_event(n, "recovered");
         assert_eq!(http_get(env.host_port(n, 8080), "/").unwrap().0, 200);
     }
     // The recovery VM gets the same policy.
@@ -311,7 +301,7 @@ fn a_full_dump_disk_loses_nothing_and_the_service_still_comes_back() {
     use std::os::unix::fs::MetadataExt;
     assert!(kept[0].metadata().unwrap().blocks() > 0);
     // The service came back all the same.
-    wait_event(&env, "f1", "recovered");
+    env.wait_event("f1", "recovered");
     assert_eq!(http_get(port, "/").unwrap().0, 200);
 }
 
@@ -375,7 +365,7 @@ fn a_daemon_killed_mid_dump_loses_no_memory() {
     );
     let daemon = env.daemon_pid();
     env.ok(&["vm", "crash", "k1"]);
-    wait_event(&env, "k1", "chunk_reclaimed");
+    env.wait_event("k1", "chunk_reclaimed");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon as i32),
         nix::sys::signal::Signal::SIGKILL,

@@ -225,25 +225,9 @@ fn another_user_reaches_nothing_of_a_running_or_crashed_vm() {
         String::from_utf8_lossy(&out.stderr)
     );
     env.get_ok("POST", "/v1/vms/p2/crash", None);
-    common::eventually(
-        std::time::Duration::from_secs(120),
-        "the dump to start",
-        || {
-            env.event_kinds("p2")
-                .contains(&"chunk_reclaimed".to_string())
-                .then_some(())
-        },
-    );
+    env.wait_event("p2", "chunk_reclaimed");
     assert_private(&env, "while dumping");
-    common::eventually(
-        std::time::Duration::from_secs(180),
-        "the dump to finish",
-        || {
-            env.event_kinds("p2")
-                .contains(&"dump_finished".to_string())
-                .then_some(())
-        },
-    );
+    env.wait_event("p2", "dump_finished");
     let dumps: Vec<PathBuf> = walk(env.home.path())
         .into_iter()
         .filter(|p| p.file_name().is_some_and(|n| n == "vmcore"))

@@ -177,6 +177,16 @@ impl Env {
             .collect()
     }
 
+    /// Waits (up to 3 minutes) until the VM's event log has `kind`.
+    pub fn wait_event(&self, name: &str, kind: &str) {
+        eventually(Duration::from_secs(180), kind, || {
+            self.event_kinds(name)
+                .iter()
+                .any(|k| k == kind)
+                .then_some(())
+        });
+    }
+
     /// Host port forwarded to a guest port.
     pub fn host_port(&self, name: &str, guest: u16) -> u16 {
         let st = self.status(name);

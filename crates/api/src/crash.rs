@@ -413,8 +413,34 @@ pub struct MemorySample {
     pub recovery_bytes: u64,
     /// Guest memory the dump has covered (written or skipped), durable.
     pub dumped_bytes: u64,
+    /// What the VM's memory group holds (both QEMUs, the crashed RAM included),
+    /// where the budget is enforced by a memory cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charged_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
+}
+
+/// How a crash's host memory budget was held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryLimit {
+    /// `cgroup v1`, `cgroup v2`, or `accounted` (planned by the daemon, not enforced).
+    pub enforced_by: String,
+    /// The guest memory both VMs may hold together (`--host-memory-budget`).
+    pub budget_bytes: u64,
+    /// The memory group's hard limit: the budget plus the recovery QEMU's own
+    /// footprint (its code cache, heap and page tables are not guest memory).
+    #[serde(default)]
+    pub limit_bytes: Option<u64>,
+    /// The group (a path under the cgroup mount).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// The most the group held while the crash was handled.
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
+    /// Why the budget is only accounted.
+    #[serde(default)]
+    pub why_not: Option<String>,
 }
 
 /// What happened in one crash, kept next to its dump and served by
@@ -451,6 +477,8 @@ pub struct CrashReport {
     pub notes: Vec<String>,
     #[serde(default)]
     pub timeline: Vec<MemorySample>,
+    #[serde(default)]
+    pub memory_limit: Option<MemoryLimit>,
 }
 
 /// Which program writes an on-demand dump.

@@ -15,7 +15,7 @@ pub mod status;
 
 pub use crash::{
     Compress, CrashPhase, CrashPolicy, CrashReport, DumpEngine, DumpFormat, DumpRequest,
-    DumpResult, IoPolicy, MemorySample, OnCrash, PageClass,
+    DumpResult, IoPolicy, MemoryLimit, MemorySample, OnCrash, PageClass,
 };
 pub use event::{Event, EventData, EVENT_LOG_VERSION};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};

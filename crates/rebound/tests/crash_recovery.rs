@@ -115,9 +115,43 @@ fn dump_and_recover_within_a_memory_budget() {
         ],
     );
     crash_until_recovered(&env, "d1");
+    // The recovery QEMU runs in the VM's memory group, which the kernel holds to the
+    // budget (plus that QEMU's own footprint) while the crash is handled.
+    let pid = env.status("d1")["qemu_pid"].as_u64().unwrap();
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let line = cg
+        .lines()
+        .find(|l| l.contains("memory") || l.starts_with("0::"))
+        .unwrap();
+    assert!(
+        line.contains("/rebound/state-") && line.contains("/d1/qemu-"),
+        "{cg}"
+    );
     env.get_ok("POST", "/v1/vms/d1/wait?for=ready&timeout_ms=180000", None);
 
     let r = settled_report(&env, "d1");
+    let m = &r["memory_limit"];
+    assert!(
+        m["enforced_by"].as_str().unwrap().starts_with("cgroup"),
+        "the budget was not enforced: {m}"
+    );
+    assert_eq!(m["budget_bytes"].as_u64().unwrap(), 320 << 20);
+    let limit = m["limit_bytes"].as_u64().unwrap();
+    let peak = m["peak_bytes"].as_u64().unwrap();
+    assert!(peak > 128 << 20 && peak <= limit, "{m}");
+    for s in r["timeline"].as_array().unwrap() {
+        assert!(s["charged_bytes"].as_u64().unwrap() <= limit, "{s}");
+    }
+    // Lifted once the crash is handled.
+    let group = std::path::Path::new(m["group"].as_str().unwrap());
+    let now = ["memory.limit_in_bytes", "memory.max"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(group.join(f)).ok())
+        .unwrap();
+    assert!(
+        now.trim() == "max" || now.trim().parse::<u64>().unwrap() > 1 << 50,
+        "still limited: {now}"
+    );
     assert_eq!(r["phase"], "done", "{r}");
     let dump = r["dump_path"].as_str().unwrap();
     assert!(std::fs::metadata(dump).unwrap().len() > 0);

@@ -10,12 +10,14 @@
 //! - [`accel`], [`disks`], [`images`], [`resolve`]: a spec resolved on this host into a
 //!   [`qemu::QemuCommand`] (accelerator, the VM's own disk copy, image files, ports);
 //! - [`process`]: spawning QEMU in its own session and watching the process;
+//! - [`cgroup`]: memory groups (v1 and v2) that hold a VM's QEMUs to a budget;
 //! - [`qmp`], [`agent`], [`readiness`]: talking to QEMU and to the guest;
 //! - [`record`], [`events`]: the VM's persistent record and its event log;
 //! - [`ratelimit`]: warnings about input a guest controls, rate-limited.
 
 pub mod accel;
 pub mod agent;
+pub mod cgroup;
 pub mod disks;
 pub mod events;
 pub mod images;

@@ -2,6 +2,7 @@
 //! outlives the daemon), checking that a recorded pid is still our QEMU, and
 //! reading its memory use.
 
+use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -22,6 +23,8 @@ pub enum ProcessError {
     Log(PathBuf, #[source] std::io::Error),
     #[error("cannot find a free host port")]
     Port(#[source] std::io::Error),
+    #[error("cannot put QEMU in its memory group")]
+    Cgroup(#[source] crate::cgroup::CgroupError),
 }
 
 /// Finds the QEMU binary: `$REBOUND_QEMU`, else `qemu-system-x86_64` on `PATH`.
@@ -89,16 +92,41 @@ pub fn qemu_command(qemu: &Path, args: &[String], log: &Path) -> Result<Command,
 }
 
 /// Starts QEMU (see [`qemu_command`]) as a tokio child that is not killed on drop:
-/// the guest outlives the daemon. The caller owns the child (and should reap it).
+/// the guest outlives the daemon. With `group`, QEMU joins that memory group before
+/// it runs, so everything it ever touches is charged there. The caller owns the
+/// child (and should reap it).
 pub fn spawn_qemu(
     qemu: &Path,
     args: &[String],
     log: &Path,
+    group: Option<&crate::cgroup::Group>,
 ) -> Result<tokio::process::Child, ProcessError> {
-    let mut cmd = tokio::process::Command::from(qemu_command(qemu, args, log)?);
+    let mut cmd = qemu_command(qemu, args, log)?;
+    let procs = group
+        .map(|g| g.procs_file())
+        .transpose()
+        .map_err(ProcessError::Cgroup)?;
+    if let Some(f) = &procs {
+        let fd = f.as_raw_fd();
+        // SAFETY: runs in the forked child before exec; write(2) is async-signal-safe,
+        // `fd` stays open in the parent until `spawn` returns (it is closed on exec),
+        // and the buffer is a static string. "0" means the writing process.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(false);
-    cmd.spawn()
-        .map_err(|e| ProcessError::Spawn(qemu.to_path_buf(), e))
+    let child = cmd
+        .spawn()
+        .map_err(|e| ProcessError::Spawn(qemu.to_path_buf(), e));
+    drop(procs);
+    child
 }
 
 /// Whether `pid` is alive and is the QEMU that uses `run_dir` (guards against pid reuse).

@@ -117,6 +117,26 @@ fn text(r: &CrashReport, plot: Option<&Path>) -> String {
     if let Some(w) = r.pages_written {
         row("pages written", w.to_string());
     }
+    if let Some(m) = &r.memory_limit {
+        let mib = |b: u64| format!("{} MiB", b >> 20);
+        row(
+            "memory budget",
+            match (m.limit_bytes, &m.group) {
+                (Some(l), Some(g)) => format!(
+                    "{}, held by {} (limit {} with the recovery QEMU's own memory, peak {}; group {g})",
+                    mib(m.budget_bytes),
+                    m.enforced_by,
+                    mib(l),
+                    m.peak_bytes.map_or_else(|| "-".into(), mib),
+                ),
+                _ => format!(
+                    "{}, accounted only ({})",
+                    mib(m.budget_bytes),
+                    m.why_not.as_deref().unwrap_or("no memory group")
+                ),
+            },
+        );
+    }
     for (k, v) in &r.pages_skipped {
         row(&format!("skipped {k}"), v.to_string());
     }

@@ -17,7 +17,14 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
     let y_max = r
         .timeline
         .iter()
-        .flat_map(|s| [s.crashed_bytes, s.recovery_bytes, s.dumped_bytes])
+        .flat_map(|s| {
+            [
+                s.crashed_bytes,
+                s.recovery_bytes,
+                s.dumped_bytes,
+                s.charged_bytes.unwrap_or(0),
+            ]
+        })
         .max()
         .unwrap_or(1) as f64
         / MIB
@@ -63,6 +70,20 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
                 color.stroke_width(2),
             ))?
             .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    // What the kernel charged to the VM's memory group, where a cgroup held the
+    // budget: both QEMUs' real footprint, not the daemon's plan.
+    if r.timeline.iter().any(|s| s.charged_bytes.is_some()) {
+        let color = RGBColor(120, 60, 160);
+        chart
+            .draw_series(LineSeries::new(
+                r.timeline
+                    .iter()
+                    .filter_map(|s| Some((s.t_s, s.charged_bytes? as f64 / MIB))),
+                color.stroke_width(1),
+            ))?
+            .label("charged to the VM's memory group")
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
     for s in r.timeline.iter().filter(|s| s.event.is_some()) {

@@ -122,6 +122,10 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         });
         tracing::info!("metrics on http://{addr}/metrics");
     }
+    match &d.cgroups {
+        Ok(cg) => tracing::info!("crash memory budgets are enforced with {}", cg.version()),
+        Err(e) => tracing::warn!("crash memory budgets are only accounted: {e}"),
+    }
     tracing::info!(
         "reboundd {} (pid {}) serving {}",
         crate::VERSION,
@@ -143,6 +147,9 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         .with_graceful_shutdown(stop)
         .await;
     let _ = std::fs::remove_file(&socket);
+    if let Ok(cg) = &d.cgroups {
+        cg.remove_if_empty();
+    }
     tracing::info!("reboundd exiting; VMs keep running");
     res.map_err(ServerError::Serve)
 }

@@ -20,6 +20,9 @@ pub struct Daemon {
     pub socket: std::path::PathBuf,
     pub host: HostFacts,
     pub metrics: Arc<Metrics>,
+    /// Where VMs' memory groups go, or why there are none (budgets then are only
+    /// accounted).
+    pub cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
     vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
 }
@@ -66,11 +69,14 @@ fn reached(w: WaitFor, s: &VmStatus) -> Option<bool> {
 
 impl Daemon {
     pub fn new(paths: Paths, socket: std::path::PathBuf) -> Daemon {
+        let cgroups = rebound_vmm::cgroup::MemoryCgroups::detect(&paths.home)
+            .map_err(|e| crate::daemon::error::chain(&e));
         Daemon {
             paths,
             socket,
             host: HostFacts::probe(),
             metrics: Arc::new(Metrics::new()),
+            cgroups,
             vms: Mutex::new(HashMap::new()),
             shutdown: tokio::sync::Notify::new(),
         }
@@ -208,6 +214,9 @@ impl Daemon {
         }
         // Dropping the handle ends its owner.
         vms.remove(name);
+        if let Ok(cg) = &self.cgroups {
+            cg.remove_vm(name);
+        }
         std::fs::remove_dir_all(vm.dir.path())
             .map_err(|e| OpError::Io(format!("cannot remove {}", vm.dir.path().display()), e))?;
         Ok(status)

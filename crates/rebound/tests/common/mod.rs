@@ -214,15 +214,14 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         // Kill every VM this test started, through the daemon if it answers ...
+        // (removed, so their memory groups go too).
         if let Ok((_, Value::Array(vms))) = self.call("GET", "/v1/vms", None) {
             for v in vms {
+                let name = v["name"].as_str().unwrap();
                 if v["state"] != "stopped" {
-                    let _ = self.call(
-                        "POST",
-                        &format!("/v1/vms/{}/kill", v["name"].as_str().unwrap()),
-                        None,
-                    );
+                    let _ = self.call("POST", &format!("/v1/vms/{name}/kill"), None);
                 }
+                let _ = self.call("DELETE", &format!("/v1/vms/{name}"), None);
             }
         }
         let _ = self.cmd(&["daemon", "stop"]).output();

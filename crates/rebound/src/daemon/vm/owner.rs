@@ -55,6 +55,7 @@ pub(super) struct Owner {
     pub(super) paths: Paths,
     pub(super) host: rebound_vmm::accel::HostFacts,
     pub(super) metrics: Arc<Metrics>,
+    pub(super) cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
     pub(super) qmp: Option<Arc<Qmp>>,
     qmp_events: Option<UnboundedReceiver<QmpEvent>>,
     agent: Option<Arc<AgentLink>>,
@@ -79,6 +80,7 @@ pub fn start_owner(
         paths: d.paths.clone(),
         host: d.host.clone(),
         metrics: d.metrics.clone(),
+        cgroups: d.cgroups.clone(),
         qmp: None,
         qmp_events: None,
         agent: None,
@@ -222,7 +224,8 @@ impl Owner {
         rebound_vmm::private::create_dir_all(run.path())
             .map_err(|e| OpError::Io(format!("cannot create {}", run.path().display()), e))?;
         let args = res.command.args()?;
-        let child = process::spawn_qemu(&res.qemu, &args, &run.qemu_log())
+        let group = self.qemu_group(recovering);
+        let child = process::spawn_qemu(&res.qemu, &args, &run.qemu_log(), group.as_ref())
             .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
         let pid = child.id().unwrap_or(0);
         self.child = Some(child);
@@ -268,6 +271,27 @@ impl Owner {
         self.apply(Trigger::QemuStatus(&st));
         self.attach(qmp, events, res.ready);
         Ok(self.vm.status())
+    }
+
+    /// A new memory group for the QEMU about to start, under the VM's group (whose
+    /// limit, set only while a crash is handled, is lifted for a normal start).
+    /// Without one the QEMU runs where the daemon runs and its memory is only
+    /// accounted.
+    fn qemu_group(&self, recovering: bool) -> Option<rebound_vmm::cgroup::Group> {
+        let cg = self.cgroups.as_ref().ok()?;
+        let name = &self.vm.name;
+        let r = (|| {
+            let vm = cg.vm(name)?;
+            if !recovering {
+                vm.set_limit(None)?;
+            }
+            cg.prune(name);
+            cg.instance(name, &format!("qemu-{}", mono_ns()))
+        })();
+        r.map_err(|e| {
+            tracing::warn!(vm = %name, "QEMU runs outside a memory group: {}", crate::daemon::error::chain(&e));
+        })
+        .ok()
     }
 
     /// Waits for QEMU's QMP socket and connects; on failure explains why (QEMU's last log line).

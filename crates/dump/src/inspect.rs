@@ -92,26 +92,34 @@ fn osrelease(notes: &[Note]) -> (bool, Option<String>) {
     (true, rel)
 }
 
-/// Inspects the dump at `path`.
-pub fn inspect(path: impl AsRef<Path>) -> Result<DumpInfo, InspectError> {
-    let path = path.as_ref();
-    let shown = path.display().to_string();
+/// Opens a dump: the file, and whether it is ELF (`true`) or kdump-compressed.
+pub(crate) fn open_dump(path: &Path) -> Result<(File, bool), InspectError> {
     let io = |source| InspectError::Io {
-        path: shown.clone(),
+        path: path.display().to_string(),
         source,
     };
     let file = File::open(path).map_err(io)?;
     let mut magic = [0u8; 8];
     let n = std::os::unix::fs::FileExt::read_at(&file, &mut magic, 0).map_err(io)?;
-    let mut info = if magic[..n].starts_with(b"\x7fELF") {
-        inspect_elf(&file, &shown)?
+    if magic[..n].starts_with(b"\x7fELF") {
+        Ok((file, true))
     } else if magic[..n] == *kdump::SIGNATURE {
-        inspect_kdump(&file, &shown)?
+        Ok((file, false))
     } else {
-        return Err(InspectError::Magic {
-            path: shown,
+        Err(InspectError::Magic {
+            path: path.display().to_string(),
             magic: magic[..n].to_vec(),
-        });
+        })
+    }
+}
+
+/// Inspects the dump at `path`.
+pub fn inspect(path: impl AsRef<Path>) -> Result<DumpInfo, InspectError> {
+    let path = path.as_ref();
+    let shown = path.display().to_string();
+    let mut info = match open_dump(path)? {
+        (file, true) => inspect_elf(&file, &shown)?,
+        (file, false) => inspect_kdump(&file, &shown)?,
     };
     if path.extension().is_some_and(|e| e == "partial") {
         info.problems

@@ -9,6 +9,7 @@
 //! - [`notes_from_qemu_elf`]: the per-vCPU register notes out of the tiny ELF
 //!   QMP `dump-guest-memory` writes for `begin: 0, length: 4096`.
 //! - [`inspect()`]: what a dump file holds and whether it is complete.
+//! - [`DumpPages`]: the pages a dump (even one cut short) holds, to resume it.
 //!
 //! Formats, and the tool sources they were checked against, are described in
 //! [`elf`] and [`kdump`] and in the crate's README.
@@ -20,11 +21,13 @@ pub mod filter;
 pub mod inspect;
 pub mod kdump;
 pub mod notes;
+pub mod read;
 pub mod write;
 
 pub use filter::{PageFilter, PfnBitmap};
 pub use inspect::{inspect, DumpInfo, InspectError};
 pub use notes::{notes_from_qemu_elf, Note, NoteError};
+pub use read::{DumpPages, ReadError};
 pub use write::{Compress, DumpError, DumpOptions, DumpReport, Dumper, Format, Progress};
 
 /// The guest page size (x86-64).

@@ -172,6 +172,14 @@ impl FileSource {
         &self.path
     }
 
+    /// The parts of `range` that may hold non-zero bytes (see [`PageSource::data_extents`]).
+    pub fn data_extents_in(&self, range: Range<u64>) -> Result<Vec<Range<u64>>, SourceError> {
+        file_data_extents_in(&self.file, range).map_err(|source| SourceError::Extents {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
     /// Host bytes allocated to the file (`st_blocks * 512`).
     pub fn allocated_host_bytes(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.blocks() * 512)
@@ -224,8 +232,14 @@ fn seek(file: &File, pos: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
 /// File systems without hole support report the whole file as data, which
 /// is correct, only slower to scan.
 pub fn file_data_extents(file: &File, limit: u64) -> io::Result<Vec<Range<u64>>> {
+    file_data_extents_in(file, 0..limit)
+}
+
+/// [`file_data_extents`] within `range` only (clipped to it).
+pub fn file_data_extents_in(file: &File, range: Range<u64>) -> io::Result<Vec<Range<u64>>> {
+    let limit = range.end;
     let mut out: Vec<Range<u64>> = Vec::new();
-    let mut pos = 0;
+    let mut pos = range.start;
     while pos < limit {
         let Some(start) = seek(file, pos, libc::SEEK_DATA)? else {
             break;

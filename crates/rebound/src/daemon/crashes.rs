@@ -82,46 +82,47 @@ pub fn list(crashes_dir: &Path) -> Vec<CrashReport> {
         .collect()
 }
 
-/// Crashes a previous daemon was still handling when it went away: their dump task
-/// and plans died with it. Each is marked failed with where its memory is: the part
-/// not yet dumped is still in the crashed RAM file (punched only once durable), the
-/// rest in the partial dump, so nothing is lost, and the operator is told so.
-pub fn mark_interrupted(paths: &rebound_vmm::paths::Paths, vm: &str) {
+/// Crashes a previous daemon was still handling that the new one cannot take over
+/// (see `Owner::take_over_crash`). Each is marked failed with where its memory is:
+/// the part not yet dumped is still in the crashed RAM file (punched only once
+/// durable), the rest in the partial dump, so nothing is lost, and the operator is
+/// told so; `why` says why it was not resumed.
+pub fn mark_interrupted(
+    paths: &rebound_vmm::paths::Paths,
+    vm: &str,
+    mut r: rebound_api::CrashReport,
+    why: &str,
+) {
     use rebound_api::CrashPhase;
     let dir = paths.vm(vm).crash_dir("");
-    for mut r in list(&dir) {
-        if !matches!(r.phase, CrashPhase::Dumping | CrashPhase::Recovering) {
-            continue;
+    let ram = paths.crashed_ram(vm, &r.id);
+    let mut note = format!("the daemon stopped while this crash was handled, and {why}");
+    if r.phase == CrashPhase::Dumping || r.dump_bytes.is_none() && r.dump_path.is_some() {
+        if ram.exists() {
+            note.push_str(&format!(
+                "; the memory not yet dumped is kept in {}",
+                ram.display()
+            ));
         }
-        let ram = paths.crashed_ram(vm, &r.id);
-        let mut note = "the daemon stopped while this crash was handled".to_string();
-        if r.phase == CrashPhase::Dumping || r.dump_bytes.is_none() && r.dump_path.is_some() {
-            if ram.exists() {
-                note.push_str(&format!(
-                    "; the memory not yet dumped is kept in {}",
-                    ram.display()
-                ));
-            }
-            if let Some(p) = &r.dump_path {
-                note.push_str(&format!(
-                    "; what was dumped is in {}",
-                    rebound_dump::write::partial_path(std::path::Path::new(p)).display()
-                ));
-            }
+        if let Some(p) = &r.dump_path {
+            note.push_str(&format!(
+                "; what was dumped is in {}",
+                rebound_dump::write::partial_path(std::path::Path::new(p)).display()
+            ));
         }
-        r.phase = CrashPhase::Failed;
-        r.notes.push(note);
-        let path = dir.join(&r.id).join("report.json");
-        let data = serde_json::to_vec_pretty(&r).expect("reports serialize");
-        if let Err(e) = rebound_vmm::private::write_atomic(&path, &data) {
-            tracing::error!(vm, "cannot mark crash {} interrupted: {e}", r.id);
-        } else {
-            tracing::warn!(
-                vm,
-                "crash {} was being handled when the daemon stopped: marked failed",
-                r.id
-            );
-        }
+    }
+    r.phase = CrashPhase::Failed;
+    r.notes.push(note);
+    let path = dir.join(&r.id).join("report.json");
+    let data = serde_json::to_vec_pretty(&r).expect("reports serialize");
+    if let Err(e) = rebound_vmm::private::write_atomic(&path, &data) {
+        tracing::error!(vm, "cannot mark crash {} interrupted: {e}", r.id);
+    } else {
+        tracing::warn!(
+            vm,
+            "crash {} was being handled when the daemon stopped: marked failed ({why})",
+            r.id
+        );
     }
 }
 

@@ -178,7 +178,6 @@ impl Daemon {
                     continue;
                 }
             };
-            super::crashes::mark_interrupted(&self.paths, &name);
             let live = rec.state.has_qemu();
             let (vm, jobs) = VmHandle::new(&self.paths, rec);
             self.vms.lock().expect("vms lock").insert(name, vm.clone());

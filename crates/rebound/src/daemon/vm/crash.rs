@@ -70,6 +70,9 @@ pub struct Handling {
     throttled: bool,
     /// The VM's memory group, limited to the budget while the crash is handled.
     group: Option<rebound_vmm::cgroup::Group>,
+    /// Partial dumps of daemons that stopped mid-dump, newest first: the pages they
+    /// hold are no longer in the RAM file.
+    earlier: Vec<PathBuf>,
 }
 
 /// What the recovery QEMU itself may hold besides guest memory (TCG's code cache,
@@ -197,6 +200,7 @@ impl Owner {
             rate: Default::default(),
             throttled: false,
             group: None,
+            earlier: Vec::new(),
         };
         let cpu_notes = if policy.on_crash.dumps() {
             self.save_cpu_notes(&h.dir).await
@@ -291,6 +295,105 @@ impl Owner {
         }
     }
 
+    /// After a daemon restart: takes over the VM's latest crash that the previous
+    /// daemon was still handling. An unfinished dump is resumed: its partial file is
+    /// kept aside and read for the pages already punched out of the RAM file, the
+    /// rest comes from the RAM file, so the finished dump is whole. Older open crashes,
+    /// and one that cannot be resumed, are marked failed with where their memory is.
+    pub(super) async fn take_over_crash(&mut self) {
+        use crate::daemon::crashes;
+        let name = self.vm.name.clone();
+        let mut open: Vec<CrashReport> = crashes::list(&self.vm.dir.crash_dir(""))
+            .into_iter()
+            .filter(|r| matches!(r.phase, CrashPhase::Dumping | CrashPhase::Recovering))
+            .collect();
+        let Some(latest) = open.pop() else { return };
+        for r in open {
+            crashes::mark_interrupted(&self.paths, &name, r, "a later crash came first");
+        }
+        if let Err(why) = self.resume_crash(latest.clone()) {
+            crashes::mark_interrupted(&self.paths, &name, latest, &why);
+            return;
+        }
+        self.maybe_start_recovery().await;
+        self.apply_io_policy().await;
+        self.settle_crash();
+    }
+
+    fn resume_crash(&mut self, mut report: CrashReport) -> Result<(), String> {
+        let rec = self.vm.record();
+        let policy = report.policy.clone();
+        let crashed_ram = self.paths.crashed_ram(&self.vm.name, &report.id);
+        let dump_unfinished = report.dump_path.is_some() && report.dump_s.is_none();
+        if dump_unfinished && !crashed_ram.exists() {
+            return Err(format!("its RAM file {} is gone", crashed_ram.display()));
+        }
+        let started = report
+            .timeline
+            .iter()
+            .find(|s| s.event.as_deref() == Some("recovery started"))
+            .cloned();
+        if started.is_some() && report.downtime_s.is_none() && !rec.state.has_qemu() {
+            return Err("its recovery VM is gone".into());
+        }
+        let last = report.timeline.last().cloned();
+        report.notes.push(format!(
+            "the daemon stopped at some point before {} while this crash was handled; the next daemon took it over{}",
+            wall_now(),
+            if dump_unfinished { " and resumed the dump" } else { "" }
+        ));
+        let group = report
+            .memory_limit
+            .as_ref()
+            .and_then(|m| m.group.as_ref())
+            .and_then(|_| self.cgroups.as_ref().ok()?.vm(&self.vm.name).ok());
+        let dir = self.vm.dir.crash_dir(&report.id);
+        let mut h = Handling {
+            dir: dir.clone(),
+            crashed_ram,
+            progress: None,
+            dump_started_ns: None,
+            recovery_due: policy.on_crash.recovers()
+                && (policy.on_crash != OnCrash::DumpThenRecover || !dump_unfinished),
+            recovery_spawned_ns: started
+                .as_ref()
+                .map(|s| report.crashed_mono_ns + (s.t_s * 1e9) as u64),
+            recovery_mib: last.as_ref().map_or(0, |s| s.recovery_bytes / MIB),
+            boot_mib: started.as_ref().map_or(0, |s| s.recovery_bytes / MIB),
+            dumped_bytes: 0,
+            rate: Default::default(),
+            throttled: false,
+            group,
+            earlier: Vec::new(),
+            report,
+        };
+        if dump_unfinished {
+            let out = PathBuf::from(h.report.dump_path.clone().expect("a dump path"));
+            let partial = rebound_dump::write::partial_path(&out);
+            let mut n = 1;
+            while resume_path(&out, n).exists() {
+                n += 1;
+            }
+            if partial.exists() {
+                std::fs::rename(&partial, resume_path(&out, n)).map_err(|e| {
+                    format!(
+                        "its partial dump {} cannot be kept aside: {e}",
+                        partial.display()
+                    )
+                })?;
+                n += 1;
+            }
+            h.earlier = (1..n).rev().map(|i| resume_path(&out, i)).collect();
+            let cpu = dir.join("cpu-notes.elf");
+            self.start_dump(&mut h, &policy, cpu.exists().then_some(cpu));
+            // dump_s counts from the crash: the time no daemon ran is part of it.
+            h.dump_started_ns = Some(h.report.crashed_mono_ns);
+        }
+        self.vm.set_job(Some("crash"));
+        self.crash = Some(h);
+        Ok(())
+    }
+
     /// QEMU's own per-vCPU register notes: a tiny ELF of the first page, whose notes
     /// are NT_PRSTATUS and QEMU's CPU state.
     pub(super) async fn save_cpu_notes(&self, dir: &Path) -> Option<PathBuf> {
@@ -343,6 +446,7 @@ impl Owner {
         h.rate
             .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
         let job = super::dump::DumpJob {
+            earlier: h.earlier.clone(),
             rate: h.rate.clone(),
             ram: h.crashed_ram.clone(),
             memory_mib: self.vm.record().spec.memory_mib,
@@ -498,8 +602,12 @@ impl Owner {
                 h.report.pages_written = Some(d.pages_written);
                 h.report.pages_skipped = d.pages_skipped;
                 h.report.notes.extend(d.notes);
-                // Everything is in the dump: the crashed memory is no longer needed.
+                // Everything is in the dump: the crashed memory and the partial dumps
+                // of earlier daemons are no longer needed.
                 let _ = std::fs::remove_file(&h.crashed_ram);
+                for p in h.earlier.drain(..) {
+                    let _ = std::fs::remove_file(p);
+                }
                 (Some(d.bytes), None)
             }
             Err(e) => {
@@ -637,6 +745,13 @@ impl Owner {
             tracing::error!(vm = %self.vm.name, "cannot save the crash report: {e}");
         }
     }
+}
+
+/// Where the `n`th partial dump of stopped daemons is kept (`n` = 1 is the oldest).
+fn resume_path(out: &Path, n: usize) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".resume.{n}"));
+    out.with_file_name(name)
 }
 
 /// Rounds down to the virtio-mem block size.

@@ -9,7 +9,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 
 use rebound_api::{Compress, DumpFormat, PageClass, VmcoreinfoAddr};
-use rebound_dump::{DumpOptions, Dumper, Format, PageFilter, Progress};
+use rebound_dump::read::ResumeSource;
+use rebound_dump::{DumpOptions, DumpPages, Dumper, Format, PageFilter, Progress};
 use rebound_guestmem::{
     classify, find_vmcoreinfo, read_vmcoreinfo, DumpLevel, Excluded, FileSource, GuestMemory,
     Layout, VmcoreInfo,
@@ -24,6 +25,8 @@ pub type Rate = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
 /// What a dump needs.
 pub struct DumpJob {
+    /// Partial dumps of stopped daemons, newest first (see `ResumeSource`).
+    pub earlier: Vec<PathBuf>,
     pub rate: Rate,
     pub ram: PathBuf,
     pub memory_mib: u64,
@@ -148,7 +151,7 @@ impl PageFilter for Filter<'_> {
 
 /// The guest's VMCOREINFO: at the agent's address, else found by scanning.
 fn vmcoreinfo(
-    mem: &GuestMemory<FileSource>,
+    mem: &GuestMemory<ResumeSource>,
     at: Option<VmcoreinfoAddr>,
 ) -> Result<VmcoreInfo, String> {
     if let Some(a) = at {
@@ -182,7 +185,15 @@ pub fn write(
     covered: &mut dyn FnMut(u64),
 ) -> Result<DumpDone, String> {
     let layout = Layout::pc(job.memory_mib << 20).map_err(|e| e.to_string())?;
-    let mem = GuestMemory::open_ram_file(&job.ram, layout).map_err(|e| e.to_string())?;
+    let earlier = job
+        .earlier
+        .iter()
+        .map(|p| DumpPages::open(p).map_err(|e| crate::daemon::error::chain(&e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ram = FileSource::open(&job.ram, layout.ram_size())
+        .map_err(|e| crate::daemon::error::chain(&e))?;
+    let mem = GuestMemory::new(ResumeSource::new(ram, earlier, layout), layout)
+        .map_err(|e| e.to_string())?;
     let mut notes = Vec::new();
     let info = match vmcoreinfo(&mem, job.vmcoreinfo) {
         Ok(i) => Some(i),

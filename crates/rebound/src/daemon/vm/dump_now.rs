@@ -164,6 +164,7 @@ impl Owner {
         let notes_dir = self.vm.run.path().to_path_buf();
         let cpu_notes = self.save_cpu_notes(&notes_dir).await;
         let job = super::dump::DumpJob {
+            earlier: Vec::new(),
             rate: Default::default(),
             ram: self.vm.run.ram(),
             memory_mib: rec.spec.memory_mib,

@@ -134,14 +134,21 @@ impl Owner {
                     return;
                 }
             }
-            Init::Idle => {}
+            Init::Idle => self.take_over_crash().await,
             Init::Reattach { done } => {
-                if let Err(why) = self.reattach().await {
-                    self.finish(EventData::Stopped {
-                        how: None,
-                        reason: Some(why),
-                    });
+                let rec = self.vm.record();
+                // A crash whose dump ran with no QEMU left (dump-then-recover): only
+                // the crash is taken over.
+                let dumping_only = rec.state == VmState::Dumping && rec.qemu_pid.is_none();
+                if !dumping_only {
+                    if let Err(why) = self.reattach().await {
+                        self.finish(EventData::Stopped {
+                            how: None,
+                            reason: Some(why),
+                        });
+                    }
                 }
+                self.take_over_crash().await;
                 let _ = done.send(());
             }
         }

@@ -346,6 +346,50 @@ fn a_full_dump_disk_loses_nothing_and_the_service_still_comes_back() {
 }
 
 #[test]
+fn a_recovery_vm_that_cannot_start_is_reported_and_the_dump_still_finishes() {
+    let env = Env::new();
+    start(
+        &env,
+        "b1",
+        &[
+            "--memory",
+            "192M",
+            "--on-crash",
+            "dump-then-recover",
+            "--chunk",
+            "16M",
+            "--io-policy",
+            "20:100",
+        ],
+    );
+    let port = env.host_port("b1", 8080);
+    env.ok(&["vm", "crash", "b1"]);
+    env.wait_event("b1", "dump_started");
+    // While the dump runs, another program takes the service's host port (the
+    // crashed QEMU let it go): the recovery VM cannot forward it and QEMU refuses to
+    // start.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let r = settled_report(&env, "b1");
+    assert_eq!(r["phase"], "failed", "{r}");
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("the recovery VM failed to start") && notes.contains("forward"),
+        "{r}"
+    );
+    // The evidence is whole all the same.
+    let dump = r["dump_path"].as_str().unwrap();
+    assert!(r["dump_bytes"].as_u64().unwrap() > 0, "{r}");
+    let info = env.ok(&["crash", "report", "b1"]);
+    assert!(!info.contains("damaged"), "{info}");
+    assert!(dmesg(&env, dump).contains("Kernel panic"));
+    assert_eq!(env.status("b1")["state"], "stopped");
+    drop(squatter);
+    // The operator can start the VM again once the port is free.
+    env.ok(&["vm", "start", "b1", "--workload", "web", "--memory", "192M"]);
+    assert_eq!(http_get(env.host_port("b1", 8080), "/").unwrap().0, 200);
+}
+
+#[test]
 fn the_service_answers_while_a_rate_limited_dump_still_runs() {
     let env = Env::new();
     // The dump is held to 10 MB/s, as on a slow disk: the recovery VM must serve

@@ -32,6 +32,7 @@ struct config {
 	unsigned counter_hz;
 	int port_override; /* 0: none */
 	unsigned watchdog_s; /* watchdog timeout to set; 0: the driver's default */
+	uint64_t disk_io_bytes; /* read from the data disk (O_DIRECT) before serving; 0: none */
 };
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */
@@ -75,6 +76,8 @@ struct wl_ctx {
 };
 void wl_send(struct wl_ctx *ctx, const char *line); /* drops the line if the pipe is full */
 void wl_ready(struct wl_ctx *ctx);
+/* Reads cfg->disk_io_bytes from the data disk with O_DIRECT (a disk-bound start). */
+void wl_disk_load(struct wl_ctx *ctx);
 int wl_web(struct wl_ctx *ctx, int port);
 int wl_kv(struct wl_ctx *ctx, int port);
 int wl_memfill(struct wl_ctx *ctx);

@@ -160,6 +160,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				problem(err, errlen, &problems, "rebound.watchdog_s", val);
 			else
 				cfg->watchdog_s = (unsigned)u;
+		} else if (strcmp(key, "disk_io") == 0) {
+			if (parse_size(val, &cfg->disk_io_bytes) < 0) {
+				cfg->disk_io_bytes = 0;
+				problem(err, errlen, &problems, "rebound.disk_io", val);
+			}
 		} else if (strcmp(key, "port") == 0) {
 			if (parse_uint(val, 1, 65535, &u) < 0)
 				problem(err, errlen, &problems, "rebound.port", val);

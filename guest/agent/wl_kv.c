@@ -151,6 +151,7 @@ int wl_kv(struct wl_ctx *ctx, int port)
 	for (int i = 0; i < MAX_CLIENTS; i++)
 		clients[i].fd = -1;
 	logmsg("kv: listening on port %d", port);
+	wl_disk_load(ctx);
 	wl_ready(ctx);
 	for (;;) {
 		struct pollfd p[MAX_CLIENTS + 1];

@@ -147,6 +147,7 @@ int wl_web(struct wl_ctx *ctx, int port)
 		logmsg("web: %s is missing: every request will get 404", DOC_ROOT);
 	signal(SIGCHLD, SIG_IGN); /* connection processes reap themselves */
 	logmsg("web: serving %s on port %d", DOC_ROOT, port);
+	wl_disk_load(ctx);
 	wl_ready(ctx);
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);

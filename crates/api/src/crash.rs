@@ -84,6 +84,11 @@ pub enum IoPolicy {
     DumpFirst,
     /// The dump is held back while the recovery VM boots.
     RecoveryFirst,
+    /// `dump-first`, unless the service is disk-bound, then `recovery-first`. The
+    /// service counts as disk-bound when the crashed VM's disks moved 5 MB/s or more
+    /// on average since it started, or when the recovery VM, before it is ready,
+    /// keeps its disks at 80% or more of the rate `dump-first` holds them to.
+    Auto,
     /// Fixed rates in MB/s for the dump and the recovery VM's disks.
     Rates { dump_mbps: u32, recovery_mbps: u32 },
 }
@@ -247,10 +252,11 @@ impl FromStr for IoPolicy {
             "fair" => IoPolicy::Fair,
             "dump-first" => IoPolicy::DumpFirst,
             "recovery-first" => IoPolicy::RecoveryFirst,
+            "auto" => IoPolicy::Auto,
             _ => {
                 let err = || {
                     SpecError::CrashPolicy(format!(
-                        "unknown --io-policy {s:?}: expected dump-first, recovery-first, fair or D:R (MB/s)"
+                        "unknown --io-policy {s:?}: expected dump-first, recovery-first, fair, auto or D:R (MB/s)"
                     ))
                 };
                 let (d, r) = s.split_once(':').ok_or_else(err)?;
@@ -269,6 +275,7 @@ impl fmt::Display for IoPolicy {
             IoPolicy::Fair => f.write_str("fair"),
             IoPolicy::DumpFirst => f.write_str("dump-first"),
             IoPolicy::RecoveryFirst => f.write_str("recovery-first"),
+            IoPolicy::Auto => f.write_str("auto"),
             IoPolicy::Rates {
                 dump_mbps,
                 recovery_mbps,

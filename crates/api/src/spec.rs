@@ -38,7 +38,7 @@ pub enum SpecError {
     WorkloadWithoutImage,
     #[error("unknown workload {0:?}: expected web, kv, memfill, counter or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, counter_hz, port or watchdog_s")]
+    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port or watchdog_s")]
     WorkloadArg(String),
     #[error("{0}")]
     CrashPolicy(String),
@@ -362,7 +362,7 @@ impl VmSpec {
         self.workload_args
             .iter()
             .map(|(k, v)| match (k.as_str(), parse_memfill(v)) {
-                ("memfill", Ok(n)) => (k.clone(), n.to_string()),
+                ("memfill" | "disk_io", Ok(n)) => (k.clone(), n.to_string()),
                 _ => (k.clone(), v.clone()),
             })
             .collect()
@@ -417,7 +417,7 @@ impl VmSpec {
         self.crash.validate(self.memory_mib)?;
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {
-                "memfill" => parse_memfill(v).is_ok(),
+                "memfill" | "disk_io" => parse_memfill(v).is_ok(),
                 "counter_hz" => v.parse::<u32>().is_ok_and(|n| n > 0),
                 "port" => v.parse::<u16>().is_ok_and(|n| n > 0),
                 "watchdog_s" => v.parse::<u32>().is_ok_and(|n| (1..=600).contains(&n)),

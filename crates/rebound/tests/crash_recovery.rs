@@ -390,6 +390,31 @@ fn a_recovery_vm_that_cannot_start_is_reported_and_the_dump_still_finishes() {
 }
 
 #[test]
+fn auto_io_policy_gives_a_disk_bound_service_the_disk_first() {
+    let env = Env::new();
+    let policy = ["--memory", "192M", "--on-crash", "dump-and-recover"];
+    // A disk-bound service: it reads 256 MiB of its data disk before it is ready.
+    let mut bound = policy.to_vec();
+    bound.extend(["--io-policy", "auto", "--disk-io", "256M"]);
+    start(&env, "io1", &bound);
+    let mut plain = policy.to_vec();
+    plain.extend(["--io-policy", "auto"]);
+    start(&env, "io2", &plain);
+    for (name, chose) in [("io1", "recovery-first"), ("io2", "dump-first")] {
+        crash_until_recovered(&env, name);
+        let r = settled_report(&env, name);
+        assert_eq!(r["phase"], "done", "{r}");
+        assert_eq!(r["io_policy"], format!("auto: {chose}"), "{r}");
+        assert!(
+            r["notes"]
+                .to_string()
+                .contains(&format!("I/O policy auto chose {chose}")),
+            "{r}"
+        );
+    }
+}
+
+#[test]
 fn the_service_answers_while_a_rate_limited_dump_still_runs() {
     let env = Env::new();
     // The dump is held to 10 MB/s, as on a slow disk: the recovery VM must serve

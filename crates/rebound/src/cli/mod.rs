@@ -127,6 +127,10 @@ pub struct StartArgs {
     /// Memory the memfill workload fills, e.g. 64M.
     #[arg(long, value_parser = parse_size_arg)]
     pub memfill: Option<String>,
+    /// Bytes the web or kv service reads from its data disk (O_DIRECT) before it is
+    /// ready, e.g. 200M: a disk-bound start, as a service that loads its data.
+    #[arg(long)]
+    pub disk_io: Option<String>,
     /// The guest watchdog's timeout in seconds (1-600; needs the agent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=600))]
     pub watchdog: Option<u32>,
@@ -161,7 +165,8 @@ pub struct StartArgs {
     /// Memory the recovery VM starts with.
     #[arg(long, default_value = "128M", value_parser = parse_memory)]
     pub min_memory: u64,
-    /// dump-first, recovery-first, fair, or D:R (MB/s for the dump and the recovery VM's disks).
+    /// dump-first, recovery-first, fair, auto (recovery-first for a disk-bound service,
+    /// else dump-first), or D:R (MB/s for the dump and the recovery VM's disks).
     #[arg(long, default_value = "fair", value_parser = parse_io_policy)]
     pub io_policy: rebound_api::IoPolicy,
     /// What the crashed VM and its recovery VM may hold together (default: memory + min-memory).

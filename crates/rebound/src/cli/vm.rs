@@ -276,6 +276,9 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     if let Some(w) = a.watchdog {
         s.workload_args.insert("watchdog_s".into(), w.to_string());
     }
+    if let Some(d) = &a.disk_io {
+        s.workload_args.insert("disk_io".into(), d.clone());
+    }
     s.accel = a.accel;
     s.crash = rebound_api::CrashPolicy {
         on_crash: a.on_crash,

@@ -73,7 +73,16 @@ pub struct Handling {
     /// Partial dumps of daemons that stopped mid-dump, newest first: the pages they
     /// hold are no longer in the RAM file.
     earlier: Vec<PathBuf>,
+    /// The I/O policy in force: `auto` resolved to dump-first or recovery-first.
+    io: IoPolicy,
+    /// `auto`: the recovery VM's disk bytes at the last look, and when.
+    disk_seen: Option<(u64, u64)>,
 }
+
+/// `dump-first` holds the recovery VM's disks, `recovery-first` the dump, to this.
+const SLOW: u64 = 10_000_000;
+/// `auto` calls a service disk-bound above this average rate, in bytes per second.
+const DISK_BOUND: u64 = 5_000_000;
 
 /// What the recovery QEMU itself may hold besides guest memory (TCG's code cache,
 /// QEMU's heap, page tables), on top of the budget in the memory group's limit.
@@ -87,10 +96,10 @@ pub const QEMU_FOOTPRINT_MIB: u64 = 256;
 /// `dump-first` holds the recovery VM's disks to 10 MB/s; `recovery-first` holds the
 /// dump to 10 MB/s until the recovery VM is ready; `D:R` fixes both.
 pub fn io_rates(p: IoPolicy, recovery_ready: bool) -> (u64, u64) {
-    const SLOW: u64 = 10_000_000;
     match p {
         IoPolicy::Fair => (0, 0),
-        IoPolicy::DumpFirst => (0, SLOW),
+        // Until `auto` is resolved, as dump-first.
+        IoPolicy::DumpFirst | IoPolicy::Auto => (0, SLOW),
         IoPolicy::RecoveryFirst => (if recovery_ready { 0 } else { SLOW }, 0),
         IoPolicy::Rates {
             dump_mbps,
@@ -201,7 +210,12 @@ impl Owner {
             throttled: false,
             group: None,
             earlier: Vec::new(),
+            io: policy.io_policy,
+            disk_seen: None,
         };
+        if policy.io_policy == IoPolicy::Auto {
+            self.resolve_auto_at_crash(&mut h).await;
+        }
         let cpu_notes = if policy.on_crash.dumps() {
             self.save_cpu_notes(&h.dir).await
         } else {
@@ -365,6 +379,8 @@ impl Owner {
             throttled: false,
             group,
             earlier: Vec::new(),
+            io: policy.io_policy,
+            disk_seen: None,
             report,
         };
         if dump_unfinished {
@@ -442,7 +458,7 @@ impl Owner {
             id: h.report.id.clone(),
             path: out.display().to_string(),
         });
-        let (dump_rate, _) = io_rates(policy.io_policy, false);
+        let (dump_rate, _) = io_rates(h.io, false);
         h.rate
             .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
         let job = super::dump::DumpJob {
@@ -573,6 +589,7 @@ impl Owner {
             }) => {
                 h.dumped_bytes = dumped_bytes;
                 let id = h.report.id.clone();
+                self.watch_recovery_disks().await;
                 self.grow_recovery().await;
                 self.maybe_start_recovery().await;
                 let h = self.crash.as_mut().expect("crash handling");
@@ -654,7 +671,7 @@ impl Owner {
         let dumping = h.progress.is_some();
         let ready = h.report.downtime_s.is_some();
         let (dump_rate, rec_rate) = if dumping {
-            io_rates(h.report.policy.io_policy, ready)
+            io_rates(h.io, ready)
         } else {
             (0, 0)
         };
@@ -680,6 +697,71 @@ impl Owner {
         }
     }
 
+    /// `auto` at the crash: a service whose disks moved `DISK_BOUND` or more on
+    /// average since the VM started is disk-bound, so its recovery goes first.
+    async fn resolve_auto_at_crash(&self, h: &mut Handling) {
+        let rec = self.vm.record();
+        let (Some(q), Some(t0)) = (&self.qmp, rec.started_mono_ns) else {
+            return;
+        };
+        let Some(bytes) = disk_bytes(q).await else {
+            return;
+        };
+        let secs = (mono_ns().saturating_sub(t0) as f64 / 1e9).max(1.0);
+        let rate = bytes as f64 / secs;
+        if rate >= DISK_BOUND as f64 {
+            decide(
+                h,
+                IoPolicy::RecoveryFirst,
+                format!(
+                    "the crashed VM's disks moved {:.1} MB/s on average over {secs:.0} s",
+                    rate / 1e6
+                ),
+            );
+        }
+    }
+
+    /// `auto` while the dump runs and the recovery VM is not ready yet: a recovery VM
+    /// that keeps its throttled disks at 80% of the cap or more is disk-bound, so the
+    /// policy turns to recovery-first.
+    async fn watch_recovery_disks(&mut self) {
+        let Some(h) = self.crash.as_ref() else { return };
+        if h.report.policy.io_policy != IoPolicy::Auto
+            || h.io != IoPolicy::Auto
+            || h.recovery_spawned_ns.is_none()
+            || h.report.downtime_s.is_some()
+        {
+            return;
+        }
+        let Some(q) = self.qmp.clone() else { return };
+        let Some(bytes) = disk_bytes(&q).await else {
+            return;
+        };
+        let now = mono_ns();
+        let h = self.crash.as_mut().expect("crash handling");
+        let Some((b0, t0)) = h.disk_seen.replace((bytes, now)) else {
+            return;
+        };
+        let secs = now.saturating_sub(t0) as f64 / 1e9;
+        if secs < 0.5 {
+            h.disk_seen = Some((b0, t0));
+            return;
+        }
+        let rate = bytes.saturating_sub(b0) as f64 / secs;
+        if rate >= 0.8 * SLOW as f64 {
+            decide(
+                h,
+                IoPolicy::RecoveryFirst,
+                format!(
+                    "the recovery VM kept its disks at {:.1} MB/s while held to {} MB/s",
+                    rate / 1e6,
+                    SLOW / 1_000_000
+                ),
+            );
+            self.apply_io_policy().await;
+        }
+    }
+
     /// The recovery VM passed its readiness condition: the service is back.
     pub(super) fn on_recovered(&mut self) {
         let Some(h) = self.crash.as_mut() else { return };
@@ -692,8 +774,15 @@ impl Owner {
         let now = mono_ns();
         let downtime = now.saturating_sub(h.report.crashed_mono_ns);
         h.report.downtime_s = Some(downtime as f64 / 1e9);
+        if h.io == IoPolicy::Auto {
+            decide(
+                h,
+                IoPolicy::DumpFirst,
+                "the service was not disk-bound before the crash nor while it recovered".into(),
+            );
+        }
         if h.progress.is_some() {
-            let (dump_rate, _) = io_rates(h.report.policy.io_policy, true);
+            let (dump_rate, _) = io_rates(h.io, true);
             h.rate
                 .store(dump_rate, std::sync::atomic::Ordering::Relaxed);
         }
@@ -752,6 +841,29 @@ fn resume_path(out: &Path, n: usize) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".resume.{n}"));
     out.with_file_name(name)
+}
+
+/// Resolves `auto` and says why in the report.
+fn decide(h: &mut Handling, to: IoPolicy, why: String) {
+    h.io = to;
+    h.report.io_policy = format!("auto: {to}");
+    h.report
+        .notes
+        .push(format!("I/O policy auto chose {to}: {why}"));
+}
+
+/// Bytes read and written by all of a QEMU's block devices since it started.
+async fn disk_bytes(q: &rebound_vmm::qmp::Qmp) -> Option<u64> {
+    let v = q.execute("query-blockstats", None).await.ok()?;
+    Some(
+        v.as_array()?
+            .iter()
+            .map(|d| {
+                let s = &d["stats"];
+                s["rd_bytes"].as_u64().unwrap_or(0) + s["wr_bytes"].as_u64().unwrap_or(0)
+            })
+            .sum(),
+    )
 }
 
 /// Rounds down to the virtio-mem block size.

@@ -19,8 +19,10 @@
 //! - `b` dump-then-recover, `c` dump-and-recover, `d` dump-and-recover with the zero and
 //!   free pages filtered: each with the dump held to `--disk-mbps` by the dump writer's
 //!   token bucket (I/O policy `D:R`), then again unthrottled (`fair`) on the real disk.
-//! - `e` the named I/O policies `dump-first` and `recovery-first` on the real disk
-//!   (`fair` is `c` on the real disk).
+//! - `e` the I/O policies `fair`, `dump-first`, `recovery-first` and `auto` on the real
+//!   disk, with the service made disk-bound: it reads `--disk-io` of its data disk
+//!   with `O_DIRECT` before it is ready, at boot and again in the recovery VM (the
+//!   paper's recovery that copies a file while it boots).
 //! - `s` one more crashed guest kept paused, dumped several ways on the same memory:
 //!   QEMU's ELF and ours (throughput, durable), ours filtered against `makedumpfile -d
 //!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours in zlib and zstd.
@@ -65,6 +67,10 @@ pub struct CrashArgs {
     /// Variants to run: a (stock), b, c, d, e (I/O policies), s (same-memory dumps).
     #[arg(long, default_value = "a,b,c,d,e,s")]
     variants: String,
+    /// What the service reads from its data disk (O_DIRECT) before it is ready in the
+    /// I/O-policy variants (e): a disk-bound service, as the paper's boot-time copy.
+    #[arg(long, default_value = "256M", value_parser = super::parse_memory)]
+    disk_io: u64,
     /// The emulated disk's rate for the dump, MB/s.
     #[arg(long, default_value_t = 100)]
     disk_mbps: u32,
@@ -96,6 +102,8 @@ struct Case {
     io_policy: IoPolicy,
     /// The dump is held to the emulated disk's rate.
     throttled: bool,
+    /// MiB the service reads from its disk before it is ready (0: none).
+    disk_io_mib: u64,
 }
 
 /// What one case measured.
@@ -160,6 +168,7 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
             filter: filter.to_vec(),
             io_policy: io,
             throttled,
+            disk_io_mib: 0,
         })
     };
     use OnCrash::*;
@@ -210,15 +219,24 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
         }
     }
     if want.contains(&"e") {
-        for io in [IoPolicy::DumpFirst, IoPolicy::RecoveryFirst] {
+        // The same service made disk-bound, each policy on the real disk.
+        for io in [
+            IoPolicy::Fair,
+            IoPolicy::DumpFirst,
+            IoPolicy::RecoveryFirst,
+            IoPolicy::Auto,
+        ] {
             add(
                 &format!("e-{io}"),
-                format!("dump-and-recover, io {io}"),
+                format!("dump-and-recover, disk-bound service, io {io}"),
                 DumpAndRecover,
                 &[],
                 io,
                 false,
             );
+        }
+        for c in out.iter_mut().filter(|c| c.id.starts_with("e-")) {
+            c.disk_io_mib = args.disk_io;
         }
     }
     Ok(out)
@@ -236,14 +254,22 @@ struct Setup {
 }
 
 impl Setup {
-    fn spec(&self, args: &CrashArgs, name: &str, disk: &Path, crash: CrashPolicy) -> VmSpec {
+    fn spec(
+        &self,
+        args: &CrashArgs,
+        name: &str,
+        disk: &Path,
+        crash: CrashPolicy,
+        disk_io_mib: u64,
+    ) -> VmSpec {
         let mut s = VmSpec::new(name);
         s.kernel = Some(self.kernel.clone());
         s.initrd = Some(self.initrd.clone());
         s.append = Some(format!(
-            "{} unknown_nmi_panic rebound.workload=memfill,web rebound.memfill={}",
+            "{} unknown_nmi_panic rebound.workload=memfill,web rebound.memfill={} rebound.disk_io={}",
             self.append,
-            args.fill << 20
+            args.fill << 20,
+            disk_io_mib << 20
         ));
         s.disks = vec![disk.display().to_string()];
         s.memory_mib = args.memory;
@@ -443,7 +469,13 @@ async fn run_case(
     name: &str,
 ) -> anyhow::Result<(Outcome, VmStatus)> {
     let disk = copy_disk(setup, name)?;
-    let spec = setup.spec(args, name, &disk, policy(args, case, &setup.dir));
+    let spec = setup.spec(
+        args,
+        name,
+        &disk,
+        policy(args, case, &setup.dir),
+        case.disk_io_mib,
+    );
     setup.say(&format!(
         "{}: booting {name} and filling {} MiB",
         case.id, args.fill
@@ -578,7 +610,7 @@ async fn run_sizes(
     name: &str,
 ) -> anyhow::Result<(Sizes, VmStatus)> {
     let disk = copy_disk(setup, name)?;
-    let spec = setup.spec(args, name, &disk, CrashPolicy::default());
+    let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
     setup.say(&format!("s: booting {name} and filling {} MiB", args.fill));
     let st = boot_filled(c, &spec, args.fill).await?;
     let _: Value = post(c, &format!("/v1/vms/{name}/crash"), None).await?;
@@ -1016,6 +1048,7 @@ mod tests {
             runs: 1,
             variants: v.into(),
             disk_mbps: 100,
+            disk_io: 256,
             chunk: 64,
             min_memory: 256,
             dir: None,
@@ -1041,10 +1074,14 @@ mod tests {
                 "b@disk",
                 "c@disk",
                 "d@disk",
+                "e-fair",
                 "e-dump-first",
-                "e-recovery-first"
+                "e-recovery-first",
+                "e-auto"
             ]
         );
+        let e = cases(&args("e")).unwrap();
+        assert!(e.iter().all(|c| c.disk_io_mib == 256 && !c.throttled));
         assert!(cases(&args("a,x")).is_err());
         let c = cases(&args("d")).unwrap();
         assert_eq!(c[0].filter, [PageClass::Zero, PageClass::Free]);

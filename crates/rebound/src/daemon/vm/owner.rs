@@ -64,6 +64,12 @@ pub(super) struct Owner {
     ready: ReadySpec,
     probe_port: Option<u16>,
     last_memfill: Option<(tokio::time::Instant, u64)>,
+    /// A readiness probe in flight: it runs in its own task (an HTTP probe may wait
+    /// seconds for a booting guest), so the owner keeps serving jobs, QMP events and
+    /// the dump's progress meanwhile.
+    /// The result comes with the pid of the QEMU it probed: a probe of a QEMU that
+    /// has since crashed says nothing about its recovery VM.
+    probe_rx: Option<oneshot::Receiver<(Option<u32>, bool)>>,
     /// The crash being handled, if any (its dump may outlive the recovery).
     pub(super) crash: Option<super::crash::Handling>,
 }
@@ -89,6 +95,7 @@ pub fn start_owner(
         ready: ReadySpec::Agent,
         probe_port: None,
         last_memfill: None,
+        probe_rx: None,
         crash: None,
     };
     tokio::spawn(owner.run(jobs, init));
@@ -102,11 +109,22 @@ async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
     }
 }
 
+/// The result of the probe in flight, if any; never, otherwise.
+async fn probe_result(
+    rx: &mut Option<oneshot::Receiver<(Option<u32>, bool)>>,
+) -> (Option<u32>, bool) {
+    match rx {
+        Some(r) => r.await.unwrap_or((None, false)),
+        None => std::future::pending().await,
+    }
+}
+
 enum Input {
     Job(Option<Request>),
     Qmp(Option<QmpEvent>),
     Agent(Option<AgentMsg>),
     Probe,
+    Probed(Option<u32>, bool),
     Dump(Option<super::crash::DumpProgress>),
 }
 
@@ -153,6 +171,7 @@ impl Owner {
             }
         }
         let mut probe = tokio::time::interval(Duration::from_millis(250));
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let probing = !matches!(self.ready, ReadySpec::Agent)
                 && self.qmp.is_some()
@@ -161,7 +180,8 @@ impl Owner {
                 j = jobs.recv() => Input::Job(j),
                 e = recv_opt(&mut self.qmp_events) => Input::Qmp(e),
                 m = recv_opt(&mut self.agent_msgs) => Input::Agent(m),
-                _ = probe.tick(), if probing => Input::Probe,
+                _ = probe.tick(), if probing && self.probe_rx.is_none() => Input::Probe,
+                (pid, ok) = probe_result(&mut self.probe_rx) => Input::Probed(pid, ok),
                 p = super::crash::next_progress(&mut self.crash) => Input::Dump(p),
             };
             match input {
@@ -183,7 +203,15 @@ impl Owner {
                 Input::Qmp(None) => self.on_qemu_gone().await,
                 Input::Agent(Some(m)) => self.on_agent(m),
                 Input::Agent(None) => self.agent_msgs = None,
-                Input::Probe => self.probe().await,
+                Input::Probe => self.probe(),
+                Input::Probed(pid, ok) => {
+                    self.probe_rx = None;
+                    let rec = self.vm.record();
+                    let live = matches!(rec.state, VmState::Running | VmState::Recovering);
+                    if ok && live && pid.is_some() && pid == rec.qemu_pid {
+                        self.mark_ready(self.ready.to_string());
+                    }
+                }
             }
         }
     }
@@ -465,23 +493,27 @@ impl Owner {
         }
     }
 
-    async fn probe(&mut self) {
+    /// Starts a readiness probe in its own task; its answer comes back as an input.
+    fn probe(&mut self) {
         if !matches!(
             self.vm.record().state,
             VmState::Running | VmState::Recovering
         ) {
             return;
         }
-        let ok = readiness::probe(
-            &self.ready,
+        let (tx, rx) = oneshot::channel();
+        let pid = self.vm.record().qemu_pid;
+        let (ready, port, serial, qmp) = (
+            self.ready.clone(),
             self.probe_port,
-            &self.vm.run.serial_log(),
-            self.qmp.as_deref(),
-        )
-        .await;
-        if ok {
-            self.mark_ready(self.ready.to_string());
-        }
+            self.vm.run.serial_log(),
+            self.qmp.clone(),
+        );
+        tokio::spawn(async move {
+            let ok = readiness::probe(&ready, port, &serial, qmp.as_deref()).await;
+            let _ = tx.send((pid, ok));
+        });
+        self.probe_rx = Some(rx);
     }
 
     pub(super) fn mark_ready(&mut self, probe: String) {

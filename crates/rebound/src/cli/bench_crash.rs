@@ -22,7 +22,9 @@
 //! - `e` the I/O policies `fair`, `dump-first`, `recovery-first` and `auto` on the real
 //!   disk, with the service made disk-bound: it reads `--disk-io` of its data disk
 //!   with `O_DIRECT` before it is ready, at boot and again in the recovery VM (the
-//!   paper's recovery that copies a file while it boots).
+//!   paper's recovery that copies a file while it boots); and on the emulated disk with
+//!   each named policy as its split of the disk's rate (`fair` 50:50, `dump-first`
+//!   90:10, `recovery-first` 10:90 at 100 MB/s).
 //! - `s` one more crashed guest kept paused, dumped several ways on the same memory:
 //!   QEMU's ELF and ours (throughput, durable), ours filtered against `makedumpfile -d
 //!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours in zlib and zstd.
@@ -233,6 +235,26 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
                 &[],
                 io,
                 false,
+            );
+        }
+        // And on the emulated disk, each policy as its split of the one disk's rate
+        // (D:R: the dump writer's token bucket and QMP throttling of the recovery VM).
+        let tenth = (r / 10).max(1);
+        for (name, d, rr) in [
+            ("fair", r / 2, r / 2),
+            ("dump-first", r - tenth, tenth),
+            ("recovery-first", tenth, r - tenth),
+        ] {
+            add(
+                &format!("e-{name}@{r}"),
+                format!("dump-and-recover, disk-bound service, {name} as {d}:{rr} MB/s"),
+                DumpAndRecover,
+                &[],
+                IoPolicy::Rates {
+                    dump_mbps: d,
+                    recovery_mbps: rr,
+                },
+                true,
             );
         }
         for c in out.iter_mut().filter(|c| c.id.starts_with("e-")) {
@@ -1077,11 +1099,16 @@ mod tests {
                 "e-fair",
                 "e-dump-first",
                 "e-recovery-first",
-                "e-auto"
+                "e-auto",
+                "e-fair@100",
+                "e-dump-first@100",
+                "e-recovery-first@100"
             ]
         );
         let e = cases(&args("e")).unwrap();
-        assert!(e.iter().all(|c| c.disk_io_mib == 256 && !c.throttled));
+        assert!(e.iter().all(|c| c.disk_io_mib == 256));
+        assert_eq!(e.iter().filter(|c| c.throttled).count(), 3);
+        assert_eq!(e[5].io_policy.to_string(), "90:10");
         assert!(cases(&args("a,x")).is_err());
         let c = cases(&args("d")).unwrap();
         assert_eq!(c[0].filter, [PageClass::Zero, PageClass::Free]);

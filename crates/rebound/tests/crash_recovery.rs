@@ -400,15 +400,23 @@ fn auto_io_policy_gives_a_disk_bound_service_the_disk_first() {
     let mut plain = policy.to_vec();
     plain.extend(["--io-policy", "auto"]);
     start(&env, "io2", &plain);
-    for (name, chose) in [("io1", "recovery-first"), ("io2", "dump-first")] {
+    // Disk-bound too, but the budget starts the recovery VM short of memory: the dump,
+    // which gives it memory, goes first.
+    let mut short = bound.clone();
+    short.extend(["--host-memory-budget", "224M", "--min-memory", "96M"]);
+    start(&env, "io3", &short);
+    for (name, chose, why) in [
+        ("io1", "recovery-first", "disks moved"),
+        ("io2", "dump-first", "not disk-bound"),
+        ("io3", "dump-first", "memory-critical"),
+    ] {
         crash_until_recovered(&env, name);
         let r = settled_report(&env, name);
         assert_eq!(r["phase"], "done", "{r}");
         assert_eq!(r["io_policy"], format!("auto: {chose}"), "{r}");
+        let notes = r["notes"].to_string();
         assert!(
-            r["notes"]
-                .to_string()
-                .contains(&format!("I/O policy auto chose {chose}")),
+            notes.contains(&format!("I/O policy auto chose {chose}")) && notes.contains(why),
             "{r}"
         );
     }

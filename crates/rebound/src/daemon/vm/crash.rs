@@ -697,10 +697,27 @@ impl Owner {
         }
     }
 
-    /// `auto` at the crash: a service whose disks moved `DISK_BOUND` or more on
-    /// average since the VM started is disk-bound, so its recovery goes first.
+    /// `auto` at the crash, as the Vicover paper advises: a recovery that is
+    /// memory-critical (the budget lets the recovery VM start with less than the VM's
+    /// memory) gets the dump first, since the dump is what gives it memory; one that is
+    /// not gets the disk first if the service is disk-bound (its disks moved
+    /// `DISK_BOUND` or more on average since the VM started). Otherwise the choice
+    /// waits for what the recovery VM does (`watch_recovery_disks`).
     async fn resolve_auto_at_crash(&self, h: &mut Handling) {
         let rec = self.vm.record();
+        let mem = rec.spec.memory_mib;
+        let budget = rec.spec.crash.budget_mib(mem);
+        let free = budget.saturating_sub(held(&self.vm.run.ram()).div_ceil(MIB));
+        if free < mem {
+            decide(
+                h,
+                IoPolicy::DumpFirst,
+                format!(
+                    "the recovery is memory-critical: the budget lets the recovery VM start with {free} of its {mem} MiB"
+                ),
+            );
+            return;
+        }
         let (Some(q), Some(t0)) = (&self.qmp, rec.started_mono_ns) else {
             return;
         };
@@ -714,7 +731,7 @@ impl Owner {
                 h,
                 IoPolicy::RecoveryFirst,
                 format!(
-                    "the crashed VM's disks moved {:.1} MB/s on average over {secs:.0} s",
+                    "the crashed VM's disks moved {:.1} MB/s on average over {secs:.0} s, and the recovery VM starts with all its memory",
                     rate / 1e6
                 ),
             );

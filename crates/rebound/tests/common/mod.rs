@@ -221,6 +221,11 @@ impl Drop for Env {
                 if v["state"] != "stopped" {
                     let _ = self.call("POST", &format!("/v1/vms/{name}/kill"), None);
                 }
+                let _ = self.call(
+                    "POST",
+                    &format!("/v1/vms/{name}/wait?for=stopped&timeout_ms=10000"),
+                    None,
+                );
                 let _ = self.call("DELETE", &format!("/v1/vms/{name}"), None);
             }
         }

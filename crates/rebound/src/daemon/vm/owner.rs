@@ -149,6 +149,10 @@ impl Owner {
                 }
                 let _ = reply.send(r);
                 if failed {
+                    // Nothing of the VM runs: its (empty) memory groups go too.
+                    if let Ok(cg) = &self.cgroups {
+                        cg.remove_vm(&self.vm.name);
+                    }
                     return;
                 }
             }

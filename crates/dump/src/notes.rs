@@ -4,7 +4,10 @@
 //! padded to 4 bytes), the descriptor (padded to 4 bytes). The tools look
 //! for:
 //! - `"CORE"` type 1 (`NT_PRSTATUS`): one per CPU, counted as the CPU count
-//!   (makedumpfile `get_pt_note_info`, crash `netdump.c`/`diskdump.c`).
+//!   (makedumpfile `get_pt_note_info`, crash `netdump.c`/`diskdump.c`), in
+//!   CPU order: crash takes the n-th note as CPU n's registers (`help -r`;
+//!   for kdump-compressed dumps also where `bt` starts on a CPU that did not
+//!   panic). Its x86-64 layout is in [`PrStatus`].
 //! - `"QEMU"` type 0: QEMU's per-vCPU CPU state (crash reads it for QEMU
 //!   dumps, `QEMUCPUState` in QEMU's `dump.c`).
 //! - `"VMCOREINFO"` type 0: the kernel's description of itself.
@@ -16,10 +19,16 @@
 use std::fs::File;
 use std::path::Path;
 
-use crate::elf::{le32, read_at, read_elf, ElfError, PT_NOTE};
+use crate::elf::{le32, le64, read_at, read_elf, ElfError, PT_NOTE};
 
 /// `NT_PRSTATUS`.
 pub const NT_PRSTATUS: u32 = 1;
+/// `sizeof(struct elf_prstatus)` on x86-64.
+pub const PRSTATUS_SIZE: usize = 336;
+/// Offset of `pr_pid` in `struct elf_prstatus`.
+const PR_PID: usize = 32;
+/// Offset of `pr_reg` (a `struct user_regs_struct`) in `struct elf_prstatus`.
+const PR_REG: usize = 112;
 /// Largest notes segment this reader accepts (QEMU's for 1024 vCPUs is ~1.2 MiB).
 pub const MAX_NOTES_BYTES: u64 = 16 << 20;
 
@@ -44,6 +53,60 @@ pub enum NoteError {
     /// A notes segment is larger than any vmcore's.
     #[error("notes segment of {0} bytes exceeds the {MAX_NOTES_BYTES}-byte limit")]
     TooLarge(u64),
+}
+
+/// The parts of an x86-64 `NT_PRSTATUS` descriptor that say where a CPU
+/// was: `struct elf_prstatus` as the kernel's `crash_save_cpu` and QEMU's
+/// `x86_64_write_elf64_note` (`dump.c`, `target/i386/arch_dump.c`) write it:
+/// ```text
+///   0  siginfo, cursig, sigpend, sighold      32 bytes
+///  32  u32 pr_pid                             the kernel: the task's pid;
+///                                             QEMU: the vCPU's index + 1
+///  36  ppid, pgrp, sid, 4 timevals           76 bytes
+/// 112  pr_reg: user_regs_struct, 27 u64       r15 r14 r13 r12 rbp rbx r11
+///                                             r10 r9 r8 rax rcx rdx rsi rdi
+///                                             orig_rax rip cs eflags rsp ss
+///                                             fs_base gs_base ds es fs gs
+/// 328  pr_fpvalid (+ padding)                 336 bytes in all
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrStatus {
+    pub pid: u32,
+    pub rip: u64,
+    pub rsp: u64,
+    pub rbp: u64,
+    pub cs: u64,
+    pub eflags: u64,
+}
+
+impl PrStatus {
+    /// Index of each register in `pr_reg`.
+    const RBP: usize = 4;
+    const RIP: usize = 16;
+    const CS: usize = 17;
+    const EFLAGS: usize = 18;
+    const RSP: usize = 19;
+
+    /// Decodes an x86-64 descriptor; `None` when it is not 336 bytes.
+    pub fn decode(desc: &[u8]) -> Option<PrStatus> {
+        if desc.len() != PRSTATUS_SIZE {
+            return None;
+        }
+        let reg = |i: usize| le64(desc, PR_REG + 8 * i);
+        Some(PrStatus {
+            pid: le32(desc, PR_PID),
+            rip: reg(Self::RIP),
+            rsp: reg(Self::RSP),
+            rbp: reg(Self::RBP),
+            cs: reg(Self::CS),
+            eflags: reg(Self::EFLAGS),
+        })
+    }
+
+    /// Whether the CPU was in the kernel (ring 0 code segment).
+    pub fn in_kernel(&self) -> bool {
+        self.cs & 3 == 0
+    }
 }
 
 /// One ELF note.
@@ -74,6 +137,13 @@ impl Note {
     /// An `NT_PRSTATUS` register note (`CORE`, type 1).
     pub fn is_prstatus(&self) -> bool {
         self.name == b"CORE" && self.kind == NT_PRSTATUS
+    }
+
+    /// The registers of an x86-64 `NT_PRSTATUS` note; `None` for any other note.
+    pub fn prstatus(&self) -> Option<PrStatus> {
+        self.is_prstatus()
+            .then(|| PrStatus::decode(&self.desc))
+            .flatten()
     }
 
     /// A VMCOREINFO note.
@@ -230,6 +300,33 @@ mod tests {
         let got = notes_from_qemu_elf(&p).unwrap();
         assert_eq!(got, sample()[..2].to_vec());
         assert!(got[0].is_prstatus());
+    }
+
+    #[test]
+    fn prstatus_registers_are_decoded_from_the_kernels_layout() {
+        let mut desc = vec![0u8; PRSTATUS_SIZE];
+        desc[PR_PID..PR_PID + 4].copy_from_slice(&2u32.to_le_bytes());
+        // pr_reg[i] = 0x1000 + i, so each register names its own index.
+        for i in 0..27u64 {
+            let at = PR_REG + 8 * i as usize;
+            desc[at..at + 8].copy_from_slice(&(0x1000 + i).to_le_bytes());
+        }
+        let mut n = Note {
+            name: b"CORE".to_vec(),
+            kind: NT_PRSTATUS,
+            desc,
+        };
+        let r = n.prstatus().unwrap();
+        assert_eq!(
+            (r.pid, r.rbp, r.rip, r.cs, r.eflags, r.rsp),
+            (2, 0x1004, 0x1010, 0x1011, 0x1012, 0x1013)
+        );
+        assert!(!r.in_kernel()); // 0x1011 & 3 == 1
+        n.desc[PR_REG + 8 * 17] = 0x10; // __KERNEL_CS
+        assert!(n.prstatus().unwrap().in_kernel());
+        n.desc.pop();
+        assert_eq!(n.prstatus(), None, "not x86-64's size");
+        assert_eq!(sample()[1].prstatus(), None, "QEMU's note");
     }
 
     #[test]

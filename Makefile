@@ -30,6 +30,12 @@ lint: deps
 test: image lint
 	$(CARGO) test --release --workspace -- --test-threads=2
 
+# The panic backtrace in `crash` with the guest kernel's debug symbols (fetches ~860 MB once).
+.PHONY: test-debug-kernel
+test-debug-kernel: image
+	scripts/debug-kernel.sh
+	$(CARGO) test --release -p rebound-dump --test backtrace -- --ignored --test-threads=1
+
 clean:
 	$(CARGO) clean
 	$(MAKE) -C guest/agent clean

@@ -174,15 +174,32 @@ const _: fn() = || {
     dumpable::<Box<dyn PageSource + Sync>>();
 };
 
-/// A chunk of guest RAM: the unit of work and of durability.
+/// Guest RAM per unit of work: one slice is read, scanned for zero pages,
+/// compressed and written at a time. Chunks (the unit of durability) are
+/// cut into slices so buffers stay small and reused.
+const SLICE_BYTES: u64 = 8 << 20;
+/// Runs of at least this many bytes are written with `O_DIRECT` (straight
+/// from the page-aligned buffer to the disk, no page cache copy); shorter
+/// ones through the page cache, so zero pages between them stay holes
+/// without a small synchronous write each.
+const DIRECT_MIN: usize = 64 << 10;
+
+/// A chunk of guest RAM: the unit of durability (and of `advanced` reports).
 struct Chunk {
+    gpa: Range<u64>,
+    /// Its slices in `Plan::slices`.
+    slices: Range<usize>,
+    /// ELF: file length that covers this chunk's data.
+    file_end: u64,
+}
+
+/// A slice of a chunk: the unit of work.
+struct Slice {
     gpa: Range<u64>,
     /// kdump: index of the first dumped page's descriptor.
     first_desc: u64,
-    /// Pages of the chunk the dump holds.
+    /// Pages of the slice the dump holds.
     pages: u64,
-    /// ELF: file length that covers this chunk's data.
-    file_end: u64,
 }
 
 /// ELF: one PT_LOAD.
@@ -199,6 +216,7 @@ struct Plan {
     keep: Vec<u64>,
     data: Vec<Range<u64>>,
     chunks: Vec<Chunk>,
+    slices: Vec<Slice>,
     kept: u64,
     segs: Vec<Seg>,
 }
@@ -221,46 +239,76 @@ impl Plan {
     }
 }
 
-/// Pages of a chunk read from guest RAM: runs of dumped pages with data.
-struct Piece {
-    gpa: u64,
-    buf: Vec<u8>,
-    /// Page index ranges in `buf` that are not all zeros.
-    nonzero: Vec<Range<usize>>,
-}
+/// One page, aligned as `O_DIRECT` wants its memory.
+#[derive(Clone)]
+#[repr(C, align(4096))]
+struct Page([u8; PAGE_SIZE as usize]);
 
-impl Piece {
-    fn new(gpa: u64, buf: Vec<u8>) -> Piece {
-        let page = PAGE_SIZE as usize;
-        let mut nonzero: Vec<Range<usize>> = Vec::new();
-        for (i, p) in buf.chunks(page).enumerate() {
-            if is_zero(p) {
-                continue;
-            }
-            match nonzero.last_mut() {
-                Some(r) if r.end == i => r.end = i + 1,
-                _ => nonzero.push(i..i + 1),
-            }
+/// A page-aligned buffer.
+struct Pages(Vec<Page>);
+
+impl Pages {
+    fn new(pages: usize) -> Pages {
+        Pages(vec![Page([0; PAGE_SIZE as usize]); pages])
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Page` is a plain byte array with no padding (size 4096,
+        // align 4096), so the vector's pages are `len * 4096` initialised,
+        // contiguous bytes, borrowed for as long as `self` is.
+        unsafe {
+            std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * PAGE_SIZE as usize)
         }
-        Piece { gpa, buf, nonzero }
     }
 
-    fn nonzero_pages(&self) -> usize {
-        self.nonzero.iter().map(|r| r.end - r.start).sum()
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and the borrow is exclusive.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.0.as_mut_ptr().cast(),
+                self.0.len() * PAGE_SIZE as usize,
+            )
+        }
     }
 }
 
-/// A worker's result for one chunk.
-type WorkResult = Result<ChunkOut, Box<dyn std::error::Error + Send + Sync>>;
+/// Buffers handed back by the writer, for the workers to fill again.
+#[derive(Default)]
+struct Pool(Mutex<Vec<Pages>>);
 
-/// What a worker hands the writer for one chunk.
-enum ChunkOut {
-    Elf(Vec<Piece>),
+impl Pool {
+    /// A buffer of at least `pages` pages (old contents left in it).
+    fn take(&self, pages: usize) -> Pages {
+        let mut free = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match free.iter().position(|b| b.0.len() >= pages) {
+            Some(i) => free.swap_remove(i),
+            None => Pages::new(pages),
+        }
+    }
+
+    fn give(&self, b: Pages) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
+}
+
+/// A worker's result for one slice.
+type WorkResult = Result<SliceOut, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What a worker hands the writer for one slice.
+enum SliceOut {
+    /// ELF: the slice's pages (page `i` of `buf` is the slice's page `i`)
+    /// and the runs of them to write: read, dumped and not all zeros.
+    Elf {
+        buf: Pages,
+        nonzero: Vec<Range<usize>>,
+    },
     /// kdump: per dumped page, `None` for a zero page or the stored length
-    /// and flags; the stored bytes concatenated.
+    /// and flags; the stored bytes concatenated, `len` of them, in `data`
+    /// padded with zeros to a whole page.
     Kdump {
         pages: Vec<Option<(u32, u32)>>,
-        data: Vec<u8>,
+        data: Pages,
+        len: usize,
     },
 }
 
@@ -298,16 +346,16 @@ impl Compressor {
         })
     }
 
-    /// Appends `page` to `out` compressed if that makes it smaller, else raw;
-    /// returns (stored length, descriptor flags).
-    fn page(&mut self, page: &[u8], out: &mut Vec<u8>) -> Result<(u32, u32), std::io::Error> {
-        let start = out.len();
-        out.resize(start + page.len() - 1, 0);
+    /// Stores `page` at the start of `out` (at least a page long),
+    /// compressed if that makes it smaller, else raw; returns (stored
+    /// length, descriptor flags).
+    fn page(&mut self, page: &[u8], out: &mut [u8]) -> (u32, u32) {
+        let room = &mut out[..page.len() - 1];
         let got = match self {
             Compressor::None => None,
             Compressor::Zlib(z) => {
                 z.reset();
-                match z.compress(page, &mut out[start..], flate2::FlushCompress::Finish) {
+                match z.compress(page, room, flate2::FlushCompress::Finish) {
                     Ok(flate2::Status::StreamEnd) => {
                         Some((z.total_out() as usize, kdump::DUMP_DH_COMPRESSED_ZLIB))
                     }
@@ -315,26 +363,22 @@ impl Compressor {
                 }
             }
             Compressor::Zstd(z) => z
-                .compress_to_buffer(page, &mut out[start..])
+                .compress_to_buffer(page, room)
                 .ok()
                 .map(|n| (n, kdump::DUMP_DH_COMPRESSED_ZSTD)),
             Compressor::Lzo => {
                 let c = lzo1x::compress(page, lzo1x::CompressLevel::new(3));
-                out.get_mut(start..start + c.len()).map(|dst| {
+                room.get_mut(..c.len()).map(|dst| {
                     dst.copy_from_slice(&c);
                     (c.len(), kdump::DUMP_DH_COMPRESSED_LZO)
                 })
             }
         };
         match got {
-            Some((n, flags)) => {
-                out.truncate(start + n);
-                Ok((n as u32, flags))
-            }
+            Some((n, flags)) => (n as u32, flags),
             None => {
-                out.truncate(start);
-                out.extend_from_slice(page);
-                Ok((page.len() as u32, 0))
+                out[..page.len()].copy_from_slice(page);
+                (page.len() as u32, 0)
             }
         }
     }
@@ -402,6 +446,7 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             keep,
             data,
             chunks: Vec::new(),
+            slices: Vec::new(),
             kept,
             segs: Vec::new(),
         };
@@ -415,25 +460,33 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             }
         }
         let mut desc = 0;
-        let mut chunks = Vec::new();
         for r in &plan.ranges {
             let mut at = r.start;
             while at < r.end {
                 let end = ((at / opts.chunk_bytes + 1) * opts.chunk_bytes).min(r.end);
-                let pages = (at / PAGE_SIZE..end / PAGE_SIZE)
-                    .filter(|&p| plan.kept(p))
-                    .count();
-                chunks.push(Chunk {
+                let first = plan.slices.len();
+                let mut s = at;
+                while s < end {
+                    let e = (s + SLICE_BYTES).min(end);
+                    let pages = (s / PAGE_SIZE..e / PAGE_SIZE)
+                        .filter(|&p| plan.kept(p))
+                        .count() as u64;
+                    plan.slices.push(Slice {
+                        gpa: s..e,
+                        first_desc: desc,
+                        pages,
+                    });
+                    desc += pages;
+                    s = e;
+                }
+                plan.chunks.push(Chunk {
                     gpa: at..end,
-                    first_desc: desc,
-                    pages: pages as u64,
+                    slices: first..plan.slices.len(),
                     file_end: 0,
                 });
-                desc += pages as u64;
                 at = end;
             }
         }
-        plan.chunks = chunks;
         Ok(plan)
     }
 
@@ -520,6 +573,14 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             desc_at: 0,
             zero_page: 0,
             cursor: 0,
+            data_end: 0,
+            // Page data goes around the page cache when it can: one copy less,
+            // and no dirty pages for the flushes to find.
+            direct: OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&partial)
+                .ok(),
         };
         let header = match opts.format {
             Format::Elf => run.elf_header(&mut plan, &notes),
@@ -544,6 +605,8 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
                     }
                 }
                 Format::Kdump { compress } => {
+                    // Without the last slice's padding.
+                    file.set_len(run.data_end)?;
                     run.kdump_header(&plan, &notes, info.as_ref(), compress, filter, cpus, false)?
                 }
             }
@@ -557,6 +620,7 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             Ok(())
         };
         finish().map_err(|e| run.stopped(e))?;
+
         Ok(DumpReport {
             path: out.to_path_buf(),
             format: opts.format,
@@ -573,67 +637,92 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
         })
     }
 
-    /// Reads one chunk: runs of dumped pages that hold data, one read each.
-    fn read_chunk(
+    /// Reads the slice's dumped pages that hold data into `buf` (page `i` of
+    /// `buf` is the slice's page `i`), one read per run; returns the runs
+    /// read, as page indexes.
+    fn read_slice(
         &self,
         plan: &Plan,
-        c: &Chunk,
-    ) -> Result<Vec<Piece>, rebound_guestmem::MemoryError> {
-        let mut pieces = Vec::new();
-        let mut pfn = c.gpa.start / PAGE_SIZE;
-        let end = c.gpa.end / PAGE_SIZE;
-        while pfn < end {
-            let wanted = |p: u64| plan.kept(p) && plan.has_data(p * PAGE_SIZE);
-            if !wanted(pfn) {
-                pfn += 1;
+        s: &Slice,
+        buf: &mut [u8],
+    ) -> Result<Vec<Range<usize>>, rebound_guestmem::MemoryError> {
+        let base = s.gpa.start / PAGE_SIZE;
+        let n = ((s.gpa.end - s.gpa.start) / PAGE_SIZE) as usize;
+        let wanted = |i: usize| {
+            let pfn = base + i as u64;
+            plan.kept(pfn) && plan.has_data(pfn * PAGE_SIZE)
+        };
+        let page = PAGE_SIZE as usize;
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < n {
+            if !wanted(i) {
+                i += 1;
                 continue;
             }
-            let first = pfn;
-            while pfn < end && wanted(pfn) {
-                pfn += 1;
+            let first = i;
+            while i < n && wanted(i) {
+                i += 1;
             }
-            let buf = self
-                .mem
-                .read_vec(first * PAGE_SIZE, ((pfn - first) * PAGE_SIZE) as usize)?;
-            pieces.push(Piece::new(first * PAGE_SIZE, buf));
+            self.mem.read(
+                (base + first as u64) * PAGE_SIZE,
+                &mut buf[first * page..i * page],
+            )?;
+            runs.push(first..i);
         }
-        Ok(pieces)
+        Ok(runs)
     }
 
-    fn work(
-        &self,
-        plan: &Plan,
-        c: &Chunk,
-        comp: &mut Option<Compressor>,
-    ) -> Result<ChunkOut, Box<dyn std::error::Error + Send + Sync>> {
-        let pieces = self.read_chunk(plan, c)?;
-        let Some(comp) = comp else {
-            return Ok(ChunkOut::Elf(pieces));
+    /// A worker's part of one slice: read, find zero pages, compress.
+    fn work(&self, plan: &Plan, s: &Slice, w: &mut Worker, pool: &Pool) -> WorkResult {
+        let n = ((s.gpa.end - s.gpa.start) / PAGE_SIZE) as usize;
+        let page = PAGE_SIZE as usize;
+        let Some(comp) = &mut w.comp else {
+            let mut buf = pool.take(n);
+            let read = self.read_slice(plan, s, buf.bytes_mut())?;
+            let bytes = buf.bytes();
+            let mut nonzero: Vec<Range<usize>> = Vec::new();
+            for i in read.into_iter().flatten() {
+                if is_zero(&bytes[i * page..(i + 1) * page]) {
+                    continue;
+                }
+                match nonzero.last_mut() {
+                    Some(r) if r.end == i => r.end = i + 1,
+                    _ => nonzero.push(i..i + 1),
+                }
+            }
+            return Ok(SliceOut::Elf { buf, nonzero });
         };
-        let mut pages = Vec::new();
-        let mut data = Vec::new();
-        let mut next = pieces.iter().peekable();
-        for pfn in c.gpa.start / PAGE_SIZE..c.gpa.end / PAGE_SIZE {
-            if !plan.kept(pfn) {
+        // kdump: read into the worker's own buffer, store into a pooled one.
+        if w.read.0.len() < n {
+            w.read = Pages::new(n);
+        }
+        let read = self.read_slice(plan, s, w.read.bytes_mut())?;
+        let src = w.read.bytes();
+        let mut data = pool.take(s.pages as usize);
+        let out = data.bytes_mut();
+        let mut len = 0;
+        let mut pages = Vec::with_capacity(s.pages as usize);
+        let mut runs = read.iter().peekable();
+        let base = s.gpa.start / PAGE_SIZE;
+        for i in 0..n {
+            if !plan.kept(base + i as u64) {
                 continue;
             }
-            let gpa = pfn * PAGE_SIZE;
-            while next
-                .peek()
-                .is_some_and(|p| p.gpa + p.buf.len() as u64 <= gpa)
-            {
-                next.next();
+            while runs.peek().is_some_and(|r| r.end <= i) {
+                runs.next();
             }
-            let page = next.peek().filter(|p| p.gpa <= gpa).map(|p| {
-                let at = (gpa - p.gpa) as usize;
-                &p.buf[at..at + PAGE_SIZE as usize]
-            });
-            match page {
-                Some(page) if !is_zero(page) => pages.push(Some(comp.page(page, &mut data)?)),
-                _ => pages.push(None),
+            let p = &src[i * page..(i + 1) * page];
+            if runs.peek().is_some_and(|r| r.start <= i) && !is_zero(p) {
+                let (stored, flags) = comp.page(p, &mut out[len..]);
+                len += stored as usize;
+                pages.push(Some((stored, flags)));
+            } else {
+                pages.push(None);
             }
         }
-        Ok(ChunkOut::Kdump { pages, data })
+        out[len..len.next_multiple_of(page)].fill(0);
+        Ok(SliceOut::Kdump { pages, data, len })
     }
 
     fn pipeline(
@@ -643,39 +732,44 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
         run: &mut Run<'_>,
         progress: &mut dyn Progress,
     ) -> Result<(), DumpError> {
-        let n = plan.chunks.len();
+        let n = plan.slices.len();
         let threads = opts.threads.max(1);
-        let window = 2 * threads;
+        let window = 4 * threads;
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
         let done = (Mutex::new(0usize), Condvar::new());
+        let pool = Pool::default();
         let (tx, rx) = mpsc::sync_channel(window);
-        let mut comps = Vec::new();
+        let mut workers = Vec::new();
         for _ in 0..threads {
-            comps.push(match opts.format {
+            let comp = match opts.format {
                 Format::Elf => None,
                 Format::Kdump { compress } => {
                     Some(Compressor::new(compress).map_err(|e| run.stopped(e.into()))?)
                 }
+            };
+            workers.push(Worker {
+                comp,
+                read: Pages::new(0),
             });
         }
         std::thread::scope(|s| -> Result<(), DumpError> {
-            for mut comp in comps {
+            for mut worker in workers {
                 let tx = tx.clone();
-                let (next, stop, done) = (&next, &stop, &done);
+                let (next, stop, done, pool) = (&next, &stop, &done, &pool);
                 s.spawn(move || {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= n || stop.load(Ordering::Relaxed) {
                             return;
                         }
-                        // Stay within `window` chunks of the writer.
+                        // Stay within `window` slices of the writer.
                         let mut w = done.0.lock().unwrap_or_else(|e| e.into_inner());
                         while i >= *w + window && !stop.load(Ordering::Relaxed) {
                             w = done.1.wait(w).unwrap_or_else(|e| e.into_inner());
                         }
                         drop(w);
-                        let out = self.work(plan, &plan.chunks[i], &mut comp);
+                        let out = self.work(plan, &plan.slices[i], &mut worker, pool);
                         if tx.send((i, out)).is_err() {
                             return;
                         }
@@ -700,7 +794,7 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
                 flushed,
                 outstanding: 0,
             };
-            let result = run.write_in_order(plan, opts, &rx, &done, flusher, progress);
+            let result = run.write_in_order(plan, opts, &rx, &done, &pool, flusher, progress);
             if result.is_err() {
                 // Under the lock, so no worker misses the wake-up.
                 let _w = done.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -711,6 +805,13 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             result
         })
     }
+}
+
+/// A worker thread's own state.
+struct Worker {
+    comp: Option<Compressor>,
+    /// kdump: the slice's pages as read, before they are stored.
+    read: Pages,
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -810,6 +911,10 @@ struct Run<'f> {
     desc_at: u64,
     zero_page: u64,
     cursor: u64,
+    /// kdump: the end of the last page data stored (`cursor` less padding).
+    data_end: u64,
+    /// The same file opened with `O_DIRECT`, while the file system takes it.
+    direct: Option<File>,
 }
 
 impl Run<'_> {
@@ -972,22 +1077,28 @@ impl Run<'_> {
         }
         self.file.write_all_at(&dumped, l.bitmap2_offset())?;
         // Descriptors stay zero (not written) until their chunk is; then the
-        // shared zero page, left as a hole.
+        // shared zero page, left as a hole, on a page boundary so that page
+        // data starts on one (every slice's data then starts and ends on a
+        // page boundary and goes out with O_DIRECT; descriptors hold
+        // offsets, so the padding costs readers nothing).
         self.desc_at = l.desc_offset();
-        self.zero_page = l.desc_offset() + plan.kept * PAGE_DESC_SIZE;
+        self.zero_page = (l.desc_offset() + plan.kept * PAGE_DESC_SIZE).next_multiple_of(PAGE_SIZE);
         self.cursor = self.zero_page + PAGE_SIZE;
+        self.data_end = self.cursor;
         self.file.set_len(self.cursor)?;
         self.written += (PAGE_SIZE + block1.len() as u64) + 2 * l.bitmap_len();
         Ok(())
     }
 
-    /// Receives chunks, writes them in order, flushes each batch.
+    /// Receives slices, writes them in order, flushes each batch of chunks.
+    #[allow(clippy::too_many_arguments)]
     fn write_in_order(
         &mut self,
         plan: &Plan,
         opts: &DumpOptions,
         rx: &mpsc::Receiver<(usize, WorkResult)>,
         done: &(Mutex<usize>, Condvar),
+        pool: &Pool,
         mut flusher: Flusher,
         progress: &mut dyn Progress,
     ) -> Result<(), DumpError> {
@@ -995,42 +1106,26 @@ impl Run<'_> {
         let mut waiting = std::collections::BTreeMap::new();
         let mut batch: Vec<Range<u64>> = Vec::new();
         let mut covered = 0u64;
-        for i in 0..n {
-            let out = loop {
-                if let Some(o) = waiting.remove(&i) {
-                    break o;
-                }
-                let Ok((j, o)) = rx.recv() else {
-                    return Err(self.stopped("a worker thread ended early".into()));
+        for (i, c) in plan.chunks.iter().enumerate() {
+            for j in c.slices.clone() {
+                let out = loop {
+                    if let Some(o) = waiting.remove(&j) {
+                        break o;
+                    }
+                    let Ok((k, o)) = rx.recv() else {
+                        return Err(self.stopped("a worker thread ended early".into()));
+                    };
+                    waiting.insert(k, o);
                 };
-                waiting.insert(j, o);
-            };
-            let c = &plan.chunks[i];
-            let out = out.map_err(|e| self.stopped(e))?;
-            let wrote = match out {
-                ChunkOut::Elf(pieces) => {
-                    let nonzero: usize = pieces.iter().map(Piece::nonzero_pages).sum();
-                    self.zero_pages += c.pages - nonzero as u64;
-                    self.write_elf_chunk(plan, &pieces)
-                }
-                ChunkOut::Kdump { pages, data } => {
-                    let descs = kdump_descs(&pages, self.zero_page, self.cursor);
-                    self.zero_pages += pages.iter().filter(|p| p.is_none()).count() as u64;
-                    let at = self.desc_at + c.first_desc * PAGE_DESC_SIZE;
-                    let r = self
-                        .file
-                        .write_all_at(&data, self.cursor)
-                        .and_then(|_| self.file.write_all_at(&descs, at));
-                    self.cursor += data.len() as u64;
-                    r.map(|_| (data.len() + descs.len()) as u64)
-                }
-            };
-            self.written += wrote.map_err(|e| self.stopped(e.into()))?;
+                let out = out.map_err(|e| self.stopped(e))?;
+                let wrote = self.write_slice(plan, &plan.slices[j], out, pool);
+                self.written += wrote.map_err(|e| self.stopped(e.into()))?;
+                *done.0.lock().unwrap_or_else(|e| e.into_inner()) = j + 1;
+                done.1.notify_all();
+            }
             covered += c.gpa.end - c.gpa.start;
             batch.push(c.gpa.clone());
             progress.advanced(covered, self.written);
-            *done.0.lock().unwrap_or_else(|e| e.into_inner()) = i + 1;
-            done.1.notify_all();
             start_writeback(self.file);
             while let Ok(r) = flusher.flushed.try_recv() {
                 flusher.outstanding -= 1;
@@ -1065,6 +1160,67 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Writes one slice where it goes; returns the bytes written.
+    fn write_slice(
+        &mut self,
+        plan: &Plan,
+        s: &Slice,
+        out: SliceOut,
+        pool: &Pool,
+    ) -> std::io::Result<u64> {
+        let page = PAGE_SIZE as usize;
+        let wrote = match out {
+            SliceOut::Elf { buf, nonzero } => {
+                let pages: usize = nonzero.iter().map(|r| r.end - r.start).sum();
+                self.zero_pages += s.pages - pages as u64;
+                let bytes = buf.bytes();
+                for r in &nonzero {
+                    let gpa = s.gpa.start + (r.start * page) as u64;
+                    let off = plan.elf_offset(gpa).ok_or_else(|| {
+                        std::io::Error::other(format!("GPA {gpa:#x} has no place in the ELF file"))
+                    })?;
+                    self.put(&bytes[r.start * page..r.end * page], off)?;
+                }
+                pool.give(buf);
+                (pages * page) as u64
+            }
+            SliceOut::Kdump { pages, data, len } => {
+                let descs = kdump_descs(&pages, self.zero_page, self.cursor);
+                self.zero_pages += pages.iter().filter(|p| p.is_none()).count() as u64;
+                let padded = len.next_multiple_of(page);
+                self.put(&data.bytes()[..padded], self.cursor)?;
+                pool.give(data);
+                self.data_end = self.cursor + len as u64;
+                self.cursor += padded as u64;
+                let at = self.desc_at + s.first_desc * PAGE_DESC_SIZE;
+                self.file.write_all_at(&descs, at)?;
+                (padded + descs.len()) as u64
+            }
+        };
+        Ok(wrote)
+    }
+
+    /// Writes `bytes` at `off`: with `O_DIRECT` when it is long and aligned
+    /// (and the file system takes it), else through the page cache.
+    fn put(&mut self, bytes: &[u8], off: u64) -> std::io::Result<()> {
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(PAGE_SIZE as usize)
+            && off.is_multiple_of(PAGE_SIZE)
+            && bytes.len().is_multiple_of(PAGE_SIZE as usize);
+        if let Some(d) = self
+            .direct
+            .as_ref()
+            .filter(|_| aligned && bytes.len() >= DIRECT_MIN)
+        {
+            match d.write_all_at(bytes, off) {
+                Ok(()) => return Ok(()),
+                // Not for this file system after all: the page cache from now on.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct = None,
+                Err(e) => return Err(e),
+            }
+        }
+        self.file.write_all_at(bytes, off)
+    }
+
     fn wait_flush(
         &mut self,
         flusher: &mut Flusher,
@@ -1089,24 +1245,6 @@ impl Run<'_> {
             progress.durable(g);
         }
         Ok(())
-    }
-
-    /// ELF: writes the non-zero pages of each piece at their file offsets.
-    fn write_elf_chunk(&mut self, plan: &Plan, pieces: &[Piece]) -> std::io::Result<u64> {
-        let mut wrote = 0;
-        let page = PAGE_SIZE as usize;
-        for p in pieces {
-            for r in &p.nonzero {
-                let gpa = p.gpa + (r.start * page) as u64;
-                let off = plan.elf_offset(gpa).ok_or_else(|| {
-                    std::io::Error::other(format!("GPA {gpa:#x} has no place in the ELF file"))
-                })?;
-                self.file
-                    .write_all_at(&p.buf[r.start * page..r.end * page], off)?;
-                wrote += ((r.end - r.start) * page) as u64;
-            }
-        }
-        Ok(wrote)
     }
 }
 
@@ -1182,6 +1320,7 @@ mod tests {
             keep,
             data: vec![],
             chunks: vec![],
+            slices: vec![],
             kept: 0,
             segs: vec![],
         };
@@ -1199,13 +1338,14 @@ mod tests {
 
     #[test]
     fn pages_that_do_not_shrink_are_stored_raw() {
-        let mut data = Vec::new();
+        let mut data = vec![0u8; 4096];
         let mut z = Compressor::new(Compress::Zstd).unwrap();
         let zeros = vec![0u8; 4096];
-        let (n, f) = z.page(&zeros, &mut data).unwrap();
+        let (n, f) = z.page(&zeros, &mut data);
         assert_eq!(f, kdump::DUMP_DH_COMPRESSED_ZSTD);
-        assert!(n < 100 && data.len() == n as usize);
-        assert_eq!(zstd::bulk::decompress(&data, 4096).unwrap(), zeros);
+        assert!(n < 100);
+        let back = zstd::bulk::decompress(&data[..n as usize], 4096).unwrap();
+        assert_eq!(back, zeros);
         let mut rng = 0x1234_5678u64;
         let noise: Vec<u8> = (0..4096)
             .map(|_| {
@@ -1221,15 +1361,16 @@ mod tests {
             Compress::Lzo,
             Compress::None,
         ] {
-            let mut out = vec![1, 2, 3];
-            let (n, f) = Compressor::new(c).unwrap().page(&noise, &mut out).unwrap();
+            let mut out = vec![1; 4099];
+            let (n, f) = Compressor::new(c).unwrap().page(&noise, &mut out[3..]);
             assert_eq!((n, f), (4096, 0), "{c:?}");
+            assert_eq!(&out[..3], &[1, 1, 1]);
             assert_eq!(&out[3..], &noise[..]);
         }
         let mut zl = Compressor::new(Compress::Zlib).unwrap();
         let text = b"Kernel panic - not syncing: sysrq triggered crash\n".repeat(100);
-        let mut out = Vec::new();
-        let (n, f) = zl.page(&text[..4096], &mut out).unwrap();
+        let mut out = vec![0u8; 4096];
+        let (n, f) = zl.page(&text[..4096], &mut out);
         assert_eq!(f, kdump::DUMP_DH_COMPRESSED_ZLIB);
         let mut d = flate2::Decompress::new(true);
         let mut back = vec![0u8; 4096];

@@ -1,0 +1,29 @@
+//! Snapshot directories of QEMU guests, as `docs/snapshot-format.md` describes them:
+//!
+//! - [`manifest`]: the versioned manifest, a directory that is complete or absent
+//!   ([`SnapshotDir`]), opening and checking one ([`Snapshot`]);
+//! - [`image`]: the RAM image, copied sparse, fast and durable, with per-chunk
+//!   checksums;
+//! - [`trace`]: the working-set trace (first-access-first-load order), recorded from
+//!   QEMU's page table, and the paper's working-set estimate and hit rate;
+//! - [`load`]: reading an image's pages into the page cache in the order a restore
+//!   mode wants, before and after the guest starts.
+
+pub mod image;
+pub mod load;
+pub mod manifest;
+pub mod trace;
+
+pub use image::{copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError};
+pub use load::{ImageFile, LoadError, LoadStats, Loader, RestOrder};
+pub use manifest::{
+    DiskEntry, FileEntry, Manifest, ManifestError, RamBlock, Snapshot, SnapshotDir, TraceInfo,
+    VerifyReport, FORMAT_VERSION, MANIFEST_FORMAT,
+};
+pub use trace::{
+    elastic_pages, estimate_wss, hit_rate_accuracy, unmap_for_trace, PagemapTracer, Trace,
+    TraceError, TracePage,
+};
+
+/// Guest pages are 4 KiB on every machine Rebound runs.
+pub const PAGE_SIZE: u64 = 4096;

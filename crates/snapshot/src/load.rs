@@ -1,0 +1,586 @@
+//! Reading a snapshot's RAM image into the host page cache in the order a restore
+//! wants. QEMU maps the image private, so a page in the page cache costs the guest
+//! only a minor fault on first touch; a page that is not costs a read from the
+//! disk. Before the start: the first N working-set pages, sorted by file offset and
+//! read in coalesced runs (HotRestore section 5.2); after it, in the background,
+//! the rest of the trace in first-access order, then every other data extent in
+//! file order.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::trace::{Trace, TracePage};
+use crate::PAGE_SIZE;
+
+/// Errors loading images.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {0}")]
+    Read(PathBuf, #[source] io::Error),
+    #[error("the trace names RAM block {0}, which the snapshot does not have")]
+    NoBlock(u16),
+    #[error("the trace names page {1} of RAM block {0}, past its end")]
+    OutOfRange(u16, u64),
+    #[error("{0} is {1} bytes, expected {2}")]
+    Size(PathBuf, u64, u64),
+}
+
+/// One RAM block's image.
+pub struct ImageFile {
+    pub block: u16,
+    pub path: PathBuf,
+    pub size: u64,
+}
+
+/// What the background loader reads after the working set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestOrder {
+    /// The rest of the trace in first-access order, then the image in file order.
+    Fafl,
+    /// The image in file order only.
+    FileOrder,
+}
+
+/// What a load read: `pages` newly in the cache (data pages only), `bytes` read
+/// (with the small gaps read along), in `reads` reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadStats {
+    pub pages: u64,
+    pub bytes: u64,
+    pub reads: u64,
+    pub seconds: f64,
+}
+
+/// Gaps up to this size between wanted pages are read too: one read instead of two.
+const MERGE_GAP: u64 = 64 << 10;
+/// Largest single read.
+const MAX_READ: u64 = 8 << 20;
+/// Background batches of trace pages.
+const BATCH: usize = 256;
+
+/// A set of pages, one bit each.
+struct Bitmap(Vec<u64>);
+
+impl Bitmap {
+    fn new(pages: u64) -> Bitmap {
+        Bitmap(vec![0; pages.div_ceil(64) as usize])
+    }
+
+    fn get(&self, page: u64) -> bool {
+        self.0[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
+
+    /// Sets the bit; false if it was set already.
+    fn set(&mut self, page: u64) -> bool {
+        let was = self.get(page);
+        self.0[(page / 64) as usize] |= 1 << (page % 64);
+        !was
+    }
+}
+
+struct Image {
+    block: u16,
+    path: PathBuf,
+    file: File,
+    size: u64,
+    /// Data extents (holes are zero pages: nothing to load).
+    data: Vec<Range<u64>>,
+    /// Pages with data.
+    has_data: Bitmap,
+    /// Pages read already.
+    loaded: Bitmap,
+}
+
+impl Image {
+    /// Reads `off..end` into `buf` and marks its data pages loaded; returns how
+    /// many were new.
+    fn read(&mut self, buf: &mut [u8], off: u64, end: u64) -> Result<u64, LoadError> {
+        self.file
+            .read_exact_at(&mut buf[..(end - off) as usize], off)
+            .map_err(|e| LoadError::Read(self.path.clone(), e))?;
+        let mut new = 0;
+        for p in off / PAGE_SIZE..end / PAGE_SIZE {
+            if self.has_data.get(p) && self.loaded.set(p) {
+                new += 1;
+            }
+        }
+        Ok(new)
+    }
+
+    /// Tells the kernel how the next reads go: exactly the pages asked for
+    /// (`random`), or ahead of them.
+    fn advise(&self, random: bool) {
+        let advice = if random {
+            libc::POSIX_FADV_RANDOM
+        } else {
+            libc::POSIX_FADV_SEQUENTIAL
+        };
+        // SAFETY: posix_fadvise on an fd this image owns; no memory is involved. Advice
+        // only: a failure changes nothing but speed.
+        unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, advice) };
+    }
+}
+
+/// Loads the images of one restore.
+pub struct Loader {
+    images: Vec<Image>,
+    trace: Vec<TracePage>,
+    /// Trace pages handed out so far.
+    next: usize,
+    buf: Vec<u8>,
+    /// Data bytes of all images, and those loaded so far (by any call).
+    total: u64,
+    done: u64,
+}
+
+impl Loader {
+    /// Opens the images (each must have its size) and checks that the trace names
+    /// only their pages.
+    pub fn new(images: Vec<ImageFile>, trace: Option<Trace>) -> Result<Loader, LoadError> {
+        let mut out = Vec::new();
+        for i in images {
+            let rerr = |e| LoadError::Read(i.path.clone(), e);
+            let file = File::open(&i.path).map_err(rerr)?;
+            let len = file.metadata().map_err(rerr)?.len();
+            if len != i.size {
+                return Err(LoadError::Size(i.path.clone(), len, i.size));
+            }
+            let data = crate::image::data_extents(&file, i.size).map_err(rerr)?;
+            let mut has_data = Bitmap::new(i.size / PAGE_SIZE);
+            for r in &data {
+                for p in r.start / PAGE_SIZE..r.end.div_ceil(PAGE_SIZE) {
+                    has_data.set(p);
+                }
+            }
+            out.push(Image {
+                block: i.block,
+                loaded: Bitmap::new(i.size / PAGE_SIZE),
+                has_data,
+                path: i.path,
+                file,
+                size: i.size,
+                data,
+            });
+        }
+        let trace = trace.map(|t| t.pages).unwrap_or_default();
+        for p in &trace {
+            let img = out
+                .iter()
+                .find(|i| i.block == p.block)
+                .ok_or(LoadError::NoBlock(p.block))?;
+            if p.page >= img.size / PAGE_SIZE {
+                return Err(LoadError::OutOfRange(p.block, p.page));
+            }
+        }
+        let total = out
+            .iter()
+            .flat_map(|i| i.data.iter().map(|r| r.end - r.start))
+            .sum();
+        Ok(Loader {
+            images: out,
+            trace,
+            next: 0,
+            buf: vec![0u8; MAX_READ as usize],
+            total,
+            done: 0,
+        })
+    }
+
+    /// Data bytes of all images: what an eager restore reads.
+    pub fn data_bytes(&self) -> u64 {
+        self.total
+    }
+
+    /// Trace pages in all.
+    pub fn trace_pages(&self) -> usize {
+        self.trace.len()
+    }
+
+    fn index(&self, block: u16) -> usize {
+        self.images
+            .iter()
+            .position(|i| i.block == block)
+            .expect("trace blocks checked in new")
+    }
+
+    /// Reads those of `pages` (any order) that have data and are not loaded yet:
+    /// per block sorted by offset, runs with gaps up to `MERGE_GAP` in one read.
+    fn load_pages(
+        &mut self,
+        pages: &[TracePage],
+        mut rate: Option<&mut Bucket>,
+        stop: &AtomicBool,
+    ) -> Result<LoadStats, LoadError> {
+        let mut st = LoadStats::default();
+        let mut want: Vec<TracePage> = pages
+            .iter()
+            .filter(|p| {
+                let img = &self.images[self.index(p.block)];
+                img.has_data.get(p.page) && !img.loaded.get(p.page)
+            })
+            .copied()
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let mut i = 0;
+        while i < want.len() && !stop.load(Ordering::Relaxed) {
+            let (block, start) = (want[i].block, want[i].page);
+            let mut end = start + 1;
+            i += 1;
+            while let Some(p) = want.get(i) {
+                if p.block != block
+                    || (p.page - end) * PAGE_SIZE > MERGE_GAP
+                    || (p.page + 1 - start) * PAGE_SIZE > MAX_READ
+                {
+                    break;
+                }
+                end = p.page + 1;
+                i += 1;
+            }
+            let k = self.index(block);
+            let (off, end) = (start * PAGE_SIZE, end * PAGE_SIZE);
+            st.pages += self.images[k].read(&mut self.buf, off, end)?;
+            st.bytes += end - off;
+            st.reads += 1;
+            if let Some(b) = rate.as_deref_mut() {
+                b.take(end - off, stop);
+            }
+        }
+        self.done += st.pages * PAGE_SIZE;
+        Ok(st)
+    }
+
+    /// Reads the first `n` trace pages into the page cache before the guest starts:
+    /// sorted by offset, runs coalesced, with plain reads, so they are cached when
+    /// this returns. Pages that are holes in the image are skipped.
+    pub fn load_first(&mut self, n: usize) -> Result<LoadStats, LoadError> {
+        let t = Instant::now();
+        let n = n.min(self.trace.len());
+        let pages: Vec<TracePage> = self.trace[..n].to_vec();
+        self.next = n;
+        // Readahead would spend the time before the start on pages not asked for.
+        self.images.iter().for_each(|i| i.advise(true));
+        let mut st = self.load_pages(&pages, None, &AtomicBool::new(false))?;
+        st.seconds = t.elapsed().as_secs_f64();
+        Ok(st)
+    }
+
+    /// Reads every data extent of every image, in file order (eager).
+    /// `progress(done, total)` in data bytes.
+    pub fn load_all(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<LoadStats, LoadError> {
+        let t = Instant::now();
+        self.next = self.trace.len();
+        let mut st = LoadStats::default();
+        self.load_files(&AtomicBool::new(false), None, progress, &mut st)?;
+        st.seconds = t.elapsed().as_secs_f64();
+        Ok(st)
+    }
+
+    /// The background part, after the guest started: the rest of the trace in
+    /// first-access order (`RestOrder::Fafl`, batches of 256 pages, each sorted and
+    /// coalesced), then every data extent not loaded yet in file order. Stops early
+    /// when `stop` is set; `rate` caps the bytes read per second;
+    /// `progress(done, total)` in data bytes, counting what `load_first` read.
+    pub fn load_rest(
+        &mut self,
+        order: RestOrder,
+        stop: &AtomicBool,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<LoadStats, LoadError> {
+        let t = Instant::now();
+        let mut bucket = rate.map(Bucket::new);
+        let mut st = LoadStats::default();
+        if order == RestOrder::Fafl {
+            while self.next < self.trace.len() && !stop.load(Ordering::Relaxed) {
+                let end = (self.next + BATCH).min(self.trace.len());
+                let batch = self.trace[self.next..end].to_vec();
+                self.next = end;
+                st.add(&self.load_pages(&batch, bucket.as_mut(), stop)?);
+                progress(self.done, self.total);
+            }
+        }
+        if !stop.load(Ordering::Relaxed) {
+            self.load_files(stop, bucket.as_mut(), progress, &mut st)?;
+        }
+        st.seconds = t.elapsed().as_secs_f64();
+        Ok(st)
+    }
+
+    /// Every data extent not loaded yet, in file order.
+    fn load_files(
+        &mut self,
+        stop: &AtomicBool,
+        mut rate: Option<&mut Bucket>,
+        progress: &mut dyn FnMut(u64, u64),
+        st: &mut LoadStats,
+    ) -> Result<(), LoadError> {
+        for k in 0..self.images.len() {
+            self.images[k].advise(false);
+            for r in self.images[k].data.clone() {
+                let mut at = r.start;
+                while at < r.end {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    let img = &mut self.images[k];
+                    // Skip pages loaded already; read the next run of unloaded ones.
+                    if img.loaded.get(at / PAGE_SIZE) {
+                        at += PAGE_SIZE;
+                        continue;
+                    }
+                    let mut end = at + PAGE_SIZE;
+                    while end < r.end && end - at < MAX_READ && !img.loaded.get(end / PAGE_SIZE) {
+                        end += PAGE_SIZE;
+                    }
+                    let end = end.min(r.end);
+                    let new = img.read(&mut self.buf, at, end)?;
+                    self.done += new * PAGE_SIZE;
+                    st.add(&LoadStats {
+                        pages: new,
+                        bytes: end - at,
+                        reads: 1,
+                        seconds: 0.0,
+                    });
+                    if let Some(b) = rate.as_deref_mut() {
+                        b.take(end - at, stop);
+                    }
+                    progress(self.done, self.total);
+                    at = end;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LoadStats {
+    fn add(&mut self, o: &LoadStats) {
+        self.pages += o.pages;
+        self.bytes += o.bytes;
+        self.reads += o.reads;
+    }
+}
+
+/// A token bucket: `take` sleeps so that bytes stay under the rate.
+struct Bucket {
+    rate: u64,
+    start: Instant,
+    taken: u64,
+}
+
+impl Bucket {
+    fn new(rate: u64) -> Bucket {
+        Bucket {
+            rate: rate.max(1),
+            start: Instant::now(),
+            taken: 0,
+        }
+    }
+
+    /// Counts `bytes` and sleeps until they are due, in short naps so that a stop
+    /// is not kept waiting.
+    fn take(&mut self, bytes: u64, stop: &AtomicBool) {
+        self.taken += bytes;
+        let due = Duration::from_secs_f64(self.taken as f64 / self.rate as f64);
+        while let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            if stop.load(Ordering::Relaxed) || wait.is_zero() {
+                return;
+            }
+            std::thread::sleep(wait.min(Duration::from_millis(20)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which pages of `path` are in the page cache.
+    fn resident(path: &std::path::Path) -> Vec<bool> {
+        let f = File::open(path).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        // SAFETY: a read-only shared mapping of a file we hold open; only mincore
+        // looks at it (nothing is accessed, so nothing is faulted in), unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut v = vec![0u8; len / PAGE_SIZE as usize];
+        // SAFETY: `v` has one byte per page of the mapping, which lives until munmap.
+        assert_eq!(unsafe { libc::mincore(p, len, v.as_mut_ptr()) }, 0);
+        // SAFETY: unmaps what we mapped; nothing refers to it any more.
+        unsafe { libc::munmap(p, len) };
+        v.into_iter().map(|b| b & 1 == 1).collect()
+    }
+
+    fn tp(block: u16, page: u64) -> TracePage {
+        TracePage { block, page }
+    }
+
+    /// An image on disk (not tmpfs, where every page counts as cached) with 16
+    /// bytes of data in each page except the holes, out of the page cache.
+    fn image(dir: &std::path::Path, name: &str, pages: u64, holes: Range<u64>) -> ImageFile {
+        let path = dir.join(name);
+        let f = File::create(&path).unwrap();
+        f.set_len(pages * PAGE_SIZE).unwrap();
+        for p in (0..pages).filter(|p| !holes.contains(p)) {
+            f.write_all_at(&[1u8; 16], p * PAGE_SIZE).unwrap();
+        }
+        drop(f);
+        crate::image::drop_page_cache(&path).unwrap();
+        ImageFile {
+            block: 0,
+            path,
+            size: pages * PAGE_SIZE,
+        }
+    }
+
+    #[test]
+    fn the_first_trace_pages_are_cached_before_the_start_and_far_ones_are_not() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let pages = 8192; // 32 MiB
+                          // Pages 6000..6100 are a hole: a trace page there has nothing to load.
+        let img = image(d.path(), "ram.img", pages, 6000..6100);
+        let path = img.path.clone();
+        let trace = Trace {
+            pages: vec![
+                tp(0, 5000),
+                tp(0, 12),
+                tp(0, 6050),
+                tp(0, 4000),
+                tp(0, 13),
+                tp(0, 7000),
+            ],
+        };
+        let mut l = Loader::new(vec![img], Some(trace)).unwrap();
+        assert_eq!(l.data_bytes(), (pages - 100) * PAGE_SIZE);
+        let st = l.load_first(5).unwrap();
+        assert_eq!(
+            (st.pages, st.reads, st.bytes),
+            (4, 3, 4 * PAGE_SIZE),
+            "12 and 13 in one read"
+        );
+        let r = resident(&path);
+        for p in [5000, 12, 4000, 13] {
+            assert!(r[p], "page {p} not loaded");
+        }
+        assert!(!r[7000], "the sixth trace page was loaded early");
+        assert!(!r[2000], "a page far from the trace is cached");
+        let cached = r.iter().filter(|&&b| b).count();
+        assert!(cached < 64, "{cached} pages cached for 4 asked");
+
+        // The rest: the last trace page first, then everything, progress to the end.
+        let stop = AtomicBool::new(false);
+        let mut seen = Vec::new();
+        let st = l
+            .load_rest(RestOrder::Fafl, &stop, None, &mut |d, t| seen.push((d, t)))
+            .unwrap();
+        assert_eq!(st.pages, pages - 100 - 4);
+        assert_eq!(
+            seen[0],
+            (5 * PAGE_SIZE, l.data_bytes()),
+            "the trace page first"
+        );
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert_eq!(*seen.last().unwrap(), (l.data_bytes(), l.data_bytes()));
+        let r = resident(&path);
+        assert!((0..pages as usize)
+            .filter(|p| !(6000..6100).contains(p))
+            .all(|p| r[p]));
+    }
+
+    #[test]
+    fn file_order_eager_rate_limits_and_stops() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let pages = 8192;
+        let mk = |name: &str| {
+            let mut i = image(d.path(), name, pages, 0..0);
+            i.block = 3;
+            i
+        };
+        let trace = Trace {
+            pages: vec![tp(3, 100), tp(3, 8000)],
+        };
+        // FileOrder: the trace after the working set is not read first; stopped
+        // after its first read, the file's start is cached and page 8000 is not.
+        let mut l = Loader::new(vec![mk("a.img")], Some(trace.clone())).unwrap();
+        l.load_first(1).unwrap();
+        let stop = AtomicBool::new(false);
+        let st = l
+            .load_rest(RestOrder::FileOrder, &stop, None, &mut |_, _| {
+                stop.store(true, Ordering::Relaxed)
+            })
+            .unwrap();
+        assert_eq!(st.reads, 1);
+        let r = resident(&d.path().join("a.img"));
+        assert!(r[0] && r[100] && !r[8000]);
+
+        // Eager: everything, in big reads.
+        let mut l = Loader::new(vec![mk("b.img")], None).unwrap();
+        let st = l.load_all(&mut |_, _| {}).unwrap();
+        assert_eq!((st.pages, st.reads), (pages, 4));
+        assert!(resident(&d.path().join("b.img")).iter().all(|&b| b));
+
+        // A rate limit holds: 32 MiB at 64 MiB/s takes half a second.
+        let mut l = Loader::new(vec![mk("c.img")], None).unwrap();
+        let t = Instant::now();
+        let st = l
+            .load_rest(
+                RestOrder::Fafl,
+                &AtomicBool::new(false),
+                Some(64 << 20),
+                &mut |_, _| {},
+            )
+            .unwrap();
+        assert_eq!(st.bytes, 32 << 20);
+        assert!(
+            t.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+
+        // A stop is honoured at once.
+        let mut l = Loader::new(vec![mk("d.img")], Some(trace)).unwrap();
+        let stop = AtomicBool::new(true);
+        assert_eq!(
+            l.load_rest(RestOrder::Fafl, &stop, None, &mut |_, _| {})
+                .unwrap()
+                .pages,
+            0
+        );
+
+        // A trace naming other blocks or pages past the image is refused.
+        let e = |t: Vec<TracePage>| {
+            Loader::new(vec![mk("e.img")], Some(Trace { pages: t }))
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            e(vec![tp(0, 1)]),
+            "the trace names RAM block 0, which the snapshot does not have"
+        );
+        assert_eq!(
+            e(vec![tp(3, pages)]),
+            "the trace names page 8192 of RAM block 3, past its end"
+        );
+        // An image of the wrong size is refused.
+        let mut i = mk("f.img");
+        i.size += PAGE_SIZE;
+        assert!(Loader::new(vec![i], None).is_err());
+    }
+}

@@ -185,62 +185,190 @@ pub struct PagemapTracer {
     /// Per block, one bit per page: seen present already.
     seen: Vec<Vec<u64>>,
     order: Vec<TracePage>,
+    /// `PAGEMAP_SCAN` works here (Linux 6.7+); otherwise pagemap entries are read.
+    scan: bool,
     buf: Vec<u8>,
+    regions: Vec<PageRegion>,
 }
 
-/// pagemap: the page is present in RAM, or swapped.
+/// pagemap entry: the page is present in RAM, or swapped.
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
+
+/// `PAGEMAP_SCAN` (linux/fs.h): one ioctl returns the ranges of pages in given
+/// categories, instead of 8 bytes per page that user space must look at.
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: libc::c_ulong = (3 << 30) | (96 << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
+
+/// `struct page_region`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// `struct pm_scan_arg`.
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PageRegion>() == 24);
+const _: () = assert!(std::mem::size_of::<PmScanArg>() == 96);
 
 impl PagemapTracer {
     /// A tracer of QEMU process `pid`'s mappings `(block, host address, length)`.
     pub fn new(pid: u32, blocks: Vec<(u16, u64, u64)>) -> Result<PagemapTracer, TraceError> {
         let pagemap =
             File::open(format!("/proc/{pid}/pagemap")).map_err(|e| TraceError::Pagemap(pid, e))?;
+        if let Some(&(_, a, l)) = blocks
+            .iter()
+            .find(|(_, a, l)| !a.is_multiple_of(PAGE_SIZE) || !l.is_multiple_of(PAGE_SIZE))
+        {
+            return Err(TraceError::Unaligned(a, l));
+        }
         let seen = blocks
             .iter()
             .map(|(_, _, len)| vec![0u64; (len / PAGE_SIZE).div_ceil(64) as usize])
             .collect();
-        Ok(PagemapTracer {
+        let mut t = PagemapTracer {
             pid,
             pagemap,
             blocks,
             seen,
             order: Vec::new(),
+            scan: true,
+            buf: Vec::new(),
+            regions: vec![PageRegion::default(); 4096],
+        };
+        // An empty range tells whether the kernel has the ioctl.
+        if t.scan_range(0, 0).is_err() {
+            t.scan = false;
             // 2 MiB: the entries of 1 GiB of guest RAM in one pread.
-            buf: vec![0u8; 2 << 20],
-        })
+            t.buf = vec![0u8; 2 << 20];
+        }
+        Ok(t)
     }
 
     /// Looks once; appends pages newly present, in address order; returns how many.
     pub fn poll(&mut self) -> Result<usize, TraceError> {
         let before = self.order.len();
-        for (bi, &(block, addr, len)) in self.blocks.iter().enumerate() {
-            let pages = len / PAGE_SIZE;
-            let mut first = 0u64;
-            while first < pages {
-                let n = ((pages - first) as usize).min(self.buf.len() / 8);
-                let off = (addr / PAGE_SIZE + first) * 8;
-                let b = &mut self.buf[..n * 8];
-                self.pagemap
-                    .read_exact_at(b, off)
-                    .map_err(|e| TraceError::Pagemap(self.pid, e))?;
-                for (i, e) in b.chunks_exact(8).enumerate() {
-                    let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
-                    if v & (PM_PRESENT | PM_SWAPPED) == 0 {
-                        continue;
-                    }
-                    let page = first + i as u64;
-                    let (w, bit) = ((page / 64) as usize, page % 64);
-                    if self.seen[bi][w] & (1 << bit) == 0 {
-                        self.seen[bi][w] |= 1 << bit;
-                        self.order.push(TracePage { block, page });
-                    }
-                }
-                first += n as u64;
+        for bi in 0..self.blocks.len() {
+            if self.scan {
+                self.poll_scan(bi)?;
+            } else {
+                self.poll_read(bi)?;
             }
         }
         Ok(self.order.len() - before)
+    }
+
+    fn note(&mut self, bi: usize, page: u64) {
+        let (w, bit) = ((page / 64) as usize, page % 64);
+        if self.seen[bi][w] & (1 << bit) == 0 {
+            self.seen[bi][w] |= 1 << bit;
+            self.order.push(TracePage {
+                block: self.blocks[bi].0,
+                page,
+            });
+        }
+    }
+
+    /// One `PAGEMAP_SCAN` from `start` (host address) to `end`: fills `regions`
+    /// with present or swapped ranges; returns how many and where the walk ended.
+    fn scan_range(&mut self, start: u64, end: u64) -> io::Result<(usize, u64)> {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: 0,
+            start,
+            end,
+            walk_end: 0,
+            vec: self.regions.as_mut_ptr() as u64,
+            vec_len: self.regions.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: 0,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        };
+        // SAFETY: `arg` lives across the call; `vec` points at `regions`, which holds
+        // `vec_len` elements of the kernel's `page_region` layout (asserted above) and
+        // is borrowed mutably here; the kernel writes at most `vec_len` of them.
+        let r = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((r as usize, arg.walk_end))
+    }
+
+    fn poll_scan(&mut self, bi: usize) -> Result<(), TraceError> {
+        let (_, addr, len) = self.blocks[bi];
+        let mut at = addr;
+        while at < addr + len {
+            let (n, walk_end) = self
+                .scan_range(at, addr + len)
+                .map_err(|e| TraceError::Pagemap(self.pid, e))?;
+            for i in 0..n {
+                let r = self.regions[i];
+                let (mut page, end) = ((r.start - addr) / PAGE_SIZE, (r.end - addr) / PAGE_SIZE);
+                while page < end {
+                    // Most of a running guest's pages were seen long ago: 64 at a time.
+                    if page.is_multiple_of(64)
+                        && page + 64 <= end
+                        && self.seen[bi][(page / 64) as usize] == u64::MAX
+                    {
+                        page += 64;
+                        continue;
+                    }
+                    self.note(bi, page);
+                    page += 1;
+                }
+            }
+            if walk_end <= at {
+                break;
+            }
+            at = walk_end;
+        }
+        Ok(())
+    }
+
+    fn poll_read(&mut self, bi: usize) -> Result<(), TraceError> {
+        let (_, addr, len) = self.blocks[bi];
+        let pages = len / PAGE_SIZE;
+        let mut first = 0u64;
+        let mut buf = std::mem::take(&mut self.buf);
+        while first < pages {
+            let n = ((pages - first) as usize).min(buf.len() / 8);
+            let off = (addr / PAGE_SIZE + first) * 8;
+            let b = &mut buf[..n * 8];
+            self.pagemap
+                .read_exact_at(b, off)
+                .map_err(|e| TraceError::Pagemap(self.pid, e))?;
+            for (i, e) in b.chunks_exact(8).enumerate() {
+                let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+                if v & (PM_PRESENT | PM_SWAPPED) != 0 {
+                    self.note(bi, first + i as u64);
+                }
+            }
+            first += n as u64;
+        }
+        self.buf = buf;
+        Ok(())
     }
 
     /// Pages seen so far.
@@ -430,6 +558,61 @@ mod tests {
         }
         .write(&p)
         .is_err());
+    }
+
+    /// Both ways of reading the page table (the ioctl and plain pagemap entries)
+    /// see the same pages, in address order within a poll, each once.
+    #[test]
+    fn both_pagemap_readers_see_the_same_first_touches() {
+        let len = 4usize << 20;
+        // SAFETY: a fresh shared anonymous mapping, unmapped at the end of the test.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let touch = |pages: &[usize]| {
+            for &p in pages {
+                // SAFETY: pages below 1024 are inside the 4 MiB mapping.
+                unsafe { std::ptr::write_volatile((base as *mut u8).add(p * 4096), 1) };
+            }
+        };
+        let blocks = vec![(2u16, base as u64, len as u64)];
+        let pid = std::process::id();
+        let mut scan = PagemapTracer::new(pid, blocks.clone()).unwrap();
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        assert_eq!(
+            scan.scan,
+            (major, minor) >= (6, 7),
+            "PAGEMAP_SCAN on {release}"
+        );
+        let mut read = PagemapTracer::new(pid, blocks).unwrap();
+        read.scan = false;
+        read.buf = vec![0u8; 4096];
+        touch(&[900, 5, 100, 7]);
+        assert_eq!(scan.poll().unwrap(), 4);
+        assert_eq!(read.poll().unwrap(), 4);
+        touch(&[3, 5, 1023]);
+        assert_eq!(scan.poll().unwrap(), 2);
+        assert_eq!(read.poll().unwrap(), 2);
+        let want: Vec<TracePage> = [5, 7, 100, 900, 3, 1023]
+            .iter()
+            .map(|&page| TracePage { block: 2, page })
+            .collect();
+        assert_eq!(scan.into_trace().pages, want);
+        assert_eq!(read.into_trace().pages, want);
+        // SAFETY: unmaps the mapping made above; nothing refers to it any more.
+        unsafe { libc::munmap(base, len) };
     }
 
     #[test]

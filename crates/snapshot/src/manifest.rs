@@ -630,6 +630,31 @@ mod tests {
         let again = Snapshot::open(&s).unwrap();
         assert_eq!(again.manifest().trace.as_ref().unwrap().source, "restore");
         assert_eq!(again.trace().unwrap().unwrap(), t);
+        // Under another name: the old trace file goes.
+        let info = TraceInfo {
+            file: "trace-restore.fafl".into(),
+            pages: 1,
+            source: "restore".into(),
+            wss_sample_pages: None,
+            wss_snapshot_pages: 1,
+        };
+        again.replace_trace(&t, info).unwrap();
+        assert!(!s.join("trace.fafl").exists());
+        assert_eq!(Snapshot::open(&s).unwrap().trace().unwrap().unwrap(), t);
+        // A trace file name that escapes the directory is refused before anything is written.
+        let bad = TraceInfo {
+            file: "../t".into(),
+            pages: 1,
+            source: "restore".into(),
+            wss_sample_pages: None,
+            wss_snapshot_pages: 1,
+        };
+        assert!(again
+            .replace_trace(&t, bad)
+            .unwrap_err()
+            .to_string()
+            .contains("plain name"));
+        assert!(!d.path().join("t.tmp").exists());
         // A snapshot never replaces another.
         assert!(matches!(
             SnapshotDir::create(&s),

@@ -151,6 +151,17 @@ pub enum EventData {
     },
     /// The recovery VM passed the readiness condition: the service is back.
     Recovered { id: String, downtime_ms: u64 },
+    /// A restored guest moved from its snapshot image onto shared RAM, into a new
+    /// QEMU (`pid`), by a local live migration of `ram_bytes` that stopped the guest
+    /// for `downtime_ms`.
+    Settled {
+        pid: u32,
+        seconds: f64,
+        #[serde(default)]
+        downtime_ms: Option<u64>,
+        #[serde(default)]
+        ram_bytes: Option<u64>,
+    },
 }
 
 impl EventData {
@@ -181,11 +192,12 @@ impl EventData {
             EventData::DumpFinished { .. } => "dump_finished",
             EventData::RecoveryStarted { .. } => "recovery_started",
             EventData::Recovered { .. } => "recovered",
+            EventData::Settled { .. } => "settled",
         }
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 24] = [
+    pub const KINDS: [&'static str; 25] = [
         "started",
         "reattached",
         "agent_ready",
@@ -210,6 +222,7 @@ impl EventData {
         "dump_finished",
         "recovery_started",
         "recovered",
+        "settled",
     ];
 
     /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,

@@ -10,6 +10,7 @@
 pub mod crash;
 pub mod event;
 pub mod reply;
+pub mod snapshot;
 pub mod spec;
 pub mod status;
 
@@ -19,5 +20,9 @@ pub use crash::{
 };
 pub use event::{Event, EventData, EVENT_LOG_VERSION};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
+pub use snapshot::{
+    RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult,
+    StockSave,
+};
 pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};
 pub use status::{Accel, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

@@ -23,6 +23,9 @@ pub enum VmState {
     Dumping,
     /// A recovery VM boots on the crashed VM's disks (a dump may run meanwhile).
     Recovering,
+    /// A snapshot is being restored into this VM: QEMU waits for its device state
+    /// while the chosen part of guest memory is read.
+    Restoring,
     /// A stop or kill is tearing QEMU down.
     Stopping,
     /// No QEMU runs for this VM.
@@ -31,13 +34,14 @@ pub enum VmState {
 
 impl VmState {
     /// Every state, in the order status tables and metrics list them.
-    pub const ALL: [VmState; 8] = [
+    pub const ALL: [VmState; 9] = [
         VmState::Starting,
         VmState::Running,
         VmState::Paused,
         VmState::Panicked,
         VmState::Dumping,
         VmState::Recovering,
+        VmState::Restoring,
         VmState::Stopping,
         VmState::Stopped,
     ];
@@ -50,6 +54,7 @@ impl VmState {
             VmState::Panicked => "panicked",
             VmState::Dumping => "dumping",
             VmState::Recovering => "recovering",
+            VmState::Restoring => "restoring",
             VmState::Stopping => "stopping",
             VmState::Stopped => "stopped",
         }

@@ -126,6 +126,57 @@ fn every_operation_and_every_metric() {
     let logs = env.get_ok("GET", "/v1/vms/t1/logs", None);
     assert!(!logs.as_str().unwrap().is_empty());
 
+    // Pause and resume; a snapshot, and a restore of it held ready, then started.
+    assert_eq!(
+        env.get_ok("POST", "/v1/vms/t1/pause", None)["state"],
+        "paused"
+    );
+    assert_eq!(
+        env.get_ok("POST", "/v1/vms/t1/resume", None)["state"],
+        "running"
+    );
+    let snap = env.home.path().join("t1.snap");
+    let (code, s) = env
+        .call(
+            "POST",
+            "/v1/vms/t1/snapshot",
+            Some(&json!({"out": snap.to_str().unwrap(), "trace_s": 0.5})),
+        )
+        .unwrap();
+    assert_eq!(code, 201, "{s}");
+    assert!(snap.join("manifest.json").is_file());
+    let (code, r) = env
+        .call(
+            "POST",
+            "/v1/restore",
+            Some(&json!({"dir": snap.to_str().unwrap(), "name": "t1r", "paused": true, "watch_s": 1})),
+        )
+        .unwrap();
+    assert_eq!(code, 201, "{r}");
+    assert_eq!(r["phase"], "held");
+    assert_eq!(env.status("t1r")["state"], "paused");
+    assert_eq!(
+        env.get_ok("POST", "/v1/vms/t1r/resume", None)["state"],
+        "running"
+    );
+    let rep = eventually(Duration::from_secs(60), "the restore report", || {
+        let r = env.get_ok("GET", "/v1/vms/t1r/restore", None);
+        (r["phase"] == "done").then_some(r)
+    });
+    assert!(rep["time_to_running_s"].as_f64().is_some(), "{rep}");
+    // Onto shared RAM now (if it has not moved there by itself yet).
+    let st = env.get_ok("POST", "/v1/vms/t1r/settle", None);
+    assert_eq!(st["state"], "running");
+    assert!(
+        !st["ram_file"]
+            .as_str()
+            .unwrap()
+            .starts_with(snap.to_str().unwrap()),
+        "{st}"
+    );
+    env.get_ok("POST", "/v1/vms/t1r/kill", None);
+    env.get_ok("DELETE", "/v1/vms/t1r", None);
+
     // No crash policy: no crash reports.
     assert_eq!(env.get_ok("GET", "/v1/vms/t1/crashes", None), json!([]));
     let (code, _) = env.call("GET", "/v1/vms/t1/crashes/latest", None).unwrap();

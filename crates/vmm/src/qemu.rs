@@ -469,7 +469,8 @@ impl QemuCommand {
                 a.push(&[
                     "-chardev",
                     &format!(
-                        "socket,id=serial0,path={},server=on,wait=off,logfile={}",
+                        // Appended: a settle's second QEMU logs into the same file.
+                        "socket,id=serial0,path={},server=on,wait=off,logfile={},logappend=on",
                         opt_path(socket),
                         opt_path(log)
                     ),

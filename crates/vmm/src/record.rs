@@ -47,6 +47,11 @@ pub struct VmRecord {
     pub kernel_release: Option<String>,
     pub vmcoreinfo: Option<VmcoreinfoAddr>,
     pub service_port: Option<u16>,
+    /// `ram_file` is a snapshot image QEMU maps private (a restored guest that has
+    /// not settled onto shared RAM): it must not be punched, dumped as a file or
+    /// deleted with the run dir.
+    #[serde(default)]
+    pub ram_private: bool,
 }
 
 impl VmRecord {
@@ -69,6 +74,7 @@ impl VmRecord {
             kernel_release: None,
             vmcoreinfo: None,
             service_port: None,
+            ram_private: false,
         }
     }
 
@@ -147,6 +153,7 @@ mod tests {
             kernel_release: None,
             vmcoreinfo: None,
             service_port: None,
+            ram_private: false,
         }
     }
 

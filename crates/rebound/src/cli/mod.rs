@@ -15,6 +15,7 @@ mod crash;
 mod image;
 mod output;
 mod plot;
+mod snapshot;
 mod vm;
 
 #[derive(Parser, Debug)]
@@ -44,6 +45,35 @@ pub enum Cmd {
     /// Measurements.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Snapshot directories: list, inspect, verify (no daemon needed).
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// List the snapshots in directories (default: the current one).
+    List {
+        /// Directories holding snapshot directories, or snapshot directories.
+        dirs: Vec<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a snapshot holds: its VM, QEMU, RAM, disks and working-set trace.
+    Inspect {
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read every file of a snapshot and check it against its checksums.
+    Verify {
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -255,6 +285,45 @@ fn parse_ready(s: &str) -> Result<String, String> {
 pub enum VmCmd {
     /// Start a VM and wait until it is ready.
     Start(Box<StartArgs>),
+    /// Snapshot a running or paused VM into a new directory: device state, RAM
+    /// image, disks, and the order the guest first touches its pages afterwards.
+    Snapshot {
+        /// The VM's name.
+        name: String,
+        /// The snapshot directory (must not exist; appears only when complete).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seconds to record the guest's first accesses after the snapshot point
+        /// (0: none; the first restore records them).
+        #[arg(long, default_value_t = rebound_api::snapshot::default_trace_s())]
+        trace_s: f64,
+        /// Also save QEMU's stock full migration stream, the baseline of
+        /// `vm restore --mode stock` (timed with QEMU's default bandwidth cap and
+        /// with it raised; the guest stays paused meanwhile).
+        #[arg(long)]
+        stock: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a snapshot into a new VM.
+    Restore(Box<RestoreArgs>),
+    /// Run a paused VM (and start a restore held with --paused).
+    Resume {
+        /// The VM's name.
+        name: String,
+    },
+    /// Stop a running VM's vCPUs (its memory and devices stay; `vm resume` goes on).
+    Pause {
+        /// The VM's name.
+        name: String,
+    },
+    /// Move a restored VM from its snapshot image onto shared RAM now (it does so
+    /// by itself once its background loading ends).
+    Settle {
+        /// The VM's name.
+        name: String,
+    },
     /// List VMs.
     List {
         /// Print JSON instead of text.
@@ -396,6 +465,37 @@ pub enum DaemonAction {
     Stop,
 }
 
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The snapshot directory.
+    pub dir: PathBuf,
+    /// Name of the new VM.
+    #[arg(long)]
+    pub name: String,
+    /// eager (all read first), lazy (pages on first touch), working-set (the
+    /// recorded working set read first), elastic (its first --ws-pages pages
+    /// first, the rest in the background) or stock (QEMU's own migration stream).
+    #[arg(long, default_value = "elastic")]
+    pub mode: rebound_api::RestoreMode,
+    /// Working-set pages read before the guest runs (elastic); default: half the
+    /// estimated working-set size.
+    #[arg(long)]
+    pub ws_pages: Option<u64>,
+    /// Load and hold the VM without running it; `vm resume` starts it.
+    #[arg(long)]
+    pub paused: bool,
+    /// What the background loader reads after the working set: fafl (the rest of
+    /// the trace in first-access order, then the image) or file-order.
+    #[arg(long, default_value = "fafl")]
+    pub rest_order: rebound_api::RestOrder,
+    /// Seconds to watch the restored guest for the report.
+    #[arg(long, default_value_t = rebound_api::snapshot::default_watch_s())]
+    pub watch_s: f64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
     /// Boot the default image N times (one after another unless --parallel):
@@ -438,6 +538,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Daemon(a) => daemon(&paths, a).await,
         Cmd::Crash(c) => crash::run(&paths, c).await,
         Cmd::Bench(c) => bench::run(&paths, c).await,
+        Cmd::Snapshot(c) => snapshot::run_offline(c),
     }
 }
 

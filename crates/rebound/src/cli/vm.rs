@@ -16,6 +16,17 @@ use crate::client::{Client, ClientError};
 pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
     match cmd {
         VmCmd::Start(a) => start(paths, *a).await,
+        VmCmd::Snapshot {
+            name,
+            out,
+            trace_s,
+            stock,
+            json,
+        } => super::snapshot::snapshot(paths, &name, &out, trace_s, stock, json).await,
+        VmCmd::Restore(a) => super::snapshot::restore(paths, *a).await,
+        VmCmd::Resume { name } => simple(paths, &name, "resume", "resumed").await,
+        VmCmd::Pause { name } => simple(paths, &name, "pause", "paused").await,
+        VmCmd::Settle { name } => simple(paths, &name, "settle", "settled").await,
         VmCmd::List { json } => {
             let c = connect(paths).await?;
             let v: Vec<VmStatus> = c.call(Method::GET, "/v1/vms", None).await?;
@@ -140,7 +151,7 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
                         .await
                 })
             };
-            let r = show_progress(&c, &name, call).await??;
+            let r = show_progress(&c, &name, "dump", call).await??;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -180,9 +191,10 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
 }
 
 /// Draws the job's progress on a terminal until `call` finishes.
-async fn show_progress<T>(
+pub(super) async fn show_progress<T>(
     c: &Client,
     name: &str,
+    what: &str,
     mut call: tokio::task::JoinHandle<T>,
 ) -> anyhow::Result<T> {
     let tty = std::io::stderr().is_terminal();
@@ -199,7 +211,7 @@ async fn show_progress<T>(
                     if let Some(p) = st.progress.filter(|p| p.total > 0) {
                         let f = p.done as f64 / p.total as f64;
                         let bar = "#".repeat((f * 30.0) as usize);
-                        eprint!("\r{name}: dump [{bar:<30}] {:>3.0}% {} MiB", f * 100.0, p.done >> 20);
+                        eprint!("\r{name}: {what} [{bar:<30}] {:>3.0}% {} MiB", f * 100.0, p.done >> 20);
                         let _ = std::io::stderr().flush();
                     }
                 }
@@ -209,7 +221,7 @@ async fn show_progress<T>(
 }
 
 /// VM names are restricted to URL-safe characters; anything else cannot exist.
-fn enc(name: &str) -> String {
+pub(super) fn enc(name: &str) -> String {
     if rebound_api::spec::validate_name(name).is_ok() {
         name.to_string()
     } else {

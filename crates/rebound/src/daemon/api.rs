@@ -55,6 +55,12 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/logs", get(logs))
         .route("/v1/vms/{name}/vmcoreinfo", get(vmcoreinfo))
         .route("/v1/vms/{name}/dump", post(dump))
+        .route("/v1/vms/{name}/snapshot", post(snapshot))
+        .route("/v1/vms/{name}/resume", post(resume))
+        .route("/v1/vms/{name}/pause", post(pause))
+        .route("/v1/vms/{name}/settle", post(settle))
+        .route("/v1/vms/{name}/restore", get(restore_report))
+        .route("/v1/restore", post(restore))
         .route("/v1/vms/{name}/crashes", get(crashes))
         .route("/v1/vms/{name}/crashes/{id}", get(crash_report))
         .route("/metrics", get(metrics))
@@ -222,6 +228,54 @@ async fn dump(State(d): D, Path(name): Path<String>, body: Bytes) -> ApiResult<i
         Done::Dump(r) => Ok(Json(*r)),
         _ => Err(OpError::Internal("dump job answered something else".into()).into()),
     }
+}
+
+async fn snapshot(
+    State(d): D,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let req: rebound_api::SnapshotRequest = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid SnapshotRequest: {e}")))?;
+    match vm.run(Job::Snapshot(Box::new(req))).await? {
+        Done::Snapshot(r) => Ok((StatusCode::CREATED, Json(*r))),
+        _ => Err(OpError::Internal("snapshot job answered something else".into()).into()),
+    }
+}
+
+async fn resume(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        vm_or_404(&d, &name)?.run_for_status(Job::Resume).await?,
+    ))
+}
+
+async fn pause(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        vm_or_404(&d, &name)?.run_for_status(Job::Pause).await?,
+    ))
+}
+
+async fn settle(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        vm_or_404(&d, &name)?.run_for_status(Job::Settle).await?,
+    ))
+}
+
+async fn restore(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
+    let req: rebound_api::RestoreRequest = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid RestoreRequest: {e}")))?;
+    Ok((StatusCode::CREATED, Json(d.restore(req).await?)))
+}
+
+async fn restore_report(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let r = vm.restore_report().ok_or_else(|| {
+        ApiError(OpError::BadRequest(format!(
+            "VM {name:?} was not restored from a snapshot"
+        )))
+    })?;
+    Ok(Json(r))
 }
 
 async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

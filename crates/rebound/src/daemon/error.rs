@@ -49,6 +49,10 @@ pub enum OpError {
     Internal(String),
     #[error("the dump failed: {0}")]
     DumpFailed(String),
+    #[error("the snapshot cannot be restored: {0}")]
+    SnapshotInput(String),
+    #[error("the snapshot failed: {0}")]
+    SnapshotFailed(String),
     #[error("crash report")]
     Report(#[from] super::crashes::ReportError),
 }
@@ -63,7 +67,10 @@ impl OpError {
                 StatusCode::CONFLICT
             }
             OpError::Agent(_) | OpError::Vmcoreinfo(_) => StatusCode::CONFLICT,
-            OpError::Spec(_) | OpError::BadRequest(_) | OpError::Qemu(_) => StatusCode::BAD_REQUEST,
+            OpError::Spec(_)
+            | OpError::BadRequest(_)
+            | OpError::Qemu(_)
+            | OpError::SnapshotInput(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
             OpError::Boot(_)
@@ -73,7 +80,8 @@ impl OpError {
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)
-            | OpError::DumpFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | OpError::DumpFailed(_)
+            | OpError::SnapshotFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

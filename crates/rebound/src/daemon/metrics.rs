@@ -33,6 +33,8 @@ pub struct Metrics {
     pub kills: Counter,
     pub exits: Counter,
     pub reattaches: Counter,
+    pub snapshots: Counter,
+    pub restores: Counter,
     pub ready_seconds: Histogram,
 }
 
@@ -80,6 +82,16 @@ impl Metrics {
             "vm_reattaches",
             "Running VMs a restarted daemon took back",
         );
+        let snapshots = counter(
+            &mut registry,
+            "vm_snapshots",
+            "Snapshots written (complete directories)",
+        );
+        let restores = counter(
+            &mut registry,
+            "vm_restores",
+            "Restores whose guest was loaded (running or held ready)",
+        );
         // 0.25 s .. 128 s: TCG boots take seconds, KVM boots well under one.
         let ready_seconds = Histogram::new(exponential_buckets(0.25, 2.0, 10));
         registry.register(
@@ -98,6 +110,8 @@ impl Metrics {
             kills,
             exits,
             reattaches,
+            snapshots,
+            restores,
             ready_seconds,
         }
     }

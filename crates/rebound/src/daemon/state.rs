@@ -113,33 +113,81 @@ impl Daemon {
     /// Starts a VM: returns once QEMU runs and QMP answers; readiness comes later.
     pub async fn start(self: &Arc<Self>, spec: VmSpec) -> Result<VmStatus, OpError> {
         let (boot, ready) = spec.validate()?;
-        // Reserve the name before any slow work so concurrent starts cannot collide.
-        let (vm, jobs, previous) = {
-            let mut vms = self.vms.lock().expect("vms lock");
-            let previous = vms.get(&spec.name).cloned();
-            if let Some(v) = &previous {
-                let st = v.status().state;
-                if st != VmState::Stopped {
-                    return Err(OpError::NameInUse(spec.name.clone(), st));
-                }
-            }
-            let rec = VmRecord::new(&spec, &self.paths.run_dir(&spec.name));
-            let (h, jobs) = VmHandle::new(&self.paths, rec);
-            vms.insert(spec.name.clone(), h.clone());
-            (h, jobs, previous)
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        start_owner(
-            self,
-            vm.clone(),
-            jobs,
+        self.launch(&spec.clone(), |tx| {
             Init::Start(Box::new(StartJob {
                 spec,
                 boot,
                 ready,
                 reply: tx,
-            })),
-        );
+            }))
+        })
+        .await
+    }
+
+    /// Restores a snapshot into a new VM: returns once it runs (or is held ready).
+    pub async fn restore(
+        self: &Arc<Self>,
+        req: rebound_api::RestoreRequest,
+    ) -> Result<rebound_api::RestoreReport, OpError> {
+        let dir = std::path::PathBuf::from(&req.dir);
+        if !dir.is_absolute() {
+            return Err(OpError::BadRequest(format!(
+                "snapshot path {:?} must be absolute",
+                req.dir
+            )));
+        }
+        let snap = tokio::task::spawn_blocking(move || rebound_snapshot::Snapshot::open(&dir))
+            .await
+            .map_err(|e| OpError::Internal(e.to_string()))?
+            .map_err(|e| OpError::SnapshotInput(super::error::chain(&e)))?;
+        let mut spec: VmSpec =
+            serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
+                OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
+            })?;
+        spec.name = req.name.clone();
+        // The snapshot's VM may still run: the copy gets host ports of its own.
+        for f in &mut spec.forwards {
+            f.host = 0;
+        }
+        let (boot, ready) = spec.validate()?;
+        let job = super::vm::restore::RestoreJob {
+            spec,
+            boot,
+            ready,
+            req,
+            snap,
+        };
+        let spec = job.spec.clone();
+        self.launch(&spec, |tx| Init::Restore(Box::new(job), tx))
+            .await
+    }
+
+    /// Reserves `name` (a stopped VM of that name may be replaced), starts its
+    /// owner with `init` and waits for its answer; on failure, what was there before
+    /// stays and nothing new is left behind.
+    async fn launch<T>(
+        self: &Arc<Self>,
+        spec: &VmSpec,
+        init: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, OpError>>) -> Init,
+    ) -> Result<T, OpError> {
+        // Reserve the name before any slow work so concurrent starts cannot collide.
+        let name = spec.name.as_str();
+        let (vm, jobs, previous) = {
+            let mut vms = self.vms.lock().expect("vms lock");
+            let previous = vms.get(name).cloned();
+            if let Some(v) = &previous {
+                let st = v.status().state;
+                if st != VmState::Stopped {
+                    return Err(OpError::NameInUse(name.to_string(), st));
+                }
+            }
+            let rec = VmRecord::new(spec, &self.paths.run_dir(name));
+            let (h, jobs) = VmHandle::new(&self.paths, rec);
+            vms.insert(name.to_string(), h.clone());
+            (h, jobs, previous)
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        start_owner(self, vm.clone(), jobs, init(tx));
         let result = rx
             .await
             .unwrap_or_else(|_| Err(OpError::OwnerGone(vm.name.clone())));

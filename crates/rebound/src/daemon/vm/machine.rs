@@ -27,6 +27,10 @@ pub enum Trigger<'a> {
     RecoveryBegins,
     /// The VM's readiness condition held.
     Ready,
+    /// A restore's QEMU is up and waits for its device state.
+    RestoreBegins,
+    /// A restore's device state is loaded; the vCPUs have not run yet.
+    Restored,
     /// QEMU is gone (exited, killed, or never came up).
     Gone,
 }
@@ -45,6 +49,12 @@ pub fn next(s: VmState, t: Trigger<'_>) -> Option<VmState> {
         (Panicked | Dumping, Trigger::RecoveryBegins) => Recovering,
         (_, Trigger::DumpBegins | Trigger::RecoveryBegins) => return None,
         (Recovering, Trigger::Ready) => Running,
+        (Starting, Trigger::RestoreBegins) => Restoring,
+        (Restoring, Trigger::Restored) => Paused,
+        (Restoring, Trigger::Resumed) => Running,
+        (_, Trigger::RestoreBegins | Trigger::Restored) => return None,
+        // A restoring QEMU reports `inmigrate` and `paused`: only the restore moves it on.
+        (Restoring, Trigger::QemuStatus(_) | Trigger::Stopped) => return None,
         (_, Trigger::Ready) => return None,
         // A dumping VM has no QEMU whose events could still arrive.
         (Dumping, _) => return None,
@@ -112,6 +122,17 @@ mod tests {
             (Dumping, Trigger::Panicked, None),
             (Dumping, Trigger::Gone, Some(Stopped)),
             (Dumping, Trigger::TearDown, Some(Stopping)),
+            (Starting, Trigger::RestoreBegins, Some(Restoring)),
+            (Running, Trigger::RestoreBegins, None),
+            (Restoring, q("inmigrate"), None),
+            (Restoring, Trigger::Stopped, None),
+            (Restoring, Trigger::Restored, Some(Paused)),
+            (Running, Trigger::Restored, None),
+            (Restoring, Trigger::Resumed, Some(Running)),
+            (Paused, Trigger::Resumed, Some(Running)),
+            (Restoring, Trigger::Panicked, Some(Panicked)),
+            (Restoring, Trigger::Gone, Some(Stopped)),
+            (Restoring, Trigger::TearDown, Some(Stopping)),
         ] {
             assert_eq!(next(from, t), to, "{from} + {t:?}");
         }

@@ -10,6 +10,9 @@ mod dump;
 mod dump_now;
 pub mod machine;
 mod owner;
+pub mod restore;
+mod settle;
+mod snapshot;
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +40,14 @@ pub enum Job {
     Marker(String),
     /// Dump the VM's memory now.
     Dump(Box<rebound_api::DumpRequest>),
+    /// Snapshot the VM into a directory.
+    Snapshot(Box<rebound_api::SnapshotRequest>),
+    /// Run a paused VM's vCPUs (and start a restore held ready).
+    Resume,
+    /// Stop a running VM's vCPUs.
+    Pause,
+    /// Move a restored guest from its snapshot image onto shared RAM.
+    Settle,
 }
 
 impl Job {
@@ -47,6 +58,10 @@ impl Job {
             Job::Crash { .. } => "crash",
             Job::Marker(_) => "marker",
             Job::Dump(_) => "dump",
+            Job::Snapshot(_) => "snapshot",
+            Job::Resume => "resume",
+            Job::Pause => "pause",
+            Job::Settle => "settle",
         }
     }
 }
@@ -57,6 +72,7 @@ pub enum Done {
     Status(Box<VmStatus>),
     Marker(MarkerReply),
     Dump(Box<rebound_api::DumpResult>),
+    Snapshot(Box<rebound_api::SnapshotResult>),
 }
 
 type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
@@ -66,6 +82,8 @@ struct Shared {
     rec: VmRecord,
     job: Option<&'static str>,
     progress: Option<(u64, u64)>,
+    /// The report of the restore this VM came from.
+    restore: Option<rebound_api::RestoreReport>,
 }
 
 /// One VM as the rest of the daemon sees it.
@@ -95,6 +113,7 @@ impl VmHandle {
                 rec,
                 job: None,
                 progress: None,
+                restore: None,
             }),
             changed: watch::channel(0).0,
             jobs,
@@ -134,7 +153,7 @@ impl VmHandle {
     pub async fn run_for_status(&self, job: Job) -> Result<VmStatus, OpError> {
         match self.run(job).await? {
             Done::Status(s) => Ok(*s),
-            Done::Marker(_) | Done::Dump(_) => Ok(self.status()),
+            Done::Marker(_) | Done::Dump(_) | Done::Snapshot(_) => Ok(self.status()),
         }
     }
 
@@ -156,6 +175,32 @@ impl VmHandle {
     pub(super) fn set_progress(&self, p: Option<(u64, u64)>) {
         self.shared.lock().expect("vm lock").progress = p;
         self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// The report of the restore this VM came from, if any.
+    pub fn restore_report(&self) -> Option<rebound_api::RestoreReport> {
+        self.shared.lock().expect("vm lock").restore.clone()
+    }
+
+    /// Replaces the restore report and keeps it with the VM's record.
+    pub(super) fn set_restore_report(&self, r: Option<rebound_api::RestoreReport>) {
+        if let Some(rep) = &r {
+            let data = serde_json::to_vec_pretty(rep).expect("report serializes");
+            let path = self.dir.path().join("restore.json");
+            if let Err(e) = rebound_vmm::private::write_atomic(&path, &data) {
+                tracing::warn!(vm = %self.name, "cannot save {}: {e}", path.display());
+            }
+        }
+        self.shared.lock().expect("vm lock").restore = r;
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Changes the restore report, if there is one.
+    pub(super) fn update_restore_report(&self, f: impl FnOnce(&mut rebound_api::RestoreReport)) {
+        if let Some(mut r) = self.restore_report() {
+            f(&mut r);
+            self.set_restore_report(Some(r));
+        }
     }
 
     pub(super) fn set_job(&self, job: Option<&'static str>) {

@@ -40,6 +40,12 @@ pub enum Init {
     Reattach { done: oneshot::Sender<()> },
     /// A stopped VM found on disk: only wait for jobs.
     Idle,
+    /// Restore a snapshot into this new VM and answer `reply` once it runs (or is
+    /// held ready).
+    Restore(
+        Box<super::restore::RestoreJob>,
+        oneshot::Sender<Result<rebound_api::RestoreReport, OpError>>,
+    ),
 }
 
 /// What a start needs.
@@ -61,7 +67,7 @@ pub(super) struct Owner {
     agent: Option<Arc<AgentLink>>,
     agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
     child: Option<tokio::process::Child>,
-    ready: ReadySpec,
+    pub(super) ready: ReadySpec,
     probe_port: Option<u16>,
     last_memfill: Option<(tokio::time::Instant, u64)>,
     /// A readiness probe in flight: it runs in its own task (an HTTP probe may wait
@@ -72,6 +78,8 @@ pub(super) struct Owner {
     probe_rx: Option<oneshot::Receiver<(Option<u32>, bool)>>,
     /// The crash being handled, if any (its dump may outlive the recovery).
     pub(super) crash: Option<super::crash::Handling>,
+    /// The restore this VM came from, until its background loading ends.
+    pub(super) restore: Option<super::restore::Restoring>,
 }
 
 /// Spawns the owner task of `vm`.
@@ -97,6 +105,7 @@ pub fn start_owner(
         last_memfill: None,
         probe_rx: None,
         crash: None,
+        restore: None,
     };
     tokio::spawn(owner.run(jobs, init));
 }
@@ -157,6 +166,33 @@ impl Owner {
                 }
             }
             Init::Idle => self.take_over_crash().await,
+            Init::Restore(job, reply) => {
+                self.vm.set_job(Some("restore"));
+                let r = self.restore(*job).await;
+                self.vm.set_job(None);
+                if let Err(e) = &r {
+                    self.metrics.start_failures.inc();
+                    self.vm.update_restore_report(|rep| {
+                        rep.phase = "failed".into();
+                        rep.error = Some(crate::daemon::error::chain(e));
+                    });
+                    if let Some(pid) = self.vm.record().qemu_pid {
+                        process::sigkill(pid);
+                        self.reap(pid).await;
+                    }
+                    self.finish(EventData::Exited {
+                        exit_code: None,
+                        error: Some(crate::daemon::error::chain(e)),
+                    });
+                    let _ = reply.send(r);
+                    if let Ok(cg) = &self.cgroups {
+                        cg.remove_vm(&self.vm.name);
+                    }
+                    return;
+                }
+                self.metrics.restores.inc();
+                let _ = reply.send(r);
+            }
             Init::Reattach { done } => {
                 let rec = self.vm.record();
                 // A crash whose dump ran with no QEMU left (dump-then-recover): only
@@ -258,10 +294,44 @@ impl Owner {
         })
         .await
         .map_err(|e| OpError::Internal(e.to_string()))??;
-        let run = self.vm.run.clone();
+        self.prepare_run_dir()?;
+        self.spawn_resolved(&spec, res, recovering, true).await
+    }
+
+    /// Resolves `spec` as a fresh start would.
+    pub(super) async fn resolve_spec(
+        &self,
+        spec: &VmSpec,
+        boot: BootSource,
+        ready: ReadySpec,
+    ) -> Result<Resolved, OpError> {
+        let (p, h, s) = (self.paths.clone(), self.host.clone(), spec.clone());
+        Ok(
+            tokio::task::spawn_blocking(move || resolve::resolve(&p, &h, &s, boot, ready, None))
+                .await
+                .map_err(|e| OpError::Internal(e.to_string()))??,
+        )
+    }
+
+    /// An empty run dir (RAM file, sockets, logs) for a new QEMU.
+    pub(super) fn prepare_run_dir(&self) -> Result<(), OpError> {
+        let run = &self.vm.run;
         let _ = std::fs::remove_dir_all(run.path());
         rebound_vmm::private::create_dir_all(run.path())
-            .map_err(|e| OpError::Io(format!("cannot create {}", run.path().display()), e))?;
+            .map_err(|e| OpError::Io(format!("cannot create {}", run.path().display()), e))
+    }
+
+    /// Spawns QEMU as `res` says, records it and takes over its QMP session and
+    /// agent link (`query_state`: apply QEMU's run state at once; a restore moves
+    /// its state itself).
+    pub(super) async fn spawn_resolved(
+        &mut self,
+        spec: &VmSpec,
+        res: Resolved,
+        recovering: bool,
+        query_state: bool,
+    ) -> Result<VmStatus, OpError> {
+        let run = self.vm.run.clone();
         let args = res.command.args()?;
         let group = self.qemu_group(recovering);
         let child = process::spawn_qemu(&res.qemu, &args, &run.qemu_log(), group.as_ref())
@@ -271,7 +341,7 @@ impl Owner {
         let t0 = mono_ns();
         let prev_state = self.vm.record().state;
         self.vm.update(|r| {
-            *r = VmRecord::new(&spec, &run);
+            *r = VmRecord::new(spec, &run);
             if recovering {
                 // A crashed VM's state moves on only by its transitions, below.
                 r.state = prev_state;
@@ -306,8 +376,10 @@ impl Owner {
                 return Err(OpError::QemuFailed(msg));
             }
         };
-        let st = qmp.run_state().await.unwrap_or_else(|_| "running".into());
-        self.apply(Trigger::QemuStatus(&st));
+        if query_state {
+            let st = qmp.run_state().await.unwrap_or_else(|_| "running".into());
+            self.apply(Trigger::QemuStatus(&st));
+        }
         self.attach(qmp, events, res.ready);
         Ok(self.vm.status())
     }
@@ -316,7 +388,7 @@ impl Owner {
     /// limit, set only while a crash is handled, is lifted for a normal start).
     /// Without one the QEMU runs where the daemon runs and its memory is only
     /// accounted.
-    fn qemu_group(&self, recovering: bool) -> Option<rebound_vmm::cgroup::Group> {
+    pub(super) fn qemu_group(&self, recovering: bool) -> Option<rebound_vmm::cgroup::Group> {
         let cg = self.cgroups.as_ref().ok()?;
         let name = &self.vm.name;
         let r = (|| {
@@ -357,7 +429,12 @@ impl Owner {
     }
 
     /// Takes the connections over; the agent link starts for guests that have one.
-    fn attach(&mut self, qmp: Arc<Qmp>, events: UnboundedReceiver<QmpEvent>, ready: ReadySpec) {
+    pub(super) fn attach(
+        &mut self,
+        qmp: Arc<Qmp>,
+        events: UnboundedReceiver<QmpEvent>,
+        ready: ReadySpec,
+    ) {
         let rec = self.vm.record();
         if matches!(ready, ReadySpec::Agent) || rec.spec.kernel.is_none() {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -555,6 +632,16 @@ impl Owner {
             Job::Crash { hang } => self.crash(hang).await.map(|s| Done::Status(Box::new(s))),
             Job::Marker(hex) => self.marker(&hex).await.map(Done::Marker),
             Job::Dump(req) => self.dump_now(*req).await.map(|r| Done::Dump(Box::new(r))),
+            Job::Snapshot(req) => {
+                let r = self.snapshot_now(*req).await;
+                if r.is_ok() {
+                    self.metrics.snapshots.inc();
+                }
+                r.map(|r| Done::Snapshot(Box::new(r)))
+            }
+            Job::Resume => self.resume().await.map(|s| Done::Status(Box::new(s))),
+            Job::Pause => self.pause().await.map(|s| Done::Status(Box::new(s))),
+            Job::Settle => self.settle().await.map(|s| Done::Status(Box::new(s))),
         }
     }
 
@@ -689,6 +776,11 @@ impl Owner {
         }
     }
 
+    /// The QEMU child this owner waits for (a settle replaces it).
+    pub(super) fn set_child(&mut self, child: tokio::process::Child) {
+        self.child = Some(child);
+    }
+
     /// Stops listening to QEMU and the agent (the QMP client stays for a last command).
     pub(super) fn disconnect(&mut self) {
         self.qmp_events = None;
@@ -705,6 +797,9 @@ impl Owner {
     /// Drops the connections, keeps the serial log, removes the run dir (RAM,
     /// sockets), marks the VM stopped and logs why.
     fn finish(&mut self, data: EventData) {
+        if let Some(r) = self.restore.take() {
+            r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.disconnect();
         self.qmp = None;
         self.cleanup_run_dir();

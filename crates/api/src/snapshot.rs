@@ -1,0 +1,207 @@
+//! Snapshots and restores: what `rebound vm snapshot`, `vm restore` and `vm resume`
+//! ask for and what they report (`api/openapi.yaml`). The on-disk format is
+//! `rebound-snapshot`'s (`docs/snapshot-format.md`).
+
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/vms/{name}/snapshot`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRequest {
+    /// Absolute path of the snapshot directory; it must not exist yet.
+    pub out: String,
+    /// Seconds to record the guest's first accesses after the snapshot point (the
+    /// working-set trace); 0: no trace now (the first restore records one).
+    #[serde(default = "default_trace_s")]
+    pub trace_s: f64,
+    /// Also save QEMU's stock full migration stream (`stock.mig`), the baseline a
+    /// `--mode stock` restore loads; timed with QEMU's default bandwidth cap and
+    /// with the cap raised.
+    #[serde(default)]
+    pub stock: bool,
+}
+
+pub fn default_trace_s() -> f64 {
+    5.0
+}
+
+/// What a snapshot wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotResult {
+    pub dir: String,
+    pub vm: String,
+    /// How long the guest's vCPUs were stopped.
+    pub pause_ms: f64,
+    /// From the request to the directory being complete and durable (trace excluded).
+    pub seconds: f64,
+    /// Guest RAM in the image (holes take none).
+    pub ram_data_bytes: u64,
+    pub device_state_bytes: u64,
+    pub disk_bytes: u64,
+    /// Pages the post-snapshot trace recorded (0: none recorded).
+    pub trace_pages: u64,
+    /// QEMU's stock save (`stock: true`): seconds with the default cap and with it
+    /// raised, and the stream's size.
+    #[serde(default)]
+    pub stock: Option<StockSave>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// QEMU's own save of the same guest state: a full migration stream to a file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StockSave {
+    /// With QEMU 7.2's default `max-bandwidth` (128 MiB/s).
+    pub default_cap_s: f64,
+    /// With the cap raised out of the way.
+    pub raised_cap_s: f64,
+    pub bytes: u64,
+}
+
+/// How a restore loads guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestoreMode {
+    /// Every page read before the guest runs.
+    Eager,
+    /// The guest runs at once; pages come from the image on first touch.
+    Lazy,
+    /// The whole recorded working set read first.
+    WorkingSet,
+    /// The first N pages of the working set (first-access order) read first; a
+    /// background loader reads the rest while the guest runs.
+    #[default]
+    Elastic,
+    /// QEMU's own path: its full migration stream (`stock.mig`) into fresh RAM.
+    Stock,
+}
+
+impl RestoreMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreMode::Eager => "eager",
+            RestoreMode::Lazy => "lazy",
+            RestoreMode::WorkingSet => "working-set",
+            RestoreMode::Elastic => "elastic",
+            RestoreMode::Stock => "stock",
+        }
+    }
+}
+
+impl FromStr for RestoreMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        const ALL: [RestoreMode; 5] = [
+            RestoreMode::Eager,
+            RestoreMode::Lazy,
+            RestoreMode::WorkingSet,
+            RestoreMode::Elastic,
+            RestoreMode::Stock,
+        ];
+        ALL.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            format!(
+                "unknown restore mode {s:?}: expected eager, lazy, working-set, elastic or stock"
+            )
+        })
+    }
+}
+
+/// The order the background loader reads what the guest has not touched yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestOrder {
+    /// The rest of the working set in first-access order, then the image in file order.
+    #[default]
+    Fafl,
+    /// The image in file order only (as QEMU's newer on-demand snapshot load does).
+    FileOrder,
+}
+
+impl FromStr for RestOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fafl" => Ok(RestOrder::Fafl),
+            "file-order" | "file" => Ok(RestOrder::FileOrder),
+            _ => Err(format!(
+                "unknown load order {s:?}: expected fafl or file-order"
+            )),
+        }
+    }
+}
+
+/// `POST /v1/restore`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreRequest {
+    /// Absolute path of the snapshot directory.
+    pub dir: String,
+    /// Name of the new VM.
+    pub name: String,
+    #[serde(default)]
+    pub mode: RestoreMode,
+    /// Working-set pages to read before the guest runs (elastic); default: half the
+    /// estimated working-set size.
+    #[serde(default)]
+    pub ws_pages: Option<u64>,
+    /// Load and hold the VM ready without running it; `vm resume` starts it.
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default)]
+    pub rest_order: RestOrder,
+    /// Seconds to watch the restored guest for the report (first accesses, faults,
+    /// first service answer).
+    #[serde(default = "default_watch_s")]
+    pub watch_s: f64,
+}
+
+pub fn default_watch_s() -> f64 {
+    5.0
+}
+
+/// The metrics of one restore (`GET /v1/vms/{name}/restore`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct RestoreReport {
+    pub vm: String,
+    pub snapshot: String,
+    pub mode: RestoreMode,
+    pub rest_order: RestOrder,
+    /// `loading`, `held` (loaded, waiting for `vm resume`), `watching` (running, still
+    /// being measured), `done` or `failed`.
+    pub phase: String,
+    /// From the request to the guest's vCPUs running.
+    pub time_to_running_s: Option<f64>,
+    /// From the request to the guest's service answering (the workload's port, or
+    /// the VM's readiness probe).
+    pub time_to_responsive_s: Option<f64>,
+    /// From `vm resume` (or the start) to the service answering: for a held restore
+    /// the time a caller waits after choosing to start it.
+    pub responsive_after_start_s: Option<f64>,
+    pub pages_loaded_before_start: u64,
+    pub bytes_loaded_before_start: u64,
+    /// Seconds spent loading before the guest ran.
+    pub load_before_start_s: f64,
+    /// Major page faults of the QEMU process in the first `watch_s` after start.
+    pub major_faults_after_start: Option<u64>,
+    /// Bytes read from storage after the start in the first `watch_s` (QEMU's own
+    /// faults plus the background loader).
+    pub bytes_read_after_start: Option<u64>,
+    /// The working-set pages loaded first, and the paper's hit rate and accuracy of
+    /// them against the pages the guest touched after the start (section 6.1.1).
+    pub working_set_pages: u64,
+    pub hit_rate: Option<f64>,
+    pub accuracy: Option<f64>,
+    /// Distinct pages the guest touched in the watch window.
+    pub pages_touched_after_start: u64,
+    /// The background loader: pages and seconds, once done.
+    pub background_pages: u64,
+    pub background_s: Option<f64>,
+    /// Where the working set came from (`post-snapshot`, `restore`), or none.
+    pub trace_source: Option<String>,
+    /// This restore recorded the snapshot's trace (it had none).
+    pub trace_recorded: bool,
+    pub accel: Option<String>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    pub error: Option<String>,
+}

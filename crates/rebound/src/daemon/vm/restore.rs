@@ -1,0 +1,541 @@
+//! `rebound vm restore`: a new VM from a snapshot directory.
+//!
+//! QEMU starts with `-incoming defer -S`; its RAM is the snapshot's image mapped
+//! private (the kernel loads each page from the image's page cache on first
+//! touch), or for `eager` a copy of the image in the run dir's shared RAM file,
+//! or for `stock` fresh RAM filled by QEMU's own full migration stream. Before
+//! the guest runs, the mode decides what is read into the page cache: nothing
+//! (lazy), the whole recorded working set, or its first N pages in first-access
+//! order, sorted by file offset and read in coalesced runs (elastic). Then the
+//! device state is loaded and the vCPUs start, at once or when `vm resume` says
+//! (a restore held ready, the hook a cluster restore uses). While the guest runs,
+//! a background loader reads the rest, and a watcher records which pages the
+//! guest touches, its faults, its reads and when its service first answers.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebound_api::spec::BootSource;
+use rebound_api::{
+    ReadySpec, RestOrder, RestoreMode, RestoreReport, RestoreRequest, VmSpec, VmState, VmStatus,
+};
+use rebound_snapshot::{ImageFile, Loader, Snapshot, Trace, TracePage};
+use rebound_vmm::qemu::{Incoming, MemoryBackend};
+
+use super::machine::Trigger;
+use super::owner::Owner;
+use super::snapshot::{record_trace_until, shell_quote, wait_migration};
+use crate::daemon::error::OpError;
+
+/// The paper's weights of the sampled and the post-snapshot working-set sizes.
+const WSS_A: f64 = 0.7;
+const WSS_B: f64 = 0.3;
+/// How long a restored guest's service gets to answer before the report says it
+/// did not.
+const RESPONSIVE_WAIT: Duration = Duration::from_secs(60);
+
+/// What a restore needs.
+pub struct RestoreJob {
+    pub spec: VmSpec,
+    pub boot: BootSource,
+    pub ready: ReadySpec,
+    pub req: RestoreRequest,
+    pub snap: Snapshot,
+}
+
+/// A restore between its load and the end of its background loading.
+pub(super) struct Restoring {
+    t0: Instant,
+    req: RestoreRequest,
+    snap: Arc<Snapshot>,
+    /// The image QEMU maps (private), or the shared RAM file (eager, stock).
+    ram: PathBuf,
+    size: u64,
+    loader: Option<Loader>,
+    /// The working-set pages read before the start, in first-access order.
+    loaded: Vec<TracePage>,
+    had_trace: bool,
+    /// Tells the background loader to stop (the VM stopped).
+    pub(super) stop: Arc<AtomicBool>,
+    /// How QEMU was started, for the second QEMU a settle starts.
+    pub(super) qemu: PathBuf,
+    pub(super) command: rebound_vmm::qemu::QemuCommand,
+}
+
+impl Owner {
+    pub(super) async fn restore(&mut self, job: RestoreJob) -> Result<RestoreReport, OpError> {
+        let RestoreJob {
+            spec,
+            boot,
+            ready,
+            req,
+            snap,
+        } = job;
+        let t0 = Instant::now();
+        let m = snap.manifest().clone();
+        let [block] = m.ram_blocks.as_slice() else {
+            return Err(OpError::SnapshotInput(format!(
+                "the snapshot has {} RAM blocks; restores of guests with hot-plugged memory are not supported yet",
+                m.ram_blocks.len()
+            )));
+        };
+        let size = block.size;
+        let image = snap.path_of(&block.file);
+        let mut report = RestoreReport {
+            vm: spec.name.clone(),
+            snapshot: snap.path().display().to_string(),
+            mode: req.mode,
+            rest_order: req.rest_order,
+            phase: "loading".into(),
+            ..Default::default()
+        };
+        let mut mode = req.mode;
+        let trace = match &m.trace {
+            Some(t) => {
+                let path = snap.path_of(&t.file);
+                let r = tokio::task::spawn_blocking(move || Trace::read(&path, size / 4096))
+                    .await
+                    .map_err(|e| OpError::Internal(e.to_string()))?;
+                Some(r.map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?)
+            }
+            None => None,
+        };
+        report.trace_source = m.trace.as_ref().map(|t| t.source.clone());
+        if trace.is_none() && matches!(mode, RestoreMode::WorkingSet | RestoreMode::Elastic) {
+            report.notes.push(format!(
+                "the snapshot has no working-set trace: restored lazily instead of {}; this restore records one",
+                mode.as_str()
+            ));
+            mode = RestoreMode::Lazy;
+        }
+        if mode == RestoreMode::Stock && !snap.path_of("stock.mig").is_file() {
+            return Err(OpError::SnapshotInput(
+                "the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`".into(),
+            ));
+        }
+        let ws_n = match (&trace, mode) {
+            (Some(t), RestoreMode::WorkingSet) => t.pages.len(),
+            (Some(t), RestoreMode::Elastic) => {
+                let info = m.trace.as_ref().expect("a trace has its info");
+                let wss = rebound_snapshot::estimate_wss(
+                    info.wss_sample_pages,
+                    info.wss_snapshot_pages,
+                    WSS_A,
+                    WSS_B,
+                );
+                let n = req
+                    .ws_pages
+                    .unwrap_or_else(|| rebound_snapshot::elastic_pages(wss));
+                (n as usize).min(t.pages.len())
+            }
+            _ => 0,
+        };
+        report.working_set_pages = ws_n as u64;
+        let loaded: Vec<TracePage> = trace
+            .as_ref()
+            .map(|t| t.pages[..ws_n].to_vec())
+            .unwrap_or_default();
+        let shared = matches!(mode, RestoreMode::Eager | RestoreMode::Stock);
+        let ram = if shared {
+            self.vm.run.ram()
+        } else {
+            image.clone()
+        };
+
+        // The run dir first: an eager restore fills its RAM file.
+        self.prepare_run_dir()?;
+        let images = vec![ImageFile {
+            block: 0,
+            path: image.clone(),
+            size,
+        }];
+        let (loader, before) = {
+            let (vm, trace, run_ram) = (self.vm.clone(), trace.clone(), self.vm.run.ram());
+            let (image, checksums, chunk) =
+                (image.clone(), block.checksums.clone(), block.chunk_bytes);
+            tokio::task::spawn_blocking(move || -> Result<_, OpError> {
+                let mut loader = Loader::new(images, trace)
+                    .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+                let t = Instant::now();
+                let stats = match mode {
+                    RestoreMode::Eager => {
+                        let mut show = |d: u64, t: u64| vm.set_progress(Some((d, t)));
+                        let copied = rebound_snapshot::copy_ram_image(&image, &run_ram, size, chunk, &mut show)
+                            .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+                        vm.set_progress(None);
+                        if let Some(i) = copied.checksums.iter().zip(&checksums).position(|(a, b)| a != b) {
+                            return Err(OpError::SnapshotInput(format!(
+                                "checksum mismatch in {} chunk {i} (bytes {}..{}): the image is damaged",
+                                image.display(),
+                                i as u64 * chunk,
+                                ((i as u64 + 1) * chunk).min(size)
+                            )));
+                        }
+                        Some((copied.data_bytes / 4096, copied.data_bytes))
+                    }
+                    RestoreMode::WorkingSet | RestoreMode::Elastic => {
+                        let s = loader.load_first(ws_n).map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+                        Some((s.pages, s.bytes))
+                    }
+                    RestoreMode::Lazy | RestoreMode::Stock => None,
+                };
+                Ok((loader, stats.map(|s| (s, t.elapsed().as_secs_f64()))))
+            })
+            .await
+            .map_err(|e| OpError::Internal(e.to_string()))??
+        };
+        if let Some(((pages, bytes), secs)) = before {
+            report.pages_loaded_before_start = pages;
+            report.bytes_loaded_before_start = bytes;
+            report.load_before_start_s = secs;
+        }
+
+        let mut res = self.resolve_spec(&spec, boot, ready).await?;
+        res.command.memory.backend = if shared {
+            MemoryBackend::SharedFile(ram.clone())
+        } else {
+            MemoryBackend::PrivateImage(ram.clone())
+        };
+        res.command.incoming = Some(Incoming::Defer);
+        res.command.paused = true;
+        // Each disk as it was at the snapshot point, under a copy-on-write layer of
+        // this VM's own: two restores of one snapshot never share a writable disk.
+        let mut disks = Vec::new();
+        for (i, d) in m.disks.iter().enumerate() {
+            let overlay = self.vm.dir.disk_overlay(i);
+            disks.push(
+                rebound_vmm::disks::create_overlay(&snap.path_of(&d.file), &overlay)
+                    .map_err(|e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e)))?,
+            );
+        }
+        res.command.disks = disks;
+        let (qemu, command) = (res.qemu.clone(), res.command.clone());
+        self.spawn_resolved(&spec, res, false, false).await?;
+        self.apply(Trigger::RestoreBegins);
+        self.vm.update(|r| {
+            r.ram_file = ram.clone();
+            r.ram_private = !shared;
+        });
+        let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+        let here = self.machine_type(&q).await;
+        if !m.machine.is_empty() && here != m.machine {
+            return Err(OpError::SnapshotInput(format!(
+                "the snapshot was made on machine type {} and this QEMU's pc is {here}",
+                m.machine
+            )));
+        }
+        q.execute(
+            "migrate-set-capabilities",
+            Some(serde_json::json!({"capabilities": [
+                {"capability": "x-ignore-shared", "state": mode != RestoreMode::Stock}]})),
+        )
+        .await?;
+        let stream = snap.path_of(if mode == RestoreMode::Stock {
+            "stock.mig"
+        } else {
+            &m.device_state.file
+        });
+        q.execute(
+            "migrate-incoming",
+            Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),
+        )
+        .await?;
+        wait_migration(&q, "loading the device state").await?;
+        self.apply(Trigger::Restored);
+        let had_trace = trace.is_some();
+        self.restore = Some(Restoring {
+            t0,
+            req: req.clone(),
+            snap: Arc::new(snap),
+            ram,
+            size,
+            loader: matches!(mode, RestoreMode::WorkingSet | RestoreMode::Elastic)
+                .then_some(loader),
+            loaded,
+            had_trace,
+            stop: Arc::new(AtomicBool::new(false)),
+            qemu,
+            command,
+        });
+        report.accel = Some(self.vm.record().accel.as_str().to_string());
+        if req.paused {
+            report.phase = "held".into();
+            self.vm.set_restore_report(Some(report.clone()));
+            return Ok(report);
+        }
+        self.vm.set_restore_report(Some(report));
+        self.begin_restored_run().await
+    }
+
+    /// Starts the restored guest's vCPUs and the watcher.
+    pub(super) async fn begin_restored_run(&mut self) -> Result<RestoreReport, OpError> {
+        let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+        let pid = self.vm.record().qemu_pid.ok_or(OpError::NoQmp)?;
+        let Some(r) = self.restore.as_mut() else {
+            return Err(OpError::Internal("no restore under way".into()));
+        };
+        let loader = r.loader.take();
+        let r = Watch {
+            t0: r.t0,
+            req: r.req.clone(),
+            snap: r.snap.clone(),
+            ram: r.ram.clone(),
+            size: r.size,
+            loaded: r.loaded.clone(),
+            had_trace: r.had_trace,
+            stop: r.stop.clone(),
+        };
+        // Watch from before the first instruction: the first touches are the ones
+        // the trace is for.
+        let tracing_stop = Arc::new(AtomicBool::new(false));
+        let trace_task = tokio::spawn(record_trace_until(
+            pid,
+            r.ram.clone(),
+            r.size,
+            Duration::from_secs_f64(r.req.watch_s.max(0.1)),
+            tracing_stop.clone(),
+        ));
+        let before = proc_counters(pid);
+        q.execute("cont", None).await?;
+        let started = Instant::now();
+        let to_running = r.t0.elapsed().as_secs_f64();
+        self.apply(Trigger::Resumed);
+        let mut report = self.vm.restore_report().unwrap_or_default();
+        report.time_to_running_s = Some(to_running);
+        report.phase = "watching".into();
+        self.vm.set_restore_report(Some(report.clone()));
+
+        // The background loader.
+        let loaded_bytes = Arc::new(AtomicU64::new(0));
+        let bg = loader.map(|mut loader| {
+            let (stop, order, vm, bytes) = (
+                r.stop.clone(),
+                r.req.rest_order,
+                self.vm.clone(),
+                loaded_bytes.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                let order = match order {
+                    RestOrder::Fafl => rebound_snapshot::RestOrder::Fafl,
+                    RestOrder::FileOrder => rebound_snapshot::RestOrder::FileOrder,
+                };
+                let mut show = |done: u64, _total: u64| bytes.store(done, Ordering::Relaxed);
+                let s = loader.load_rest(order, &stop, None, &mut show);
+                if let Ok(s) = &s {
+                    vm.update_restore_report(|rep| {
+                        rep.background_pages = s.pages;
+                        rep.background_s = Some(s.seconds);
+                    });
+                }
+                s
+            })
+        });
+        // Once everything is loaded (or, without a background loader, once the
+        // watch window is over), the guest moves onto shared RAM.
+        let private = self.vm.record().ram_private;
+        {
+            let vm = self.vm.clone();
+            let window = Duration::from_secs_f64(r.req.watch_s.max(0.1));
+            tokio::spawn(async move {
+                match bg {
+                    Some(h) => {
+                        let _ = h.await;
+                    }
+                    None => tokio::time::sleep(window).await,
+                }
+                // The watch window ends first: settling moves every page, which
+                // would blur what the window measures.
+                tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+                if private && vm.record().ram_private {
+                    if let Err(e) = vm.run(super::Job::Settle).await {
+                        tracing::warn!(vm = %vm.name, "no settle onto shared RAM: {}", crate::daemon::error::chain(&e));
+                    }
+                }
+            });
+        }
+
+        // The first service answer.
+        let probe = self.responsive_probe();
+        let (vm, t0, snap, loaded, had_trace, watch_s) = (
+            self.vm.clone(),
+            r.t0,
+            r.snap.clone(),
+            r.loaded.clone(),
+            r.had_trace,
+            r.req.watch_s,
+        );
+        tokio::spawn(async move {
+            let answered = match probe {
+                Some(p) => p.await,
+                None => None,
+            };
+            let now_responsive = answered.map(|at: Instant| {
+                (
+                    at.duration_since(t0).as_secs_f64(),
+                    at.duration_since(started).as_secs_f64(),
+                )
+            });
+            // The rest of the watch window, then the counters.
+            let window = Duration::from_secs_f64(watch_s.max(0.1));
+            tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+            let after = proc_counters(pid);
+            tracing_stop.store(true, Ordering::Relaxed);
+            let touched = trace_task.await.ok().and_then(Result::ok);
+            let mut notes = Vec::new();
+            if answered.is_none() {
+                notes.push("no service answer to time (no service port or readiness probe, or none within 60 s)".to_string());
+            }
+            let recorded = match (&touched, had_trace) {
+                (Some(t), false) if !t.pages.is_empty() => {
+                    let (snap, t) = (snap.clone(), t.clone());
+                    let info = rebound_snapshot::TraceInfo {
+                        file: "trace.fafl".into(),
+                        pages: t.pages.len() as u64,
+                        source: "restore".into(),
+                        wss_sample_pages: None,
+                        wss_snapshot_pages: t.pages.len() as u64,
+                    };
+                    match tokio::task::spawn_blocking(move || snap.replace_trace(&t, info)).await {
+                        Ok(Ok(())) => true,
+                        Ok(Err(e)) => {
+                            notes.push(format!(
+                                "the trace could not be saved in the snapshot: {}",
+                                crate::daemon::error::chain(&e)
+                            ));
+                            false
+                        }
+                        Err(_) => false,
+                    }
+                }
+                _ => false,
+            };
+            vm.update_restore_report(|rep| {
+                if let Some((total, after_start)) = now_responsive {
+                    rep.time_to_responsive_s = Some(total);
+                    rep.responsive_after_start_s = Some(after_start);
+                }
+                if let (Some(b), Some(a)) = (before, after) {
+                    rep.major_faults_after_start = Some(a.0.saturating_sub(b.0));
+                    rep.bytes_read_after_start =
+                        Some(a.1.saturating_sub(b.1) + loaded_bytes.load(Ordering::Relaxed));
+                }
+                if let Some(t) = &touched {
+                    rep.pages_touched_after_start = t.pages.len() as u64;
+                    if let Some((h, a)) = rebound_snapshot::hit_rate_accuracy(&loaded, &t.pages) {
+                        rep.hit_rate = Some(h);
+                        rep.accuracy = Some(a);
+                    } else if !loaded.is_empty() {
+                        rep.notes.push(format!(
+                            "hit rate and accuracy need {} touched pages; the guest touched {} in {watch_s} s",
+                            loaded.len(),
+                            t.pages.len()
+                        ));
+                    }
+                }
+                rep.trace_recorded = recorded;
+                rep.notes.extend(notes);
+                rep.phase = "done".into();
+            });
+        });
+        Ok(report)
+    }
+
+    /// Resumes a paused VM (`vm resume`); for a restore held ready, this is its start.
+    pub(super) async fn resume(&mut self) -> Result<VmStatus, OpError> {
+        let st = self.vm.record().state;
+        if st != VmState::Paused {
+            return Err(OpError::WrongState(
+                self.vm.name.clone(),
+                st,
+                "only a paused VM can be resumed",
+            ));
+        }
+        let held = self.vm.restore_report().is_some_and(|r| r.phase == "held");
+        if held {
+            self.begin_restored_run().await?;
+        } else {
+            let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+            q.execute("cont", None).await?;
+            self.apply(Trigger::Resumed);
+        }
+        Ok(self.vm.status())
+    }
+
+    /// Stops a running VM's vCPUs (`vm pause`); its QEMU, RAM and devices stay.
+    pub(super) async fn pause(&mut self) -> Result<VmStatus, OpError> {
+        let st = self.vm.record().state;
+        if st != VmState::Running {
+            return Err(OpError::WrongState(
+                self.vm.name.clone(),
+                st,
+                "only a running VM can be paused",
+            ));
+        }
+        let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+        q.execute("stop", None).await?;
+        self.apply(Trigger::Stopped);
+        Ok(self.vm.status())
+    }
+
+    /// A future that resolves when the restored guest's service first answers.
+    fn responsive_probe(
+        &self,
+    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = Option<Instant>> + Send>>> {
+        let rec = self.vm.record();
+        let spec = match &rec.spec.ready {
+            Some(r) => r.parse::<ReadySpec>().ok()?,
+            None => {
+                let port = rec.spec.service_port()?;
+                match rec.spec.workload {
+                    Some(rebound_api::Workload::Web) => ReadySpec::Http {
+                        port,
+                        path: "/".into(),
+                    },
+                    _ => ReadySpec::Tcp(port),
+                }
+            }
+        };
+        let host = spec
+            .guest_port()
+            .and_then(|g| rec.forwards.iter().find(|f| f.guest == g).map(|f| f.host));
+        let (serial, qmp) = (self.vm.run.serial_log(), self.qmp.clone());
+        Some(Box::pin(async move {
+            let end = Instant::now() + RESPONSIVE_WAIT;
+            while Instant::now() < end {
+                if rebound_vmm::readiness::probe(&spec, host, &serial, qmp.as_deref()).await {
+                    return Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None
+        }))
+    }
+}
+
+/// What the watcher of a started restore needs of it.
+struct Watch {
+    t0: Instant,
+    req: RestoreRequest,
+    snap: Arc<Snapshot>,
+    ram: PathBuf,
+    size: u64,
+    loaded: Vec<TracePage>,
+    had_trace: bool,
+    stop: Arc<AtomicBool>,
+}
+
+/// The QEMU process's major faults and bytes read from storage so far.
+fn proc_counters(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let majflt: u64 = rest.split_whitespace().nth(9)?.parse().ok()?;
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let read = io
+        .lines()
+        .find_map(|l| l.strip_prefix("read_bytes: "))
+        .and_then(|v| v.trim().parse().ok())?;
+    Some((majflt, read))
+}

@@ -1,0 +1,216 @@
+//! Settling a restored guest onto shared RAM: until then its memory is a private
+//! mapping of the snapshot image (pages it wrote live only inside QEMU), so it can
+//! be neither dumped from a file, snapshotted, nor reclaimed by the crash pipeline.
+//!
+//! A second QEMU with the same devices and a fresh shared RAM file in the run dir
+//! waits for a local live migration; the restored QEMU sends it every page over a
+//! unix socket while the guest keeps running, stops it for the last dirty pages and
+//! quits. The new QEMU's control sockets are then moved to the run dir's usual
+//! names, so everything else goes on talking to "the VM" as before. The host ports
+//! are handed over by removing the old QEMU's forwards before the new one binds them:
+//! connections made meanwhile wait in the new QEMU's listen queue.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rebound_api::{EventData, VmState, VmStatus};
+use rebound_vmm::qemu::{Control, Incoming, MemoryBackend, NetBackend, QemuCommand, Serial};
+use rebound_vmm::qmp::Qmp;
+
+use super::owner::Owner;
+use super::snapshot::wait_migration;
+use crate::daemon::error::OpError;
+
+impl Owner {
+    pub(super) async fn settle(&mut self) -> Result<VmStatus, OpError> {
+        let rec = self.vm.record();
+        if !rec.ram_private {
+            return Ok(self.vm.status());
+        }
+        let was_running = match rec.state {
+            VmState::Running => true,
+            VmState::Paused => false,
+            st => {
+                return Err(OpError::WrongState(
+                    self.vm.name.clone(),
+                    st,
+                    "only a running or paused restored VM can settle",
+                ))
+            }
+        };
+        let (Some(src), Some(old_pid)) = (self.qmp.clone(), rec.qemu_pid) else {
+            return Err(OpError::NoQmp);
+        };
+        let Some((qemu, command)) = self
+            .restore
+            .as_ref()
+            .map(|r| (r.qemu.clone(), r.command.clone()))
+        else {
+            return Err(OpError::BadRequest(
+                "this VM's restore is not known to this daemon (restarted since): stop and restore it again to settle".into(),
+            ));
+        };
+        let t0 = Instant::now();
+        let run = self.vm.run.clone();
+        let side = run.path().join("settle");
+        rebound_vmm::private::create_dir_all(&side)
+            .map_err(|e| OpError::Io(format!("cannot create {}", side.display()), e))?;
+        let mut dest: QemuCommand = command;
+        dest.memory.backend = MemoryBackend::SharedFile(run.ram());
+        dest.incoming = Some(Incoming::Defer);
+        dest.paused = true;
+        dest.control = Control {
+            qmp: Some(side.join("qmp.sock")),
+            hmp: None,
+            agent: dest.control.agent.as_ref().map(|_| side.join("agent.sock")),
+            serial: match &dest.control.serial {
+                // Both QEMUs append to the one serial log.
+                Serial::Socket { log, .. } => Serial::Socket {
+                    socket: side.join("serial.sock"),
+                    log: log.clone(),
+                },
+                other => other.clone(),
+            },
+            pidfile: Some(side.join("qemu.pid")),
+        };
+        // The host ports move only at the switch (loading slirp's state would drop
+        // them anyway): the new QEMU starts without them.
+        let forwards: Vec<_> = dest
+            .nics
+            .iter()
+            .flat_map(|n| match &n.backend {
+                NetBackend::User { forwards } => forwards.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        for n in &mut dest.nics {
+            if let NetBackend::User { forwards } = &mut n.backend {
+                forwards.clear();
+            }
+        }
+        let args = dest.args()?;
+        let group = self.qemu_group(false);
+        let child =
+            rebound_vmm::process::spawn_qemu(&qemu, &args, &side.join("qemu.log"), group.as_ref())
+                .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
+        let new_pid = child.id().unwrap_or(0);
+        let (dq, devents) = match connect(&side.join("qmp.sock"), new_pid).await {
+            Ok(q) => q,
+            Err(e) => {
+                rebound_vmm::process::sigkill(new_pid);
+                return Err(e);
+            }
+        };
+        let sock = side.join("migrate.sock");
+        let uri = format!("unix:{}", sock.display());
+        let caps = serde_json::json!({"capabilities": [
+            {"capability": "x-ignore-shared", "state": false}]});
+        let r = async {
+            dq.execute("migrate-set-capabilities", Some(caps.clone()))
+                .await?;
+            dq.execute("migrate-incoming", Some(serde_json::json!({ "uri": uri })))
+                .await?;
+            src.execute("migrate-set-capabilities", Some(caps)).await?;
+            src.execute(
+                "migrate-set-parameters",
+                Some(serde_json::json!({"max-bandwidth": i64::MAX / 2})),
+            )
+            .await?;
+            src.execute("migrate", Some(serde_json::json!({ "uri": uri })))
+                .await?;
+            wait_migration(&src, "the move onto shared RAM").await?;
+            let info = src.execute("query-migrate", None).await?;
+            wait_migration(&dq, "the move onto shared RAM (receiving side)").await?;
+            Ok::<_, OpError>(info)
+        }
+        .await;
+        let info = match r {
+            Ok(i) => i,
+            Err(e) => {
+                // The restored QEMU keeps the guest; it gets its ports back.
+                rebound_vmm::process::sigkill(new_pid);
+                let _ = src.execute("cont", None).await;
+                let _ = std::fs::remove_dir_all(&side);
+                return Err(e);
+            }
+        };
+        // The ports: off the old QEMU, onto the new one (a connection attempt in
+        // between is refused; the gap is two monitor commands).
+        for f in &forwards {
+            let hmp = |c: String| serde_json::json!({ "command-line": c });
+            src.execute(
+                "human-monitor-command",
+                Some(hmp(format!(
+                    "hostfwd_remove net0 tcp:{}:{}",
+                    f.bind, f.host
+                ))),
+            )
+            .await?;
+            dq.execute(
+                "human-monitor-command",
+                Some(hmp(format!(
+                    "hostfwd_add net0 tcp:{}:{}-:{}",
+                    f.bind, f.host, f.guest
+                ))),
+            )
+            .await?;
+        }
+        // The old QEMU is done: stop listening to it before it quits.
+        self.disconnect();
+        let _ = src.execute("quit", None).await;
+        let _ = rebound_vmm::process::wait_gone(old_pid, Duration::from_secs(10)).await;
+        self.reap(old_pid).await;
+        if let Some(r) = self.restore.take() {
+            r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        for (from, to) in [
+            ("qmp.sock", run.qmp()),
+            ("agent.sock", run.agent()),
+            ("serial.sock", run.serial_sock()),
+            ("qemu.pid", run.pidfile()),
+        ] {
+            let from = side.join(from);
+            if from.exists() {
+                let _ = std::fs::rename(&from, &to);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&side);
+        self.set_child(child);
+        self.vm.update(|r| {
+            r.qemu_pid = Some(new_pid);
+            r.ram_file = run.ram();
+            r.ram_private = false;
+        });
+        let ready = self.ready.clone();
+        self.attach(dq, devents, ready);
+        if was_running {
+            if let Some(q) = &self.qmp {
+                q.execute("cont", None).await?;
+            }
+        }
+        self.event(EventData::Settled {
+            pid: new_pid,
+            seconds: t0.elapsed().as_secs_f64(),
+            downtime_ms: info["downtime"].as_u64(),
+            ram_bytes: info["ram"]["transferred"].as_u64(),
+        });
+        Ok(self.vm.status())
+    }
+}
+
+async fn connect(sock: &Path, pid: u32) -> Result<rebound_vmm::qmp::QmpSession, OpError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if sock.exists() {
+            if let Ok(q) = Qmp::connect(sock).await {
+                return Ok(q);
+            }
+        }
+        if !rebound_vmm::process::is_alive(pid) || Instant::now() >= deadline {
+            return Err(OpError::QemuFailed(
+                "the QEMU to settle onto did not come up".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,426 @@
+//! `rebound vm snapshot`: the guest is paused, QEMU saves only its device state
+//! (guest RAM is a shared file, so `x-ignore-shared` leaves it out), the RAM file
+//! and the VM's disks are copied into the snapshot directory, and the guest runs
+//! again. Then the guest's first accesses after the snapshot point are recorded
+//! in order (the working-set trace) and the directory is renamed complete.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebound_api::{SnapshotRequest, SnapshotResult, StockSave, VmState};
+use rebound_snapshot::{DiskEntry, FileEntry, Manifest, RamBlock, SnapshotDir, TraceInfo};
+use rebound_vmm::qmp::Qmp;
+
+use super::owner::Owner;
+use crate::daemon::error::OpError;
+
+/// Chunk of the RAM image's checksums.
+const CHUNK_BYTES: u64 = 64 << 20;
+/// How often the trace looks at QEMU's page table.
+pub(super) const TRACE_POLL: Duration = Duration::from_millis(5);
+
+fn failed(what: impl std::fmt::Display) -> OpError {
+    OpError::SnapshotFailed(what.to_string())
+}
+
+impl Owner {
+    pub(super) async fn snapshot_now(
+        &mut self,
+        req: SnapshotRequest,
+    ) -> Result<SnapshotResult, OpError> {
+        let t0 = Instant::now();
+        let rec = self.vm.record();
+        let out = PathBuf::from(&req.out);
+        if !out.is_absolute() || out.file_name().is_none() {
+            return Err(OpError::BadRequest(format!(
+                "snapshot path {:?} must be an absolute directory path",
+                req.out
+            )));
+        }
+        if !(0.0..=600.0).contains(&req.trace_s) {
+            return Err(OpError::BadRequest(format!(
+                "trace_s {} must be between 0 and 600 seconds",
+                req.trace_s
+            )));
+        }
+        let q = match (&self.qmp, rec.state) {
+            (Some(q), VmState::Running | VmState::Paused) => q.clone(),
+            _ => {
+                return Err(OpError::WrongState(
+                    self.vm.name.clone(),
+                    rec.state,
+                    "only a running or paused VM can be snapshotted",
+                ))
+            }
+        };
+        if self.vm.run.vmem().exists() {
+            return Err(OpError::BadRequest(
+                "this VM runs with hot-plugged memory (a recovery VM): snapshots of it are not supported yet; restart it first".into(),
+            ));
+        }
+        if !self.on_shared_ram() {
+            return Err(OpError::BadRequest(
+                "this VM's RAM is still the snapshot image it was restored from: wait until it settles onto shared RAM (rebound vm settle)".into(),
+            ));
+        }
+        let pid = rec.qemu_pid.ok_or(OpError::NoQmp)?;
+        let dir = {
+            let out = out.clone();
+            tokio::task::spawn_blocking(move || SnapshotDir::create(&out))
+                .await
+                .map_err(|e| OpError::Internal(e.to_string()))?
+                .map_err(|e| OpError::BadRequest(crate::daemon::error::chain(&e)))?
+        };
+        let size = rec.spec.memory_mib << 20;
+        let ram = self.vm.run.ram();
+        // The working-set size as the guest runs normally: pages touched in one trace
+        // window before the snapshot (the paper's sampled WSS).
+        let sample = if req.trace_s > 0.0 {
+            match record_trace(pid, ram.clone(), size, req.trace_s, true).await {
+                Ok(t) => Some(t.pages.len() as u64),
+                Err(e) => {
+                    tracing::warn!(vm = %self.vm.name, "no working-set sample: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let was_running = self.vm.record().state == VmState::Running;
+        let paused_at = Instant::now();
+        if was_running {
+            q.execute("stop", None).await?;
+        }
+        let saved = self.save_paused(&q, &dir, &ram, size, &rec).await;
+        let pause_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+        let stock = match (&saved, req.stock) {
+            (Ok(_), true) => Some(stock_saves(&q, dir.path()).await),
+            _ => None,
+        };
+        if was_running {
+            q.execute("cont", None).await?;
+        }
+        let (ram_block, device_state, disks) = saved?;
+        let stock = stock.transpose()?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut notes = Vec::new();
+        // The guest's first accesses after the snapshot point, in order.
+        let trace = if req.trace_s > 0.0 && was_running {
+            match record_trace(pid, ram.clone(), size, req.trace_s, true).await {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    notes.push(format!(
+                        "no post-snapshot trace ({e}): the first restore records one"
+                    ));
+                    None
+                }
+            }
+        } else {
+            if req.trace_s > 0.0 {
+                notes.push(
+                    "the guest was paused: no post-snapshot trace; the first restore records one"
+                        .into(),
+                );
+            }
+            None
+        };
+        let trace_pages = trace.as_ref().map_or(0, |t| t.pages.len() as u64);
+        let trace_info = match trace {
+            Some(t) => {
+                let path = dir.path().join("trace.fafl");
+                let t2 = t.clone();
+                tokio::task::spawn_blocking(move || t2.write(&path))
+                    .await
+                    .map_err(|e| OpError::Internal(e.to_string()))?
+                    .map_err(failed)?;
+                Some(TraceInfo {
+                    file: "trace.fafl".into(),
+                    pages: t.pages.len() as u64,
+                    source: "post-snapshot".into(),
+                    wss_sample_pages: sample,
+                    wss_snapshot_pages: t.pages.len() as u64,
+                })
+            }
+            None => None,
+        };
+        let ram_data = ram_block.data_bytes;
+        let dev_bytes = device_state.size;
+        let disk_bytes = disks.iter().map(|d| d.size).sum();
+        let manifest = Manifest {
+            format: rebound_snapshot::MANIFEST_FORMAT.into(),
+            version: rebound_snapshot::FORMAT_VERSION,
+            created: rebound_vmm::events::wall_now(),
+            vm: self.vm.name.clone(),
+            spec: serde_json::to_value(&rec.spec).map_err(|e| OpError::Internal(e.to_string()))?,
+            qemu_version: self.qemu_version(&q).await,
+            machine: self.machine_type(&q).await,
+            accel: rec.accel.as_str().to_string(),
+            ram_blocks: vec![ram_block],
+            device_state,
+            disks,
+            trace: trace_info,
+            pause_ms,
+            notes: notes.clone(),
+        };
+        tokio::task::spawn_blocking(move || dir.commit(&manifest))
+            .await
+            .map_err(|e| OpError::Internal(e.to_string()))?
+            .map_err(failed)?;
+        Ok(SnapshotResult {
+            dir: out.display().to_string(),
+            vm: self.vm.name.clone(),
+            pause_ms,
+            seconds,
+            ram_data_bytes: ram_data,
+            device_state_bytes: dev_bytes,
+            disk_bytes,
+            trace_pages,
+            stock,
+            notes,
+        })
+    }
+
+    /// With the guest paused: device state, RAM image, disk copies.
+    async fn save_paused(
+        &self,
+        q: &Qmp,
+        dir: &SnapshotDir,
+        ram: &Path,
+        size: u64,
+        rec: &rebound_vmm::record::VmRecord,
+    ) -> Result<(RamBlock, FileEntry, Vec<DiskEntry>), OpError> {
+        let state = dir.path().join("device.state");
+        save_device_state(q, &state, true).await?;
+        let (ram, image) = (ram.to_path_buf(), dir.path().join("ram-ram.img"));
+        let vm = self.vm.clone();
+        let disks = self.disk_files(rec);
+        let path = dir.path().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let mut show = |done: u64, total: u64| vm.set_progress(Some((done, total)));
+            let mut block =
+                rebound_snapshot::copy_ram_image(&ram, &image, size, CHUNK_BYTES, &mut show)
+                    .map_err(failed)?;
+            vm.set_progress(None);
+            block.id = "ram".into();
+            block.file = "ram-ram.img".into();
+            let device = file_entry(&path, "device.state")?;
+            let mut entries = Vec::new();
+            for (i, (src, backing)) in disks.iter().enumerate() {
+                let file = format!("disk-disk{i}.qcow2");
+                let e = rebound_snapshot::copy_file(src, &path.join(&file)).map_err(failed)?;
+                entries.push(DiskEntry {
+                    id: format!("disk{i}"),
+                    file,
+                    format: "qcow2".into(),
+                    backing: backing.clone(),
+                    size: e.size,
+                    checksum: e.checksum,
+                });
+            }
+            Ok((block, device, entries))
+        })
+        .await
+        .map_err(|e| OpError::Internal(e.to_string()))?
+    }
+
+    /// The VM's disks as files to copy, with the base each qcow2 overlay reads
+    /// through (kept by reference: images are read-only).
+    fn disk_files(&self, rec: &rebound_vmm::record::VmRecord) -> Vec<(PathBuf, Option<String>)> {
+        let mut out = Vec::new();
+        let overlay = self.vm.dir.disk_overlay(0);
+        if rec.spec.kernel.is_none() && overlay.exists() {
+            out.push((overlay.clone(), backing_of(&overlay)));
+        }
+        for d in &rec.spec.disks {
+            out.push((PathBuf::from(d), None));
+        }
+        out
+    }
+
+    /// Whether the guest's RAM is the shared file in the run dir (not a restored
+    /// guest's private image mapping).
+    pub(super) fn on_shared_ram(&self) -> bool {
+        !self.vm.record().ram_private
+    }
+
+    pub(super) async fn qemu_version(&self, q: &Qmp) -> String {
+        match q.execute("query-version", None).await {
+            Ok(v) => {
+                let q = &v["qemu"];
+                format!("{}.{}.{}", q["major"], q["minor"], q["micro"])
+            }
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The concrete machine type (`pc` resolves to e.g. `pc-i440fx-7.2`).
+    pub(super) async fn machine_type(&self, q: &Qmp) -> String {
+        let Ok(v) = q.execute("query-machines", None).await else {
+            return String::new();
+        };
+        let list = v.as_array().cloned().unwrap_or_default();
+        let pc = list.iter().find(|m| m["alias"] == "pc");
+        pc.and_then(|m| m["name"].as_str())
+            .unwrap_or("pc")
+            .to_string()
+    }
+}
+
+/// The base a qcow2 overlay reads through, as `qemu-img info` reports it.
+fn backing_of(overlay: &Path) -> Option<String> {
+    let out = std::process::Command::new(
+        std::env::var("REBOUND_QEMU_IMG").unwrap_or_else(|_| "qemu-img".into()),
+    )
+    .args(["info", "--output=json", "-U"])
+    .arg(overlay)
+    .output()
+    .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["full-backing-filename"]
+        .as_str()
+        .or(v["backing-filename"].as_str())
+        .map(str::to_string)
+}
+
+fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, OpError> {
+    let e = rebound_snapshot::hash_file(&dir.join(name)).map_err(failed)?;
+    Ok(FileEntry {
+        file: name.into(),
+        size: e.size,
+        checksum: e.checksum,
+    })
+}
+
+/// Has the paused QEMU write its device state (and, without `ignore_shared`, all
+/// of guest RAM: QEMU's stock save) to `path`, and waits for it.
+pub(super) async fn save_device_state(
+    q: &Qmp,
+    path: &Path,
+    ignore_shared: bool,
+) -> Result<(), OpError> {
+    q.execute(
+        "migrate-set-capabilities",
+        Some(serde_json::json!({"capabilities": [
+            {"capability": "x-ignore-shared", "state": ignore_shared}]})),
+    )
+    .await?;
+    let uri = format!("exec:cat > {}", shell_quote(path));
+    q.execute("migrate", Some(serde_json::json!({ "uri": uri })))
+        .await?;
+    wait_migration(q, "the device state save").await
+}
+
+/// Polls `query-migrate` until the migration completed.
+pub(super) async fn wait_migration(q: &Qmp, what: &str) -> Result<(), OpError> {
+    loop {
+        let v = q.execute("query-migrate", None).await?;
+        match v["status"].as_str() {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => {
+                let why = v["error-desc"].as_str().unwrap_or("no reason given");
+                return Err(OpError::SnapshotFailed(format!("{what} failed: {why}")));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+}
+
+/// QEMU's own save of the same state (the guest stays paused): a full migration
+/// stream, first at QEMU's default bandwidth cap, then with the cap raised.
+async fn stock_saves(q: &Qmp, dir: &Path) -> Result<StockSave, OpError> {
+    let path = dir.join("stock.mig");
+    let default = q
+        .execute("query-migrate-parameters", None)
+        .await?
+        .get("max-bandwidth")
+        .cloned()
+        .unwrap_or(serde_json::json!(134217728));
+    let t = Instant::now();
+    save_device_state(q, &path, false).await?;
+    let default_cap_s = t.elapsed().as_secs_f64();
+    q.execute(
+        "migrate-set-parameters",
+        Some(serde_json::json!({"max-bandwidth": i64::MAX / 2})),
+    )
+    .await?;
+    let t = Instant::now();
+    let r = save_device_state(q, &path, false).await;
+    let raised_cap_s = t.elapsed().as_secs_f64();
+    q.execute(
+        "migrate-set-parameters",
+        Some(serde_json::json!({ "max-bandwidth": default })),
+    )
+    .await?;
+    r?;
+    let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    Ok(StockSave {
+        default_cap_s,
+        raised_cap_s,
+        bytes,
+    })
+}
+
+/// A path for `sh -c` (QEMU's `exec:` runs one).
+pub(super) fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+/// Records, for `secs`, the order in which QEMU's process first touches the pages
+/// of its mapping of `file` (`unmap`: first make the running guest's next touches
+/// visible by unmapping its pages, which stay in the file).
+pub(super) async fn record_trace(
+    pid: u32,
+    file: PathBuf,
+    size: u64,
+    secs: f64,
+    unmap: bool,
+) -> Result<rebound_snapshot::Trace, String> {
+    let never = Arc::new(AtomicBool::new(false));
+    let window = Duration::from_secs_f64(secs);
+    trace_blocking(pid, file, size, window, never, unmap).await
+}
+
+/// As [`record_trace`] without unmapping (a just started QEMU has nothing mapped
+/// yet), until `max` passes or `stop` is set.
+pub(super) async fn record_trace_until(
+    pid: u32,
+    file: PathBuf,
+    size: u64,
+    max: Duration,
+    stop: Arc<AtomicBool>,
+) -> Result<rebound_snapshot::Trace, String> {
+    trace_blocking(pid, file, size, max, stop, false).await
+}
+
+async fn trace_blocking(
+    pid: u32,
+    file: PathBuf,
+    size: u64,
+    max: Duration,
+    stop: Arc<AtomicBool>,
+    unmap: bool,
+) -> Result<rebound_snapshot::Trace, String> {
+    tokio::task::spawn_blocking(move || {
+        let target = rebound_guestmem::MapTarget::inode_of(&file).map_err(|e| e.to_string())?;
+        let maps = rebound_guestmem::maps::read_maps(pid).map_err(|e| e.to_string())?;
+        let m = rebound_guestmem::maps::find_ram_mapping(&maps, pid, &target, size)
+            .map_err(|e| e.to_string())?;
+        if unmap {
+            rebound_snapshot::unmap_for_trace(pid, &[(m.start, size)])
+                .map_err(|e| e.to_string())?;
+        }
+        let mut tracer = rebound_snapshot::PagemapTracer::new(pid, vec![(0, m.start, size)])
+            .map_err(|e| e.to_string())?;
+        let end = Instant::now() + max;
+        while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+            tracer.poll().map_err(|e| e.to_string())?;
+            std::thread::sleep(TRACE_POLL);
+        }
+        tracer.poll().map_err(|e| e.to_string())?;
+        Ok(tracer.into_trace())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}

@@ -1,0 +1,291 @@
+//! Snapshots and restores with real guests: a restored guest continues exactly from
+//! the snapshot point (the counter neither skips nor repeats a tick, kv has every
+//! key written before the snapshot and none written after, memfill verifies every
+//! page), two restores of one snapshot are independent VMs, and a restore held
+//! ready starts only when told.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{eventually, kv, Env};
+use serde_json::Value;
+
+/// The counter ticks a VM's serial log holds, in order.
+fn ticks(env: &Env, name: &str) -> Vec<u64> {
+    let Ok((_, logs)) = env.call("GET", &format!("/v1/vms/{name}/logs"), None) else {
+        return Vec::new();
+    };
+    logs.as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split("counter seq=").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn restore_json(env: &Env, args: &[&str]) -> Value {
+    let mut a = vec!["vm", "restore"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--watch-s", "3", "--json"]);
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
+#[test]
+fn a_restored_counter_continues_with_the_next_tick_in_both_copies() {
+    let env = Env::new();
+    env.ok(&[
+        "vm",
+        "start",
+        "ctr",
+        "--workload",
+        "counter",
+        "--memory",
+        "256M",
+    ]);
+    eventually(Duration::from_secs(60), "counter ticks", || {
+        (ticks(&env, "ctr").len() > 3).then_some(())
+    });
+    // Paused, the guest prints nothing more: its last tick is the snapshot point.
+    env.ok(&["vm", "pause", "ctr"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let last = *ticks(&env, "ctr").last().unwrap();
+    let dir = env.home.path().join("snap-ctr");
+    let d = dir.to_str().unwrap();
+    let out: Value =
+        serde_json::from_str(&env.ok(&["vm", "snapshot", "ctr", "--out", d, "--json"])).unwrap();
+    assert!(out["pause_ms"].as_f64().unwrap() >= 0.0, "{out}");
+    assert_eq!(
+        out["trace_pages"], 0,
+        "a paused guest has no post-snapshot trace: {out}"
+    );
+    assert!(
+        out["notes"]
+            .to_string()
+            .contains("first restore records one"),
+        "{out}"
+    );
+    assert_eq!(env.status("ctr")["state"], "paused");
+
+    // No trace yet: an elastic restore falls back to lazy, says so, and records one.
+    let a = restore_json(&env, &[d, "--name", "ctr-a", "--mode", "elastic"]);
+    assert_eq!(a["phase"], "done", "{a}");
+    assert!(a["notes"].to_string().contains("restored lazily"), "{a}");
+    assert_eq!(a["trace_recorded"], true, "{a}");
+    assert!(a["time_to_running_s"].as_f64().unwrap() > 0.0);
+    let inspect = env.ok(&["snapshot", "inspect", d]);
+    assert!(inspect.contains("from restore"), "{inspect}");
+    // With the recorded trace, a working-set restore loads it first.
+    let b = restore_json(&env, &[d, "--name", "ctr-b", "--mode", "working-set"]);
+    assert!(b["pages_loaded_before_start"].as_u64().unwrap() > 0, "{b}");
+    assert_eq!(b["trace_source"], "restore", "{b}");
+
+    for name in ["ctr-a", "ctr-b"] {
+        let t = eventually(Duration::from_secs(60), "restored ticks", || {
+            let t = ticks(&env, name);
+            (t.len() >= 5).then_some(t)
+        });
+        assert_eq!(
+            t[0],
+            last + 1,
+            "{name} did not continue at the next tick: {t:?}"
+        );
+        assert!(
+            t.windows(2).all(|w| w[1] == w[0] + 1),
+            "{name} skipped or repeated a tick: {t:?}"
+        );
+    }
+    // The original goes on from the same point.
+    env.ok(&["vm", "resume", "ctr"]);
+    eventually(
+        Duration::from_secs(60),
+        "the original to tick again",
+        || ticks(&env, "ctr").contains(&(last + 2)).then_some(()),
+    );
+    let t = ticks(&env, "ctr");
+    let i = t.iter().position(|&s| s == last).unwrap();
+    assert_eq!(t[i + 1], last + 1, "{t:?}");
+}
+
+#[test]
+fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
+    let env = Env::new();
+    env.ok(&["vm", "start", "kv", "--workload", "kv", "--memory", "256M"]);
+    let port = env.host_port("kv", 7070);
+    for i in 0..20 {
+        assert_eq!(kv(port, &format!("SET k{i} v{i}")).unwrap(), "OK");
+    }
+    let dir = env.home.path().join("snap-kv");
+    let d = dir.to_str().unwrap();
+    let out: Value = serde_json::from_str(&env.ok(&[
+        "vm",
+        "snapshot",
+        "kv",
+        "--out",
+        d,
+        "--trace-s",
+        "2",
+        "--json",
+    ]))
+    .unwrap();
+    assert!(out["trace_pages"].as_u64().unwrap() > 0, "{out}");
+    assert!(out["ram_data_bytes"].as_u64().unwrap() > 16 << 20, "{out}");
+    assert_eq!(kv(port, "SET after yes").unwrap(), "OK");
+    let verify = env.ok(&["snapshot", "verify", d]);
+    assert!(verify.contains("every checksum matches"), "{verify}");
+
+    let a = restore_json(&env, &[d, "--name", "kv-a", "--mode", "elastic"]);
+    assert_eq!(a["phase"], "done", "{a}");
+    assert_eq!(a["trace_source"], "post-snapshot", "{a}");
+    assert!(a["working_set_pages"].as_u64().unwrap() > 0, "{a}");
+    assert!(a["time_to_responsive_s"].as_f64().is_some(), "{a}");
+    let b = restore_json(&env, &[d, "--name", "kv-b", "--mode", "lazy"]);
+    assert_eq!(b["pages_loaded_before_start"], 0, "{b}");
+
+    let pa = env.host_port("kv-a", 7070);
+    let pb = env.host_port("kv-b", 7070);
+    assert_ne!(pa, port);
+    for p in [pa, pb] {
+        for i in 0..20 {
+            assert_eq!(kv(p, &format!("GET k{i}")).unwrap(), format!("VALUE v{i}"));
+        }
+        assert_eq!(kv(p, "GET after").unwrap(), "NOTFOUND");
+        assert_eq!(kv(p, "COUNT").unwrap(), "COUNT 20");
+    }
+    assert_eq!(kv(pa, "SET only-a 1").unwrap(), "OK");
+    assert_eq!(kv(pb, "GET only-a").unwrap(), "NOTFOUND");
+    assert_eq!(kv(port, "GET only-a").unwrap(), "NOTFOUND");
+
+    // Each restore writes its own disk layer over the snapshot's copy.
+    let overlay = |n: &str| env.home.path().join(format!("vms/{n}/disk0.qcow2"));
+    for n in ["kv-a", "kv-b"] {
+        let info = std::process::Command::new("qemu-img")
+            .args(["info", "-U", "--output=json"])
+            .arg(overlay(n))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&info.stdout).unwrap();
+        let backing = v["backing-filename"].as_str().unwrap_or_default();
+        assert!(
+            Path::new(backing).starts_with(&dir),
+            "{n}'s disk is not over the snapshot's copy: {v}"
+        );
+    }
+
+    // A held restore does not run until resumed; until it settles onto shared RAM
+    // it cannot be snapshotted, and says why.
+    let held = restore_json(
+        &env,
+        &[d, "--name", "kv-held", "--mode", "elastic", "--paused"],
+    );
+    assert_eq!(held["phase"], "held", "{held}");
+    assert_eq!(env.status("kv-held")["state"], "paused");
+    let e = env.fails(&[
+        "vm",
+        "snapshot",
+        "kv-held",
+        "--out",
+        env.home.path().join("snap-held").to_str().unwrap(),
+    ]);
+    assert!(e.contains("settle"), "{e}");
+    env.ok(&["vm", "resume", "kv-held"]);
+    let ph = env.host_port("kv-held", 7070);
+    assert_eq!(kv(ph, "GET k3").unwrap(), "VALUE v3");
+    let rep = eventually(Duration::from_secs(60), "the held restore's report", || {
+        let (_, r) = env.call("GET", "/v1/vms/kv-held/restore", None).ok()?;
+        (r["phase"] == "done").then_some(r)
+    });
+    assert!(rep["responsive_after_start_s"].as_f64().is_some(), "{rep}");
+
+    // Once settled (it does so by itself after its watch window), a restored VM
+    // runs on shared RAM in a new QEMU, keeps its data and port, and snapshots.
+    let settled = eventually(Duration::from_secs(120), "kv-b to settle", || {
+        env.events("kv-b")
+            .into_iter()
+            .find(|e| e["kind"] == "settled")
+    });
+    assert_eq!(
+        env.status("kv-b")["qemu_pid"],
+        settled["detail"]["pid"],
+        "{settled}"
+    );
+    assert_eq!(kv(pb, "GET k7").unwrap(), "VALUE v7");
+    let again = env.home.path().join("snap-kv-b");
+    env.ok(&[
+        "vm",
+        "snapshot",
+        "kv-b",
+        "--out",
+        again.to_str().unwrap(),
+        "--trace-s",
+        "0",
+    ]);
+    let c = restore_json(
+        &env,
+        &[again.to_str().unwrap(), "--name", "kv-c", "--mode", "lazy"],
+    );
+    assert_eq!(c["phase"], "done", "{c}");
+    let pc = env.host_port("kv-c", 7070);
+    // kv-c settles once its watch window is over (its port moves between two QEMUs).
+    eventually(Duration::from_secs(120), "kv-c to settle", || {
+        env.events("kv-c")
+            .into_iter()
+            .find(|e| e["kind"] == "settled")
+    });
+    assert_eq!(kv(pc, "GET k19").unwrap(), "VALUE v19");
+    assert_eq!(kv(pc, "GET only-a").unwrap(), "NOTFOUND");
+}
+
+#[test]
+fn a_memfill_guest_restored_verifies_every_page() {
+    let env = Env::new();
+    env.ok(&[
+        "vm",
+        "start",
+        "mf",
+        "--workload",
+        "memfill",
+        "--memfill",
+        "96M",
+        "--memory",
+        "256M",
+    ]);
+    eventually(Duration::from_secs(120), "a memfill round", || {
+        env.events("mf")
+            .into_iter()
+            .any(|e| e["kind"] == "memfill" && e["detail"]["rounds"].as_u64() >= Some(1))
+            .then_some(())
+    });
+    let dir = env.home.path().join("snap-mf");
+    let d = dir.to_str().unwrap();
+    let rounds = |name: &str| {
+        env.events(name)
+            .into_iter()
+            .filter(|e| e["kind"] == "memfill")
+            .filter_map(|e| e["detail"]["rounds"].as_u64())
+            .max()
+            .unwrap_or(0)
+    };
+    env.ok(&["vm", "snapshot", "mf", "--out", d, "--trace-s", "2"]);
+    // Rounds the guest had finished by the end of the snapshot (and its trace): a
+    // restored guest must finish whole rounds beyond that, each page checked.
+    let before = rounds("mf");
+    for (name, mode) in [("mf-e", "eager"), ("mf-el", "elastic")] {
+        let r = restore_json(&env, &[d, "--name", name, "--mode", mode]);
+        assert_eq!(r["phase"], "done", "{r}");
+        let ev = eventually(
+            Duration::from_secs(180),
+            "memfill rounds after the restore",
+            || {
+                env.events(name)
+                    .into_iter()
+                    .filter(|e| e["kind"] == "memfill")
+                    .map(|e| e["detail"].clone())
+                    .find(|d| d["rounds"].as_u64() >= Some(before + 2))
+            },
+        );
+        assert_eq!(ev["errors"], 0, "{name}: {ev}");
+        env.ok(&["vm", "kill", name]);
+    }
+}

@@ -364,7 +364,8 @@ impl Owner {
             qemu: res.qemu.display().to_string(),
             argv: args,
         });
-        let (qmp, events) = match self.connect_qmp(pid).await {
+        let connected = Self::connect_qmp(&self.vm.run.qmp(), &self.vm.run.qemu_log(), pid).await;
+        let (qmp, events) = match connected {
             Ok(q) => q,
             Err(msg) => {
                 process::sigkill(pid);
@@ -405,19 +406,23 @@ impl Owner {
         .ok()
     }
 
-    /// Waits for QEMU's QMP socket and connects; on failure explains why (QEMU's last log line).
-    async fn connect_qmp(&self, pid: u32) -> Result<rebound_vmm::qmp::QmpSession, String> {
+    /// Waits for QEMU `pid`'s QMP socket `sock` and connects; on failure explains why
+    /// (QEMU's last line in `log`).
+    pub(super) async fn connect_qmp(
+        sock: &std::path::Path,
+        log: &std::path::Path,
+        pid: u32,
+    ) -> Result<rebound_vmm::qmp::QmpSession, String> {
         let deadline = tokio::time::Instant::now() + QMP_WAIT;
-        let sock = self.vm.run.qmp();
         loop {
             if sock.exists() {
-                if let Ok(q) = Qmp::connect(&sock).await {
+                if let Ok(q) = Qmp::connect(sock).await {
                     return Ok(q);
                 }
             }
             if !process::is_alive(pid) || tokio::time::Instant::now() >= deadline {
-                let why = process::last_log_line(&self.vm.run.qemu_log())
-                    .unwrap_or_else(|| "no QMP socket appeared".into());
+                let why =
+                    process::last_log_line(log).unwrap_or_else(|| "no QMP socket appeared".into());
                 return Err(if process::is_alive(pid) {
                     format!("QMP did not answer: {why}")
                 } else {

@@ -10,12 +10,10 @@
 //! are handed over by removing the old QEMU's forwards before the new one binds them:
 //! connections made meanwhile wait in the new QEMU's listen queue.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rebound_api::{EventData, VmState, VmStatus};
 use rebound_vmm::qemu::{Control, Incoming, MemoryBackend, NetBackend, QemuCommand, Serial};
-use rebound_vmm::qmp::Qmp;
 
 use super::owner::Owner;
 use super::snapshot::wait_migration;
@@ -94,11 +92,15 @@ impl Owner {
             rebound_vmm::process::spawn_qemu(&qemu, &args, &side.join("qemu.log"), group.as_ref())
                 .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
         let new_pid = child.id().unwrap_or(0);
-        let (dq, devents) = match connect(&side.join("qmp.sock"), new_pid).await {
+        let connected =
+            Self::connect_qmp(&side.join("qmp.sock"), &side.join("qemu.log"), new_pid).await;
+        let (dq, devents) = match connected {
             Ok(q) => q,
-            Err(e) => {
+            Err(why) => {
                 rebound_vmm::process::sigkill(new_pid);
-                return Err(e);
+                return Err(OpError::QemuFailed(format!(
+                    "the QEMU to settle onto did not come up: {why}"
+                )));
             }
         };
         let sock = side.join("migrate.sock");
@@ -195,22 +197,5 @@ impl Owner {
             ram_bytes: info["ram"]["transferred"].as_u64(),
         });
         Ok(self.vm.status())
-    }
-}
-
-async fn connect(sock: &Path, pid: u32) -> Result<rebound_vmm::qmp::QmpSession, OpError> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if sock.exists() {
-            if let Ok(q) = Qmp::connect(sock).await {
-                return Ok(q);
-            }
-        }
-        if !rebound_vmm::process::is_alive(pid) || Instant::now() >= deadline {
-            return Err(OpError::QemuFailed(
-                "the QEMU to settle onto did not come up".into(),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -106,7 +106,29 @@ impl Endpoint {
                         std::fs::remove_file(p).map_err(err)?;
                     }
                 }
-                UnixListener::bind(p).map(Listener::Unix).map_err(err)
+                // Bound under a temporary name and renamed into place: the socket
+                // file appears only once it listens (between bind and listen a
+                // client that saw the file would be refused).
+                let mut tmp = p.as_os_str().to_owned();
+                tmp.push(format!(".{}", std::process::id()));
+                let tmp = std::path::PathBuf::from(tmp);
+                let _ = std::fs::remove_file(&tmp);
+                match UnixListener::bind(&tmp) {
+                    Ok(l) => match std::fs::rename(&tmp, p) {
+                        Ok(()) => Ok(Listener::Unix(l, p.clone())),
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&tmp);
+                            Err(err(e))
+                        }
+                    },
+                    // The longer name does not fit a socket address: the name itself.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                        UnixListener::bind(p)
+                            .map(|l| Listener::Unix(l, p.clone()))
+                            .map_err(err)
+                    }
+                    Err(e) => Err(err(e)),
+                }
             }
         }
     }
@@ -291,7 +313,7 @@ impl Read for PollingReader {
 #[derive(Debug)]
 pub enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener),
+    Unix(UnixListener, PathBuf),
 }
 
 impl Listener {
@@ -299,7 +321,7 @@ impl Listener {
     pub fn wait_pending(&self, timeout: Duration) -> io::Result<bool> {
         let fd = match self {
             Listener::Tcp(l) => l.as_raw_fd(),
-            Listener::Unix(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
         };
         let mut pfd = libc::pollfd {
             fd,
@@ -323,7 +345,7 @@ impl Listener {
                 set_keepalive(&s)?;
                 Ok(Stream::Tcp(s))
             }
-            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(s)),
         }
     }
 
@@ -331,13 +353,8 @@ impl Listener {
     pub fn local_endpoint(&self) -> io::Result<Endpoint> {
         match self {
             Listener::Tcp(l) => Ok(Endpoint::Tcp(l.local_addr()?.to_string())),
-            Listener::Unix(l) => {
-                let addr = l.local_addr()?;
-                let path = addr.as_pathname().ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "unnamed unix socket")
-                })?;
-                Ok(Endpoint::Unix(path.to_path_buf()))
-            }
+            // The name it was renamed to, not the one it was bound under.
+            Listener::Unix(_, path) => Ok(Endpoint::Unix(path.clone())),
         }
     }
 }

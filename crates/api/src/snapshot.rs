@@ -153,6 +153,11 @@ pub struct RestoreRequest {
     /// first service answer).
     #[serde(default = "default_watch_s")]
     pub watch_s: f64,
+    /// Host ports for the restored VM's forwards (each `guest` must be one the
+    /// snapshot's VM forwarded); default: a free host port for each, since the
+    /// snapshot's VM may still hold its own.
+    #[serde(default)]
+    pub forwards: Option<Vec<crate::spec::Forward>>,
 }
 
 pub fn default_watch_s() -> f64 {

@@ -416,7 +416,7 @@ async fn probe(port: u16) -> bool {
     buf[..n].starts_with(b"HTTP/1.") && buf[..n].windows(3).any(|w| w == b"200")
 }
 
-async fn post<T: serde::de::DeserializeOwned>(
+pub(super) async fn post<T: serde::de::DeserializeOwned>(
     c: &Client,
     path: &str,
     body: Option<&Value>,
@@ -424,7 +424,7 @@ async fn post<T: serde::de::DeserializeOwned>(
     Ok(c.call(Method::POST, path, body).await?)
 }
 
-async fn remove(c: &Client, name: &str) {
+pub(super) async fn remove(c: &Client, name: &str) {
     let _ = c
         .call::<Value>(Method::POST, &format!("/v1/vms/{name}/kill"), None)
         .await;
@@ -436,7 +436,7 @@ async fn remove(c: &Client, name: &str) {
 /// Starts the guest, waits for the service and for memfill to have filled its memory:
 /// the guest's RAM file holds at least the fill and has stopped growing. (A user
 /// kernel has no agent link, so no memfill events: the host side is what we watch.)
-async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Result<VmStatus> {
+pub(super) async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Result<VmStatus> {
     let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(s)?)).await?;
     let n = &s.name;
     let st: VmStatus = post(
@@ -733,7 +733,20 @@ fn accel_of(st: &VmStatus) -> (String, String) {
     )
 }
 
-fn load_average() -> String {
+pub(super) fn host_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0)
+}
+
+pub(super) fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+pub(super) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
@@ -817,13 +830,8 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         date,
         accel: accel.0,
         accel_reason: accel.1,
-        host_cpus: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
-        host_kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        host_cpus: host_cpus(),
+        host_kernel: host_kernel(),
         memory_mib: args.memory,
         fill_mib: args.fill,
         disk_mbps: args.disk_mbps,

@@ -10,6 +10,7 @@ use rebound_vmm::paths::Paths;
 
 mod bench;
 mod bench_crash;
+mod bench_restore;
 mod console;
 mod crash;
 mod image;
@@ -491,6 +492,10 @@ pub struct RestoreArgs {
     /// Seconds to watch the restored guest for the report.
     #[arg(long, default_value_t = rebound_api::snapshot::default_watch_s())]
     pub watch_s: f64,
+    /// HOSTPORT:GUESTPORT for a guest port the snapshot's VM forwarded (repeatable;
+    /// default: a free host port each).
+    #[arg(long = "forward")]
+    pub forwards: Vec<rebound_api::spec::Forward>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -520,6 +525,10 @@ pub enum BenchCmd {
     /// A guest crash handled the stock way (QEMU's dump, reboot) and by each crash
     /// policy, side by side: downtime, the client's longest gap, dump time and size.
     Crash(bench_crash::CrashArgs),
+    /// One snapshot per workload restored every way (QEMU's stock stream, eager,
+    /// lazy, working-set, elastic), cold, on the real disk and an emulated slow one:
+    /// time to running and to responsive, faults and bytes read after the start.
+    Restore(bench_restore::RestoreArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {

@@ -89,6 +89,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         paused: a.paused,
         rest_order: a.rest_order,
         watch_s: a.watch_s,
+        forwards: (!a.forwards.is_empty()).then(|| a.forwards.clone()),
     };
     let body = serde_json::to_value(&req)?;
     let call = {

@@ -145,9 +145,22 @@ impl Daemon {
                 OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
             })?;
         spec.name = req.name.clone();
-        // The snapshot's VM may still run: the copy gets host ports of its own.
+        // The snapshot's VM may still run: the copy gets host ports of its own,
+        // unless the request names them.
         for f in &mut spec.forwards {
-            f.host = 0;
+            let asked = req.forwards.iter().flatten().find(|a| a.guest == f.guest);
+            f.host = asked.map_or(0, |a| a.host);
+        }
+        if let Some(bad) = req
+            .forwards
+            .iter()
+            .flatten()
+            .find(|a| !spec.forwards.iter().any(|f| f.guest == a.guest))
+        {
+            return Err(OpError::BadRequest(format!(
+                "the snapshot's VM forwarded no guest port {}: only its forwards can be given host ports",
+                bad.guest
+            )));
         }
         let (boot, ready) = spec.validate()?;
         let job = super::vm::restore::RestoreJob {

@@ -70,6 +70,8 @@ pub(super) struct Owner {
     pub(super) ready: ReadySpec,
     probe_port: Option<u16>,
     last_memfill: Option<(tokio::time::Instant, u64)>,
+    /// A restore's wait for the agent's first sign of work after the start.
+    pub(super) agent_wait: Option<super::restore::AgentWait>,
     /// A readiness probe in flight: it runs in its own task (an HTTP probe may wait
     /// seconds for a booting guest), so the owner keeps serving jobs, QMP events and
     /// the dump's progress meanwhile.
@@ -103,6 +105,7 @@ pub fn start_owner(
         ready: ReadySpec::Agent,
         probe_port: None,
         last_memfill: None,
+        agent_wait: None,
         probe_rx: None,
         crash: None,
         restore: None,
@@ -529,6 +532,9 @@ impl Owner {
     }
 
     fn on_agent(&mut self, m: AgentMsg) {
+        if let Some(w) = self.agent_wait.take() {
+            self.agent_wait = w.saw(&m);
+        }
         match m {
             AgentMsg::Ready(info) => {
                 let first = self.vm.update(|r| {

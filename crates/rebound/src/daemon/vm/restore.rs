@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use rebound_api::spec::BootSource;
 use rebound_api::{
     ReadySpec, RestOrder, RestoreMode, RestoreReport, RestoreRequest, VmSpec, VmState, VmStatus,
+    Workload,
 };
 use rebound_snapshot::{ImageFile, Loader, Snapshot, Trace, TracePage};
+use rebound_vmm::agent::AgentMsg;
 use rebound_vmm::qemu::{Incoming, MemoryBackend};
 
 use super::machine::Trigger;
@@ -297,6 +299,7 @@ impl Owner {
             Duration::from_secs_f64(r.req.watch_s.max(0.1)),
             tracing_stop.clone(),
         ));
+        let probe = self.responsive_probe();
         let before = proc_counters(pid);
         q.execute("cont", None).await?;
         let started = Instant::now();
@@ -357,7 +360,6 @@ impl Owner {
         }
 
         // The first service answer.
-        let probe = self.responsive_probe();
         let (vm, t0, snap, loaded, had_trace, watch_s) = (
             self.vm.clone(),
             r.t0,
@@ -479,32 +481,62 @@ impl Owner {
         Ok(self.vm.status())
     }
 
-    /// A future that resolves when the restored guest's service first answers.
+    /// A future that resolves when the restored guest first answers: its service
+    /// (the readiness probe given, a web page, a kv request), or where the workload
+    /// serves no port, the agent's first sign of that workload's work. Called before
+    /// the vCPUs start, so an agent's answer cannot be missed.
     fn responsive_probe(
-        &self,
+        &mut self,
     ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = Option<Instant>> + Send>>> {
         let rec = self.vm.record();
-        let spec = match &rec.spec.ready {
-            Some(r) => r.parse::<ReadySpec>().ok()?,
-            None => {
-                let port = rec.spec.service_port()?;
-                match rec.spec.workload {
-                    Some(rebound_api::Workload::Web) => ReadySpec::Http {
-                        port,
-                        path: "/".into(),
-                    },
-                    _ => ReadySpec::Tcp(port),
-                }
-            }
+        let given = match &rec.spec.ready {
+            Some(r) => Some(r.parse::<ReadySpec>().ok()?),
+            None => None,
         };
-        let host = spec
-            .guest_port()
-            .and_then(|g| rec.forwards.iter().find(|f| f.guest == g).map(|f| f.host));
+        let answer = match (given, rec.spec.workload, rec.spec.service_port()) {
+            (Some(ReadySpec::Agent) | None, Some(Workload::Web), Some(port)) => {
+                Answer::Probe(ReadySpec::Http {
+                    port,
+                    path: "/".into(),
+                })
+            }
+            (Some(ReadySpec::Agent) | None, Some(Workload::Kv), Some(port)) => Answer::Kv(port),
+            (Some(ReadySpec::Agent) | None, w, _) => {
+                let (want, count) = match w {
+                    // The report after the one that ends the round under way at the
+                    // snapshot point: a whole round over its memory ran after the start.
+                    Some(Workload::Memfill) => (AgentWant::Memfill, 2),
+                    Some(Workload::Counter) => (AgentWant::Counter, 1),
+                    // The agent answering the link's `hello`.
+                    _ => (AgentWant::Ready, 1),
+                };
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.agent_wait = Some(AgentWait { want, count, tx });
+                return Some(Box::pin(async move {
+                    tokio::time::timeout(RESPONSIVE_WAIT, rx).await.ok()?.ok()
+                }));
+            }
+            (Some(spec), _, _) => Answer::Probe(spec),
+        };
+        let guest = match &answer {
+            Answer::Probe(spec) => spec.guest_port(),
+            Answer::Kv(port) => Some(*port),
+        };
+        let host = guest.and_then(|g| rec.forwards.iter().find(|f| f.guest == g).map(|f| f.host));
         let (serial, qmp) = (self.vm.run.serial_log(), self.qmp.clone());
         Some(Box::pin(async move {
             let end = Instant::now() + RESPONSIVE_WAIT;
             while Instant::now() < end {
-                if rebound_vmm::readiness::probe(&spec, host, &serial, qmp.as_deref()).await {
+                let ok = match &answer {
+                    Answer::Probe(spec) => {
+                        rebound_vmm::readiness::probe(spec, host, &serial, qmp.as_deref()).await
+                    }
+                    Answer::Kv(_) => match host {
+                        Some(p) => kv_answers(p).await,
+                        None => false,
+                    },
+                };
+                if ok {
                     return Some(Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -512,6 +544,69 @@ impl Owner {
             None
         }))
     }
+}
+
+/// What counts as a restored guest answering.
+enum Answer {
+    Probe(ReadySpec),
+    /// A kv request on this guest port answered.
+    Kv(u16),
+}
+
+/// Which agent message a restore waits for.
+#[derive(Debug, Clone, Copy)]
+enum AgentWant {
+    Ready,
+    Counter,
+    Memfill,
+}
+
+/// A restore waiting for the agent's `count`-th message of one kind after the start.
+pub(super) struct AgentWait {
+    want: AgentWant,
+    count: u32,
+    tx: tokio::sync::oneshot::Sender<Instant>,
+}
+
+impl AgentWait {
+    /// Counts `m`; the wait, if it goes on.
+    pub(super) fn saw(mut self, m: &AgentMsg) -> Option<AgentWait> {
+        let hit = matches!(
+            (self.want, m),
+            (AgentWant::Ready, AgentMsg::Ready(_))
+                | (AgentWant::Counter, AgentMsg::Counter { .. })
+                | (AgentWant::Memfill, AgentMsg::Memfill { .. })
+        );
+        if hit {
+            self.count -= 1;
+            if self.count == 0 {
+                let _ = self.tx.send(Instant::now());
+                return None;
+            }
+        }
+        Some(self)
+    }
+}
+
+/// One `COUNT` request to a kv service: true when it answers with a line.
+async fn kv_answers(port: u16) -> bool {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        s.write_all(b"COUNT\n").await.ok()?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(s)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        Some(!line.trim().is_empty() && !line.starts_with("ERR"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), ask).await,
+        Ok(Some(true))
+    )
 }
 
 /// What the watcher of a started restore needs of it.

@@ -95,15 +95,10 @@ impl Owner {
         }
         let saved = self.save_paused(&q, &dir, &ram, size, &rec).await;
         let pause_ms = paused_at.elapsed().as_secs_f64() * 1e3;
-        let stock = match (&saved, req.stock) {
-            (Ok(_), true) => Some(stock_saves(&q, dir.path()).await),
-            _ => None,
-        };
         if was_running {
             q.execute("cont", None).await?;
         }
         let (ram_block, device_state, disks) = saved?;
-        let stock = stock.transpose()?;
         let seconds = t0.elapsed().as_secs_f64();
         let mut notes = Vec::new();
         // The guest's first accesses after the snapshot point, in order.
@@ -125,6 +120,19 @@ impl Owner {
                 );
             }
             None
+        };
+        // QEMU's own save for the baseline, after the trace so that it does not
+        // disturb it: QEMU 7.2 refuses a second migration from a VM a migration left
+        // paused ("postmigrate"), so each stock save gets a pause of its own, and its
+        // stream holds the guest as it was then, a few seconds after the snapshot
+        // point (the disk layer is the snapshot point's).
+        let stock = match (req.stock, was_running) {
+            (true, true) => Some(stock_saves(&q, dir.path()).await?),
+            (true, false) => {
+                notes.push("the guest was paused: no stock save (QEMU cannot migrate a paused guest twice); resume it and snapshot again".into());
+                None
+            }
+            (false, _) => None,
         };
         let trace_pages = trace.as_ref().map_or(0, |t| t.pages.len() as u64);
         let trace_info = match trace {
@@ -327,8 +335,9 @@ pub(super) async fn wait_migration(q: &Qmp, what: &str) -> Result<(), OpError> {
     }
 }
 
-/// QEMU's own save of the same state (the guest stays paused): a full migration
-/// stream, first at QEMU's default bandwidth cap, then with the cap raised.
+/// QEMU's own save of the running guest: a full migration stream to `stock.mig`,
+/// first at QEMU's default bandwidth cap, then (overwriting it) with the cap raised,
+/// each in its own pause.
 async fn stock_saves(q: &Qmp, dir: &Path) -> Result<StockSave, OpError> {
     let path = dir.join("stock.mig");
     let default = q
@@ -337,23 +346,28 @@ async fn stock_saves(q: &Qmp, dir: &Path) -> Result<StockSave, OpError> {
         .get("max-bandwidth")
         .cloned()
         .unwrap_or(serde_json::json!(134217728));
-    let t = Instant::now();
-    save_device_state(q, &path, false).await?;
-    let default_cap_s = t.elapsed().as_secs_f64();
+    // One paused save: the guest stops, QEMU writes the stream, the guest goes on.
+    let paused_save = || async {
+        q.execute("stop", None).await?;
+        let t = Instant::now();
+        let r = save_device_state(q, &path, false).await;
+        let secs = t.elapsed().as_secs_f64();
+        q.execute("cont", None).await?;
+        r.map(|()| secs)
+    };
+    let default_cap_s = paused_save().await?;
     q.execute(
         "migrate-set-parameters",
         Some(serde_json::json!({"max-bandwidth": i64::MAX / 2})),
     )
     .await?;
-    let t = Instant::now();
-    let r = save_device_state(q, &path, false).await;
-    let raised_cap_s = t.elapsed().as_secs_f64();
+    let r = paused_save().await;
     q.execute(
         "migrate-set-parameters",
         Some(serde_json::json!({ "max-bandwidth": default })),
     )
     .await?;
-    r?;
+    let raised_cap_s = r?;
     let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     Ok(StockSave {
         default_cap_s,

@@ -1,0 +1,1040 @@
+//! `rebound bench restore`: one snapshot per workload, restored every way side by side
+//! in one run, cold each time, on the real disk and on an emulated slow disk (issue 11,
+//! item 8).
+//!
+//! Workloads: `idle` (the agent alone), `kv` (keys loaded, then a host client keeps
+//! reading them through the snapshot and the restores), `memfill` (touches `--touch`
+//! of memory, re-verified every second) and `mixed` (memfill and the web service at
+//! once, CPU, memory and file reads; booted as a user kernel with its own readiness
+//! probe, so this is also the restore of a guest without our VM spec's workload).
+//!
+//! Modes: `stock` (QEMU's full migration stream into fresh RAM), `eager` (our image
+//! copied whole before the start), `lazy`, `working-set`, `elastic` and `elastic-file`
+//! (elastic whose background loader reads the rest in file order, as QEMU's newer
+//! on-demand snapshot load does).
+//!
+//! Cold: every file of the snapshot is dropped from the page cache before each
+//! restore. The emulated disk is a blkio (cgroup v1) read limit on the snapshot's
+//! block device, holding the daemon for the leg; QEMU and every reader it starts
+//! inherit it. A `dd` with O_DIRECT in the same group shows the limit holds.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hyper::Method;
+use rebound_api::{
+    Forward, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
+    SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
+};
+use rebound_vmm::paths::Paths;
+use serde::Serialize;
+use serde_json::json;
+
+use super::bench_crash::{boot_filled, host_cpus, host_kernel, load_average, post, remove};
+use super::connect;
+use crate::client::Client;
+
+const MB: f64 = 1e6;
+const MIB: f64 = (1u64 << 20) as f64;
+const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
+const MODES: [&str; 6] = [
+    "stock",
+    "eager",
+    "lazy",
+    "working-set",
+    "elastic",
+    "elastic-file",
+];
+/// The size of each kv value (a line holds at most 4 KiB).
+const KV_VALUE: u64 = 4000;
+/// The kv and web workloads' default guest ports.
+const KV_PORT: u16 = 7070;
+const WEB_PORT: u16 = 8080;
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// Guest memory, e.g. 512M, 1G (a bare number is MiB).
+    #[arg(long, default_value = "1G", value_parser = super::parse_memory)]
+    memory: u64,
+    /// Memory the memfill and mixed workloads touch (and re-verify every second).
+    #[arg(long, default_value = "800M", value_parser = super::parse_memory)]
+    touch: u64,
+    /// Data the kv guest holds (values of 4000 bytes, written before the snapshot).
+    #[arg(long, default_value = "700M", value_parser = super::parse_memory)]
+    kv_data: u64,
+    /// Percent of the kv keys the host client reads (spread over all of them): the
+    /// guest's working set is a small part of the memory it has touched.
+    #[arg(long, default_value_t = 1)]
+    kv_hot: u32,
+    /// Workloads: idle, kv, memfill, mixed.
+    #[arg(long, default_value = "idle,kv,memfill,mixed")]
+    workloads: String,
+    /// Modes: stock, eager, lazy, working-set, elastic, elastic-file.
+    #[arg(
+        long,
+        default_value = "stock,eager,lazy,working-set,elastic,elastic-file"
+    )]
+    modes: String,
+    /// Disks: real, emulated (a read limit of --disk-mbps on the snapshot's device).
+    #[arg(long, default_value = "real,emulated")]
+    disks: String,
+    /// The emulated disk's read rate, MB/s.
+    #[arg(long, default_value_t = 200)]
+    disk_mbps: u32,
+    /// Seconds each restored guest is watched (faults, reads, pages touched).
+    #[arg(long, default_value_t = 10.0)]
+    watch_s: f64,
+    /// Seconds of post-snapshot working-set trace.
+    #[arg(long, default_value_t = 8.0)]
+    trace_s: f64,
+    /// Elastic working-set pages (default: the daemon's, half the estimated WSS).
+    #[arg(long)]
+    ws_pages: Option<u64>,
+    /// Where snapshots are written (default: /var/tmp/rebound-bench-restore-PID);
+    /// removed after unless given.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also draw time to running and to responsive per mode to this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+/// One restore's figures: the keys of the restore report, and where it ran.
+#[derive(Debug, Clone, Serialize)]
+struct Record {
+    workload: String,
+    disk: String,
+    mode: String,
+    time_to_running_s: Option<f64>,
+    time_to_responsive_s: Option<f64>,
+    responsive_after_start_s: Option<f64>,
+    pages_loaded_before_start: u64,
+    bytes_loaded_before_start: u64,
+    load_before_start_s: f64,
+    major_faults_after_start: Option<u64>,
+    bytes_read_after_start: Option<u64>,
+    working_set_pages: u64,
+    hit_rate: Option<f64>,
+    accuracy: Option<f64>,
+    pages_touched_after_start: u64,
+    background_pages: u64,
+    background_s: Option<f64>,
+    /// kv: answers the host client got in the watch window after the restore request.
+    client_answers: Option<u64>,
+    notes: Vec<String>,
+}
+
+/// One workload's snapshot.
+#[derive(Debug, Clone, Serialize)]
+struct Snap {
+    workload: String,
+    pause_ms: f64,
+    seconds: f64,
+    ram_data_bytes: u64,
+    trace_pages: u64,
+    stock: Option<StockSave>,
+}
+
+/// The emulated disk's check: what a direct read in its group achieved.
+#[derive(Debug, Clone, Serialize)]
+struct DiskCheck {
+    device: String,
+    limit_mbps: u32,
+    dd_bytes: u64,
+    dd_mbps: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Meta {
+    date: String,
+    accel: String,
+    host_cpus: usize,
+    host_kernel: String,
+    memory_mib: u64,
+    touch_mib: u64,
+    kv_data_mib: u64,
+    kv_hot_percent: u32,
+    disk_mbps: u32,
+    watch_s: f64,
+    trace_s: f64,
+    load_before: String,
+    load_after: String,
+}
+
+fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> anyhow::Result<Vec<&'a str>> {
+    let v: Vec<&str> = list.split(',').map(str::trim).collect();
+    if let Some(bad) = v.iter().find(|x| !all.contains(x)) {
+        anyhow::bail!("unknown {what} {bad:?}: expected {}", all.join(", "));
+    }
+    Ok(v)
+}
+
+fn mode_of(id: &str) -> (RestoreMode, RestOrder) {
+    match id {
+        "elastic-file" => (RestoreMode::Elastic, RestOrder::FileOrder),
+        other => (
+            other.parse().expect("mode ids are checked"),
+            RestOrder::Fafl,
+        ),
+    }
+}
+
+struct Bench {
+    c: Client,
+    args: RestoreArgs,
+    dir: PathBuf,
+    port: u16,
+    progress: bool,
+    img: rebound_vmm::images::ImageBoot,
+}
+
+impl Bench {
+    fn say(&self, m: &str) {
+        if self.progress {
+            eprintln!("bench restore: {m}");
+        }
+    }
+
+    fn kv_keys(&self) -> u64 {
+        (self.args.kv_data << 20) / KV_VALUE
+    }
+
+    fn kv_load(&self) -> KvLoad {
+        KvLoad::start(
+            self.port,
+            self.kv_keys(),
+            (100 / self.args.kv_hot.max(1)).max(1) as u64,
+        )
+    }
+
+    /// The source VM of a workload; every restore of its snapshot keeps this
+    /// forward, so the host client finds the service on the same port.
+    fn spec(&self, workload: &str, name: &str) -> anyhow::Result<VmSpec> {
+        let mut s = VmSpec::new(name);
+        s.memory_mib = self.args.memory;
+        let touch = (self.args.touch << 20).to_string();
+        match workload {
+            "idle" => {}
+            "kv" => {
+                s.workload = Some(Workload::Kv);
+                s.forwards = vec![Forward {
+                    host: self.port,
+                    guest: KV_PORT,
+                }];
+            }
+            "memfill" => {
+                s.workload = Some(Workload::Memfill);
+                s.workload_args.insert("memfill".into(), touch);
+            }
+            _ => {
+                // As a user brings a kernel: the image's kernel and disk, its own
+                // command line with two workloads, readiness by HTTP.
+                let disk = self.dir.join(format!("{name}.ext4"));
+                std::fs::copy(&self.img.disk, &disk)?;
+                s.kernel = Some(self.img.kernel.display().to_string());
+                s.initrd = Some(self.img.initrd.display().to_string());
+                s.append = Some(format!(
+                    "{} rebound.workload=memfill,web rebound.memfill={touch}",
+                    self.img.append
+                ));
+                s.disks = vec![disk.display().to_string()];
+                s.ready = Some("http:8080/".into());
+                s.forwards = vec![Forward {
+                    host: self.port,
+                    guest: WEB_PORT,
+                }];
+            }
+        }
+        Ok(s)
+    }
+
+    /// Boots the workload's guest, loads it, snapshots it (with QEMU's stock stream
+    /// and a post-snapshot trace) and removes it.
+    async fn snapshot(&self, workload: &str, tag: &str) -> anyhow::Result<(PathBuf, Snap, String)> {
+        let name = format!("{tag}-{workload}");
+        let spec = self.spec(workload, &name)?;
+        self.say(&format!("{workload}: booting {name}"));
+        let st: VmStatus = if matches!(workload, "memfill" | "mixed") {
+            boot_filled(&self.c, &spec, self.args.touch).await?
+        } else {
+            let _: VmStatus = post(&self.c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
+            post(
+                &self.c,
+                &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
+                None,
+            )
+            .await?
+        };
+        if workload == "kv" {
+            self.say(&format!(
+                "kv: writing {} keys ({} MiB)",
+                self.kv_keys(),
+                self.args.kv_data
+            ));
+            kv_fill(self.port, self.kv_keys()).await?;
+        }
+        let load = (workload == "kv").then(|| self.kv_load());
+        let out = self.dir.join(format!("snap-{workload}"));
+        self.say(&format!(
+            "{workload}: snapshot with QEMU's stock stream and a {} s trace",
+            self.args.trace_s
+        ));
+        let req = SnapshotRequest {
+            out: out.display().to_string(),
+            trace_s: self.args.trace_s,
+            stock: true,
+        };
+        let r: SnapshotResult = post(
+            &self.c,
+            &format!("/v1/vms/{name}/snapshot"),
+            Some(&serde_json::to_value(&req)?),
+        )
+        .await?;
+        drop(load);
+        remove(&self.c, &name).await;
+        let snap = Snap {
+            workload: workload.into(),
+            pause_ms: r.pause_ms,
+            seconds: r.seconds,
+            ram_data_bytes: r.ram_data_bytes,
+            trace_pages: r.trace_pages,
+            stock: r.stock,
+        };
+        Ok((out, snap, st.accel.as_str().to_string()))
+    }
+
+    /// One cold restore of `snap` in `mode`, watched to the end of its report.
+    async fn restore(
+        &self,
+        workload: &str,
+        disk: &str,
+        mode_id: &str,
+        snap: &Path,
+        name: &str,
+    ) -> anyhow::Result<Record> {
+        drop_cache(snap)?;
+        let (mode, rest_order) = mode_of(mode_id);
+        let req = RestoreRequest {
+            dir: snap.display().to_string(),
+            name: name.into(),
+            mode,
+            ws_pages: self.args.ws_pages,
+            paused: false,
+            rest_order,
+            watch_s: self.args.watch_s,
+            // The host client's port.
+            forwards: Some(
+                service_port(workload)
+                    .map(|guest| Forward {
+                        host: self.port,
+                        guest,
+                    })
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        let load = (workload == "kv").then(|| self.kv_load());
+        let t0 = Instant::now();
+        let _: RestoreReport =
+            post(&self.c, "/v1/restore", Some(&serde_json::to_value(&req)?)).await?;
+        let rep = loop {
+            let r: RestoreReport = self
+                .c
+                .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
+                .await?;
+            if r.phase == "failed" {
+                anyhow::bail!(
+                    "{name}: the restore failed: {}",
+                    r.error.unwrap_or_default()
+                );
+            }
+            if r.phase == "done" {
+                break r;
+            }
+            if t0.elapsed() > Duration::from_secs(300) {
+                anyhow::bail!("{name}: the restore report was not done after 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let answers = load.map(|l| l.answers_within(t0, self.args.watch_s));
+        remove(&self.c, name).await;
+        Ok(Record {
+            workload: workload.into(),
+            disk: disk.into(),
+            mode: mode_id.into(),
+            time_to_running_s: rep.time_to_running_s,
+            time_to_responsive_s: rep.time_to_responsive_s,
+            responsive_after_start_s: rep.responsive_after_start_s,
+            pages_loaded_before_start: rep.pages_loaded_before_start,
+            bytes_loaded_before_start: rep.bytes_loaded_before_start,
+            load_before_start_s: rep.load_before_start_s,
+            major_faults_after_start: rep.major_faults_after_start,
+            bytes_read_after_start: rep.bytes_read_after_start,
+            working_set_pages: rep.working_set_pages,
+            hit_rate: rep.hit_rate,
+            accuracy: rep.accuracy,
+            pages_touched_after_start: rep.pages_touched_after_start,
+            background_pages: rep.background_pages,
+            background_s: rep.background_s,
+            client_answers: answers,
+            notes: rep.notes,
+        })
+    }
+}
+
+/// The guest port a workload's host client uses.
+fn service_port(workload: &str) -> Option<u16> {
+    match workload {
+        "kv" => Some(KV_PORT),
+        "mixed" => Some(WEB_PORT),
+        _ => None,
+    }
+}
+
+/// Drops every file of a snapshot from the page cache: the next restore reads cold.
+fn drop_cache(dir: &Path) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_file() {
+            rebound_snapshot::drop_page_cache(&p)?;
+        }
+    }
+    Ok(())
+}
+
+/// A host client reading kv keys as fast as one connection allows, reconnecting
+/// when the service is away; the answers' times since its start.
+struct KvLoad {
+    t0: Instant,
+    answers: Arc<std::sync::Mutex<Vec<f64>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl KvLoad {
+    /// Reads every `stride`-th of `keys` keys, in a scattered order.
+    fn start(port: u16, keys: u64, stride: u64) -> KvLoad {
+        let hot = (keys / stride).max(1);
+        let t0 = Instant::now();
+        let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (answers.clone(), stop.clone());
+        let seq = AtomicU64::new(0);
+        tokio::spawn(async move {
+            use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+            while !s.load(Ordering::Relaxed) {
+                let Ok(Ok(conn)) = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    tokio::net::TcpStream::connect(("127.0.0.1", port)),
+                )
+                .await
+                else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let mut conn = tokio::io::BufReader::new(conn);
+                let mut line = String::new();
+                while !s.load(Ordering::Relaxed) {
+                    let i = seq.fetch_add(7919, Ordering::Relaxed) % hot * stride;
+                    if conn
+                        .get_mut()
+                        .write_all(format!("GET k{i}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    line.clear();
+                    match tokio::time::timeout(Duration::from_secs(2), conn.read_line(&mut line))
+                        .await
+                    {
+                        Ok(Ok(n)) if n > 0 => a.lock().unwrap().push(t0.elapsed().as_secs_f64()),
+                        _ => break,
+                    }
+                }
+            }
+        });
+        KvLoad { t0, answers, stop }
+    }
+
+    /// Answers in the `window` seconds after `from`.
+    fn answers_within(&self, from: Instant, window: f64) -> u64 {
+        let lo = from.duration_since(self.t0).as_secs_f64();
+        self.answers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&t| t >= lo && t < lo + window)
+            .count() as u64
+    }
+}
+
+impl Drop for KvLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Writes the kv guest's keys (pipelined on one connection).
+async fn kv_fill(port: u16, keys: u64) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (r, mut w) = conn.into_split();
+    let writer = tokio::spawn(async move {
+        let v = "v".repeat(KV_VALUE as usize);
+        for i in 0..keys {
+            w.write_all(format!("SET k{i} {v}\n").as_bytes()).await?;
+        }
+        Ok::<_, std::io::Error>(w)
+    });
+    let mut r = tokio::io::BufReader::new(r);
+    let mut line = String::new();
+    for i in 0..keys {
+        line.clear();
+        if r.read_line(&mut line).await? == 0 {
+            anyhow::bail!("kv closed the connection after {i} of {keys} keys");
+        }
+        if line.starts_with("ERR") {
+            anyhow::bail!("kv refused key {i}: {}", line.trim());
+        }
+    }
+    writer.await??;
+    Ok(())
+}
+
+/// The emulated slow disk: a blkio read limit on one block device, holding the
+/// daemon (and so every QEMU and reader it starts) while it lasts.
+struct SlowDisk {
+    group: PathBuf,
+    device: String,
+    pid: u32,
+    /// The daemon's blkio group before, to go back to.
+    was: PathBuf,
+}
+
+const BLKIO: &str = "/sys/fs/cgroup/blkio";
+/// What the emulated disk's check reads.
+const CHECK_BYTES: u64 = 256 << 20;
+
+impl SlowDisk {
+    fn new(on: &Path, mbps: u32, pid: u32) -> anyhow::Result<SlowDisk> {
+        let device = whole_disk(on)?;
+        if !Path::new(BLKIO)
+            .join("blkio.throttle.read_bps_device")
+            .exists()
+        {
+            anyhow::bail!("no cgroup v1 blkio throttling at {BLKIO}: the slow disk cannot be emulated here (use --disks real)");
+        }
+        let group = Path::new(BLKIO).join(format!("rebound-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&group)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", group.display()))?;
+        let rule = format!("{device} {}", mbps as u64 * 1_000_000);
+        std::fs::write(group.join("blkio.throttle.read_bps_device"), &rule)
+            .map_err(|e| anyhow::anyhow!("cannot set the read limit {rule}: {e}"))?;
+        let was = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?
+            .lines()
+            .find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+                ctl.split(',')
+                    .any(|c| c == "blkio")
+                    .then(|| Path::new(BLKIO).join(path.trim_start_matches('/')))
+            })
+            .unwrap_or_else(|| PathBuf::from(BLKIO));
+        std::fs::write(group.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| anyhow::anyhow!("cannot move the daemon into {}: {e}", group.display()))?;
+        Ok(SlowDisk {
+            group,
+            device,
+            pid,
+            was,
+        })
+    }
+
+    /// Writes a dense file of `CHECK_BYTES` in `dir` (an image's holes would read
+    /// without touching the disk), then reads it with O_DIRECT from inside the
+    /// group: the rate the limit lets through.
+    fn check(&self, dir: &Path, mbps: u32) -> anyhow::Result<DiskCheck> {
+        use std::io::Write;
+        let file = dir.join(".rate-check");
+        {
+            let mut f = std::fs::File::create(&file)?;
+            let block = vec![0x5au8; 1 << 20];
+            for _ in 0..CHECK_BYTES >> 20 {
+                f.write_all(&block)?;
+            }
+            f.sync_all()?;
+        }
+        let procs = self.group.join("cgroup.procs");
+        let t = Instant::now();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1" && exec dd if="$2" of=/dev/null bs=1M iflag=direct status=none"#)
+            .arg("sh")
+            .arg(&procs)
+            .arg(&file)
+            .output();
+        let secs = t.elapsed().as_secs_f64();
+        let _ = std::fs::remove_file(&file);
+        let out = out?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "dd of {} failed: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(DiskCheck {
+            device: self.device.clone(),
+            limit_mbps: mbps,
+            dd_bytes: CHECK_BYTES,
+            dd_mbps: CHECK_BYTES as f64 / secs / MB,
+        })
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.was.join("cgroup.procs"), self.pid.to_string());
+        let _ = std::fs::remove_dir(&self.group);
+    }
+}
+
+/// `MAJ:MIN` of the whole disk that holds `path` (throttling rules name disks, not
+/// partitions).
+fn whole_disk(path: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)?.dev();
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    if !sys.exists() {
+        anyhow::bail!(
+            "{} is on device {maj}:{min}, which is not a block device (tmpfs?): it cannot be throttled",
+            path.display()
+        );
+    }
+    if sys.join("partition").exists() {
+        let parent = std::fs::read_to_string(sys.join("../dev"))?;
+        return Ok(parent.trim().to_string());
+    }
+    Ok(format!("{maj}:{min}"))
+}
+
+pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
+    let (w, m, d) = (
+        args.workloads.clone(),
+        args.modes.clone(),
+        args.disks.clone(),
+    );
+    let workloads = pick(&w, &WORKLOADS, "workload")?;
+    let modes = pick(&m, &MODES, "mode")?;
+    let disks = pick(&d, &["real", "emulated"], "disk")?;
+    if matches!(args.touch.checked_add(128), Some(t) if t > args.memory) {
+        anyhow::bail!(
+            "--touch {} MiB needs at least 128 MiB more guest memory than --memory {} MiB",
+            args.touch,
+            args.memory
+        );
+    }
+    if args.watch_s <= 0.0 || args.trace_s <= 0.0 {
+        anyhow::bail!("--watch-s and --trace-s must be positive");
+    }
+    let img = rebound_vmm::images::open(&paths.home, "default")
+        .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "/var/tmp/rebound-bench-restore-{}",
+            std::process::id()
+        ))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let c = connect(paths).await?;
+    let daemon_pid = c
+        .call::<rebound_api::Health>(Method::GET, "/v1/health", None)
+        .await?
+        .pid;
+    let keep_dir = args.dir.is_some();
+    let b = Bench {
+        c,
+        dir: dir.clone(),
+        port: rebound_vmm::process::free_port()?,
+        progress: std::io::stderr().is_terminal(),
+        img,
+        args,
+    };
+    let load_before = load_average();
+    let date = rebound_vmm::events::wall_now();
+    let tag = format!("br{}", std::process::id());
+    let mut records = Vec::new();
+    let mut snaps = Vec::new();
+    let mut checks = Vec::new();
+    let mut accel = String::new();
+    let r: anyhow::Result<()> = async {
+        for w in &workloads {
+            let (snap, s, a) = b.snapshot(w, &tag).await?;
+            accel = a;
+            snaps.push(s);
+            for d in &disks {
+                let slow = match *d {
+                    "emulated" => {
+                        let s = SlowDisk::new(&snap, b.args.disk_mbps, daemon_pid)?;
+                        let chk = s.check(&b.dir, b.args.disk_mbps)?;
+                        b.say(&format!(
+                            "emulated disk: {} limited to {} MB/s; dd O_DIRECT read {:.0} MB/s",
+                            chk.device, chk.limit_mbps, chk.dd_mbps
+                        ));
+                        checks.push(chk);
+                        Some(s)
+                    }
+                    _ => None,
+                };
+                for m in &modes {
+                    let name = format!("{tag}-{w}-{m}-{d}");
+                    b.say(&format!("{w}: {m} restore, {d} disk, cold"));
+                    let r = b.restore(w, d, m, &snap, &name).await;
+                    if r.is_err() {
+                        remove(&b.c, &name).await;
+                    }
+                    let rec = r?;
+                    b.say(&format!(
+                        "{w}/{d}/{m}: running after {}, responsive after {}",
+                        secs(rec.time_to_running_s),
+                        secs(rec.time_to_responsive_s)
+                    ));
+                    records.push(rec);
+                }
+                drop(slow);
+            }
+            let _ = std::fs::remove_dir_all(&snap);
+        }
+        Ok(())
+    }
+    .await;
+    if !keep_dir {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r?;
+    let meta = Meta {
+        date,
+        accel,
+        host_cpus: host_cpus(),
+        host_kernel: host_kernel(),
+        memory_mib: b.args.memory,
+        touch_mib: b.args.touch,
+        kv_data_mib: b.args.kv_data,
+        kv_hot_percent: b.args.kv_hot,
+        disk_mbps: b.args.disk_mbps,
+        watch_s: b.args.watch_s,
+        trace_s: b.args.trace_s,
+        load_before,
+        load_after: load_average(),
+    };
+    let ratios = ratios(&records);
+    if let Some(svg) = &b.args.svg {
+        std::fs::write(svg, draw(&meta, &records))?;
+    }
+    if b.args.json {
+        let v = json!({"meta": meta, "snapshots": snaps, "emulated_disk": checks,
+            "records": records, "ratios": ratios});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(&meta, &snaps, &checks, &records, &ratios);
+    }
+    Ok(())
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.2} s")).unwrap_or_else(|| "-".into())
+}
+
+/// Per workload and disk, each mode against the baselines: time to running and to
+/// responsive against the faster eager path (QEMU's stock stream or our eager copy),
+/// faults and bytes read after the start against lazy.
+#[derive(Debug, Clone, Serialize)]
+struct Ratio {
+    workload: String,
+    disk: String,
+    mode: String,
+    /// Which of stock and eager was faster to running (the baseline).
+    eager_baseline: Option<String>,
+    running_vs_eager: Option<f64>,
+    responsive_vs_eager: Option<f64>,
+    responsive_vs_lazy: Option<f64>,
+    faults_vs_lazy: Option<f64>,
+    bytes_read_vs_lazy: Option<f64>,
+}
+
+fn ratios(records: &[Record]) -> Vec<Ratio> {
+    let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for r in records {
+        let same = |m: &str| {
+            records
+                .iter()
+                .find(|x| x.workload == r.workload && x.disk == r.disk && x.mode == m)
+        };
+        let base = ["stock", "eager"]
+            .into_iter()
+            .filter_map(same)
+            .filter(|x| x.time_to_running_s.is_some())
+            .min_by(|a, b| {
+                let t = |x: &Record| x.time_to_running_s.unwrap_or(f64::MAX);
+                t(a).total_cmp(&t(b))
+            });
+        let lazy = same("lazy");
+        let f = |x: Option<u64>| x.map(|v| v as f64);
+        out.push(Ratio {
+            workload: r.workload.clone(),
+            disk: r.disk.clone(),
+            mode: r.mode.clone(),
+            eager_baseline: base.map(|b| b.mode.clone()),
+            running_vs_eager: div(r.time_to_running_s, base.and_then(|b| b.time_to_running_s)),
+            responsive_vs_eager: div(
+                r.time_to_responsive_s,
+                base.and_then(|b| b.time_to_responsive_s),
+            ),
+            responsive_vs_lazy: div(
+                r.time_to_responsive_s,
+                lazy.and_then(|l| l.time_to_responsive_s),
+            ),
+            faults_vs_lazy: div(
+                f(r.major_faults_after_start),
+                lazy.and_then(|l| f(l.major_faults_after_start)),
+            ),
+            bytes_read_vs_lazy: div(
+                f(r.bytes_read_after_start),
+                lazy.and_then(|l| f(l.bytes_read_after_start)),
+            ),
+        });
+    }
+    out
+}
+
+fn print_text(
+    meta: &Meta,
+    snaps: &[Snap],
+    checks: &[DiskCheck],
+    records: &[Record],
+    ratios: &[Ratio],
+) {
+    println!(
+        "rebound bench restore: {} MiB guest, memfill/mixed touch {} MiB, kv holds {} MiB and its client reads {}% of the keys, 1 vCPU; accel {}; host {} CPUs, kernel {}; {}",
+        meta.memory_mib, meta.touch_mib, meta.kv_data_mib, meta.kv_hot_percent, meta.accel, meta.host_cpus, meta.host_kernel, meta.date
+    );
+    println!(
+        "cold restores (snapshot files dropped from the page cache before each); watch {} s; trace {} s; load {} -> {}",
+        meta.watch_s, meta.trace_s, meta.load_before, meta.load_after
+    );
+    for s in snaps {
+        let stock = s
+            .stock
+            .as_ref()
+            .map(|x| {
+                format!(
+                    "; QEMU stock save {:.1} MiB: {:.2} s at the default cap, {:.2} s raised",
+                    x.bytes as f64 / MIB,
+                    x.default_cap_s,
+                    x.raised_cap_s
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "snapshot {}: pause {:.0} ms, {:.2} s, {:.1} MiB RAM data, trace {} pages{stock}",
+            s.workload,
+            s.pause_ms,
+            s.seconds,
+            s.ram_data_bytes as f64 / MIB,
+            s.trace_pages
+        );
+    }
+    for c in checks {
+        println!(
+            "emulated disk: reads on {} limited to {} MB/s (blkio); dd O_DIRECT in the group read {:.1} MiB at {:.1} MB/s",
+            c.device,
+            c.limit_mbps,
+            c.dd_bytes as f64 / MIB,
+            c.dd_mbps
+        );
+    }
+    println!(
+        "{:<8} {:<9} {:<13} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
+        "workload",
+        "disk",
+        "mode",
+        "running",
+        "respond",
+        "pre MiB",
+        "faults",
+        "read MiB",
+        "ws pages",
+        "hit",
+        "acc",
+        "run/eag",
+        "rsp/eag",
+        "flt/lazy"
+    );
+    let o2 = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+    let o3 = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
+    for (r, q) in records.iter().zip(ratios) {
+        println!(
+            "{:<8} {:<9} {:<13} {:>8} {:>8} {:>9.1} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
+            r.workload,
+            r.disk,
+            r.mode,
+            o2(r.time_to_running_s),
+            o2(r.time_to_responsive_s),
+            r.bytes_loaded_before_start as f64 / MIB,
+            r.major_faults_after_start
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            r.bytes_read_after_start
+                .map(|v| format!("{:.1}", v as f64 / MIB))
+                .unwrap_or_else(|| "-".into()),
+            r.working_set_pages,
+            o3(r.hit_rate),
+            o3(r.accuracy),
+            o3(q.running_vs_eager),
+            o3(q.responsive_vs_eager),
+            o3(q.faults_vs_lazy)
+        );
+    }
+    println!("run/eag, rsp/eag: against the faster of stock and eager to running on the same disk; flt/lazy: major faults after the start against lazy");
+    for r in records {
+        if let Some(a) = r.client_answers {
+            println!(
+                "{}/{}/{}: the kv client got {a} answers in the {} s after the restore request",
+                r.workload, r.disk, r.mode, meta.watch_s
+            );
+        }
+        for n in &r.notes {
+            println!("{}/{}/{}: note: {n}", r.workload, r.disk, r.mode);
+        }
+    }
+}
+
+/// Time to running (bar) and to responsive (thin bar) per restore, as an SVG.
+fn draw(meta: &Meta, records: &[Record]) -> String {
+    let (w, left, row, top) = (820.0, 240.0, 24.0, 50.0);
+    let h = top + row * records.len() as f64 + 40.0;
+    let max = records
+        .iter()
+        .flat_map(|r| [r.time_to_running_s, r.time_to_responsive_s])
+        .flatten()
+        .fold(1.0, f64::max);
+    let x = |v: f64| v / max * (w - left - 60.0);
+    let mut s = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<text x="10" y="18" font-size="14">Restore: {} MiB guest, {} MiB touched, accel {}, {}</text>
+<text x="10" y="36" fill="#555">bar: time to running; thin bar: time to responsive; cold page cache; emulated disk {} MB/s</text>
+"##,
+        meta.memory_mib, meta.touch_mib, meta.accel, meta.date, meta.disk_mbps
+    );
+    for (i, r) in records.iter().enumerate() {
+        let y = top + row * i as f64;
+        let color = match r.mode.as_str() {
+            "stock" | "eager" => "#c44",
+            "lazy" => "#999",
+            _ => "#48c",
+        };
+        let run = r.time_to_running_s.unwrap_or(0.0);
+        s += &format!(
+            "<text x=\"10\" y=\"{:.0}\">{} {} {}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"12\" fill=\"{color}\"/>\n",
+            y + 11.0,
+            r.workload,
+            r.disk,
+            r.mode,
+            x(run)
+        );
+        if let Some(t) = r.time_to_responsive_s {
+            s += &format!(
+                "<rect x=\"{left}\" y=\"{:.0}\" width=\"{:.1}\" height=\"4\" fill=\"#333\"/><text x=\"{:.1}\" y=\"{:.0}\">{run:.2} / {t:.2} s</text>\n",
+                y + 14.0,
+                x(t),
+                left + x(run.max(t)) + 4.0,
+                y + 11.0
+            );
+        }
+    }
+    s += &format!(
+        "<text x=\"{left}\" y=\"{:.0}\" fill=\"#555\">0 to {max:.1} s</text>\n</svg>\n",
+        h - 12.0
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(w: &str, d: &str, m: &str, run: f64, resp: f64, faults: u64) -> Record {
+        Record {
+            workload: w.into(),
+            disk: d.into(),
+            mode: m.into(),
+            time_to_running_s: Some(run),
+            time_to_responsive_s: Some(resp),
+            responsive_after_start_s: None,
+            pages_loaded_before_start: 0,
+            bytes_loaded_before_start: 0,
+            load_before_start_s: 0.0,
+            major_faults_after_start: Some(faults),
+            bytes_read_after_start: Some(faults * 4096),
+            working_set_pages: 0,
+            hit_rate: None,
+            accuracy: None,
+            pages_touched_after_start: 0,
+            background_pages: 0,
+            background_s: None,
+            client_answers: None,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn ratios_take_the_faster_eager_path_and_lazy_of_the_same_disk() {
+        let r = vec![
+            rec("kv", "real", "stock", 4.0, 5.0, 0),
+            rec("kv", "real", "eager", 2.0, 3.0, 0),
+            rec("kv", "real", "lazy", 0.2, 6.0, 1000),
+            rec("kv", "real", "elastic", 0.5, 1.5, 10),
+            rec("kv", "emulated", "lazy", 0.2, 9.0, 50),
+            rec("kv", "emulated", "elastic", 0.4, 2.0, 5),
+        ];
+        let q = ratios(&r);
+        assert_eq!(q[3].eager_baseline.as_deref(), Some("eager"));
+        assert_eq!(q[3].running_vs_eager, Some(0.25));
+        assert_eq!(q[3].responsive_vs_eager, Some(0.5));
+        assert_eq!(q[3].responsive_vs_lazy, Some(0.25));
+        assert_eq!(q[3].faults_vs_lazy, Some(0.01));
+        // No eager path measured on the emulated disk: no ratio against it.
+        assert_eq!(q[5].running_vs_eager, None);
+        assert_eq!(q[5].faults_vs_lazy, Some(0.1));
+    }
+
+    #[test]
+    fn modes_and_lists_are_checked() {
+        assert_eq!(
+            mode_of("elastic-file"),
+            (RestoreMode::Elastic, RestOrder::FileOrder)
+        );
+        assert_eq!(mode_of("stock"), (RestoreMode::Stock, RestOrder::Fafl));
+        assert!(pick("idle,bogus", &WORKLOADS, "workload").is_err());
+        assert_eq!(pick("kv", &WORKLOADS, "workload").unwrap(), ["kv"]);
+    }
+
+    #[test]
+    fn the_throttled_device_is_the_whole_disk() {
+        // /proc is not on a block device: refused with the reason.
+        let e = whole_disk(Path::new("/proc/self")).unwrap_err().to_string();
+        assert!(e.contains("not a block device"), "{e}");
+    }
+}

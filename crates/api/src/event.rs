@@ -162,6 +162,9 @@ pub enum EventData {
         #[serde(default)]
         ram_bytes: Option<u64>,
     },
+    /// A restored guest could not go on: what its memory came from failed it (the
+    /// snapshot's RAM image changed under it, or QEMU died while it was mapped).
+    RestoreFailed { error: String },
 }
 
 impl EventData {
@@ -193,11 +196,12 @@ impl EventData {
             EventData::RecoveryStarted { .. } => "recovery_started",
             EventData::Recovered { .. } => "recovered",
             EventData::Settled { .. } => "settled",
+            EventData::RestoreFailed { .. } => "restore_failed",
         }
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 25] = [
+    pub const KINDS: [&'static str; 26] = [
         "started",
         "reattached",
         "agent_ready",
@@ -223,6 +227,7 @@ impl EventData {
         "recovery_started",
         "recovered",
         "settled",
+        "restore_failed",
     ];
 
     /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,
@@ -298,6 +303,9 @@ mod tests {
             EventData::Exited {
                 exit_code: None,
                 error: None,
+            },
+            EventData::RestoreFailed {
+                error: "image changed".into(),
             },
         ];
         for d in samples {

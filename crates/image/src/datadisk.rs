@@ -28,6 +28,20 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The `counter` workload's checksum after `seq` ticks, recomputed on the host from
+/// the definition in guest/agent/wl_counter.c: a guest whose memory came back
+/// damaged prints another.
+pub fn counter_checksum(seq: u64) -> u64 {
+    const WORDS: u64 = 1 << 17;
+    let mut w: Vec<u64> = (0..WORDS).map(splitmix64).collect();
+    for n in 1..=seq {
+        w[((n * 7919) % WORDS) as usize] ^= splitmix64(n);
+    }
+    w.iter().enumerate().fold(0u64, |acc, (i, x)| {
+        acc.wrapping_add(x.wrapping_mul(2 * i as u64 + 1))
+    })
+}
+
 /// The 1 MiB test file: little-endian splitmix64(i) for word i.
 pub fn blob() -> Vec<u8> {
     (0..(BLOB_SIZE / 8) as u64)

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 pub use apt::AptError;
 pub use build::build;
-pub use datadisk::{blob, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE};
+pub use datadisk::{blob, counter_checksum, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE};
 pub use initramfs::{InitramfsError, MODULES};
 pub use kcache::KernelCacheError;
 pub use kernel::KernelError;

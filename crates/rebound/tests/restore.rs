@@ -9,27 +9,15 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, kv, Env};
+use common::{eventually, kv, restore_json, Env};
 use serde_json::Value;
 
 /// The counter ticks a VM's serial log holds, in order.
 fn ticks(env: &Env, name: &str) -> Vec<u64> {
-    let Ok((_, logs)) = env.call("GET", &format!("/v1/vms/{name}/logs"), None) else {
-        return Vec::new();
-    };
-    logs.as_str()
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split("counter seq=").nth(1))
-        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+    common::counter_ticks(env, name)
+        .into_iter()
+        .map(|(seq, _)| seq)
         .collect()
-}
-
-fn restore_json(env: &Env, args: &[&str]) -> Value {
-    let mut a = vec!["vm", "restore"];
-    a.extend_from_slice(args);
-    a.extend_from_slice(&["--watch-s", "3", "--json"]);
-    serde_json::from_str(&env.ok(&a)).unwrap()
 }
 
 #[test]

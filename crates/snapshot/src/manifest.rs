@@ -40,9 +40,9 @@ pub enum ManifestError {
     #[error("{0} is a {1:?} file, not a {MANIFEST_FORMAT}")]
     Format(PathBuf, String),
     #[error("snapshot format version {0} is newer than this rebound (supports {FORMAT_VERSION})")]
-    Future(u32),
+    Future(u64),
     #[error("snapshot format version {0} is not supported (supports {FORMAT_VERSION})")]
-    Version(u32),
+    Version(u64),
     #[error("{0} is inconsistent: {1}")]
     Invalid(PathBuf, String),
     #[error("{0} does not name a directory")]
@@ -253,12 +253,13 @@ fn plain(name: &str) -> Result<(), String> {
         && !name.contains('/')
         && name != "."
         && name != ".."
-        && !name.contains('\0');
+        && !name.chars().any(char::is_control);
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "file name {name:?} must be a plain name inside the snapshot directory"
+            "file name {} must be a plain name inside the snapshot directory",
+            shown(name)
         ))
     }
 }
@@ -274,37 +275,40 @@ fn problem(m: &Manifest) -> Result<(), String> {
     let mut ids = std::collections::HashSet::new();
     for b in &m.ram_blocks {
         if b.id.is_empty() || !ids.insert(&b.id) {
-            return Err(format!("RAM block id {:?} is empty or used twice", b.id));
+            return Err(format!(
+                "RAM block id {} is empty or used twice",
+                shown(&b.id)
+            ));
         }
         plain(&b.file)?;
+        let id = shown(&b.id);
         if !b.chunk_bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&b.chunk_bytes) {
             return Err(format!(
-                "RAM block {}: chunk size {} is not a power of two between 4 KiB and 1 GiB",
-                b.id, b.chunk_bytes
+                "RAM block {id}: chunk size {} is not a power of two between 4 KiB and 1 GiB",
+                b.chunk_bytes
             ));
         }
         if b.size == 0 || !b.size.is_multiple_of(PAGE_SIZE) || b.size > 1 << 46 {
             return Err(format!(
-                "RAM block {}: size {} is not a whole number of pages up to 64 TiB",
-                b.id, b.size
+                "RAM block {id}: size {} is not a whole number of pages up to 64 TiB",
+                b.size
             ));
         }
         let chunks = b.size.div_ceil(b.chunk_bytes);
         if b.checksums.len() as u64 != chunks {
             return Err(format!(
-                "RAM block {}: {} checksums for {chunks} chunks",
-                b.id,
+                "RAM block {id}: {} checksums for {chunks} chunks",
                 b.checksums.len()
             ));
         }
         if let Some(c) = b.checksums.iter().find(|c| !is_checksum(c)) {
             return Err(format!(
-                "RAM block {}: checksum {c:?} is not 16 hex digits",
-                b.id
+                "RAM block {id}: checksum {} is not 16 hex digits",
+                shown(c)
             ));
         }
         if b.data_bytes > b.size {
-            return Err(format!("RAM block {}: more data bytes than its size", b.id));
+            return Err(format!("RAM block {id}: more data bytes than its size"));
         }
     }
     let files = m
@@ -318,14 +322,24 @@ fn problem(m: &Manifest) -> Result<(), String> {
     for f in files {
         plain(f)?;
         if f == MANIFEST || !seen.insert(f) {
-            return Err(format!("file {f:?} is listed twice"));
+            return Err(format!("file {} is listed twice", shown(f)));
         }
     }
     let sums = std::iter::once(&m.device_state.checksum).chain(m.disks.iter().map(|d| &d.checksum));
     if let Some(c) = sums.into_iter().find(|c| !is_checksum(c)) {
-        return Err(format!("checksum {c:?} is not 16 hex digits"));
+        return Err(format!("checksum {} is not 16 hex digits", shown(c)));
     }
     Ok(())
+}
+
+/// A string from a manifest, quoted for an error message: at most 64 characters of
+/// it, so that a huge one cannot flood the message.
+fn shown(s: &str) -> String {
+    const MAX: usize = 64;
+    match s.char_indices().nth(MAX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &s[..cut], s.len()),
+    }
 }
 
 fn is_checksum(c: &str) -> bool {
@@ -358,14 +372,12 @@ impl Snapshot {
             .map_err(|e| ManifestError::Malformed(path.clone(), e.to_string()))?;
         let format = v.get("format").and_then(|x| x.as_str()).unwrap_or("");
         if format != MANIFEST_FORMAT {
-            return Err(ManifestError::Format(path, format.to_string()));
+            return Err(ManifestError::Format(path, shown(format)));
         }
         match v.get("version").and_then(|x| x.as_u64()) {
             Some(n) if n == FORMAT_VERSION as u64 => {}
-            Some(n) if n > FORMAT_VERSION as u64 => {
-                return Err(ManifestError::Future(n.min(u32::MAX as u64) as u32))
-            }
-            Some(n) => return Err(ManifestError::Version(n as u32)),
+            Some(n) if n > FORMAT_VERSION as u64 => return Err(ManifestError::Future(n)),
+            Some(n) => return Err(ManifestError::Version(n)),
             None => return Err(ManifestError::Malformed(path, "no version".into())),
         }
         let manifest: Manifest = serde_json::from_value(v)
@@ -759,6 +771,117 @@ mod tests {
             }
         }
         Snapshot::open(&s).unwrap();
+    }
+
+    /// A small xorshift generator: the same mutations on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n.max(1) as u64) as usize
+        }
+    }
+
+    /// An error and its causes, as the CLI prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cur = e.source();
+        while let Some(s) = cur {
+            out += &format!(": {s}");
+            cur = s.source();
+        }
+        out
+    }
+
+    /// `m` with one random change: flipped bytes, a cut, a number made huge or
+    /// negative or fractional, a string made huge or odd, deep nesting.
+    fn mutate(m: &[u8], rng: &mut Rng) -> Vec<u8> {
+        let mut m = m.to_vec();
+        let at = rng.below(m.len());
+        match rng.below(6) {
+            0 => {
+                for _ in 0..=rng.below(4) {
+                    let i = rng.below(m.len());
+                    m[i] ^= 1 << rng.below(8);
+                }
+            }
+            1 => m.truncate(at),
+            2 => {
+                let digits = m.iter().enumerate().filter(|(_, b)| b.is_ascii_digit());
+                let starts: Vec<usize> = digits.map(|(i, _)| i).collect();
+                let i = starts[rng.below(starts.len())];
+                let end = i + m[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let huge = [
+                    "18446744073709551616",
+                    "99999999999999999999999999999999",
+                    "-1",
+                    "1e400",
+                    "0.5",
+                    "4294967296",
+                    "18446744073709551615",
+                ];
+                m.splice(i..end, huge[rng.below(huge.len())].bytes());
+            }
+            3 => {
+                let quotes: Vec<usize> = (0..m.len()).filter(|&i| m[i] == b'"').collect();
+                let i = quotes[rng.below(quotes.len())] + 1;
+                let end = i + m[i..].iter().take_while(|&&b| b != b'"').count();
+                let odd = [
+                    "x".repeat(1 << 18),
+                    "../".repeat(1000),
+                    "\\u0000".into(),
+                    "\\ud800".into(),
+                    "line\\nbreak".into(),
+                    String::new(),
+                ];
+                m.splice(i..end, odd[rng.below(odd.len())].bytes());
+            }
+            4 => {
+                let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+                m.splice(at..at, deep.bytes());
+            }
+            _ => {
+                let end = (at + rng.below(64)).min(m.len());
+                let dup = m[at..end].to_vec();
+                m.splice(at..at, dup);
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn fuzzed_manifests_never_panic_and_fail_in_one_short_line() {
+        let d = tempfile::tempdir().unwrap();
+        let s = make(d.path());
+        let orig = std::fs::read(s.join(MANIFEST)).unwrap();
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut refused = 0;
+        for i in 0..2000 {
+            let m = mutate(&orig, &mut rng);
+            std::fs::write(s.join(MANIFEST), &m).unwrap();
+            let shown = || String::from_utf8_lossy(&m[..m.len().min(2000)]).to_string();
+            let r = std::panic::catch_unwind(|| {
+                let snap = Snapshot::open(&s)?;
+                snap.trace()?;
+                snap.verify(&mut |_, _| {})
+            });
+            let r = r.unwrap_or_else(|_| panic!("mutation {i} panicked: {}", shown()));
+            if let Err(e) = r {
+                refused += 1;
+                let line = chain(&e);
+                assert!(
+                    !line.contains('\n') && !line.is_empty() && line.len() < 1000,
+                    "mutation {i}: not one short line: {line:.2000}"
+                );
+            }
+        }
+        // Most mutations break the manifest; the original still opens.
+        assert!(refused > 1500, "{refused}");
+        std::fs::write(s.join(MANIFEST), &orig).unwrap();
+        Snapshot::open(&s).unwrap().verify(&mut |_, _| {}).unwrap();
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{counter_checksum, ensure_image, http_get, image_home, is_type, Guest, Result};
+use common::{ensure_image, http_get, image_home, is_type, Guest, Result};
+use rebound_image::counter_checksum;
 use rebound_vmm::qemu::{Device, MemoryBackend};
 
 fn kv(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, cmd: &str) -> Result<String> {

@@ -246,6 +246,31 @@ impl Drop for Env {
     }
 }
 
+/// The `counter` workload's ticks in a VM's serial log, in order: (seq, checksum).
+pub fn counter_ticks(env: &Env, name: &str) -> Vec<(u64, u64)> {
+    let Ok((_, logs)) = env.call("GET", &format!("/v1/vms/{name}/logs"), None) else {
+        return Vec::new();
+    };
+    logs.as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split("counter seq=").nth(1))
+        .filter_map(|r| {
+            let (seq, sum) = r.split_once(" checksum=")?;
+            let sum = u64::from_str_radix(sum.split_whitespace().next()?, 16).ok()?;
+            Some((seq.parse().ok()?, sum))
+        })
+        .collect()
+}
+
+/// `rebound vm restore ARGS --watch-s 3 --json`, which must succeed: its report.
+pub fn restore_json(env: &Env, args: &[&str]) -> Value {
+    let mut a = vec!["vm", "restore"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--watch-s", "3", "--json"]);
+    serde_json::from_str(&env.ok(&a)).unwrap()
+}
+
 /// A plain HTTP/1.0 GET; returns (status, body).
 pub fn http_get(port: u16, path: &str) -> Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;

@@ -353,16 +353,3 @@ pub fn http_get(port: u16, target: &str) -> Result<(u16, Vec<u8>)> {
     }
     Ok((status, body))
 }
-
-/// The counter workload's checksum after `seq` ticks, recomputed on the host from the
-/// definition in guest/agent/wl_counter.c.
-pub fn counter_checksum(seq: u64) -> u64 {
-    const WORDS: u64 = 1 << 17;
-    let mut w: Vec<u64> = (0..WORDS).map(rebound_image::splitmix64).collect();
-    for n in 1..=seq {
-        w[((n * 7919) % WORDS) as usize] ^= rebound_image::splitmix64(n);
-    }
-    w.iter().enumerate().fold(0u64, |acc, (i, x)| {
-        acc.wrapping_add(x.wrapping_mul(2 * i as u64 + 1))
-    })
-}

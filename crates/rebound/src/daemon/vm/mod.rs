@@ -11,6 +11,7 @@ mod dump_now;
 pub mod machine;
 mod owner;
 pub mod restore;
+mod restore_guard;
 mod settle;
 mod snapshot;
 
@@ -184,23 +185,41 @@ impl VmHandle {
 
     /// Replaces the restore report and keeps it with the VM's record.
     pub(super) fn set_restore_report(&self, r: Option<rebound_api::RestoreReport>) {
-        if let Some(rep) = &r {
+        self.change_restore_report(|cur| *cur = r);
+    }
+
+    /// Changes the restore report, if there is one.
+    pub(super) fn update_restore_report(&self, f: impl FnOnce(&mut rebound_api::RestoreReport)) {
+        self.change_restore_report(|cur| {
+            if let Some(r) = cur {
+                f(r)
+            }
+        });
+    }
+
+    /// Changes the restore report in one step and keeps it with the VM's record. A
+    /// failed restore stays failed with its error: a watcher that finishes later
+    /// does not turn it done.
+    fn change_restore_report(&self, f: impl FnOnce(&mut Option<rebound_api::RestoreReport>)) {
+        let saved = {
+            let mut s = self.shared.lock().expect("vm lock");
+            let failed = s.restore.as_ref().filter(|r| r.phase == "failed");
+            let error = failed.map(|r| r.error.clone());
+            f(&mut s.restore);
+            if let (Some(error), Some(r)) = (error, s.restore.as_mut()) {
+                r.phase = "failed".into();
+                r.error = error.or(r.error.take());
+            }
+            s.restore.clone()
+        };
+        if let Some(rep) = &saved {
             let data = serde_json::to_vec_pretty(rep).expect("report serializes");
             let path = self.dir.path().join("restore.json");
             if let Err(e) = rebound_vmm::private::write_atomic(&path, &data) {
                 tracing::warn!(vm = %self.name, "cannot save {}: {e}", path.display());
             }
         }
-        self.shared.lock().expect("vm lock").restore = r;
         self.changed.send_modify(|v| *v += 1);
-    }
-
-    /// Changes the restore report, if there is one.
-    pub(super) fn update_restore_report(&self, f: impl FnOnce(&mut rebound_api::RestoreReport)) {
-        if let Some(mut r) = self.restore_report() {
-            f(&mut r);
-            self.set_restore_report(Some(r));
-        }
     }
 
     pub(super) fn set_job(&self, job: Option<&'static str>) {

@@ -28,6 +28,7 @@ use rebound_vmm::qemu::{Incoming, MemoryBackend};
 
 use super::machine::Trigger;
 use super::owner::Owner;
+use super::restore_guard::ImageStamp;
 use super::snapshot::{record_trace_until, shell_quote, wait_migration};
 use crate::daemon::error::OpError;
 
@@ -84,6 +85,12 @@ impl Owner {
             )));
         };
         let size = block.size;
+        if spec.memory_mib.checked_mul(1 << 20) != Some(size) {
+            return Err(OpError::SnapshotInput(format!(
+                "the snapshot's RAM block {:?} is {} bytes but its VM spec says {} MiB of memory: the manifest does not fit together",
+                block.id, size, spec.memory_mib
+            )));
+        }
         let image = snap.path_of(&block.file);
         let mut report = RestoreReport {
             vm: spec.name.clone(),
@@ -144,6 +151,15 @@ impl Owner {
             self.vm.run.ram()
         } else {
             image.clone()
+        };
+        // The image as it is now: the guest's memory comes from it until it settles.
+        let stamp = if shared {
+            None
+        } else {
+            let s = ImageStamp::take(&image);
+            Some(s.map_err(|e| {
+                OpError::SnapshotInput(format!("cannot open {}: {e}", image.display()))
+            })?)
         };
 
         // The run dir first: an eager restore fills its RAM file.
@@ -245,6 +261,9 @@ impl Owner {
         )
         .await?;
         wait_migration(&q, "loading the device state").await?;
+        if let Some(what) = stamp.as_ref().and_then(ImageStamp::change) {
+            return Err(OpError::SnapshotInput(what));
+        }
         self.apply(Trigger::Restored);
         let had_trace = trace.is_some();
         self.restore = Some(Restoring {
@@ -264,10 +283,15 @@ impl Owner {
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {
             report.phase = "held".into();
-            self.vm.set_restore_report(Some(report.clone()));
+        }
+        self.vm.set_restore_report(Some(report.clone()));
+        // From here on a change of the image fails the report and stops the guest.
+        if let Some(stamp) = stamp {
+            super::restore_guard::spawn(self.vm.clone(), stamp);
+        }
+        if req.paused {
             return Ok(report);
         }
-        self.vm.set_restore_report(Some(report));
         self.begin_restored_run().await
     }
 

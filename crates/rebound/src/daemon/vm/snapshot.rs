@@ -21,8 +21,9 @@ const CHUNK_BYTES: u64 = 64 << 20;
 /// How often the trace looks at QEMU's page table.
 pub(super) const TRACE_POLL: Duration = Duration::from_millis(5);
 
-fn failed(what: impl std::fmt::Display) -> OpError {
-    OpError::SnapshotFailed(what.to_string())
+/// A failure while writing the snapshot, with its causes (e.g. the disk is full).
+fn failed(e: impl std::error::Error + 'static) -> OpError {
+    OpError::SnapshotFailed(crate::daemon::error::chain(&e))
 }
 
 impl Owner {

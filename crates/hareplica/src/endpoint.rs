@@ -122,11 +122,9 @@ impl Endpoint {
                         }
                     },
                     // The longer name does not fit a socket address: the name itself.
-                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                        UnixListener::bind(p)
-                            .map(|l| Listener::Unix(l, p.clone()))
-                            .map_err(err)
-                    }
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => UnixListener::bind(p)
+                        .map(|l| Listener::Unix(l, p.clone()))
+                        .map_err(err),
                     Err(e) => Err(err(e)),
                 }
             }

@@ -258,6 +258,24 @@ static void test_kv(void)
 	static const char *bad[] = { "", "SET", "SET a", "SET  x", "GET", "GET a b", "DEL", "COUNT x", "get a", "FLUSH" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		kv(bad[i], "ERR usage: SET k v | GET k | DEL k | COUNT\n");
+	/* Past several doublings of the table: every key still found, deletes too. */
+	char in[64], want[64];
+	for (int i = 0; i < 20000; i++) {
+		snprintf(in, sizeof(in), "SET k%d v%d", i, i);
+		kv(in, "OK\n");
+	}
+	for (int i = 0; i < 20000; i += 7) {
+		snprintf(in, sizeof(in), "GET k%d", i);
+		snprintf(want, sizeof(want), "VALUE v%d\n", i);
+		kv(in, want);
+	}
+	for (int i = 0; i < 20000; i += 2) {
+		snprintf(in, sizeof(in), "DEL k%d", i);
+		kv(in, "OK\n");
+	}
+	kv("COUNT", "COUNT 10001\n");
+	kv("GET k2", "NOTFOUND\n");
+	kv("GET k19999", "VALUE v19999\n");
 }
 
 static void test_proc_formats(void)

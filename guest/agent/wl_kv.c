@@ -26,20 +26,49 @@ struct client {
 	char buf[KV_LINE_MAX];
 };
 
-static struct entry *table[BUCKETS];
+/* The table doubles when it holds more keys than buckets, so a lookup touches one or
+ * two entries however many keys there are (a guest's working set is the keys its
+ * clients use, not the whole store). */
+static struct entry **table;
+static uint64_t nbuckets;
 static uint64_t count;
 
-static unsigned bucket(const char *k)
+static uint64_t hash(const char *k)
 {
 	uint64_t h = 1469598103934665603ULL;
 	for (; *k; k++)
 		h = (h ^ (unsigned char)*k) * 1099511628211ULL;
-	return (unsigned)(h % BUCKETS);
+	return h;
+}
+
+/* Makes room for `want` buckets (a power of two); keeps the old table when memory is
+ * short (lookups only get longer). Returns -1 when there is no table at all. */
+static int resize(uint64_t want)
+{
+	struct entry **t = calloc(want, sizeof(*t));
+	if (!t)
+		return table ? 0 : -1;
+	for (uint64_t i = 0; i < nbuckets; i++) {
+		struct entry *e = table[i];
+		while (e) {
+			struct entry *next = e->next;
+			uint64_t b = hash(e->key) & (want - 1);
+			e->next = t[b];
+			t[b] = e;
+			e = next;
+		}
+	}
+	free(table);
+	table = t;
+	nbuckets = want;
+	return 0;
 }
 
 static struct entry **find(const char *k)
 {
-	struct entry **e = &table[bucket(k)];
+	if (!table && resize(BUCKETS) < 0)
+		return NULL;
+	struct entry **e = &table[hash(k) & (nbuckets - 1)];
 	while (*e && strcmp((*e)->key, k) != 0)
 		e = &(*e)->next;
 	return e;
@@ -60,8 +89,10 @@ void kv_exec(char *line, char *out, size_t cap)
 		}
 	}
 	if (strcmp(cmd, "SET") == 0 && key && *key && val) {
+		if (count >= nbuckets && table)
+			resize(nbuckets * 2);
 		struct entry **e = find(key);
-		char *v = strdup(val);
+		char *v = e ? strdup(val) : NULL;
 		if (!v) {
 			snprintf(out, cap, "ERR out of memory\n");
 			return;
@@ -86,13 +117,13 @@ void kv_exec(char *line, char *out, size_t cap)
 		snprintf(out, cap, "OK\n");
 	} else if (strcmp(cmd, "GET") == 0 && key && *key && !val) {
 		struct entry **e = find(key);
-		if (*e)
+		if (e && *e)
 			snprintf(out, cap, "VALUE %s\n", (*e)->val);
 		else
 			snprintf(out, cap, "NOTFOUND\n");
 	} else if (strcmp(cmd, "DEL") == 0 && key && *key && !val) {
 		struct entry **e = find(key);
-		if (*e) {
+		if (e && *e) {
 			struct entry *d = *e;
 			*e = d->next;
 			free(d->key);

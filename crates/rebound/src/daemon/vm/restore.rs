@@ -29,7 +29,7 @@ use rebound_vmm::qemu::{Incoming, MemoryBackend};
 use super::machine::Trigger;
 use super::owner::Owner;
 use super::restore_guard::ImageStamp;
-use super::snapshot::{record_trace_until, shell_quote, wait_migration};
+use super::snapshot::{arm_trace, shell_quote, wait_migration};
 use crate::daemon::error::OpError;
 
 /// The paper's weights of the sampled and the post-snapshot working-set sizes.
@@ -313,16 +313,18 @@ impl Owner {
             had_trace: r.had_trace,
             stop: r.stop.clone(),
         };
-        // Watch from before the first instruction: the first touches are the ones
-        // the trace is for.
+        // Watch from before the first instruction (the tracer armed before `cont`):
+        // the first touches are the ones the trace is for.
         let tracing_stop = Arc::new(AtomicBool::new(false));
-        let trace_task = tokio::spawn(record_trace_until(
+        let trace_task = arm_trace(
             pid,
             r.ram.clone(),
             r.size,
             Duration::from_secs_f64(r.req.watch_s.max(0.1)),
             tracing_stop.clone(),
-        ));
+            false,
+        )
+        .await;
         let probe = self.responsive_probe();
         let before = proc_counters(pid);
         q.execute("cont", None).await?;
@@ -393,22 +395,28 @@ impl Owner {
             r.req.watch_s,
         );
         tokio::spawn(async move {
-            let answered = match probe {
-                Some(p) => p.await,
-                None => None,
+            // The counters and the trace end with the watch window, whenever the
+            // first answer comes (a settle after the window replaces this QEMU).
+            let window = Duration::from_secs_f64(watch_s.max(0.1));
+            let counted = async {
+                tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+                let after = proc_counters(pid);
+                tracing_stop.store(true, Ordering::Relaxed);
+                (after, trace_task.await.ok().and_then(Result::ok))
             };
+            let answer = async {
+                match probe {
+                    Some(p) => p.await,
+                    None => None,
+                }
+            };
+            let (answered, (after, touched)) = tokio::join!(answer, counted);
             let now_responsive = answered.map(|at: Instant| {
                 (
                     at.duration_since(t0).as_secs_f64(),
                     at.duration_since(started).as_secs_f64(),
                 )
             });
-            // The rest of the watch window, then the counters.
-            let window = Duration::from_secs_f64(watch_s.max(0.1));
-            tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
-            let after = proc_counters(pid);
-            tracing_stop.store(true, Ordering::Relaxed);
-            let touched = trace_task.await.ok().and_then(Result::ok);
             let mut notes = Vec::new();
             if answered.is_none() {
                 notes.push("no service answer to time (no service port or readiness probe, or none within 60 s)".to_string());

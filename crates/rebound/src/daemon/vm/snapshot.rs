@@ -96,6 +96,15 @@ impl Owner {
         }
         let saved = self.save_paused(&q, &dir, &ram, size, &rec).await;
         let pause_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+        // The post-snapshot trace is armed while the guest is still paused: its
+        // first touches after the snapshot point are what the trace is for.
+        let tracing = if req.trace_s > 0.0 && was_running && saved.is_ok() {
+            let max = Duration::from_secs_f64(req.trace_s);
+            let never = Arc::new(AtomicBool::new(false));
+            Some(arm_trace(pid, ram.clone(), size, max, never, true).await)
+        } else {
+            None
+        };
         if was_running {
             q.execute("cont", None).await?;
         }
@@ -103,8 +112,8 @@ impl Owner {
         let seconds = t0.elapsed().as_secs_f64();
         let mut notes = Vec::new();
         // The guest's first accesses after the snapshot point, in order.
-        let trace = if req.trace_s > 0.0 && was_running {
-            match record_trace(pid, ram.clone(), size, req.trace_s, true).await {
+        let trace = if let Some(h) = tracing {
+            match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     notes.push(format!(
@@ -394,19 +403,25 @@ pub(super) async fn record_trace(
 ) -> Result<rebound_snapshot::Trace, String> {
     let never = Arc::new(AtomicBool::new(false));
     let window = Duration::from_secs_f64(secs);
-    trace_blocking(pid, file, size, window, never, unmap).await
+    trace_blocking(pid, file, size, window, never, unmap, None).await
 }
 
-/// As [`record_trace`] without unmapping (a just started QEMU has nothing mapped
-/// yet), until `max` passes or `stop` is set.
-pub(super) async fn record_trace_until(
+/// A trace task, returned once the tracer is armed (pages unmapped when asked, the
+/// page table's present pages taken as the baseline): start the guest after this,
+/// or its first touches are part of the baseline and never recorded.
+pub(super) async fn arm_trace(
     pid: u32,
     file: PathBuf,
     size: u64,
     max: Duration,
     stop: Arc<AtomicBool>,
-) -> Result<rebound_snapshot::Trace, String> {
-    trace_blocking(pid, file, size, max, stop, false).await
+    unmap: bool,
+) -> tokio::task::JoinHandle<Result<rebound_snapshot::Trace, String>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let h = tokio::spawn(trace_blocking(pid, file, size, max, stop, unmap, Some(tx)));
+    // An error before arming drops the sender: the handle then holds the error.
+    let _ = rx.await;
+    h
 }
 
 async fn trace_blocking(
@@ -416,6 +431,7 @@ async fn trace_blocking(
     max: Duration,
     stop: Arc<AtomicBool>,
     unmap: bool,
+    armed: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Result<rebound_snapshot::Trace, String> {
     tokio::task::spawn_blocking(move || {
         let target = rebound_guestmem::MapTarget::inode_of(&file).map_err(|e| e.to_string())?;
@@ -428,6 +444,9 @@ async fn trace_blocking(
         }
         let mut tracer = rebound_snapshot::PagemapTracer::new(pid, vec![(0, m.start, size)])
             .map_err(|e| e.to_string())?;
+        if let Some(a) = armed {
+            let _ = a.send(());
+        }
         let end = Instant::now() + max;
         while Instant::now() < end && !stop.load(Ordering::Relaxed) {
             tracer.poll().map_err(|e| e.to_string())?;

@@ -407,37 +407,134 @@ pub fn unmap_for_trace(pid: u32, ranges: &[(u64, u64)]) -> Result<(), TraceError
     // SAFETY: `fd` was just returned by pidfd_open and nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     for &(addr, len) in ranges {
-        let mut done = 0u64;
-        // The kernel may advise part of a range and return the bytes it did.
-        while done < len {
-            let iov = libc::iovec {
-                iov_base: (addr + done) as *mut libc::c_void,
-                iov_len: (len - done) as usize,
-            };
-            // SAFETY: the iovec names memory of the *other* process, which the kernel
-            // checks; from ours it reads only `iov`, alive for the call.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_process_madvise,
-                    pidfd.as_raw_fd(),
-                    &iov as *const libc::iovec,
-                    1usize,
-                    libc::MADV_PAGEOUT,
-                    0u32,
-                )
-            };
-            if r <= 0 {
-                let e = if r == 0 {
-                    io::Error::other("the kernel advised no bytes")
-                } else {
-                    io::Error::last_os_error()
-                };
-                return Err(TraceError::Unmap(pid, e));
+        advise(pid, &pidfd, addr, len)?;
+    }
+    // MADV_PAGEOUT passes over pages it cannot take at that moment, e.g. one still
+    // in some CPU's LRU batch, which only that CPU drains: advise what is still
+    // mapped again from each CPU in turn (a running guest maps pages back as it
+    // touches them; that is fine, the tracer's baseline comes after this).
+    let cpus = allowed_cpus();
+    let mut r = Ok(());
+    for round in 0..4 * cpus.len().max(1) {
+        let mut left = Vec::new();
+        for &(addr, len) in ranges {
+            match present_runs(pid, addr, len) {
+                Ok(v) => left.extend(v),
+                Err(e) => r = Err(e),
             }
-            done += r as u64;
+        }
+        if left.is_empty() || r.is_err() {
+            break;
+        }
+        if let Some(&cpu) = cpus.get(round % cpus.len().max(1)) {
+            pin_to(&[cpu]);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        if let Some(e) = left
+            .into_iter()
+            .find_map(|(addr, len)| advise(pid, &pidfd, addr, len).err())
+        {
+            r = Err(e);
+            break;
         }
     }
+    pin_to(&cpus);
+    r
+}
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most the size given into `set`.
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ok != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, inside the set.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+/// Lets this thread run on `cpus` only (nothing changes for an empty list).
+fn pin_to(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: CPU_SET writes inside the set for c < CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size given.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
+/// `MADV_PAGEOUT` of one range of the process behind `pidfd`.
+fn advise(pid: u32, pidfd: &OwnedFd, addr: u64, len: u64) -> Result<(), TraceError> {
+    let mut done = 0u64;
+    // The kernel may advise part of a range and return the bytes it did.
+    while done < len {
+        let iov = libc::iovec {
+            iov_base: (addr + done) as *mut libc::c_void,
+            iov_len: (len - done) as usize,
+        };
+        // SAFETY: the iovec names memory of the *other* process, which the kernel
+        // checks; from ours it reads only `iov`, alive for the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd.as_raw_fd(),
+                &iov as *const libc::iovec,
+                1usize,
+                libc::MADV_PAGEOUT,
+                0u32,
+            )
+        };
+        if r <= 0 {
+            let e = if r == 0 {
+                io::Error::other("the kernel advised no bytes")
+            } else {
+                io::Error::last_os_error()
+            };
+            return Err(TraceError::Unmap(pid, e));
+        }
+        done += r as u64;
+    }
     Ok(())
+}
+
+/// The runs of pages of `addr..addr+len` that are mapped in `pid` now (pagemap's
+/// present bit).
+fn present_runs(pid: u32, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, TraceError> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+        .map_err(|e| TraceError::Unmap(pid, e))?;
+    let pages = len / PAGE_SIZE;
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut buf = vec![0u8; 8 * 4096];
+    let mut i = 0u64;
+    while i < pages {
+        let n = (pages - i).min(4096);
+        let b = &mut buf[..(n * 8) as usize];
+        f.read_exact_at(b, (addr / PAGE_SIZE + i) * 8)
+            .map_err(|e| TraceError::Unmap(pid, e))?;
+        for (j, e) in b.chunks_exact(8).enumerate() {
+            let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+            if v >> 63 == 1 {
+                let a = addr + (i + j as u64) * PAGE_SIZE;
+                match runs.last_mut() {
+                    Some((start, l)) if *start + *l == a => *l += PAGE_SIZE,
+                    _ => runs.push((a, PAGE_SIZE)),
+                }
+            }
+        }
+        i += n;
+    }
+    Ok(runs)
 }
 
 /// The paper's working-set size: `a * WSS_sample + b * WSS_snapshot`; without a

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rebound_snapshot::{unmap_for_trace, PagemapTracer, TraceError, TracePage};
 
@@ -61,14 +61,18 @@ fn child(f: &File, mut to_parent: UnixStream, mut from_parent: UnixStream) -> ! 
         sum += unsafe { std::ptr::read_volatile(base.add(i * PAGE)) } as u64;
     }
     let _ = to_parent.write_all(&(base as u64).to_le_bytes());
-    // Wait for the unmap, then touch the pages in order, with pauses longer than
-    // the parent's polling interval.
+    // Wait for the unmap, then touch the pages in order, each only once the parent
+    // has polled after the one before (lockstep: a loaded host cannot merge two
+    // touches into one poll).
     let mut go = [0u8; 1];
     if from_parent.read_exact(&mut go).is_ok() {
         for p in ORDER {
             // SAFETY: the pages of ORDER are inside the mapping.
             sum += unsafe { std::ptr::read_volatile(base.add(p as usize * PAGE)) } as u64;
-            std::thread::sleep(Duration::from_millis(40));
+            if to_parent.write_all(&[2]).is_err() || from_parent.read_exact(&mut go).is_err() {
+                // SAFETY: as below.
+                unsafe { libc::_exit(1) };
+            }
         }
         // SAFETY: inside the mapping; a shared write lands in the file.
         unsafe { std::ptr::write_volatile(base.add(WRITTEN as usize * PAGE + 1), 0xee) };
@@ -133,21 +137,22 @@ fn unmapped_guest_ram_is_traced_again_in_touch_order_and_keeps_its_content() {
         "pages still mapped after the unmap"
     );
 
-    // Poll every 5 ms while the child touches its pages 40 ms apart.
-    to_child.write_all(&[1]).unwrap();
+    // One poll after each touch, then after the write.
     from_child
-        .set_nonblocking(true)
-        .expect("nonblocking socket");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut done = [0u8; 1];
-    loop {
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    to_child.write_all(&[1]).unwrap();
+    let mut msg = [0u8; 1];
+    for _ in ORDER {
+        from_child
+            .read_exact(&mut msg)
+            .expect("the child touched its page");
+        assert_eq!(msg[0], 2);
         tracer.poll().unwrap();
-        if from_child.read(&mut done).is_ok_and(|n| n == 1) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the child never finished");
-        std::thread::sleep(Duration::from_millis(5));
+        to_child.write_all(&[1]).unwrap();
     }
+    from_child.read_exact(&mut msg).expect("the child wrote");
+    assert_eq!(msg[0], 1);
     tracer.poll().unwrap();
     assert!(tracer.seen() > ORDER.len(), "the touches and the write");
     // Read faults map their 64 KiB neighbourhood, not the whole range.

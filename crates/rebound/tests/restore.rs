@@ -128,12 +128,35 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     assert_eq!(a["trace_source"], "post-snapshot", "{a}");
     assert!(a["working_set_pages"].as_u64().unwrap() > 0, "{a}");
     assert!(a["time_to_responsive_s"].as_f64().is_some(), "{a}");
-    let b = restore_json(&env, &[d, "--name", "kv-b", "--mode", "lazy"]);
+    // A restore may name the host port of a port its snapshot's VM forwarded, and
+    // only of such a port.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = env.fails(&[
+        "vm",
+        "restore",
+        d,
+        "--name",
+        "kv-x",
+        "--forward",
+        &format!("{free}:9999"),
+    ]);
+    assert!(e.contains("forwarded no guest port 9999"), "{e}");
+    assert!(env.call("GET", "/v1/vms/kv-x", None).unwrap().0 == 404);
+    let fwd = format!("{free}:7070");
+    let b = restore_json(
+        &env,
+        &[d, "--name", "kv-b", "--mode", "lazy", "--forward", &fwd],
+    );
     assert_eq!(b["pages_loaded_before_start"], 0, "{b}");
 
     let pa = env.host_port("kv-a", 7070);
     let pb = env.host_port("kv-b", 7070);
     assert_ne!(pa, port);
+    assert_eq!(pb, free);
     for p in [pa, pb] {
         for i in 0..20 {
             assert_eq!(kv(p, &format!("GET k{i}")).unwrap(), format!("VALUE v{i}"));

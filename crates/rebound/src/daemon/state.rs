@@ -147,20 +147,25 @@ impl Daemon {
         spec.name = req.name.clone();
         // The snapshot's VM may still run: the copy gets host ports of its own,
         // unless the request names them.
+        // Its forwards are those of its spec and its workload's service port.
+        let service = spec.service_port();
+        for a in req.forwards.iter().flatten() {
+            let known = spec.forwards.iter().any(|f| f.guest == a.guest);
+            if !known && service != Some(a.guest) {
+                return Err(OpError::BadRequest(format!(
+                    "the snapshot's VM forwarded no guest port {}: only its forwards can be given host ports",
+                    a.guest
+                )));
+            }
+        }
         for f in &mut spec.forwards {
             let asked = req.forwards.iter().flatten().find(|a| a.guest == f.guest);
             f.host = asked.map_or(0, |a| a.host);
         }
-        if let Some(bad) = req
-            .forwards
-            .iter()
-            .flatten()
-            .find(|a| !spec.forwards.iter().any(|f| f.guest == a.guest))
-        {
-            return Err(OpError::BadRequest(format!(
-                "the snapshot's VM forwarded no guest port {}: only its forwards can be given host ports",
-                bad.guest
-            )));
+        for a in req.forwards.iter().flatten() {
+            if !spec.forwards.iter().any(|f| f.guest == a.guest) {
+                spec.forwards.push(*a);
+            }
         }
         let (boot, ready) = spec.validate()?;
         let job = super::vm::restore::RestoreJob {

@@ -425,8 +425,9 @@ fn auto_io_policy_gives_a_disk_bound_service_the_disk_first() {
 #[test]
 fn the_service_answers_while_a_rate_limited_dump_still_runs() {
     let env = Env::new();
-    // The dump is held to 10 MB/s, as on a slow disk: the recovery VM must serve
-    // long before the dump ends.
+    // The dump is held to 5 MB/s, as on a slow disk: the recovery VM must serve
+    // long before the dump ends (at 10 MB/s a loaded 2-vCPU TCG host once booted
+    // the recovery VM in about as long as the dump took).
     start(
         &env,
         "s1",
@@ -438,7 +439,7 @@ fn the_service_answers_while_a_rate_limited_dump_still_runs() {
             "--chunk",
             "16M",
             "--io-policy",
-            "10:50",
+            "5:50",
         ],
     );
     crash_until_recovered(&env, "s1");
@@ -450,17 +451,17 @@ fn the_service_answers_while_a_rate_limited_dump_still_runs() {
     assert_eq!(env.status("s1")["job"], "dump");
     let r = settled_report(&env, "s1");
     assert_eq!(r["phase"], "done", "{r}");
-    // The rate held: the dump took at least its bytes at 10 MB/s (less one chunk,
+    // The rate held: the dump took at least its bytes at 5 MB/s (less one chunk,
     // which goes out before the first wait).
     let bytes = r["dump_io_bytes"].as_u64().unwrap();
     assert!(bytes > 32 << 20, "{r}");
-    let floor = bytes.saturating_sub(16 << 20) as f64 / 10e6;
+    let floor = bytes.saturating_sub(16 << 20) as f64 / 5e6;
     assert!(r["dump_s"].as_f64().unwrap() >= floor * 0.95, "{r}");
     assert!(
         r["downtime_s"].as_f64().unwrap() < r["dump_s"].as_f64().unwrap(),
         "{r}"
     );
-    assert_eq!(r["io_policy"], "10:50");
+    assert_eq!(r["io_policy"], "5:50");
 }
 
 #[test]

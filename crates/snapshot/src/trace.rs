@@ -507,32 +507,20 @@ fn advise(pid: u32, pidfd: &OwnedFd, addr: u64, len: u64) -> Result<(), TraceErr
     Ok(())
 }
 
-/// The runs of pages of `addr..addr+len` that are mapped in `pid` now (pagemap's
-/// present bit).
+/// The runs of pages of `addr..addr+len` that are mapped in `pid` now, as one poll
+/// of a [`PagemapTracer`] sees them.
 fn present_runs(pid: u32, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, TraceError> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(format!("/proc/{pid}/pagemap"))
-        .map_err(|e| TraceError::Unmap(pid, e))?;
-    let pages = len / PAGE_SIZE;
+    let mut t = PagemapTracer::new(pid, vec![(0, addr, len)])?;
+    t.poll()?;
+    let mut pages: Vec<u64> = t.into_trace().pages.iter().map(|p| p.page).collect();
+    pages.sort_unstable();
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    let mut buf = vec![0u8; 8 * 4096];
-    let mut i = 0u64;
-    while i < pages {
-        let n = (pages - i).min(4096);
-        let b = &mut buf[..(n * 8) as usize];
-        f.read_exact_at(b, (addr / PAGE_SIZE + i) * 8)
-            .map_err(|e| TraceError::Unmap(pid, e))?;
-        for (j, e) in b.chunks_exact(8).enumerate() {
-            let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
-            if v >> 63 == 1 {
-                let a = addr + (i + j as u64) * PAGE_SIZE;
-                match runs.last_mut() {
-                    Some((start, l)) if *start + *l == a => *l += PAGE_SIZE,
-                    _ => runs.push((a, PAGE_SIZE)),
-                }
-            }
+    for p in pages {
+        let a = addr + p * PAGE_SIZE;
+        match runs.last_mut() {
+            Some((start, l)) if *start + *l == a => *l += PAGE_SIZE,
+            _ => runs.push((a, PAGE_SIZE)),
         }
-        i += n;
     }
     Ok(runs)
 }

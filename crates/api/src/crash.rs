@@ -122,6 +122,11 @@ pub struct CrashPolicy {
     /// memory plus `min_memory_mib`).
     #[serde(default)]
     pub host_memory_budget_mib: Option<u64>,
+    /// Absolute path of a post-boot snapshot of this VM's guest: the recovery VM is
+    /// restored from it (elastically) instead of booted. It comes back at the
+    /// snapshot's state, disks included; the crashed VM's disk is kept aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recover_from: Option<String>,
 }
 
 fn default_chunk() -> u64 {
@@ -144,6 +149,7 @@ impl Default for CrashPolicy {
             min_memory_mib: default_min_memory(),
             io_policy: IoPolicy::Fair,
             host_memory_budget_mib: None,
+            recover_from: None,
         }
     }
 }
@@ -194,6 +200,17 @@ impl CrashPolicy {
         {
             if dump_mbps == 0 || recovery_mbps == 0 {
                 return bad("--io-policy D:R rates must be at least 1 MB/s".into());
+            }
+        }
+        if let Some(dir) = &self.recover_from {
+            if !self.on_crash.recovers() {
+                return bad(
+                    "--recover-from needs --on-crash recover, dump-then-recover or dump-and-recover"
+                        .into(),
+                );
+            }
+            if !dir.starts_with('/') {
+                return bad(format!("--recover-from {dir:?} must be an absolute path"));
             }
         }
         let dump_only = [
@@ -366,6 +383,17 @@ mod tests {
                 },
                 "at least 1 MB/s",
             ),
+            (
+                &|c: &mut CrashPolicy| c.recover_from = Some("snap".into()),
+                "must be an absolute path",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.on_crash = OnCrash::Dump;
+                    c.recover_from = Some("/snap".into())
+                },
+                "--recover-from needs",
+            ),
         ] {
             let e = p(f).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
@@ -486,6 +514,10 @@ pub struct CrashReport {
     pub notes: Vec<String>,
     #[serde(default)]
     pub timeline: Vec<MemorySample>,
+    /// The snapshot the recovery VM was restored from (`recover_from`); none when it
+    /// booted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_from: Option<String>,
     #[serde(default)]
     pub memory_limit: Option<MemoryLimit>,
 }

@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{eventually, http_get, Env};
+use common::{eventually, http_get, kv, Env};
 use serde_json::Value;
 
 fn start(env: &Env, name: &str, extra: &[&str]) -> Value {
@@ -592,4 +592,121 @@ fn without_vmcoreinfo_the_dump_is_whole_and_says_so() {
         (192u64 << 20) / 4096,
         "{r}"
     );
+}
+
+#[test]
+fn a_recovery_vm_restored_from_a_post_boot_snapshot_serves_its_state() {
+    let env = Env::new();
+    // The post-boot snapshot: a kv guest with ten keys, traced for its working set.
+    env.ok(&["vm", "start", "tpl", "--workload", "kv", "--memory", "256M"]);
+    let tport = env.host_port("tpl", 7070);
+    for i in 0..10 {
+        assert_eq!(kv(tport, &format!("SET k{i} v{i}")).unwrap(), "OK");
+    }
+    let snap = env.home.path().join("post-boot");
+    let s = snap.to_str().unwrap();
+    env.ok(&["vm", "snapshot", "tpl", "--out", s, "--trace-s", "2"]);
+    env.ok(&["vm", "stop", "tpl"]);
+
+    // A policy that cannot use the snapshot is refused at start, in one line.
+    for (workload, memory, on_crash, want) in [
+        ("kv", "192M", "recover", "memory 256 MiB, this VM 192 MiB"),
+        ("web", "256M", "recover", "workload kv, this VM web"),
+        ("kv", "256M", "dump", "--recover-from needs --on-crash"),
+        ("kv", "256M", "recover", "No such file"),
+    ] {
+        let dir = if want == "No such file" {
+            format!("{s}-missing")
+        } else {
+            s.to_string()
+        };
+        let e = env.fails(&[
+            "vm",
+            "start",
+            "bad",
+            "--workload",
+            workload,
+            "--memory",
+            memory,
+            "--on-crash",
+            on_crash,
+            "--recover-from",
+            &dir,
+        ]);
+        assert!(e.contains(want), "{e}");
+        assert!(e.contains("--recover-from"), "{e}");
+    }
+
+    // The production VM, its dump held to 5 MB/s so the restored VM serves while the
+    // dump still runs.
+    env.ok(&[
+        "vm",
+        "start",
+        "kr",
+        "--workload",
+        "kv",
+        "--memory",
+        "256M",
+        "--on-crash",
+        "dump-and-recover",
+        "--recover-from",
+        s,
+        "--chunk",
+        "16M",
+        "--io-policy",
+        "5:50",
+    ]);
+    let port = env.host_port("kr", 7070);
+    assert_eq!(kv(port, "SET lost yes").unwrap(), "OK");
+    env.ok(&["vm", "crash", "kr"]);
+    env.wait_event("kr", "recovered");
+    assert_eq!(env.host_port("kr", 7070), port, "the service moved");
+    // It serves the snapshot's state: its keys, not what the crashed guest wrote later.
+    for i in 0..10 {
+        assert_eq!(
+            kv(port, &format!("GET k{i}")).unwrap(),
+            format!("VALUE v{i}")
+        );
+    }
+    assert_eq!(kv(port, "GET lost").unwrap(), "NOTFOUND");
+    assert_eq!(kv(port, "COUNT").unwrap(), "COUNT 10");
+    let restore = env.get_ok("GET", "/v1/vms/kr/restore", None);
+    assert_eq!(restore["mode"], "elastic", "{restore}");
+    assert!(
+        restore["pages_loaded_before_start"].as_u64().unwrap() > 0,
+        "{restore}"
+    );
+
+    let r = settled_report(&env, "kr");
+    assert_eq!(r["phase"], "done", "{r}");
+    assert_eq!(r["recovered_from"], s, "{r}");
+    assert!(
+        r["downtime_s"].as_f64().unwrap() < r["dump_s"].as_f64().unwrap(),
+        "{r}"
+    );
+    // The crashed guest's disk is kept with the crash, a disk qemu-img reads.
+    let kept = env
+        .home
+        .path()
+        .join("vms/kr/crashes")
+        .join(r["id"].as_str().unwrap())
+        .join("disk0.qcow2");
+    let info = Command::new("qemu-img")
+        .args(["info", "--output=json", kept.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        info.status.success(),
+        "{}",
+        String::from_utf8_lossy(&info.stderr)
+    );
+    // The rest of the image was loaded only after the dump gave the memory back;
+    // then the guest moved onto shared RAM, where a later crash can dump it.
+    env.wait_event("kr", "settled");
+    let kinds = env.event_kinds("kr");
+    let at = |k: &str| kinds.iter().position(|x| x == k).unwrap();
+    assert!(at("dump_finished") < at("settled"), "{kinds:?}");
+    assert_eq!(kv(port, "GET k9").unwrap(), "VALUE v9");
+    let st = env.status("kr");
+    assert_eq!(st["state"], "running", "{st}");
 }

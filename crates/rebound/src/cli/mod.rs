@@ -203,6 +203,10 @@ pub struct StartArgs {
     /// What the crashed VM and its recovery VM may hold together (default: memory + min-memory).
     #[arg(long, value_parser = parse_memory)]
     pub host_memory_budget: Option<u64>,
+    /// Restore the recovery VM from this post-boot snapshot of the guest (elastic)
+    /// instead of booting it: it comes back at the snapshot's state, disks included.
+    #[arg(long)]
+    pub recover_from: Option<PathBuf>,
     /// Return once QEMU runs instead of waiting for readiness.
     #[arg(long)]
     pub no_wait: bool,

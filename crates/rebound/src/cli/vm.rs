@@ -305,6 +305,15 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
         min_memory_mib: a.min_memory,
         io_policy: a.io_policy,
         host_memory_budget_mib: a.host_memory_budget,
+        recover_from: match &a.recover_from {
+            Some(d) => Some(
+                std::fs::canonicalize(d)
+                    .with_context(|| format!("--recover-from {}", d.display()))?
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
+            None => None,
+        },
     };
     s.ready = a.ready.clone();
     s.forwards = a.forwards.clone();

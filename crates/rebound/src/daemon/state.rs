@@ -113,6 +113,12 @@ impl Daemon {
     /// Starts a VM: returns once QEMU runs and QMP answers; readiness comes later.
     pub async fn start(self: &Arc<Self>, spec: VmSpec) -> Result<VmStatus, OpError> {
         let (boot, ready) = spec.validate()?;
+        if spec.crash.recover_from.is_some() {
+            let s = spec.clone();
+            tokio::task::spawn_blocking(move || super::vm::check_recover_from(&s))
+                .await
+                .map_err(|e| OpError::Internal(e.to_string()))??;
+        }
         self.launch(&spec.clone(), |tx| {
             Init::Start(Box::new(StartJob {
                 spec,
@@ -174,6 +180,8 @@ impl Daemon {
             ready,
             req,
             snap,
+            recovery: None,
+            hold_rest: false,
         };
         let spec = job.spec.clone();
         self.launch(&spec, |tx| Init::Restore(Box::new(job), tx))

@@ -187,6 +187,7 @@ impl Owner {
             notes: Vec::new(),
             timeline: Vec::new(),
             memory_limit: None,
+            recovered_from: None,
         };
         self.event(EventData::CrashHandling {
             id: id.clone(),
@@ -428,7 +429,11 @@ impl Owner {
 
     /// Quits the crashed QEMU (flushing and releasing its disks and ports) and
     /// removes its run directory; the VM keeps its state (panicked or dumping).
-    async fn release_crashed_qemu(&mut self) {
+    pub(super) async fn release_crashed_qemu(&mut self) {
+        if let Some(r) = self.restore.take() {
+            // A restored guest's background loader has nothing left to load for.
+            r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let pid = self.vm.record().qemu_pid;
         self.disconnect();
         if let Some(pid) = pid {
@@ -479,7 +484,8 @@ impl Owner {
     }
 
     /// Starts the recovery VM if one is due and the budget has room for its boot
-    /// memory; otherwise it starts at a later chunk.
+    /// memory; otherwise it starts at a later chunk. With `recover_from` it is
+    /// restored from that snapshot instead of booted (`recover_restore.rs`).
     async fn maybe_start_recovery(&mut self) {
         let Some(h) = self.crash.as_mut() else { return };
         if !h.recovery_due || h.recovery_spawned_ns.is_some() {
@@ -492,61 +498,88 @@ impl Owner {
         if free_mib < rec.spec.crash.min_memory_mib {
             return;
         }
-        let boot = if free_mib >= mem {
+        let restore_from = rec.spec.crash.recover_from.clone();
+        let boot = if free_mib >= mem || restore_from.is_some() {
+            // A restored VM has all its memory configured from the start (it holds
+            // what it touches) and never grows.
             None
         } else {
             Some(round_block(free_mib).max(rec.spec.crash.min_memory_mib))
         };
         let forwards = rec.forwards.clone();
-        let (boot_src, ready) = match rec.spec.validate() {
-            Ok(v) => v,
-            Err(e) => {
-                h.report.notes.push(format!("recovery VM not started: {e}"));
-                h.report.phase = CrashPhase::Failed;
-                return;
-            }
-        };
         h.recovery_spawned_ns = Some(mono_ns());
         h.boot_mib = boot.unwrap_or(mem);
         h.recovery_mib = h.boot_mib;
         let id = h.report.id.clone();
         let spec = rec.spec.clone();
-        let r = self
-            .start(
-                spec,
-                boot_src,
-                ready,
-                Some(Recovery {
-                    forwards,
-                    boot_memory_mib: boot,
-                }),
-            )
-            .await;
+        let r = match &restore_from {
+            Some(dir) => {
+                h.report.recovered_from = Some(dir.clone());
+                let (dumping, kept) = (h.progress.is_some(), h.dir.join("disk0.qcow2"));
+                self.recovery_restore(&spec, dir, free_mib, dumping, &kept)
+                    .await
+                    .map(Some)
+            }
+            None => match spec.validate() {
+                Ok((boot_src, ready)) => self
+                    .start(
+                        spec.clone(),
+                        boot_src,
+                        ready,
+                        Some(Recovery {
+                            forwards,
+                            boot_memory_mib: boot,
+                        }),
+                    )
+                    .await
+                    .map(|_| None),
+                Err(e) => Err(e.into()),
+            },
+        };
         let boot_memory_mib = self.crash.as_ref().map_or(0, |h| h.boot_mib);
         match r {
-            Ok(st) => {
+            Ok(note) => {
                 self.event(EventData::RecoveryStarted {
                     id,
-                    pid: st.qemu_pid.unwrap_or(0),
+                    pid: self.vm.record().qemu_pid.unwrap_or(0),
                     boot_memory_mib,
                 });
                 let h = self.crash.as_mut().expect("crash handling");
+                h.report.notes.extend(note);
                 let d = h.dumped_bytes;
                 sample(h, d, Some("recovery started"));
                 self.apply_io_policy().await;
             }
             Err(e) => {
+                let how = match &restore_from {
+                    Some(dir) => format!("could not be restored from {dir}"),
+                    None => "failed to start".into(),
+                };
                 let h = self.crash.as_mut().expect("crash handling");
                 h.report.notes.push(format!(
-                    "the recovery VM failed to start: {}",
+                    "the recovery VM {how}: {}",
                     crate::daemon::error::chain(&e)
                 ));
                 h.recovery_due = false;
                 h.report.phase = rebound_api::CrashPhase::Failed;
                 self.metrics.start_failures.inc();
+                if restore_from.is_some() && self.vm.record().qemu_pid.is_some() {
+                    // A restore that failed after its QEMU came up.
+                    self.release_crashed_qemu().await;
+                    self.apply(Trigger::Gone);
+                }
             }
         }
         self.save_report();
+    }
+
+    /// The dump ended (or never ran): a restored recovery VM's background loader may
+    /// now read the rest of its image.
+    fn release_held_loader(&self) {
+        if let Some(r) = &self.restore {
+            r.hold_rest
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Grows the recovery VM into memory the dump gave back (virtio-mem).
@@ -607,6 +640,8 @@ impl Owner {
             None => Err("the dump task ended without reporting".to_string()),
         };
         h.progress = None;
+        self.release_held_loader();
+        let h = self.crash.as_mut().expect("crash handling");
         let secs = h
             .dump_started_ns
             .map(|t| mono_ns().saturating_sub(t) as f64 / 1e9)

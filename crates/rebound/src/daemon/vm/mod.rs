@@ -10,6 +10,7 @@ mod dump;
 mod dump_now;
 pub mod machine;
 mod owner;
+mod recover_restore;
 pub mod restore;
 mod restore_guard;
 mod settle;
@@ -227,3 +228,5 @@ impl VmHandle {
         self.changed.send_modify(|v| *v += 1);
     }
 }
+
+pub use recover_restore::check as check_recover_from;

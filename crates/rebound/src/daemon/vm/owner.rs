@@ -301,19 +301,25 @@ impl Owner {
         self.spawn_resolved(&spec, res, recovering, true).await
     }
 
-    /// Resolves `spec` as a fresh start would.
+    /// Resolves `spec` as a fresh start (or, with `recovery`, a recovery VM) would.
     pub(super) async fn resolve_spec(
         &self,
         spec: &VmSpec,
         boot: BootSource,
         ready: ReadySpec,
+        recovery: Option<&resolve::Recovery>,
     ) -> Result<Resolved, OpError> {
-        let (p, h, s) = (self.paths.clone(), self.host.clone(), spec.clone());
-        Ok(
-            tokio::task::spawn_blocking(move || resolve::resolve(&p, &h, &s, boot, ready, None))
-                .await
-                .map_err(|e| OpError::Internal(e.to_string()))??,
-        )
+        let (p, h, s, r) = (
+            self.paths.clone(),
+            self.host.clone(),
+            spec.clone(),
+            recovery.cloned(),
+        );
+        Ok(tokio::task::spawn_blocking(move || {
+            resolve::resolve(&p, &h, &s, boot, ready, r.as_ref())
+        })
+        .await
+        .map_err(|e| OpError::Internal(e.to_string()))??)
     }
 
     /// An empty run dir (RAM file, sockets, logs) for a new QEMU.

@@ -33,11 +33,13 @@ use super::snapshot::{arm_trace, shell_quote, wait_migration};
 use crate::daemon::error::OpError;
 
 /// The paper's weights of the sampled and the post-snapshot working-set sizes.
-const WSS_A: f64 = 0.7;
-const WSS_B: f64 = 0.3;
+pub(super) const WSS_A: f64 = 0.7;
+pub(super) const WSS_B: f64 = 0.3;
 /// How long a restored guest's service gets to answer before the report says it
 /// did not.
 const RESPONSIVE_WAIT: Duration = Duration::from_secs(60);
+/// How long a restored recovery VM's settle waits for it to pass readiness.
+const RECOVERY_READY_WAIT: Duration = Duration::from_secs(600);
 
 /// What a restore needs.
 pub struct RestoreJob {
@@ -46,6 +48,11 @@ pub struct RestoreJob {
     pub ready: ReadySpec,
     pub req: RestoreRequest,
     pub snap: Snapshot,
+    /// A crashed VM's recovery VM is restored (its host ports, its state machine).
+    pub recovery: Option<rebound_vmm::resolve::Recovery>,
+    /// The background loader waits until this is cleared (a crash's dump still
+    /// holds the memory budget).
+    pub hold_rest: bool,
 }
 
 /// A restore between its load and the end of its background loading.
@@ -62,6 +69,8 @@ pub(super) struct Restoring {
     had_trace: bool,
     /// Tells the background loader to stop (the VM stopped).
     pub(super) stop: Arc<AtomicBool>,
+    /// While set, the background loader has not begun.
+    pub(super) hold_rest: Arc<AtomicBool>,
     /// How QEMU was started, for the second QEMU a settle starts.
     pub(super) qemu: PathBuf,
     pub(super) command: rebound_vmm::qemu::QemuCommand,
@@ -75,7 +84,10 @@ impl Owner {
             ready,
             req,
             snap,
+            recovery,
+            hold_rest,
         } = job;
+        let recovering = recovery.is_some();
         let t0 = Instant::now();
         let m = snap.manifest().clone();
         let [block] = m.ram_blocks.as_slice() else {
@@ -210,7 +222,29 @@ impl Owner {
             report.load_before_start_s = secs;
         }
 
-        let mut res = self.resolve_spec(&spec, boot, ready).await?;
+        // Each disk as it was at the snapshot point, under a copy-on-write layer of
+        // this VM's own: two restores of one snapshot never share a writable disk.
+        // A fresh VM's resolve makes its image disk's overlay, which this replaces; a
+        // recovery VM's resolve takes the overlay that is there, so it comes first.
+        let snapshot_disks = || -> Result<Vec<_>, OpError> {
+            let mut disks = Vec::new();
+            for (i, d) in m.disks.iter().enumerate() {
+                let overlay = self.vm.dir.disk_overlay(i);
+                disks.push(
+                    rebound_vmm::disks::create_overlay(&snap.path_of(&d.file), &overlay)
+                        .map_err(|e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e)))?,
+                );
+            }
+            Ok(disks)
+        };
+        let early = if recovering {
+            Some(snapshot_disks()?)
+        } else {
+            None
+        };
+        let mut res = self
+            .resolve_spec(&spec, boot, ready, recovery.as_ref())
+            .await?;
         res.command.memory.backend = if shared {
             MemoryBackend::SharedFile(ram.clone())
         } else {
@@ -218,19 +252,14 @@ impl Owner {
         };
         res.command.incoming = Some(Incoming::Defer);
         res.command.paused = true;
-        // Each disk as it was at the snapshot point, under a copy-on-write layer of
-        // this VM's own: two restores of one snapshot never share a writable disk.
-        let mut disks = Vec::new();
-        for (i, d) in m.disks.iter().enumerate() {
-            let overlay = self.vm.dir.disk_overlay(i);
-            disks.push(
-                rebound_vmm::disks::create_overlay(&snap.path_of(&d.file), &overlay)
-                    .map_err(|e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e)))?,
-            );
-        }
-        res.command.disks = disks;
+        res.command.disks = match early {
+            Some(d) => d,
+            None => snapshot_disks()?,
+        };
         let (qemu, command) = (res.qemu.clone(), res.command.clone());
-        self.spawn_resolved(&spec, res, false, false).await?;
+        // A recovery VM's state moves by the crash's transitions (recovering, then
+        // running when ready); RestoreBegins and Restored change nothing there.
+        self.spawn_resolved(&spec, res, recovering, false).await?;
         self.apply(Trigger::RestoreBegins);
         self.vm.update(|r| {
             r.ram_file = ram.clone();
@@ -277,6 +306,7 @@ impl Owner {
             loaded,
             had_trace,
             stop: Arc::new(AtomicBool::new(false)),
+            hold_rest: Arc::new(AtomicBool::new(hold_rest)),
             qemu,
             command,
         });
@@ -312,6 +342,7 @@ impl Owner {
             loaded: r.loaded.clone(),
             had_trace: r.had_trace,
             stop: r.stop.clone(),
+            hold_rest: r.hold_rest.clone(),
         };
         // Watch from before the first instruction (the tracer armed before `cont`):
         // the first touches are the ones the trace is for.
@@ -339,13 +370,17 @@ impl Owner {
         // The background loader.
         let loaded_bytes = Arc::new(AtomicU64::new(0));
         let bg = loader.map(|mut loader| {
-            let (stop, order, vm, bytes) = (
+            let (stop, hold, order, vm, bytes) = (
                 r.stop.clone(),
+                r.hold_rest.clone(),
                 r.req.rest_order,
                 self.vm.clone(),
                 loaded_bytes.clone(),
             );
             tokio::task::spawn_blocking(move || {
+                while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 let order = match order {
                     RestOrder::Fafl => rebound_snapshot::RestOrder::Fafl,
                     RestOrder::FileOrder => rebound_snapshot::RestOrder::FileOrder,
@@ -377,6 +412,11 @@ impl Owner {
                 // The watch window ends first: settling moves every page, which
                 // would blur what the window measures.
                 tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+                // A recovery VM settles once it serves (a settle needs a running VM).
+                let end = Instant::now() + RECOVERY_READY_WAIT;
+                while vm.record().state == VmState::Recovering && Instant::now() < end {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 if private && vm.record().ram_private {
                     if let Err(e) = vm.run(super::Job::Settle).await {
                         tracing::warn!(vm = %vm.name, "no settle onto shared RAM: {}", crate::daemon::error::chain(&e));
@@ -651,6 +691,7 @@ struct Watch {
     loaded: Vec<TracePage>,
     had_trace: bool,
     stop: Arc<AtomicBool>,
+    hold_rest: Arc<AtomicBool>,
 }
 
 /// The QEMU process's major faults and bytes read from storage so far.

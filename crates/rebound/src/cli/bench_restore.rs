@@ -94,16 +94,8 @@ pub struct RestoreArgs {
     /// Elastic working-set pages (default: the daemon's, half the estimated WSS).
     #[arg(long)]
     ws_pages: Option<u64>,
-    /// Where snapshots are written (default: /var/tmp/rebound-bench-restore-PID);
-    /// removed after unless given.
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
-    /// Also draw time to running and to responsive per mode to this SVG file.
-    #[arg(long)]
-    svg: Option<PathBuf>,
+    #[command(flatten)]
+    out: crate::cli::bench::BenchOut,
 }
 
 /// One restore's figures: the keys of the restore report, and where it ran.
@@ -399,7 +391,7 @@ fn service_port(workload: &str) -> Option<u16> {
 }
 
 /// Drops every file of a snapshot from the page cache: the next restore reads cold.
-fn drop_cache(dir: &Path) -> anyhow::Result<()> {
+pub(super) fn drop_cache(dir: &Path) -> anyhow::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
         if p.is_file() {
@@ -647,19 +639,13 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     }
     let img = rebound_vmm::images::open(&paths.home, "default")
         .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "/var/tmp/rebound-bench-restore-{}",
-            std::process::id()
-        ))
-    });
-    std::fs::create_dir_all(&dir)?;
+    let dir = args.out.scratch("restore")?;
     let c = connect(paths).await?;
     let daemon_pid = c
         .call::<rebound_api::Health>(Method::GET, "/v1/health", None)
         .await?
         .pid;
-    let keep_dir = args.dir.is_some();
+    let keep_dir = args.out.dir.is_some();
     let b = Bench {
         c,
         dir: dir.clone(),
@@ -736,10 +722,10 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
         load_after: load_average(),
     };
     let ratios = ratios(&records);
-    if let Some(svg) = &b.args.svg {
+    if let Some(svg) = &b.args.out.svg {
         std::fs::write(svg, draw(&meta, &records))?;
     }
-    if b.args.json {
+    if b.args.out.json {
         let v = json!({"meta": meta, "snapshots": snaps, "emulated_disk": checks,
             "records": records, "ratios": ratios});
         println!("{}", serde_json::to_string_pretty(&v)?);

@@ -246,6 +246,9 @@ impl Owner {
         }
         sample(&mut h, 0, Some("crash"));
         self.crash = Some(h);
+        // Readable at once, also while a recovery VM is restored (which takes longer
+        // than a spawn).
+        self.save_report();
         self.maybe_start_recovery().await;
         self.settle_crash();
     }

@@ -25,6 +25,11 @@
 //!   paper's recovery that copies a file while it boots); and on the emulated disk with
 //!   each named policy as its split of the disk's rate (`fair` 50:50, `dump-first`
 //!   90:10, `recovery-first` 10:90 at 100 MB/s).
+//! - `r` dump-and-recover as `c`, but the recovery VM is restored (elastic) from a
+//!   post-boot snapshot instead of booted (`--recover-from`): the snapshot is taken
+//!   once per run of a guest booted with the same command line, as soon as its service
+//!   answers, with a working-set trace; its files are dropped from the page cache before
+//!   each crash, so every restore reads cold. Held to `--disk-mbps` and unthrottled, as `c`.
 //! - `s` one more crashed guest kept paused, dumped several ways on the same memory:
 //!   QEMU's ELF and ours (throughput, durable), ours filtered against `makedumpfile -d
 //!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours in zlib and zstd.
@@ -38,15 +43,20 @@ use clap::Args;
 use hyper::Method;
 use rebound_api::{
     CrashPhase, CrashPolicy, CrashReport, DumpResult, Forward, IoPolicy, OnCrash, PageClass,
-    VmSpec, VmStatus,
+    RestoreReport, SnapshotRequest, SnapshotResult, VmSpec, VmStatus,
 };
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::connect;
+use crate::cli::connect;
 use crate::client::Client;
+use report::{draw, print_text, Meta};
+use sizes::run_sizes;
+
+mod report;
+mod sizes;
 
 const MB: f64 = 1e6;
 const MIB: f64 = (1u64 << 20) as f64;
@@ -58,40 +68,37 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 #[derive(Args, Debug)]
 pub struct CrashArgs {
     /// Guest memory, e.g. 512M, 1G (a bare number is MiB).
-    #[arg(long, default_value = "512M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "512M", value_parser = crate::cli::parse_memory)]
     memory: u64,
     /// Memory the guest's memfill workload fills before the crash.
-    #[arg(long, default_value = "400M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "400M", value_parser = crate::cli::parse_memory)]
     fill: u64,
     /// Rounds over the variants (interleaved); medians are printed.
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Variants to run: a (stock), b, c, d, e (I/O policies), s (same-memory dumps).
-    #[arg(long, default_value = "a,b,c,d,e,s")]
+    /// Variants to run: a (stock), b, c, d, e (I/O policies), r (recovery restored
+    /// from a post-boot snapshot), s (same-memory dumps).
+    #[arg(long, default_value = "a,b,c,d,e,r,s")]
     variants: String,
+    /// Seconds of working-set trace recorded with the post-boot snapshot (r).
+    #[arg(long, default_value_t = 8.0)]
+    trace_s: f64,
     /// What the service reads from its data disk (O_DIRECT) before it is ready in the
     /// I/O-policy variants (e): a disk-bound service, as the paper's boot-time copy.
-    #[arg(long, default_value = "256M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
     disk_io: u64,
     /// The emulated disk's rate for the dump, MB/s.
     #[arg(long, default_value_t = 100)]
     disk_mbps: u32,
     /// Chunk size of the dump and the memory handover.
-    #[arg(long, default_value = "64M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "64M", value_parser = crate::cli::parse_memory)]
     chunk: u64,
     /// Memory the recovery VM starts with (the default image's guest, root in RAM,
     /// panicked "deadlocked on memory" when booted with 146 MiB).
-    #[arg(long, default_value = "256M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
     min_memory: u64,
-    /// Where dumps are written (default: /var/tmp/rebound-bench-crash-PID); removed after.
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
-    /// Also draw the downtimes and the longest client gaps to this SVG file.
-    #[arg(long)]
-    svg: Option<PathBuf>,
+    #[command(flatten)]
+    out: crate::cli::bench::BenchOut,
 }
 
 /// One way of handling the crash.
@@ -106,6 +113,8 @@ struct Case {
     throttled: bool,
     /// MiB the service reads from its disk before it is ready (0: none).
     disk_io_mib: u64,
+    /// The recovery VM is restored from the post-boot snapshot (r).
+    recover_from: bool,
 }
 
 /// What one case measured.
@@ -130,31 +139,18 @@ struct Outcome {
     scaled_downtime_s: Option<f64>,
     /// For `a`: the reboot alone (panic seen, kill, boot, service answers), no dump.
     reboot_only_s: Option<f64>,
-}
-
-/// The same-memory dump comparison (`s`).
-#[derive(Debug, Clone, Serialize, Default)]
-struct Sizes {
-    guest_bytes: u64,
-    qemu_elf: Option<DumpResult>,
-    ours_elf: Option<DumpResult>,
-    ours_zero_free: Option<DumpResult>,
-    ours_all_classes: Option<DumpResult>,
-    makedumpfile_d31_elf_bytes: Option<u64>,
-    makedumpfile_d31_s: Option<f64>,
-    qemu_kdump_zlib: Option<DumpResult>,
-    ours_kdump_zlib: Option<DumpResult>,
-    ours_kdump_zstd: Option<DumpResult>,
-    notes: Vec<String>,
+    /// For `r`: the restore's time to running and the pages it read before.
+    restore_running_s: Option<f64>,
+    restore_pages_before_start: Option<u64>,
 }
 
 fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want
         .iter()
-        .find(|v| !["a", "b", "c", "d", "e", "s"].contains(v))
+        .find(|v| !["a", "b", "c", "d", "e", "r", "s"].contains(v))
     {
-        anyhow::bail!("unknown variant {bad:?}: expected a, b, c, d, e or s");
+        anyhow::bail!("unknown variant {bad:?}: expected a, b, c, d, e, r or s");
     }
     let rate = IoPolicy::Rates {
         dump_mbps: args.disk_mbps,
@@ -171,6 +167,7 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
             io_policy: io,
             throttled,
             disk_io_mib: 0,
+            recover_from: false,
         })
     };
     use OnCrash::*;
@@ -219,6 +216,16 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
                 throttled,
             );
         }
+        if want.contains(&"r") {
+            add(
+                &format!("r{at}"),
+                "dump-and-recover, recovery VM restored from a post-boot snapshot".into(),
+                DumpAndRecover,
+                &[],
+                io,
+                throttled,
+            );
+        }
     }
     if want.contains(&"e") {
         // The same service made disk-bound, each policy on the real disk.
@@ -261,6 +268,9 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
             c.disk_io_mib = args.disk_io;
         }
     }
+    for c in out.iter_mut().filter(|c| c.id.starts_with('r')) {
+        c.recover_from = true;
+    }
     Ok(out)
 }
 
@@ -273,6 +283,8 @@ struct Setup {
     dir: PathBuf,
     port: u16,
     progress: bool,
+    /// The post-boot snapshot the `r` cases recover from.
+    snapshot: Option<PathBuf>,
 }
 
 impl Setup {
@@ -464,8 +476,11 @@ pub(super) async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow
     }
 }
 
-fn policy(args: &CrashArgs, case: &Case, dir: &Path) -> CrashPolicy {
+fn policy(args: &CrashArgs, case: &Case, dir: &Path, snapshot: Option<&Path>) -> CrashPolicy {
     CrashPolicy {
+        recover_from: snapshot
+            .filter(|_| case.recover_from)
+            .map(|p| p.display().to_string()),
         on_crash: case.on_crash,
         dump_dir: case.on_crash.dumps().then(|| dir.display().to_string()),
         filter: case.filter.clone(),
@@ -495,7 +510,7 @@ async fn run_case(
         args,
         name,
         &disk,
-        policy(args, case, &setup.dir),
+        policy(args, case, &setup.dir, setup.snapshot.as_deref()),
         case.disk_io_mib,
     );
     setup.say(&format!(
@@ -503,6 +518,10 @@ async fn run_case(
         case.id, args.fill
     ));
     let st = boot_filled(c, &spec, args.fill).await?;
+    if let (true, Some(snap)) = (case.recover_from, &setup.snapshot) {
+        // The snapshot was written long before a real crash: restore it cold.
+        super::bench_restore::drop_cache(snap)?;
+    }
     let probe = Prober::start(setup.port);
     tokio::time::sleep(Duration::from_secs(1)).await;
     if probe.answers().is_empty() {
@@ -562,6 +581,13 @@ async fn run_case(
         if let Some(p) = &r.dump_path {
             let _ = std::fs::remove_file(p);
         }
+        if case.recover_from {
+            let rr: RestoreReport = c
+                .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
+                .await?;
+            o.restore_running_s = rr.time_to_running_s;
+            o.restore_pages_before_start = Some(rr.pages_loaded_before_start);
+        }
         if r.phase == CrashPhase::Failed {
             anyhow::bail!("{name}: crash handling failed: {}", r.notes.join("; "));
         }
@@ -582,6 +608,46 @@ async fn run_case(
     remove(c, name).await;
     let _ = std::fs::remove_file(&disk);
     Ok((o, st))
+}
+
+/// `r`: a guest booted as the cases boot theirs, snapshotted as soon as its service
+/// answers (with a working-set trace), then removed: the snapshot every `r` case's
+/// recovery VM is restored from.
+async fn post_boot_snapshot(
+    c: &Client,
+    args: &CrashArgs,
+    setup: &Setup,
+    name: &str,
+) -> anyhow::Result<(PathBuf, SnapshotResult)> {
+    let disk = copy_disk(setup, name)?;
+    let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
+    setup.say(&format!("r: booting {name} for the post-boot snapshot"));
+    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
+    let _: VmStatus = post(
+        c,
+        &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
+        None,
+    )
+    .await?;
+    let out = setup.dir.join("post-boot-snapshot");
+    setup.say(&format!(
+        "r: snapshot of {name} with a {} s working-set trace",
+        args.trace_s
+    ));
+    let req = SnapshotRequest {
+        out: out.display().to_string(),
+        trace_s: args.trace_s,
+        stock: false,
+    };
+    let r: SnapshotResult = post(
+        c,
+        &format!("/v1/vms/{name}/snapshot"),
+        Some(&serde_json::to_value(&req)?),
+    )
+    .await?;
+    remove(c, name).await;
+    let _ = std::fs::remove_file(&disk);
+    Ok((out, r))
 }
 
 /// Polls the VM's latest crash report until everything the policy asked is finished.
@@ -622,101 +688,6 @@ async fn wait_report(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-/// `s`: one crashed guest kept paused, dumped several ways over the same memory.
-async fn run_sizes(
-    c: &Client,
-    args: &CrashArgs,
-    setup: &Setup,
-    name: &str,
-) -> anyhow::Result<(Sizes, VmStatus)> {
-    let disk = copy_disk(setup, name)?;
-    let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
-    setup.say(&format!("s: booting {name} and filling {} MiB", args.fill));
-    let st = boot_filled(c, &spec, args.fill).await?;
-    let _: Value = post(c, &format!("/v1/vms/{name}/crash"), None).await?;
-    let _: VmStatus = post(
-        c,
-        &format!("/v1/vms/{name}/wait?for=panicked&timeout_ms=60000"),
-        None,
-    )
-    .await?;
-    let mut s = Sizes {
-        guest_bytes: args.memory << 20,
-        ..Sizes::default()
-    };
-    let dump = |file: &'static str, body: Value| dump_as(c, setup, name, file, body);
-    let n = &mut s.notes;
-    s.qemu_elf = keep(dump("qemu.elf", json!({"engine": "qemu"})).await, n);
-    s.ours_elf = keep(dump("ours.elf", json!({})).await, n);
-    let zf = json!({"filter": ["zero", "free"]});
-    s.ours_zero_free = keep(dump("ours-zf.elf", zf).await, n);
-    let all = json!({"filter": ["zero", "free", "cache", "user"]});
-    s.ours_all_classes = keep(dump("ours-d31.elf", all).await, n);
-    let ours = setup.dir.join(format!("{name}.ours.elf"));
-    let mdf = setup.dir.join(format!("{name}.makedumpfile-d31.elf"));
-    setup.say("s: makedumpfile -E -d 31 on our unfiltered ELF");
-    let t = Instant::now();
-    let ran = std::process::Command::new("makedumpfile")
-        .args(["-E", "-d", "31"])
-        .arg(&ours)
-        .arg(&mdf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    match ran {
-        Ok(st) if st.success() => {
-            s.makedumpfile_d31_s = Some(t.elapsed().as_secs_f64());
-            s.makedumpfile_d31_elf_bytes = std::fs::metadata(&mdf).ok().map(|m| m.len());
-        }
-        Ok(st) => s.notes.push(format!("makedumpfile -E -d 31 failed ({st})")),
-        Err(e) => s.notes.push(format!("cannot run makedumpfile: {e}")),
-    }
-    let n = &mut s.notes;
-    let zlib = json!({"engine": "qemu", "format": "kdump", "compress": "zlib"});
-    s.qemu_kdump_zlib = keep(dump("qemu.kdump", zlib).await, n);
-    let zlib = json!({"format": "kdump", "compress": "zlib"});
-    s.ours_kdump_zlib = keep(dump("ours.kdump", zlib).await, n);
-    let zstd = json!({"format": "kdump", "compress": "zstd"});
-    s.ours_kdump_zstd = keep(dump("ours-zstd.kdump", zstd).await, n);
-    for f in [
-        "qemu.elf",
-        "ours.elf",
-        "ours-zf.elf",
-        "ours-d31.elf",
-        "makedumpfile-d31.elf",
-        "qemu.kdump",
-        "ours.kdump",
-        "ours-zstd.kdump",
-    ] {
-        let _ = std::fs::remove_file(setup.dir.join(format!("{name}.{f}")));
-    }
-    remove(c, name).await;
-    let _ = std::fs::remove_file(&disk);
-    Ok((s, st))
-}
-
-/// One on-demand dump of the kept guest into the scratch directory.
-async fn dump_as(
-    c: &Client,
-    setup: &Setup,
-    name: &str,
-    file: &str,
-    mut body: Value,
-) -> anyhow::Result<DumpResult> {
-    body["out"] = json!(setup.dir.join(format!("{name}.{file}")));
-    setup.say(&format!("s: dump {file}"));
-    post(c, &format!("/v1/vms/{name}/dump"), Some(&body))
-        .await
-        .map_err(|e| anyhow::anyhow!("{file}: {e}"))
-}
-
-/// A dump's result, or `None` with why in `notes`: one failed dump of `s` does not
-/// lose the run.
-fn keep(r: anyhow::Result<DumpResult>, notes: &mut Vec<String>) -> Option<DumpResult> {
-    r.map_err(|e| notes.push(format!("dump {e:#} (not counted)")))
-        .ok()
 }
 
 /// The median outcome of a case over its runs (by client downtime).
@@ -767,14 +738,8 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
     let want_sizes = args.variants.split(',').any(|v| v.trim() == "s");
     let img = rebound_vmm::images::open(&paths.home, "default")
         .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "/var/tmp/rebound-bench-crash-{}",
-            std::process::id()
-        ))
-    });
-    std::fs::create_dir_all(&dir)?;
-    let setup = Setup {
+    let dir = args.out.scratch("crash")?;
+    let mut setup = Setup {
         kernel: img.kernel.display().to_string(),
         initrd: img.initrd.display().to_string(),
         append: img.append.clone(),
@@ -782,6 +747,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         dir: dir.clone(),
         port: rebound_vmm::process::free_port()?,
         progress: std::io::stderr().is_terminal(),
+        snapshot: None,
     };
     let c = connect(paths).await?;
     let load_before = load_average();
@@ -790,7 +756,18 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
     let mut results: Vec<Vec<Outcome>> = vec![Vec::new(); cases.len()];
     let mut sizes = Vec::new();
     let mut accel = (String::new(), String::new());
+    let mut snapshot = None;
     let r: anyhow::Result<()> = async {
+        if cases.iter().any(|c| c.recover_from) {
+            let name = format!("{tag}-snap");
+            let r = post_boot_snapshot(&c, &args, &setup, &name).await;
+            if r.is_err() {
+                remove(&c, &name).await;
+            }
+            let (dir, res) = r?;
+            setup.snapshot = Some(dir);
+            snapshot = Some(res);
+        }
         for round in 0..args.runs {
             for (i, case) in cases.iter().enumerate() {
                 let name = format!("{tag}-{}-{round}", i);
@@ -820,7 +797,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         Ok(())
     }
     .await;
-    if args.dir.is_none() {
+    if args.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     r?;
@@ -840,11 +817,12 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         runs: args.runs,
         load_before,
         load_after,
+        snapshot,
     };
-    if let Some(svg) = &args.svg {
+    if let Some(svg) = &args.out.svg {
         std::fs::write(svg, draw(&meta, &med))?;
     }
-    if args.json {
+    if args.out.json {
         let v =
             json!({"meta": meta, "cases": cases, "median": med, "runs": results, "sizes": sizes});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -854,221 +832,9 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Serialize)]
-struct Meta {
-    date: String,
-    accel: String,
-    accel_reason: String,
-    host_cpus: usize,
-    host_kernel: String,
-    memory_mib: u64,
-    fill_mib: u64,
-    disk_mbps: u32,
-    chunk_mib: u64,
-    min_memory_mib: u64,
-    runs: usize,
-    load_before: String,
-    load_after: String,
-}
-
-/// The stock baseline a case is compared with: `a` at the emulated disk's rate
-/// (scaled) for throttled cases, `a` as measured on the real disk otherwise.
-fn baseline(case: &Case, a: Option<&Outcome>) -> Option<f64> {
-    let a = a?;
-    if case.throttled {
-        a.scaled_downtime_s
-    } else {
-        Some(a.downtime_s)
-    }
-}
-
-fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[Sizes]) {
-    println!(
-        "rebound bench crash: {} MiB guest, {} MiB filled (memfill) + web, 1 vCPU; accel {} ({}); host {} CPUs, kernel {}; {}",
-        meta.memory_mib, meta.fill_mib, meta.accel, meta.accel_reason, meta.host_cpus, meta.host_kernel, meta.date
-    );
-    println!(
-        "dump held to {} MB/s by the dump writer's token bucket in @{} cases (@disk: unthrottled, real disk); chunk {} MiB, min-memory {} MiB, budget memory + min-memory; {} run(s), medians; load {} -> {}",
-        meta.disk_mbps, meta.disk_mbps, meta.chunk_mib, meta.min_memory_mib, meta.runs, meta.load_before, meta.load_after
-    );
-    let guest = (meta.memory_mib << 20) as f64;
-    let a = cases.iter().position(|c| c.id == "a").map(|i| &med[i]);
-    // With `--variants s` alone there are only the same-memory dumps.
-    if !cases.is_empty() {
-        println!(
-            "{:<22} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>7}",
-            "case",
-            "downtime",
-            "daemon",
-            "gap",
-            "dump_s",
-            "covered/s",
-            "dump MiB",
-            "io MiB",
-            "io MB/s",
-            "vs a"
-        );
-    }
-    let opt = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
-    for (case, o) in cases.iter().zip(med) {
-        let ratio = baseline(case, a)
-            .map(|b| format!("{:.2}x", o.downtime_s / b))
-            .unwrap_or_default();
-        let ratio = if case.id == "a" { String::new() } else { ratio };
-        println!(
-            "{:<22} {:>9.2} {:>9} {:>8.2} {:>8.2} {:>10.0} {:>10.1} {:>9.1} {:>9.1} {:>7}",
-            case.id,
-            o.downtime_s,
-            opt(o.daemon_downtime_s),
-            o.longest_gap_s,
-            o.dump_s,
-            guest / o.dump_s / MIB,
-            o.dump_bytes as f64 / MIB,
-            o.dump_io_bytes as f64 / MIB,
-            o.dump_io_bytes as f64 / o.dump_s / MB,
-            ratio
-        );
-    }
-    if let Some(a) = a {
-        println!(
-            "a at {} MB/s (QEMU cannot be throttled: its dump time there is bytes / rate): dump {} s, downtime {} s; reboot alone (no dump) {} s",
-            meta.disk_mbps,
-            opt(a.scaled_dump_s),
-            opt(a.scaled_downtime_s),
-            opt(a.reboot_only_s)
-        );
-        if let Some(reboot) = a.reboot_only_s {
-            for (case, o) in cases.iter().zip(med).filter(|(c, _)| c.id != "a") {
-                println!(
-                    "  {:<20} downtime / reboot alone {:.2}x",
-                    case.id,
-                    o.downtime_s / reboot
-                );
-            }
-        }
-    }
-    for (case, o) in cases.iter().zip(med) {
-        if !o.pages_skipped.is_empty() {
-            println!(
-                "{}: {} pages written, skipped {:?}",
-                case.id, o.pages_written, o.pages_skipped
-            );
-        }
-        for n in &o.notes {
-            println!("{}: note: {n}", case.id);
-        }
-    }
-    for s in sizes {
-        print_sizes(s);
-    }
-}
-
-fn print_sizes(s: &Sizes) {
-    let g = s.guest_bytes as f64;
-    println!("same memory, guest kept paused (s), real disk, every file durable:");
-    let row = |label: &str, d: &Option<DumpResult>| {
-        if let Some(d) = d {
-            println!(
-                "  {label:<34} {:>8.2} s {:>8.0} MiB/s covered {:>9.1} MiB file {:>9.1} MiB written",
-                d.seconds,
-                g / d.seconds / MIB,
-                d.bytes as f64 / MIB,
-                d.io_bytes as f64 / MIB
-            );
-        }
-    };
-    row("QEMU dump-guest-memory ELF", &s.qemu_elf);
-    row("ours ELF", &s.ours_elf);
-    row("ours ELF, filter zero,free", &s.ours_zero_free);
-    row("ours ELF, filter zero,free,cache,user", &s.ours_all_classes);
-    row("QEMU kdump-zlib", &s.qemu_kdump_zlib);
-    row("ours kdump zlib", &s.ours_kdump_zlib);
-    row("ours kdump zstd", &s.ours_kdump_zstd);
-    let speed = |x: &Option<DumpResult>, y: &Option<DumpResult>| match (x, y) {
-        (Some(x), Some(y)) => format!("{:.2}x", x.seconds / y.seconds),
-        _ => "-".into(),
-    };
-    println!(
-        "  throughput ours/QEMU: ELF {}, kdump-zlib {}, our kdump-zstd against QEMU's kdump-zlib {}",
-        speed(&s.qemu_elf, &s.ours_elf),
-        speed(&s.qemu_kdump_zlib, &s.ours_kdump_zlib),
-        speed(&s.qemu_kdump_zlib, &s.ours_kdump_zstd)
-    );
-    if let (Some(m), Some(t)) = (s.makedumpfile_d31_elf_bytes, s.makedumpfile_d31_s) {
-        let ours = s.ours_all_classes.as_ref().map(|d| d.bytes).unwrap_or(0);
-        let zf = s.ours_zero_free.as_ref().map(|d| d.bytes).unwrap_or(0);
-        println!(
-            "  makedumpfile -E -d 31 of our unfiltered ELF: {:.1} MiB in {t:.2} s; ours with all four classes {:.1} MiB ({:.3}x), with zero,free {:.1} MiB",
-            m as f64 / MIB,
-            ours as f64 / MIB,
-            ours as f64 / m as f64,
-            zf as f64 / MIB
-        );
-    }
-    for n in &s.notes {
-        println!("  note: {n}");
-    }
-}
-
-/// Downtime (bar) and the longest client gap (tick) per case, as an SVG.
-fn draw(meta: &Meta, med: &[Outcome]) -> String {
-    let w = 760.0;
-    let left = 170.0;
-    let row = 26.0;
-    let top = 50.0;
-    let h = top + row * med.len() as f64 + 40.0;
-    let max = med
-        .iter()
-        .flat_map(|o| {
-            [
-                o.downtime_s,
-                o.longest_gap_s,
-                o.scaled_downtime_s.unwrap_or(0.0),
-            ]
-        })
-        .fold(1.0, f64::max);
-    let x = |v: f64| left + v / max * (w - left - 30.0);
-    let mut s = format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<text x="10" y="18" font-size="14">Crash to service answering: {} MiB guest, {} MiB filled, accel {}, {}</text>
-<text x="10" y="36" fill="#555">bar: downtime seen by a client probing every 100 ms; black tick: its longest gap; dump held to {} MB/s in @{} cases</text>
-"##,
-        meta.memory_mib, meta.fill_mib, meta.accel, meta.date, meta.disk_mbps, meta.disk_mbps
-    );
-    for (i, o) in med.iter().enumerate() {
-        let y = top + row * i as f64;
-        let color = if o.case == "a" { "#c44" } else { "#48c" };
-        s += &format!(
-            "<text x=\"10\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"18\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.0}\">{:.2} s</text><line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{:.0}\" y2=\"{:.0}\" stroke=\"black\" stroke-width=\"2\"/>\n",
-            y + 13.0,
-            o.case,
-            x(o.downtime_s) - left,
-            x(o.downtime_s) + 4.0,
-            y + 13.0,
-            o.downtime_s,
-            x(o.longest_gap_s),
-            x(o.longest_gap_s),
-            y - 2.0,
-            y + 20.0
-        );
-        if let Some(sc) = o.scaled_downtime_s {
-            s += &format!(
-                "<rect x=\"{left}\" y=\"{:.0}\" width=\"{:.1}\" height=\"4\" fill=\"#e99\"/>\n",
-                y + 18.0,
-                x(sc) - left
-            );
-        }
-    }
-    s += &format!(
-        "<text x=\"{left}\" y=\"{:.0}\" fill=\"#555\">0 to {max:.1} s (thin red: a's downtime at {} MB/s, scaled)</text>\n</svg>\n",
-        h - 12.0,
-        meta.disk_mbps
-    );
-    s
-}
-
 #[cfg(test)]
 mod tests {
+    use super::report::baseline;
     use super::*;
 
     fn args(v: &str) -> CrashArgs {
@@ -1077,13 +843,12 @@ mod tests {
             fill: 400,
             runs: 1,
             variants: v.into(),
+            trace_s: 8.0,
             disk_mbps: 100,
             disk_io: 256,
             chunk: 64,
             min_memory: 256,
-            dir: None,
-            json: false,
-            svg: None,
+            out: Default::default(),
         }
     }
 
@@ -1121,8 +886,17 @@ mod tests {
         let c = cases(&args("d")).unwrap();
         assert_eq!(c[0].filter, [PageClass::Zero, PageClass::Free]);
         assert!(c[0].throttled && !c[1].throttled);
-        let p = policy(&args("d"), &c[0], Path::new("/x"));
+        let p = policy(&args("d"), &c[0], Path::new("/x"), Some(Path::new("/s")));
         assert_eq!(p.host_memory_budget_mib, Some(768));
+        assert_eq!(p.recover_from, None);
+        p.validate(512).unwrap();
+        let r = cases(&args("r")).unwrap();
+        assert_eq!(
+            r.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+            ["r@100", "r@disk"]
+        );
+        let p = policy(&args("r"), &r[0], Path::new("/x"), Some(Path::new("/s")));
+        assert_eq!(p.recover_from.as_deref(), Some("/s"));
         p.validate(512).unwrap();
     }
 

@@ -300,3 +300,66 @@ fn a_memfill_guest_restored_verifies_every_page() {
         env.ok(&["vm", "kill", name]);
     }
 }
+
+/// A disk's bytes as a guest sees them (through any qcow2 layers).
+fn disk_bytes(env: &Env, file: &Path) -> Vec<u8> {
+    let out = env.home.path().join("disk.raw");
+    let st = std::process::Command::new("qemu-img")
+        .args(["convert", "-U", "-O", "raw"])
+        .arg(file)
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "qemu-img convert {}", file.display());
+    std::fs::read(&out).unwrap()
+}
+
+#[test]
+fn a_snapshot_of_a_restored_vm_holds_the_disk_it_runs_on_not_its_specs_file() {
+    let env = Env::new();
+    let user = env.home.path().join("user.img");
+    std::fs::write(&user, vec![0xa5u8; 8 << 20]).unwrap();
+    let u = user.to_str().unwrap();
+    env.ok(&["vm", "start", "s1", "--memory", "192M", "--disk", u]);
+    let d1 = env.home.path().join("snap-1");
+    env.ok(&[
+        "vm",
+        "snapshot",
+        "s1",
+        "--out",
+        d1.to_str().unwrap(),
+        "--trace-s",
+        "0",
+    ]);
+    env.ok(&["vm", "stop", "s1"]);
+    let m1: Value =
+        serde_json::from_slice(&std::fs::read(d1.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m1["disks"][1]["format"], "raw", "{m1}");
+
+    // The restored VM runs on its own layer over the snapshot's copy: the user's file
+    // changing afterwards is nothing to it, nor to a snapshot of it.
+    restore_json(
+        &env,
+        &[d1.to_str().unwrap(), "--name", "s2", "--mode", "lazy"],
+    );
+    std::fs::write(&user, vec![0x5au8; 8 << 20]).unwrap();
+    let d2 = env.home.path().join("snap-2");
+    env.ok(&[
+        "vm",
+        "snapshot",
+        "s2",
+        "--out",
+        d2.to_str().unwrap(),
+        "--trace-s",
+        "0",
+    ]);
+    let m2: Value =
+        serde_json::from_slice(&std::fs::read(d2.join("manifest.json")).unwrap()).unwrap();
+    let file = d2.join(m2["disks"][1]["file"].as_str().unwrap());
+    let bytes = disk_bytes(&env, &file);
+    assert_eq!(bytes.len(), 8 << 20);
+    assert!(
+        bytes.iter().all(|b| *b == 0xa5),
+        "the snapshot took the user's file"
+    );
+}

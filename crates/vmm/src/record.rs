@@ -52,6 +52,11 @@ pub struct VmRecord {
     /// deleted with the run dir.
     #[serde(default)]
     pub ram_private: bool,
+    /// The files QEMU's disks are, in device order: the VM's own overlay and user
+    /// disks, or a restore's overlays of its snapshot's disks. Empty in records of
+    /// daemons that did not keep it.
+    #[serde(default)]
+    pub disk_files: Vec<PathBuf>,
 }
 
 impl VmRecord {
@@ -75,6 +80,7 @@ impl VmRecord {
             vmcoreinfo: None,
             service_port: None,
             ram_private: false,
+            disk_files: Vec::new(),
         }
     }
 

@@ -362,6 +362,15 @@ impl Owner {
             r.started_at = Some(wall_now());
             r.started_mono_ns = Some(t0);
             r.service_port = spec.service_port();
+            r.disk_files = res
+                .command
+                .disks
+                .iter()
+                .filter_map(|d| match &d.backend {
+                    rebound_vmm::qemu::BlockBackend::File { path, .. } => Some(path.clone()),
+                    _ => None,
+                })
+                .collect();
         });
         if recovering {
             self.apply(Trigger::RecoveryBegins);

@@ -231,7 +231,10 @@ impl Owner {
                 entries.push(DiskEntry {
                     id: format!("disk{i}"),
                     file,
-                    format: "qcow2".into(),
+                    // A user's raw disk is copied as it is (the name keeps `.qcow2`).
+                    format: rebound_vmm::disks::detect_format(src)
+                        .map_or("qcow2", |f| f.as_str())
+                        .into(),
                     backing: backing.clone(),
                     size: e.size,
                     checksum: e.checksum,
@@ -246,6 +249,15 @@ impl Owner {
     /// The VM's disks as files to copy, with the base each qcow2 overlay reads
     /// through (kept by reference: images are read-only).
     fn disk_files(&self, rec: &rebound_vmm::record::VmRecord) -> Vec<(PathBuf, Option<String>)> {
+        if !rec.disk_files.is_empty() {
+            // What QEMU really has open: for a restored VM, its overlays of the
+            // snapshot's disks, not the files its spec names.
+            return rec
+                .disk_files
+                .iter()
+                .map(|p| (p.clone(), backing_of(p)))
+                .collect();
+        }
         let mut out = Vec::new();
         let overlay = self.vm.dir.disk_overlay(0);
         if rec.spec.kernel.is_none() && overlay.exists() {

@@ -160,6 +160,7 @@ mod tests {
             vmcoreinfo: None,
             service_port: None,
             ram_private: false,
+            disk_files: vec!["/vms/a/disk0.qcow2".into()],
         }
     }
 

@@ -1,0 +1,344 @@
+//! The host cache of one disk: a bounded LRU of 4 KiB blocks that holds a block only
+//! when its content provably equals the backing file's.
+//!
+//! A block is admitted only right after it was read from or written to the file, and
+//! only if no write to it began in between. Every block has a generation (shared by a
+//! stripe of blocks: a false conflict only costs an admission): a write bumps it and
+//! drops the cached copy before it goes to the file, and bumps it again when it is
+//! done; a read remembers the generations before it reads the file and admits what it
+//! read only if they are unchanged. A write admits its own data only if no other write
+//! to the block began while it ran, else it drops the block. So two writes racing on
+//! one block, or a read racing a write, leave the block uncached, never stale.
+//!
+//! Every read access can be recorded, in order, with its time (the miss-ratio curves
+//! are computed from this stream).
+
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of a cache block.
+pub const BLOCK: u64 = 4096;
+const STRIPES: usize = 1 << 16;
+
+/// What the cache did since the backend started.
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheStats {
+    pub capacity_bytes: u64,
+    pub held_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub admissions: u64,
+    /// Blocks not admitted because a write to them began meanwhile.
+    pub refused: u64,
+    pub evictions: u64,
+    /// Cached blocks dropped by a write or discard.
+    pub invalidations: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Accesses written to the access log, if one is being recorded.
+    pub recorded: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    admissions: AtomicU64,
+    refused: AtomicU64,
+    evictions: AtomicU64,
+    invalidations: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    recorded: AtomicU64,
+}
+
+/// The access log: one line per block access, `t_ns,block,kind` with kind `h` (a read
+/// served by the cache), `m` (a read from the file) or `w` (a write or discard).
+struct Log {
+    t0: Instant,
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+pub struct Cache {
+    lru: Mutex<lru::LruCache<u64, Box<[u8]>>>,
+    capacity: usize,
+    gens: Box<[AtomicU64]>,
+    n: Counters,
+    log: Mutex<Option<Log>>,
+}
+
+/// The generations of a run of blocks when a read of them began.
+pub struct ReadTicket {
+    first: u64,
+    gens: Vec<u64>,
+}
+
+/// The generations a write set on its blocks when it began.
+pub struct WriteTicket {
+    first: u64,
+    gens: Vec<u64>,
+}
+
+impl Cache {
+    /// A cache of at most `bytes` (whole blocks; 0: nothing is ever cached, accesses
+    /// are still counted).
+    pub fn new(bytes: u64) -> Cache {
+        let capacity = (bytes / BLOCK) as usize;
+        Cache {
+            lru: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(capacity.max(1)).expect("non-zero"),
+            )),
+            capacity,
+            gens: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            n: Counters::default(),
+            log: Mutex::new(None),
+        }
+    }
+
+    fn gen(&self, block: u64) -> &AtomicU64 {
+        &self.gens[(block as usize) % STRIPES]
+    }
+
+    /// Copies block `block` into `out` if it is cached (counting a hit or a miss).
+    pub fn get(&self, block: u64, out: &mut [u8]) -> bool {
+        let hit = self.capacity > 0
+            && match self.lru.lock().expect("cache lock").get(&block) {
+                Some(b) => {
+                    out.copy_from_slice(b);
+                    true
+                }
+                None => false,
+            };
+        let c = if hit { &self.n.hits } else { &self.n.misses };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.record(block, if hit { 'h' } else { 'm' });
+        hit
+    }
+
+    /// Before reading `count` blocks from the file.
+    pub fn begin_read(&self, first: u64, count: u64) -> ReadTicket {
+        ReadTicket {
+            first,
+            gens: (first..first + count)
+                .map(|b| self.gen(b).load(Ordering::Acquire))
+                .collect(),
+        }
+    }
+
+    /// After the read of `t`'s blocks returned `data`: each block is admitted if no
+    /// write to it began since the ticket.
+    pub fn end_read(&self, t: &ReadTicket, data: &[u8]) {
+        self.n
+            .read_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        if self.capacity == 0 {
+            return;
+        }
+        let mut lru = self.lru.lock().expect("cache lock");
+        for (i, g) in t.gens.iter().enumerate() {
+            let b = t.first + i as u64;
+            if self.gen(b).load(Ordering::Acquire) != *g {
+                self.n.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let chunk = &data[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+            self.insert(&mut lru, b, chunk);
+        }
+    }
+
+    fn insert(&self, lru: &mut lru::LruCache<u64, Box<[u8]>>, b: u64, data: &[u8]) {
+        if let Some((old, _)) = lru.push(b, data.into()) {
+            if old != b {
+                self.n.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.n.admissions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Before a write (or discard) of blocks `first..first + count` goes to the file:
+    /// their cached copies are dropped.
+    pub fn begin_write(&self, first: u64, count: u64) -> WriteTicket {
+        let mut lru = self.lru.lock().expect("cache lock");
+        let gens = (first..first + count)
+            .map(|b| {
+                if lru.pop(&b).is_some() {
+                    self.n.invalidations.fetch_add(1, Ordering::Relaxed);
+                }
+                self.record(b, 'w');
+                self.gen(b).fetch_add(1, Ordering::AcqRel) + 1
+            })
+            .collect();
+        WriteTicket { first, gens }
+    }
+
+    /// After the write is on the file: `data` (whole blocks, or `None` for a partial
+    /// write or a failed one) is admitted where no other write began meanwhile.
+    pub fn end_write(&self, t: &WriteTicket, data: Option<&[u8]>, bytes: u64) {
+        self.n.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let mut lru = self.lru.lock().expect("cache lock");
+        for (i, g) in t.gens.iter().enumerate() {
+            let b = t.first + i as u64;
+            let gen = self.gen(b);
+            let alone = gen.load(Ordering::Acquire) == *g;
+            match data {
+                Some(d) if alone && self.capacity > 0 => self.insert(
+                    &mut lru,
+                    b,
+                    &d[i * BLOCK as usize..(i + 1) * BLOCK as usize],
+                ),
+                _ => {
+                    if lru.pop(&b).is_some() {
+                        self.n.invalidations.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            gen.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Records every access to `path` from now on (replacing any earlier log), or
+    /// stops recording (`None`).
+    pub fn record_to(&self, path: Option<&Path>) -> std::io::Result<()> {
+        let log = match path {
+            Some(p) => Some(Log {
+                t0: Instant::now(),
+                out: std::io::BufWriter::new(std::fs::File::create(p)?),
+            }),
+            None => None,
+        };
+        let mut cur = self.log.lock().expect("log lock");
+        if let Some(mut old) = cur.take() {
+            old.out.flush()?;
+        }
+        *cur = log;
+        Ok(())
+    }
+
+    fn record(&self, block: u64, kind: char) {
+        let mut g = self.log.lock().expect("log lock");
+        if let Some(l) = g.as_mut() {
+            let t = l.t0.elapsed().as_nanos();
+            if writeln!(l.out, "{t},{block},{kind}").is_ok() {
+                self.n.recorded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Writes out what the access log has buffered.
+    pub fn flush_log(&self) -> std::io::Result<()> {
+        match self.log.lock().expect("log lock").as_mut() {
+            Some(l) => l.out.flush(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let held = self.lru.lock().expect("cache lock").len() as u64;
+        let n = &self.n;
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CacheStats {
+            capacity_bytes: self.capacity as u64 * BLOCK,
+            held_bytes: if self.capacity == 0 { 0 } else { held * BLOCK },
+            hits: l(&n.hits),
+            misses: l(&n.misses),
+            admissions: l(&n.admissions),
+            refused: l(&n.refused),
+            evictions: l(&n.evictions),
+            invalidations: l(&n.invalidations),
+            read_bytes: l(&n.read_bytes),
+            written_bytes: l(&n.written_bytes),
+            recorded: l(&n.recorded),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(v: u8) -> Vec<u8> {
+        vec![v; BLOCK as usize]
+    }
+
+    #[test]
+    fn a_read_is_admitted_and_then_hit() {
+        let c = Cache::new(2 * BLOCK);
+        let mut out = block(0);
+        assert!(!c.get(5, &mut out));
+        let t = c.begin_read(5, 1);
+        c.end_read(&t, &block(9));
+        assert!(c.get(5, &mut out));
+        assert_eq!(out, block(9));
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.admissions), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_write_during_a_read_keeps_the_read_out() {
+        let c = Cache::new(4 * BLOCK);
+        let t = c.begin_read(1, 2);
+        let w = c.begin_write(2, 1);
+        // The read may have seen the old or the new content of block 2.
+        c.end_read(&t, &[block(1), block(2)].concat());
+        c.end_write(&w, Some(&block(3)), BLOCK);
+        let mut out = block(0);
+        assert!(c.get(1, &mut out));
+        assert!(c.get(2, &mut out));
+        assert_eq!(out, block(3), "block 2 holds the write, not the read");
+        assert_eq!(c.stats().refused, 1);
+    }
+
+    #[test]
+    fn two_racing_writes_leave_the_block_uncached() {
+        let c = Cache::new(4 * BLOCK);
+        let w1 = c.begin_write(7, 1);
+        let w2 = c.begin_write(7, 1);
+        c.end_write(&w2, Some(&block(2)), BLOCK);
+        c.end_write(&w1, Some(&block(1)), BLOCK);
+        let mut out = block(0);
+        assert!(!c.get(7, &mut out), "either write may be on disk");
+    }
+
+    #[test]
+    fn the_lru_evicts_and_a_zero_cache_caches_nothing() {
+        let c = Cache::new(2 * BLOCK);
+        for b in 0..3 {
+            let t = c.begin_read(b, 1);
+            c.end_read(&t, &block(b as u8));
+        }
+        let s = c.stats();
+        assert_eq!((s.evictions, s.held_bytes), (1, 2 * BLOCK));
+        let z = Cache::new(0);
+        let t = z.begin_read(0, 1);
+        z.end_read(&t, &block(1));
+        assert!(!z.get(0, &mut block(0)));
+        assert_eq!(z.stats().admissions, 0);
+    }
+
+    #[test]
+    fn the_access_log_has_every_access_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log.csv");
+        let c = Cache::new(4 * BLOCK);
+        c.record_to(Some(&p)).unwrap();
+        c.get(3, &mut block(0));
+        let t = c.begin_read(3, 1);
+        c.end_read(&t, &block(3));
+        c.get(3, &mut block(0));
+        let w = c.begin_write(3, 1);
+        c.end_write(&w, None, BLOCK);
+        c.record_to(None).unwrap();
+        let kinds: Vec<String> = std::fs::read_to_string(&p)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').skip(1).collect::<Vec<_>>().join(","))
+            .collect();
+        assert_eq!(kinds, ["3,m", "3,h", "3,w"]);
+    }
+}

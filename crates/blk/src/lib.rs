@@ -1,0 +1,20 @@
+//! Rebound's block backend: a vhost-user-blk device for raw disk images, in its own
+//! process per disk, so that Rebound sees every block request of the guest.
+//!
+//! - [`config`]: the virtio-blk configuration space and features offered;
+//! - [`request`]: one request, from descriptor chain to status byte, checked;
+//! - [`cache`]: the host cache, which admits only blocks provably equal to the disk,
+//!   and the access log the miss-ratio curves are computed from;
+//! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
+//! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
+//!   thread per queue, serving QEMU again each time it reconnects.
+
+pub mod backend;
+pub mod cache;
+pub mod config;
+pub mod disk;
+pub mod request;
+pub mod serve;
+
+pub use cache::{Cache, CacheStats};
+pub use serve::{serve, Options, ServeError, Stats};

@@ -1,0 +1,470 @@
+//! One virtio-blk request: its descriptor chain read into a header, data and a status
+//! byte, executed against the disk through the cache, and answered.
+//!
+//! Everything in a chain comes from the guest and is checked before use: a header too
+//! short, a chain without a writable status byte, data not in whole sectors, beyond
+//! the disk's end or larger than the limits the device advertised is answered with an
+//! error status (or, without a status byte, dropped) and the backend goes on.
+
+use std::io::{Read, Write};
+use std::ops::Deref;
+
+use virtio_bindings::virtio_blk::*;
+use virtio_queue::DescriptorChain;
+use vm_memory::{ByteValued, GuestMemory};
+
+use crate::cache::{Cache, BLOCK};
+use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
+use crate::disk::{AlignedBuf, Disk};
+
+/// The request header (virtio 1.2, 5.2.6).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct Header {
+    kind: u32,
+    ioprio: u32,
+    sector: u64,
+}
+const _: () = assert!(std::mem::size_of::<Header>() == 16);
+// SAFETY: integers only, no padding (asserted size), any byte pattern is valid.
+unsafe impl ByteValued for Header {}
+
+/// One range of a discard or write-zeroes request.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct Segment {
+    sector: u64,
+    num_sectors: u32,
+    flags: u32,
+}
+const _: () = assert!(std::mem::size_of::<Segment>() == 16);
+// SAFETY: as for `Header`.
+unsafe impl ByteValued for Segment {}
+
+/// The most data one request may move: what the advertised limits allow.
+const MAX_DATA: usize = SIZE_MAX as usize * SEG_MAX as usize;
+
+/// A disk as the request loop sees it.
+pub struct Device {
+    pub disk: Disk,
+    pub cache: Cache,
+    /// Answer to `GET_ID` (up to 20 bytes; the guest's `serial`).
+    pub serial: Vec<u8>,
+}
+
+/// Why a request failed (its status is `IOERR` or `UNSUPP`).
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("request type {0} is not supported")]
+    Unsupported(u32),
+    #[error("malformed request: {0}")]
+    Bad(String),
+    #[error("I/O error: {0}")]
+    Io(std::io::Error),
+}
+
+impl Device {
+    /// Executes the request in `chain`; returns the bytes written into the guest's
+    /// buffers (data and status), what the used ring reports.
+    pub fn execute<T>(&self, chain: DescriptorChain<T>) -> u32
+    where
+        T: Deref + Clone,
+        T::Target: GuestMemory + Sized,
+    {
+        let mem = chain.memory();
+        let (Ok(mut reader), Ok(mut data)) = (chain.clone().reader(mem), chain.clone().writer(mem))
+        else {
+            tracing::warn!("a descriptor chain outside guest memory: dropped");
+            return 0;
+        };
+        let total = data.available_bytes();
+        if total == 0 {
+            tracing::warn!("a request without a status byte: dropped");
+            return 0;
+        }
+        let Ok(mut status) = data.split_at(total - 1) else {
+            return 0;
+        };
+        let r = match reader.read_obj::<Header>() {
+            Ok(h) => self.run(h, &mut reader, &mut data),
+            Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
+        };
+        let code = match &r {
+            Ok(_) => VIRTIO_BLK_S_OK,
+            Err(Failed::Unsupported(_)) => VIRTIO_BLK_S_UNSUPP,
+            Err(_) => VIRTIO_BLK_S_IOERR,
+        };
+        match &r {
+            // The backing file failed: the guest sees an I/O error for this request.
+            Err(e @ Failed::Io(_)) => tracing::warn!("{e}"),
+            Err(e) => tracing::debug!("{e}"),
+            Ok(_) => {}
+        }
+        let written = r.unwrap_or(0);
+        if status.write_all(&[code as u8]).is_err() {
+            return 0;
+        }
+        (written + 1) as u32
+    }
+
+    /// Returns the data bytes written to the guest.
+    fn run<R: Read + Available, W: Write + Available>(
+        &self,
+        h: Header,
+        reader: &mut R,
+        data: &mut W,
+    ) -> Result<usize, Failed> {
+        match h.kind {
+            VIRTIO_BLK_T_IN => {
+                let len = data.available();
+                let off = self.range(h.sector, len)?;
+                let mut buf = AlignedBuf::new(len);
+                self.read(&mut buf.as_mut()[..len], off)
+                    .map_err(Failed::Io)?;
+                data.write_all(&buf.as_ref()[..len]).map_err(Failed::Io)?;
+                Ok(len)
+            }
+            VIRTIO_BLK_T_OUT => {
+                if self.disk.readonly() {
+                    return Err(Failed::Bad("a write to a read-only disk".into()));
+                }
+                let len = reader.available();
+                let off = self.range(h.sector, len)?;
+                let mut buf = AlignedBuf::new(len);
+                reader
+                    .read_exact(&mut buf.as_mut()[..len])
+                    .map_err(Failed::Io)?;
+                self.write(&buf.as_ref()[..len], off).map_err(Failed::Io)?;
+                Ok(0)
+            }
+            VIRTIO_BLK_T_FLUSH => {
+                self.disk.flush().map_err(Failed::Io)?;
+                Ok(0)
+            }
+            VIRTIO_BLK_T_GET_ID => {
+                let n = self.serial.len().min(VIRTIO_BLK_ID_BYTES as usize);
+                let n = n.min(data.available());
+                data.write_all(&self.serial[..n]).map_err(Failed::Io)?;
+                Ok(n)
+            }
+            VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES if !self.disk.readonly() => {
+                let n = reader.available() / std::mem::size_of::<Segment>();
+                if n == 0 || n > MAX_DISCARD_SEG as usize {
+                    return Err(Failed::Bad(format!("{n} discard segments")));
+                }
+                for _ in 0..n {
+                    let mut s = Segment::default();
+                    reader.read_exact(s.as_mut_slice()).map_err(Failed::Io)?;
+                    if s.num_sectors > MAX_DISCARD_SECTORS {
+                        return Err(Failed::Bad(format!("{} sectors to discard", s.num_sectors)));
+                    }
+                    let len = s.num_sectors as usize * SECTOR as usize;
+                    let off = self.range(s.sector, len)?;
+                    let unmap = h.kind == VIRTIO_BLK_T_DISCARD || s.flags & 1 != 0;
+                    self.zero(off, len as u64, unmap).map_err(Failed::Io)?;
+                }
+                Ok(0)
+            }
+            k => Err(Failed::Unsupported(k)),
+        }
+    }
+
+    /// The byte offset of `len` bytes at `sector`, checked against the disk and the
+    /// advertised limits.
+    fn range(&self, sector: u64, len: usize) -> Result<u64, Failed> {
+        if !(len as u64).is_multiple_of(SECTOR) || len > MAX_DATA {
+            return Err(Failed::Bad(format!("{len} data bytes")));
+        }
+        let off = sector
+            .checked_mul(SECTOR)
+            .filter(|o| {
+                o.checked_add(len as u64)
+                    .is_some_and(|e| e <= self.disk.size())
+            })
+            .ok_or_else(|| Failed::Bad(format!("sector {sector} + {len} bytes past the end")))?;
+        Ok(off)
+    }
+
+    /// Whole cache blocks, if the range is made of them.
+    fn blocks(off: u64, len: usize) -> Option<(u64, u64)> {
+        (off.is_multiple_of(BLOCK) && (len as u64).is_multiple_of(BLOCK))
+            .then_some((off / BLOCK, len as u64 / BLOCK))
+    }
+
+    fn read(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        let Some((first, count)) = Self::blocks(off, buf.len()) else {
+            return self.disk.read_at(buf, off);
+        };
+        let bs = BLOCK as usize;
+        // Runs of missing blocks are read from the disk in one go each.
+        let mut i = 0u64;
+        while i < count {
+            let at = i as usize * bs;
+            if self.cache.get(first + i, &mut buf[at..at + bs]) {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < count
+                && !self
+                    .cache
+                    .get(first + j, &mut buf[j as usize * bs..(j as usize + 1) * bs])
+            {
+                j += 1;
+            }
+            // Block j (if any) was a hit and is in place; i..j are read now.
+            let t = self.cache.begin_read(first + i, j - i);
+            let run = &mut buf[at..j as usize * bs];
+            self.disk.read_at(run, off + at as u64)?;
+            self.cache.end_read(&t, run);
+            i = j + 1;
+        }
+        Ok(())
+    }
+
+    fn write(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        let (first, count, whole) = match Self::blocks(off, buf.len()) {
+            Some((f, c)) => (f, c, true),
+            None => {
+                let first = off / BLOCK;
+                (
+                    first,
+                    (off + buf.len() as u64).div_ceil(BLOCK) - first,
+                    false,
+                )
+            }
+        };
+        let t = self.cache.begin_write(first, count);
+        let r = self.disk.write_at(buf, off);
+        let admit = (whole && r.is_ok()).then_some(buf);
+        self.cache.end_write(&t, admit, buf.len() as u64);
+        r
+    }
+
+    fn zero(&self, off: u64, len: u64, unmap: bool) -> std::io::Result<()> {
+        let first = off / BLOCK;
+        let t = self
+            .cache
+            .begin_write(first, (off + len).div_ceil(BLOCK) - first);
+        let r = self.disk.zero_range(off, len, unmap);
+        self.cache.end_write(&t, None, 0);
+        r
+    }
+}
+
+/// Bytes left in a guest buffer.
+trait Available {
+    fn available(&self) -> usize;
+}
+
+impl<B: vm_memory::bitmap::BitmapSlice> Available for virtio_queue::Reader<'_, B> {
+    fn available(&self) -> usize {
+        self.available_bytes()
+    }
+}
+
+impl<B: vm_memory::bitmap::BitmapSlice> Available for virtio_queue::Writer<'_, B> {
+    fn available(&self) -> usize {
+        self.available_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as D, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    const HDR: u64 = 0x10_0000;
+    const DATA: u64 = 0x20_0000;
+    const STATUS: u64 = 0x30_0000;
+    const W: u16 = VRING_DESC_F_WRITE as u16;
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        dev: Device,
+        mem: GuestMemoryMmap,
+    }
+
+    fn rig(cache: u64) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        let mut content = vec![0u8; 1 << 20];
+        for (i, b) in content.iter_mut().enumerate() {
+            *b = (i / 4096) as u8;
+        }
+        std::fs::write(&path, &content).unwrap();
+        let dev = Device {
+            disk: Disk::open(&path, false, false).unwrap(),
+            cache: Cache::new(cache),
+            serial: b"disk0".to_vec(),
+        };
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        Rig {
+            _dir: dir,
+            path,
+            dev,
+            mem,
+        }
+    }
+
+    impl Rig {
+        /// Runs one request; returns (used length, status byte).
+        fn run(&self, kind: u32, sector: u64, descs: &[RawDescriptor]) -> (u32, u8) {
+            let h = Header {
+                kind,
+                ioprio: 0,
+                sector,
+            };
+            self.mem.write_obj(h, GuestAddress(HDR)).unwrap();
+            self.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+            let q = MockSplitQueue::new(&self.mem, 16);
+            let chain = q.build_desc_chain(descs).unwrap();
+            let used = self.dev.execute(chain);
+            (used, self.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
+        }
+    }
+
+    fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
+        RawDescriptor::from(D::new(addr, len, flags, 0))
+    }
+
+    fn hdr() -> RawDescriptor {
+        d(HDR, 16, 0)
+    }
+
+    fn status() -> RawDescriptor {
+        d(STATUS, 1, W)
+    }
+
+    #[test]
+    fn a_read_returns_the_disk_and_a_second_read_hits_the_cache() {
+        let r = rig(1 << 20);
+        for round in 0..2 {
+            let (used, st) = r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
+            assert_eq!((used, st), (8193, VIRTIO_BLK_S_OK as u8), "round {round}");
+            let mut got = vec![0u8; 8192];
+            r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+            assert!(got[..4096].iter().all(|b| *b == 2) && got[4096..].iter().all(|b| *b == 3));
+        }
+        let s = r.dev.cache.stats();
+        assert_eq!((s.misses, s.hits, s.admissions), (2, 2, 2));
+    }
+
+    #[test]
+    fn a_write_reaches_the_file_and_the_cache_serves_the_new_data() {
+        let r = rig(1 << 20);
+        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
+        r.mem
+            .write_slice(&[0xab; 4096], GuestAddress(DATA))
+            .unwrap();
+        let (used, st) = r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 4096, 0), status()]);
+        assert_eq!((used, st), (1, VIRTIO_BLK_S_OK as u8));
+        assert!(std::fs::read(&r.path).unwrap()[..4096]
+            .iter()
+            .all(|b| *b == 0xab));
+        r.mem.write_slice(&[0; 4096], GuestAddress(DATA)).unwrap();
+        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
+        let mut got = vec![0u8; 4096];
+        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+        assert!(got.iter().all(|b| *b == 0xab));
+        assert_eq!(r.dev.cache.stats().hits, 1);
+    }
+
+    #[test]
+    fn discard_zeroes_and_drops_the_cached_block() {
+        let r = rig(1 << 20);
+        r.run(VIRTIO_BLK_T_IN, 8, &[hdr(), d(DATA, 4096, W), status()]);
+        let seg = Segment {
+            sector: 8,
+            num_sectors: 8,
+            flags: 0,
+        };
+        r.mem.write_obj(seg, GuestAddress(DATA)).unwrap();
+        let (_, st) = r.run(VIRTIO_BLK_T_DISCARD, 0, &[hdr(), d(DATA, 16, 0), status()]);
+        assert_eq!(st, VIRTIO_BLK_S_OK as u8);
+        r.run(VIRTIO_BLK_T_IN, 8, &[hdr(), d(DATA, 4096, W), status()]);
+        let mut got = vec![1u8; 4096];
+        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+        assert!(got.iter().all(|b| *b == 0));
+        assert_eq!(r.dev.cache.stats().invalidations, 1);
+    }
+
+    #[test]
+    fn get_id_and_flush() {
+        let r = rig(0);
+        let (used, st) = r.run(VIRTIO_BLK_T_GET_ID, 0, &[hdr(), d(DATA, 20, W), status()]);
+        assert_eq!((used, st), (6, VIRTIO_BLK_S_OK as u8));
+        let mut id = [0u8; 5];
+        r.mem.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+        assert_eq!(&id, b"disk0");
+        assert_eq!(r.run(VIRTIO_BLK_T_FLUSH, 0, &[hdr(), status()]).1, 0);
+    }
+
+    #[test]
+    fn malformed_requests_get_an_error_status_and_nothing_moves() {
+        let r = rig(1 << 20);
+        let before = std::fs::read(&r.path).unwrap();
+        let ioerr = VIRTIO_BLK_S_IOERR as u8;
+        // Past the end of the 1 MiB disk.
+        assert_eq!(
+            r.run(VIRTIO_BLK_T_IN, 2047, &[hdr(), d(DATA, 4096, W), status()])
+                .1,
+            ioerr
+        );
+        assert_eq!(
+            r.run(
+                VIRTIO_BLK_T_OUT,
+                u64::MAX / 256,
+                &[hdr(), d(DATA, 512, 0), status()]
+            )
+            .1,
+            ioerr
+        );
+        // Not whole sectors.
+        assert_eq!(
+            r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 100, 0), status()])
+                .1,
+            ioerr
+        );
+        // A header of 8 bytes.
+        assert_eq!(
+            r.run(
+                VIRTIO_BLK_T_IN,
+                0,
+                &[d(HDR, 8, 0), d(DATA, 512, W), status()]
+            )
+            .1,
+            ioerr
+        );
+        // An unknown type.
+        assert_eq!(
+            r.run(99, 0, &[hdr(), status()]).1,
+            VIRTIO_BLK_S_UNSUPP as u8
+        );
+        // No writable byte for the status: dropped, nothing written.
+        let (used, st) = r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 512, 0)]);
+        assert_eq!((used, st), (0, 0xff));
+        // Data outside guest memory.
+        assert_eq!(
+            r.run(
+                VIRTIO_BLK_T_IN,
+                0,
+                &[hdr(), d(0x100_0000, 512, W), status()]
+            )
+            .0,
+            0
+        );
+        // Too many discard segments.
+        let (_, st) = r.run(
+            VIRTIO_BLK_T_DISCARD,
+            0,
+            &[hdr(), d(DATA, 16 * 17, 0), status()],
+        );
+        assert_eq!(st, ioerr);
+        assert_eq!(std::fs::read(&r.path).unwrap(), before);
+    }
+}

@@ -1,0 +1,152 @@
+//! A backend process: serves one disk on a vhost-user socket until killed, taking
+//! QEMU back each time it reconnects, and answers a control socket (stats, access
+//! recording) in JSON lines.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::backend::BlkBackend;
+use crate::cache::{Cache, CacheStats};
+use crate::disk::{Disk, DiskError};
+use crate::request::Device;
+
+/// What to serve and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub disk: PathBuf,
+    pub socket: PathBuf,
+    /// The control socket (stats, recording); none: no control.
+    pub control: Option<PathBuf>,
+    pub readonly: bool,
+    /// `O_DIRECT` on the backing file where the filesystem allows it.
+    pub direct: bool,
+    /// Host cache bytes (0: none).
+    pub cache_bytes: u64,
+    pub queues: u16,
+    /// The guest-visible serial (`GET_ID`).
+    pub serial: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("--queues must be between 1 and 64, not {0}")]
+    Queues(u16),
+    #[error("cannot listen on {0}")]
+    Listen(PathBuf, #[source] std::io::Error),
+    #[error("the vhost-user daemon failed: {0}")]
+    Daemon(String),
+}
+
+/// A control request.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Control {
+    Stats,
+    /// Record every access to `path` from now on; `null` stops.
+    Record {
+        path: Option<PathBuf>,
+    },
+}
+
+/// What `stats` answers.
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
+pub struct Stats {
+    pub disk: PathBuf,
+    pub size_bytes: u64,
+    pub direct: bool,
+    pub queues: u16,
+    pub connections: u64,
+    pub cache: CacheStats,
+}
+
+/// Serves until the process is killed (or the listener fails).
+pub fn serve(o: Options) -> Result<(), ServeError> {
+    if o.queues == 0 || o.queues > 64 {
+        return Err(ServeError::Queues(o.queues));
+    }
+    let disk = Disk::open(&o.disk, o.readonly, o.direct)?;
+    let dev = Arc::new(Device {
+        disk,
+        cache: Cache::new(o.cache_bytes),
+        serial: o.serial.as_bytes().to_vec(),
+    });
+    let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if let Some(c) = &o.control {
+        let listener = bind(c)?;
+        let (dev, o2, conns) = (dev.clone(), o.clone(), connections.clone());
+        std::thread::spawn(move || control_loop(listener, &dev, &o2, &conns));
+    }
+    loop {
+        let backend = Arc::new(
+            BlkBackend::new(dev.clone(), o.queues)
+                .map_err(|e| ServeError::Daemon(e.to_string()))?,
+        );
+        let mut daemon = VhostUserDaemon::new(
+            "rebound-blk".into(),
+            backend,
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .map_err(|e| ServeError::Daemon(e.to_string()))?;
+        // One connection: QEMU's, until it goes (quits, or restarts the link).
+        let r = daemon.serve(&o.socket);
+        connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = dev.cache.flush_log();
+        if let Err(e) = r {
+            tracing::warn!("the vhost-user connection ended: {e}");
+        }
+    }
+}
+
+/// A unix listener at `path`, replacing a stale socket file.
+fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    let _ = std::fs::remove_file(path);
+    UnixListener::bind(path).map_err(|e| ServeError::Listen(path.into(), e))
+}
+
+fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::atomic::AtomicU64) {
+    for s in l.incoming().flatten() {
+        let mut w = match s.try_clone() {
+            Ok(w) => w,
+            Err(_) => continue,
+        };
+        for line in BufReader::new(s).lines().map_while(Result::ok) {
+            let answer = match serde_json::from_str::<Control>(&line) {
+                Ok(Control::Stats) => serde_json::to_value(Stats {
+                    disk: o.disk.clone(),
+                    size_bytes: dev.disk.size(),
+                    direct: dev.disk.direct(),
+                    queues: o.queues,
+                    connections: conns.load(std::sync::atomic::Ordering::Relaxed),
+                    cache: dev.cache.stats(),
+                })
+                .unwrap_or_default(),
+                Ok(Control::Record { path }) => match dev.cache.record_to(path.as_deref()) {
+                    Ok(()) => serde_json::json!({"ok": true}),
+                    Err(e) => serde_json::json!({"error": e.to_string()}),
+                },
+                Err(e) => serde_json::json!({"error": format!("bad request: {e}")}),
+            };
+            if writeln!(w, "{answer}").is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// One control request from another process: the answer, as JSON.
+pub fn ask(control: &Path, req: &serde_json::Value) -> std::io::Result<serde_json::Value> {
+    let mut s = std::os::unix::net::UnixStream::connect(control)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    writeln!(s, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(std::io::Error::other)
+}

@@ -44,6 +44,12 @@ pub enum SpecError {
     CrashPolicy(String),
     #[error("workload argument {0}={1:?} is malformed")]
     WorkloadArgValue(String, String),
+    #[error("unknown disk backend {0:?}: expected qemu or rebound")]
+    DiskBackend(String),
+    #[error(
+        "--disk-cache needs --disk-backend rebound (QEMU's own disks have no host cache of ours)"
+    )]
+    DiskCacheWithoutBackend,
 }
 
 /// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
@@ -159,6 +165,27 @@ impl FromStr for Workload {
             "none" => Workload::None,
             _ => return Err(SpecError::Workload(s.to_string())),
         })
+    }
+}
+
+/// What serves a VM's disks: QEMU's own virtio-blk, or Rebound's vhost-user-blk
+/// backend (a process per disk, which sees every request and keeps a host cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskBackend {
+    #[default]
+    Qemu,
+    Rebound,
+}
+
+impl FromStr for DiskBackend {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "qemu" => Ok(DiskBackend::Qemu),
+            "rebound" => Ok(DiskBackend::Rebound),
+            _ => Err(SpecError::DiskBackend(s.to_string())),
+        }
     }
 }
 
@@ -315,6 +342,19 @@ pub struct VmSpec {
     /// What happens when the guest panics or hangs.
     #[serde(default)]
     pub crash: crate::crash::CrashPolicy,
+    #[serde(default, skip_serializing_if = "is_qemu")]
+    pub disk_backend: DiskBackend,
+    /// Host cache per disk served by Rebound's backend, MiB (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disk_cache_mib: u64,
+}
+
+fn is_qemu(b: &DiskBackend) -> bool {
+    *b == DiskBackend::Qemu
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How the guest boots once the spec is checked.
@@ -344,6 +384,8 @@ impl VmSpec {
             ready: None,
             forwards: Vec::new(),
             crash: crate::crash::CrashPolicy::default(),
+            disk_backend: DiskBackend::Qemu,
+            disk_cache_mib: 0,
         }
     }
 
@@ -415,6 +457,9 @@ impl VmSpec {
             }
         }
         self.crash.validate(self.memory_mib)?;
+        if self.disk_cache_mib > 0 && self.disk_backend != DiskBackend::Rebound {
+            return Err(SpecError::DiskCacheWithoutBackend);
+        }
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {
                 "memfill" | "disk_io" => parse_memfill(v).is_ok(),

@@ -18,6 +18,10 @@ pub enum DiskError {
     NoQemuImg,
     #[error("qemu-img could not create an overlay for {0}: {1}")]
     Overlay(PathBuf, String),
+    #[error("disk {0} is qcow2: --disk-backend rebound serves raw images (convert it with `qemu-img convert -O raw`)")]
+    NotRaw(PathBuf),
+    #[error("cannot copy {0} to {1}: {2}")]
+    Copy(PathBuf, PathBuf, String),
 }
 
 const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
@@ -66,6 +70,26 @@ pub fn create_overlay(base: &Path, overlay: &Path) -> Result<Disk, DiskError> {
         return Err(DiskError::Overlay(base, line));
     }
     Ok(Disk::file(overlay, DiskFormat::Qcow2))
+}
+
+/// A raw copy of `base` at `dest` (replacing any old one): a reflink where the
+/// filesystem has them, else a sparse copy, so only written blocks take space.
+pub fn raw_copy(base: &Path, dest: &Path) -> Result<Disk, DiskError> {
+    if detect_format(base)? != DiskFormat::Raw {
+        return Err(DiskError::NotRaw(base.to_path_buf()));
+    }
+    let _ = std::fs::remove_file(dest);
+    let out = Command::new("cp")
+        .args(["--reflink=auto", "--sparse=always"])
+        .arg(base)
+        .arg(dest)
+        .output()
+        .map_err(|e| DiskError::Copy(base.into(), dest.into(), e.to_string()))?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(DiskError::Copy(base.into(), dest.into(), msg));
+    }
+    Ok(Disk::file(dest, DiskFormat::Raw))
 }
 
 /// The VM's existing overlay, used as it is (a recovery VM sees the crashed VM's data).

@@ -73,6 +73,12 @@ impl Paths {
         self.run.join(format!("{name}.crash-{id}.ram"))
     }
 
+    /// Sockets of a VM's disk backends: outside its run directory, which a crash
+    /// clears, because the backends outlive the crashed QEMU and serve the recovery VM.
+    pub fn blk_dir(&self, name: &str) -> PathBuf {
+        self.run.join(format!("{name}.blk"))
+    }
+
     /// Runtime files of one VM.
     pub fn run_dir(&self, name: &str) -> RunDir {
         RunDir(self.run.join(name))
@@ -96,6 +102,10 @@ impl VmDir {
     /// The VM's own writable copy of image disk `i`.
     pub fn disk_overlay(&self, i: usize) -> PathBuf {
         self.0.join(format!("disk{i}.qcow2"))
+    }
+    /// The VM's own raw copy of image disk `i` (served by Rebound's backend).
+    pub fn disk_raw(&self, i: usize) -> PathBuf {
+        self.0.join(format!("disk{i}.img"))
     }
     /// One crash's directory: its record and, by default, its dump.
     pub fn crash_dir(&self, id: &str) -> PathBuf {

@@ -57,6 +57,17 @@ pub struct VmRecord {
     /// daemons that did not keep it.
     #[serde(default)]
     pub disk_files: Vec<PathBuf>,
+    /// The VM's disk backend processes (`--disk-backend rebound`): they outlive a
+    /// crashed QEMU and a daemon restart, and stop with the VM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blk: Vec<BlkProcess>,
+}
+
+/// A running disk backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlkProcess {
+    pub pid: u32,
+    pub serve: crate::resolve::BlkServe,
 }
 
 impl VmRecord {
@@ -81,6 +92,7 @@ impl VmRecord {
             service_port: None,
             ram_private: false,
             disk_files: Vec::new(),
+            blk: Vec::new(),
         }
     }
 
@@ -161,6 +173,7 @@ mod tests {
             service_port: None,
             ram_private: false,
             disk_files: vec!["/vms/a/disk0.qcow2".into()],
+            blk: Vec::new(),
         }
     }
 

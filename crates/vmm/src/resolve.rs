@@ -4,15 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use rebound_api::spec::BootSource;
+use rebound_api::spec::{BootSource, DiskBackend};
 use rebound_api::{Forward, PortForward, ReadySpec, VmSpec};
+use serde::{Deserialize, Serialize};
 
 use crate::accel::{self, AccelDecision, AccelError, HostFacts};
 use crate::disks::{self, DiskError};
 use crate::paths::{Paths, RunDir};
 use crate::process::{self, ProcessError};
 use crate::qemu::{
-    Boot, Control, Disk, HostForward, MemoryBackend, NetBackend, Nic, QemuCommand, Serial,
+    BlockBackend, Boot, Control, Disk, DiskFormat, HostForward, MemoryBackend, NetBackend, Nic,
+    QemuCommand, Serial,
 };
 
 /// Errors resolving a spec.
@@ -54,6 +56,20 @@ pub struct Resolved {
     pub accel: AccelDecision,
     pub forwards: Vec<PortForward>,
     pub ready: ReadySpec,
+    /// Disk backends the VM's vhost-user disks need running before QEMU starts.
+    pub backends: Vec<BlkServe>,
+}
+
+/// One disk served by Rebound's backend process (`rebound blk serve`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlkServe {
+    pub disk: PathBuf,
+    pub socket: PathBuf,
+    pub control: PathBuf,
+    pub log: PathBuf,
+    pub cache_bytes: u64,
+    pub queues: u16,
+    pub serial: String,
 }
 
 fn open_image(home: &Path, name: &str) -> Result<crate::images::ImageBoot, BootError> {
@@ -234,15 +250,42 @@ pub fn resolve(
     crate::private::create_dir_all(dir.path())
         .map_err(|e| BootError::Dir(dir.path().to_path_buf(), e))?;
     let mut all_disks: Vec<Disk> = Vec::new();
+    let ours = spec.disk_backend == DiskBackend::Rebound;
     if let Some(base) = image_disk {
         let overlay = dir.disk_overlay(0);
-        all_disks.push(match recovery {
+        let raw = dir.disk_raw(0);
+        all_disks.push(match (recovery, ours) {
             // The service must see its data: the crashed VM's own copy, as it left it.
-            Some(_) => disks::existing_overlay(&overlay)?,
-            None => disks::create_overlay(&base, &overlay)?,
+            (Some(_), false) => disks::existing_overlay(&overlay)?,
+            (None, false) => disks::create_overlay(&base, &overlay)?,
+            (Some(_), true) => disks::user_disk(&raw)?,
+            (None, true) => disks::raw_copy(&base, &raw)?,
         });
     }
     all_disks.extend(user_disks);
+    let mut backends = Vec::new();
+    if ours {
+        let blk = paths.blk_dir(&spec.name);
+        for (i, d) in all_disks.iter_mut().enumerate() {
+            let BlockBackend::File { path, format, .. } = &d.backend else {
+                continue;
+            };
+            if *format != DiskFormat::Raw {
+                return Err(BootError::Disk(disks::DiskError::NotRaw(path.clone())));
+            }
+            let socket = blk.join(format!("disk{i}.sock"));
+            backends.push(BlkServe {
+                disk: path.clone(),
+                socket: socket.clone(),
+                control: blk.join(format!("disk{i}.ctl")),
+                log: dir.path().join(format!("blk-disk{i}.log")),
+                cache_bytes: spec.disk_cache_mib << 20,
+                queues: spec.cpus as u16,
+                serial: format!("disk{i}"),
+            });
+            d.backend = BlockBackend::VhostUser { socket };
+        }
+    }
     let run = paths.run_dir(&spec.name);
     let boot_memory = recovery
         .and_then(|r| r.boot_memory_mib)
@@ -281,6 +324,7 @@ pub fn resolve(
         accel,
         forwards,
         ready,
+        backends,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::Client;
@@ -49,6 +50,73 @@ pub enum Cmd {
     /// Snapshot directories: list, inspect, verify (no daemon needed).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// The block backend: serve a raw disk image to QEMU over vhost-user (the daemon
+    /// starts one per disk; operators can run one by hand).
+    #[command(subcommand)]
+    Blk(BlkCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BlkCmd {
+    /// Serve one disk until killed; QEMU may disconnect and reconnect any time.
+    Serve(BlkServeArgs),
+    /// Ask a running backend for its statistics (cache hits, misses, bytes).
+    Stats {
+        /// The backend's control socket.
+        control: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Record every block access of a running backend to FILE (`t_ns,block,h|m|w`
+    /// lines), or stop recording with `--stop`.
+    Record {
+        /// The backend's control socket.
+        control: PathBuf,
+        file: Option<PathBuf>,
+        #[arg(long, conflicts_with = "file")]
+        stop: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BlkServeArgs {
+    /// The raw disk image.
+    #[arg(long)]
+    pub disk: PathBuf,
+    /// The vhost-user socket QEMU connects to.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// A control socket for `rebound blk stats|record`.
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Host cache size (e.g. 256M; 0: no cache).
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub cache: u64,
+    /// Virtqueues (one thread each).
+    #[arg(long, default_value_t = 1)]
+    pub queues: u16,
+    /// The serial the guest sees.
+    #[arg(long, default_value = "")]
+    pub serial: String,
+    #[arg(long)]
+    pub readonly: bool,
+    /// Use the host page cache for the backing file instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
+}
+
+/// A size with an optional K/M/G suffix (powers of two; a bare number is bytes).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    rebound_api::spec::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// MiB as `--memory` takes them, or 0.
+fn parse_memory_or_zero(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        _ => parse_memory(s),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -146,6 +214,13 @@ pub struct StartArgs {
     /// Extra disk, used as is (repeatable).
     #[arg(long = "disk")]
     pub disks: Vec<PathBuf>,
+    /// What serves the disks: qemu (its own virtio-blk) or rebound (our vhost-user-blk
+    /// backend, a process per disk that sees every request and can cache).
+    #[arg(long, default_value = "qemu")]
+    pub disk_backend: rebound_api::spec::DiskBackend,
+    /// Host cache per disk of the rebound backend, e.g. 256M (0: none).
+    #[arg(long, default_value = "0", value_parser = parse_memory_or_zero)]
+    pub disk_cache: u64,
     /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
     #[arg(long, default_value = "256M", value_parser = parse_memory)]
     pub memory: u64,
@@ -552,6 +627,76 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Crash(c) => crash::run(&paths, c).await,
         Cmd::Bench(c) => bench::run(&paths, c).await,
         Cmd::Snapshot(c) => snapshot::run_offline(c),
+        Cmd::Blk(c) => blk(c),
+    }
+}
+
+fn blk(c: BlkCmd) -> anyhow::Result<()> {
+    match c {
+        BlkCmd::Serve(a) => Ok(rebound_blk::serve(rebound_blk::Options {
+            disk: a.disk,
+            socket: a.socket,
+            control: a.control,
+            readonly: a.readonly,
+            direct: !a.buffered,
+            cache_bytes: a.cache,
+            queues: a.queues,
+            serial: a.serial,
+        })?),
+        BlkCmd::Stats { control, json } => {
+            let v = rebound_blk::serve::ask(&control, &serde_json::json!({"op": "stats"}))
+                .with_context(|| format!("the backend at {}", control.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let s: rebound_blk::Stats = serde_json::from_value(v)?;
+            let c = &s.cache;
+            let reads = c.hits + c.misses;
+            println!(
+                "{}: {} MiB, O_DIRECT {}, {} queue(s), {} connection(s) so far",
+                s.disk.display(),
+                s.size_bytes >> 20,
+                s.direct,
+                s.queues,
+                s.connections
+            );
+            println!(
+                "cache {:.1} of {} MiB: {} hits, {} misses ({:.1}% hits), {} admitted, {} refused, {} evicted, {} invalidated; read {} MiB, written {} MiB",
+                c.held_bytes as f64 / (1u64 << 20) as f64,
+                c.capacity_bytes >> 20,
+                c.hits,
+                c.misses,
+                if reads == 0 { 0.0 } else { 100.0 * c.hits as f64 / reads as f64 },
+                c.admissions,
+                c.refused,
+                c.evictions,
+                c.invalidations,
+                c.read_bytes >> 20,
+                c.written_bytes >> 20
+            );
+            Ok(())
+        }
+        BlkCmd::Record {
+            control,
+            file,
+            stop,
+        } => {
+            let path = match (file, stop) {
+                (Some(f), false) => Some(std::path::absolute(&f)?),
+                (None, true) => None,
+                _ => anyhow::bail!("give a FILE to record to, or --stop"),
+            };
+            let v = rebound_blk::serve::ask(
+                &control,
+                &serde_json::json!({"op": "record", "path": path}),
+            )
+            .with_context(|| format!("the backend at {}", control.display()))?;
+            if let Some(e) = v["error"].as_str() {
+                anyhow::bail!("the backend refused: {e}");
+            }
+            Ok(())
+        }
     }
 }
 

@@ -317,6 +317,8 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     };
     s.ready = a.ready.clone();
     s.forwards = a.forwards.clone();
+    s.disk_backend = a.disk_backend;
+    s.disk_cache_mib = a.disk_cache;
     s.validate()?;
     Ok(s)
 }

@@ -692,6 +692,7 @@ impl Owner {
             }
             OnCrash::Dump => {
                 // Nothing runs any more for this VM.
+                self.stop_backends();
                 self.apply(Trigger::Gone);
             }
             _ => {}

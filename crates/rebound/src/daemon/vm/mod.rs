@@ -5,6 +5,7 @@
 //! Reading a VM (status, events, waiting for a state) never goes through the owner,
 //! so it answers at once even while a long job runs.
 
+mod blk;
 mod crash;
 mod dump;
 mod dump_now;

@@ -342,9 +342,17 @@ impl Owner {
     ) -> Result<VmStatus, OpError> {
         let run = self.vm.run.clone();
         let args = res.command.args()?;
+        let blk = self.ensure_backends(&res.backends).await?;
         let group = self.qemu_group(recovering);
-        let child = process::spawn_qemu(&res.qemu, &args, &run.qemu_log(), group.as_ref())
-            .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
+        let child = match process::spawn_qemu(&res.qemu, &args, &run.qemu_log(), group.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                if !recovering {
+                    self.stop_backends();
+                }
+                return Err(OpError::QemuFailed(crate::daemon::error::chain(&e)));
+            }
+        };
         let pid = child.id().unwrap_or(0);
         self.child = Some(child);
         let t0 = mono_ns();
@@ -368,9 +376,14 @@ impl Owner {
                 .iter()
                 .filter_map(|d| match &d.backend {
                     rebound_vmm::qemu::BlockBackend::File { path, .. } => Some(path.clone()),
+                    rebound_vmm::qemu::BlockBackend::VhostUser { socket } => blk
+                        .iter()
+                        .find(|p| &p.serve.socket == socket)
+                        .map(|p| p.serve.disk.clone()),
                     _ => None,
                 })
                 .collect();
+            r.blk = blk.clone();
         });
         if recovering {
             self.apply(Trigger::RecoveryBegins);
@@ -826,6 +839,7 @@ impl Owner {
         if let Some(r) = self.restore.take() {
             r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
+        self.stop_backends();
         self.disconnect();
         self.qmp = None;
         self.cleanup_run_dir();

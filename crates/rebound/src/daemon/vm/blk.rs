@@ -1,0 +1,151 @@
+//! The VM's disk backends (`--disk-backend rebound`): one `rebound blk serve` process
+//! per disk, started before QEMU. They live in their own process group, so they
+//! outlive a crashed QEMU (the recovery VM reconnects to the same backend, its host
+//! cache still warm) and a daemon restart (QEMU's `reconnect` covers a backend
+//! restart); they stop with the VM.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rebound_vmm::record::BlkProcess;
+use rebound_vmm::resolve::BlkServe;
+
+use super::owner::Owner;
+use crate::daemon::error::OpError;
+
+/// How long a new backend gets to listen on its socket.
+const LISTEN_WAIT: Duration = Duration::from_secs(10);
+
+impl Owner {
+    /// Starts the backends `want` that do not run yet (one that runs for the same
+    /// socket and disk is kept); returns them all, for the VM record.
+    pub(super) async fn ensure_backends(
+        &mut self,
+        want: &[BlkServe],
+    ) -> Result<Vec<BlkProcess>, OpError> {
+        let have = self.vm.record().blk;
+        let mut out = Vec::new();
+        for s in want {
+            let kept = have.iter().find(|p| {
+                p.serve.socket == s.socket
+                    && p.serve.disk == s.disk
+                    && rebound_vmm::process::is_our_qemu(p.pid, &s.socket)
+            });
+            match kept {
+                Some(p) => out.push(p.clone()),
+                None => {
+                    let s = s.clone();
+                    let p = tokio::task::spawn_blocking(move || spawn(&s))
+                        .await
+                        .map_err(|e| OpError::Internal(e.to_string()))??;
+                    out.push(p);
+                }
+            }
+        }
+        // Backends the VM no longer has (its disks changed since) go.
+        for p in have.iter().filter(|p| !out.contains(p)) {
+            kill(p);
+        }
+        Ok(out)
+    }
+
+    /// Stops the VM's backends (the VM stopped for good).
+    pub(super) fn stop_backends(&mut self) {
+        let procs = self.vm.record().blk;
+        if procs.is_empty() {
+            return;
+        }
+        for p in &procs {
+            kill(p);
+        }
+        let _ = std::fs::remove_dir_all(self.paths.blk_dir(&self.vm.name));
+        self.vm.update(|r| r.blk.clear());
+    }
+}
+
+fn kill(p: &BlkProcess) {
+    if rebound_vmm::process::is_our_qemu(p.pid, &p.serve.socket) {
+        rebound_vmm::process::sigkill(p.pid);
+    }
+}
+
+/// Starts one backend and waits until it listens.
+fn spawn(s: &BlkServe) -> Result<BlkProcess, OpError> {
+    use std::os::unix::process::CommandExt;
+    let io = |what: &str, e| {
+        OpError::Io(
+            format!("{what} for the disk backend of {}", s.disk.display()),
+            e,
+        )
+    };
+    if let Some(dir) = s.socket.parent() {
+        rebound_vmm::private::create_dir_all(dir)
+            .map_err(|e| io("cannot create the socket directory", e))?;
+    }
+    let _ = std::fs::remove_file(&s.socket);
+    let exe = std::env::current_exe().map_err(|e| io("cannot find this program", e))?;
+    let log = std::fs::File::create(&s.log).map_err(|e| io("cannot create the log", e))?;
+    let err = log
+        .try_clone()
+        .map_err(|e| io("cannot create the log", e))?;
+    let mut child = std::process::Command::new(exe)
+        .arg("blk")
+        .arg("serve")
+        .arg("--disk")
+        .arg(&s.disk)
+        .arg("--socket")
+        .arg(&s.socket)
+        .arg("--control")
+        .arg(&s.control)
+        .arg("--cache")
+        .arg(s.cache_bytes.to_string())
+        .arg("--queues")
+        .arg(s.queues.to_string())
+        .arg("--serial")
+        .arg(&s.serial)
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        // Its own group: signals to the daemon's group do not reach it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| io("cannot start", e))?;
+    let pid = child.id();
+    let end = Instant::now() + LISTEN_WAIT;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(OpError::QemuFailed(format!(
+                "the disk backend for {} exited ({st}): {}",
+                s.disk.display(),
+                last_line(&s.log)
+            )));
+        }
+        if s.socket.exists() {
+            break;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(OpError::QemuFailed(format!(
+                "the disk backend for {} did not listen on {} within {} s",
+                s.disk.display(),
+                s.socket.display(),
+                LISTEN_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Reaped when it ends, while this daemon runs (after, by init).
+    std::thread::spawn(move || child.wait());
+    Ok(BlkProcess {
+        pid,
+        serve: s.clone(),
+    })
+}
+
+fn last_line(log: &Path) -> String {
+    std::fs::read_to_string(log)
+        .ok()
+        .and_then(|t| t.lines().last().map(str::to_string))
+        .unwrap_or_else(|| "no output".into())
+}

@@ -1,0 +1,136 @@
+//! Guests whose disks Rebound's own vhost-user-blk backend serves
+//! (`--disk-backend rebound`): the guest reads its data disk through it, the host
+//! cache fills and serves, the backend outlives a crashed QEMU so the recovery VM
+//! finds the cache warm, and it stops with the VM.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{ext4_file, http_get, Env};
+use serde_json::Value;
+
+/// The pids of backend processes (`rebound blk serve`) whose command line names
+/// `needle`.
+fn pids_naming(needle: &Path) -> Vec<u32> {
+    let needle = needle.to_string_lossy().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    c.contains(&needle) && c.contains("blk\0serve")
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn stats(env: &Env, control: &Path) -> Value {
+    serde_json::from_str(&env.ok(&["blk", "stats", control.to_str().unwrap(), "--json"])).unwrap()
+}
+
+#[test]
+fn a_guest_reads_through_the_backend_and_its_recovery_vm_finds_the_cache_warm() {
+    let env = Env::new();
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    env.ok(&[
+        "vm",
+        "start",
+        "b1",
+        "--workload",
+        "web",
+        "--memory",
+        "256M",
+        "--disk-backend",
+        "rebound",
+        "--disk-cache",
+        "32M",
+        "--on-crash",
+        "recover",
+    ]);
+    let blk: PathBuf = env.run.path().join("b1.blk");
+    let (socket, control) = (blk.join("disk0.sock"), blk.join("disk0.ctl"));
+    let argv = env
+        .events("b1")
+        .iter()
+        .find(|e| e["kind"] == "started")
+        .map(|e| e["detail"]["argv"].to_string())
+        .unwrap();
+    assert!(
+        argv.contains("vhost-user-blk-pci") && !argv.contains("disk0.qcow2"),
+        "{argv}"
+    );
+
+    // The guest's web service reads its data disk through the backend.
+    let port = env.host_port("b1", 8080);
+    let blob = ext4_file(&img.disk, "/blob-1m.bin").unwrap();
+    let (code, body) = http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!(code, 200);
+    assert!(body == blob, "the blob served differs from the data disk");
+    let before = stats(&env, &control);
+    let c = &before["cache"];
+    assert!(c["misses"].as_u64().unwrap() > 0, "{before}");
+    assert!(c["read_bytes"].as_u64().unwrap() >= 1 << 20, "{before}");
+    assert!(c["admissions"].as_u64().unwrap() > 0, "{before}");
+    assert_eq!(c["capacity_bytes"], 32u64 << 20);
+    let backend = pids_naming(&socket);
+    assert_eq!(backend.len(), 1, "{backend:?}");
+
+    // A crash: the recovery VM reconnects to the same backend, whose cache holds what
+    // the crashed guest read; the recovered guest's cold page cache reads from it.
+    env.ok(&["vm", "crash", "b1"]);
+    env.wait_event("b1", "recovered");
+    let (code, body) = http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!(code, 200);
+    assert!(body == blob, "the recovery VM served another blob");
+    assert_eq!(pids_naming(&socket), backend, "the backend was replaced");
+    let after = stats(&env, &control);
+    let hits = |v: &Value| v["cache"]["hits"].as_u64().unwrap();
+    assert!(
+        hits(&after) >= hits(&before) + 256,
+        "the recovery VM's reads of the 1 MiB blob did not hit the cache: {before} -> {after}"
+    );
+    assert!(after["connections"].as_u64().unwrap() >= 1, "{after}");
+
+    // The backend stops with the VM; the VM's raw disk copy stays.
+    env.ok(&["vm", "stop", "b1"]);
+    assert!(pids_naming(&socket).is_empty());
+    assert!(!blk.exists());
+    assert!(env.home.path().join("vms/b1/disk0.img").exists());
+}
+
+#[test]
+fn the_backend_refuses_what_it_cannot_serve_in_one_line() {
+    let env = Env::new();
+    let q = env.home.path().join("q.qcow2");
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&q)
+        .arg("16M")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let e = env.fails(&[
+        "vm",
+        "start",
+        "x",
+        "--disk-backend",
+        "rebound",
+        "--disk",
+        q.to_str().unwrap(),
+    ]);
+    assert!(e.contains("is qcow2") && e.contains("raw"), "{e}");
+    let e = env.fails(&["vm", "start", "x", "--disk-cache", "16M"]);
+    assert!(
+        e.contains("--disk-cache needs --disk-backend rebound"),
+        "{e}"
+    );
+    let e = env.fails(&["vm", "start", "x", "--disk-backend", "nvme"]);
+    assert!(e.contains("unknown disk backend"), "{e}");
+    // Nothing was left running.
+    assert!(pids_naming(&env.run.path().join("x.blk")).is_empty());
+}

@@ -165,6 +165,13 @@ pub enum EventData {
     /// A restored guest could not go on: what its memory came from failed it (the
     /// snapshot's RAM image changed under it, or QEMU died while it was mapped).
     RestoreFailed { error: String },
+    /// A disk backend process ended on its own (`reason`) and a new one (`pid`) serves
+    /// `disk`; QEMU reconnects, and the guest's requests in flight are sent again.
+    DiskBackendRestarted {
+        disk: String,
+        pid: u32,
+        reason: String,
+    },
 }
 
 impl EventData {
@@ -197,11 +204,12 @@ impl EventData {
             EventData::Recovered { .. } => "recovered",
             EventData::Settled { .. } => "settled",
             EventData::RestoreFailed { .. } => "restore_failed",
+            EventData::DiskBackendRestarted { .. } => "disk_backend_restarted",
         }
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 26] = [
+    pub const KINDS: [&'static str; 27] = [
         "started",
         "reattached",
         "agent_ready",
@@ -228,6 +236,7 @@ impl EventData {
         "recovered",
         "settled",
         "restore_failed",
+        "disk_backend_restarted",
     ];
 
     /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,

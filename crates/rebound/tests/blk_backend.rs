@@ -134,3 +134,48 @@ fn the_backend_refuses_what_it_cannot_serve_in_one_line() {
     // Nothing was left running.
     assert!(pids_naming(&env.run.path().join("x.blk")).is_empty());
 }
+
+#[test]
+fn a_killed_backend_is_replaced_and_the_guest_sees_no_error() {
+    let env = Env::new();
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    env.ok(&[
+        "vm",
+        "start",
+        "f1",
+        "--workload",
+        "web",
+        "--memory",
+        "256M",
+        "--disk-backend",
+        "rebound",
+    ]);
+    let socket = env.run.path().join("f1.blk/disk0.sock");
+    let old = pids_naming(&socket);
+    assert_eq!(old.len(), 1);
+    // SIGKILL, as a crash of the backend would: nothing of it gets to clean up.
+    assert!(std::process::Command::new("kill")
+        .args(["-9", &old[0].to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // The blob was never read yet: the guest must read it from the disk, through
+    // whatever serves the disk now.
+    let port = env.host_port("f1", 8080);
+    let (code, body) = http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!(code, 200);
+    assert!(body == ext4_file(&img.disk, "/blob-1m.bin").unwrap());
+    env.wait_event("f1", "disk_backend_restarted");
+    let new = pids_naming(&socket);
+    assert_eq!(new.len(), 1);
+    assert_ne!(new, old);
+    let serial = std::fs::read_to_string(env.run.path().join("f1/serial.log")).unwrap();
+    for bad in ["I/O error", "EXT4-fs error", "Buffer I/O"] {
+        assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
+    }
+    env.ok(&["vm", "stop", "f1"]);
+    assert!(
+        pids_naming(&socket).is_empty(),
+        "the new backend outlived the VM"
+    );
+}

@@ -2,7 +2,9 @@
 //! per disk, started before QEMU. They live in their own process group, so they
 //! outlive a crashed QEMU (the recovery VM reconnects to the same backend, its host
 //! cache still warm) and a daemon restart (QEMU's `reconnect` covers a backend
-//! restart); they stop with the VM.
+//! restart); they stop with the VM. One that ends on its own is started again by the
+//! thread that reaps it (QEMU reconnects and resends the requests in flight), and the
+//! event log says so.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,7 +12,10 @@ use std::time::{Duration, Instant};
 use rebound_vmm::record::BlkProcess;
 use rebound_vmm::resolve::BlkServe;
 
+use std::sync::Arc;
+
 use super::owner::Owner;
+use super::VmHandle;
 use crate::daemon::error::OpError;
 
 /// How long a new backend gets to listen on its socket.
@@ -34,15 +39,17 @@ impl Owner {
             match kept {
                 Some(p) => out.push(p.clone()),
                 None => {
-                    let s = s.clone();
-                    let p = tokio::task::spawn_blocking(move || spawn(&s))
+                    let (s, vm) = (s.clone(), self.vm.clone());
+                    let p = tokio::task::spawn_blocking(move || spawn(&s, vm))
                         .await
                         .map_err(|e| OpError::Internal(e.to_string()))??;
                     out.push(p);
                 }
             }
         }
-        // Backends the VM no longer has (its disks changed since) go.
+        // Backends the VM no longer has (its disks changed since) go, out of the
+        // record first so that nothing starts them again.
+        self.vm.update(|r| r.blk.retain(|p| out.contains(p)));
         for p in have.iter().filter(|p| !out.contains(p)) {
             kill(p);
         }
@@ -55,11 +62,12 @@ impl Owner {
         if procs.is_empty() {
             return;
         }
+        // Out of the record first: the reaper then knows the end was asked for.
+        self.vm.update(|r| r.blk.clear());
         for p in &procs {
             kill(p);
         }
         let _ = std::fs::remove_dir_all(self.paths.blk_dir(&self.vm.name));
-        self.vm.update(|r| r.blk.clear());
     }
 }
 
@@ -69,8 +77,77 @@ fn kill(p: &BlkProcess) {
     }
 }
 
-/// Starts one backend and waits until it listens.
-fn spawn(s: &BlkServe) -> Result<BlkProcess, OpError> {
+/// Starts one backend, waits until it listens, and leaves a thread that reaps it and
+/// starts it again if it ends while the VM still has it.
+fn spawn(s: &BlkServe, vm: Arc<VmHandle>) -> Result<BlkProcess, OpError> {
+    let (child, pid) = start(s)?;
+    let serve = s.clone();
+    std::thread::spawn(move || supervise(child, pid, serve, vm));
+    Ok(BlkProcess {
+        pid,
+        serve: s.clone(),
+    })
+}
+
+/// Waits for the backend `pid`; while the VM's record still has it when it ends,
+/// starts a new one in its place.
+fn supervise(mut child: std::process::Child, mut pid: u32, s: BlkServe, vm: Arc<VmHandle>) {
+    loop {
+        let status = child.wait();
+        let ours = |pid: u32| vm.record().blk.iter().any(|p| p.pid == pid);
+        if !ours(pid) {
+            return;
+        }
+        let reason = match status {
+            Ok(st) => st.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(vm = %vm.name, "the disk backend for {} ended ({reason}): starting a new one", s.disk.display());
+        let mut tries = 0;
+        let (next, next_pid) = loop {
+            match start(&s) {
+                Ok(c) => break c,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    tracing::warn!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    tracing::error!(vm = %vm.name, "giving up on the disk backend for {}: {}", s.disk.display(), crate::daemon::error::chain(&e));
+                    return;
+                }
+            }
+            if !ours(pid) {
+                return;
+            }
+        };
+        let replaced = vm.update(|r| match r.blk.iter_mut().find(|p| p.pid == pid) {
+            Some(p) => {
+                p.pid = next_pid;
+                true
+            }
+            None => false,
+        });
+        if !replaced {
+            // The VM stopped meanwhile.
+            let mut next = next;
+            let _ = next.kill();
+            let _ = next.wait();
+            return;
+        }
+        let _ = vm
+            .events
+            .append(rebound_api::EventData::DiskBackendRestarted {
+                disk: s.disk.display().to_string(),
+                pid: next_pid,
+                reason,
+            });
+        (child, pid) = (next, next_pid);
+    }
+}
+
+/// Starts one backend process and waits until it listens.
+fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
     use std::os::unix::process::CommandExt;
     let io = |what: &str, e| {
         OpError::Io(
@@ -135,12 +212,7 @@ fn spawn(s: &BlkServe) -> Result<BlkProcess, OpError> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Reaped when it ends, while this daemon runs (after, by init).
-    std::thread::spawn(move || child.wait());
-    Ok(BlkProcess {
-        pid,
-        serve: s.clone(),
-    })
+    Ok((child, pid))
 }
 
 fn last_line(log: &Path) -> String {

@@ -29,6 +29,23 @@ fn pids_naming(needle: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// A 256 MiB web guest whose disks the rebound backend serves.
+fn start_web(env: &Env, name: &str, extra: &[&str]) {
+    let mut args = vec![
+        "vm",
+        "start",
+        name,
+        "--workload",
+        "web",
+        "--memory",
+        "256M",
+        "--disk-backend",
+        "rebound",
+    ];
+    args.extend_from_slice(extra);
+    env.ok(&args);
+}
+
 fn stats(env: &Env, control: &Path) -> Value {
     serde_json::from_str(&env.ok(&["blk", "stats", control.to_str().unwrap(), "--json"])).unwrap()
 }
@@ -37,21 +54,11 @@ fn stats(env: &Env, control: &Path) -> Value {
 fn a_guest_reads_through_the_backend_and_its_recovery_vm_finds_the_cache_warm() {
     let env = Env::new();
     let img = rebound_image::open(env.home.path(), "default").unwrap();
-    env.ok(&[
-        "vm",
-        "start",
+    start_web(
+        &env,
         "b1",
-        "--workload",
-        "web",
-        "--memory",
-        "256M",
-        "--disk-backend",
-        "rebound",
-        "--disk-cache",
-        "32M",
-        "--on-crash",
-        "recover",
-    ]);
+        &["--disk-cache", "32M", "--on-crash", "recover"],
+    );
     let blk: PathBuf = env.run.path().join("b1.blk");
     let (socket, control) = (blk.join("disk0.sock"), blk.join("disk0.ctl"));
     let argv = env
@@ -139,17 +146,7 @@ fn the_backend_refuses_what_it_cannot_serve_in_one_line() {
 fn a_killed_backend_is_replaced_and_the_guest_sees_no_error() {
     let env = Env::new();
     let img = rebound_image::open(env.home.path(), "default").unwrap();
-    env.ok(&[
-        "vm",
-        "start",
-        "f1",
-        "--workload",
-        "web",
-        "--memory",
-        "256M",
-        "--disk-backend",
-        "rebound",
-    ]);
+    start_web(&env, "f1", &[]);
     let socket = env.run.path().join("f1.blk/disk0.sock");
     let old = pids_naming(&socket);
     assert_eq!(old.len(), 1);

@@ -356,6 +356,7 @@ static void spawn(struct child *ch)
 		case WL_WEB: rc = wl_web(&ctx, workload_port(&cfg, WL_WEB)); break;
 		case WL_KV: rc = wl_kv(&ctx, workload_port(&cfg, WL_KV)); break;
 		case WL_MEMFILL: rc = wl_memfill(&ctx); break;
+		case WL_IO: rc = wl_io(&ctx); break;
 		case WL_COUNTER: rc = wl_counter(&ctx); break;
 		}
 		_exit(rc);

@@ -22,7 +22,8 @@ ssize_t read_small_file(const char *path, char *buf, size_t cap);
 
 /* ---- config.c: kernel command line ---- */
 #define MAX_WORKLOADS 4
-enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER };
+enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO };
+#define IO_MAX_PHASES 8
 
 struct config {
 	char workload[64]; /* as given, e.g. "web" or "web,kv"; "none" when absent */
@@ -33,6 +34,12 @@ struct config {
 	int port_override; /* 0: none */
 	unsigned watchdog_s; /* watchdog timeout to set; 0: the driver's default */
 	uint64_t disk_io_bytes; /* read from the data disk (O_DIRECT) before serving; 0: none */
+	/* The io workload (wl_io.c). */
+	char io_phases[IO_MAX_PHASES][16];
+	int io_nphases;
+	uint64_t io_size, io_bs;
+	int io_direct;
+	unsigned io_seconds, io_rounds; /* io_rounds 0: forever */
 };
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */
@@ -82,6 +89,10 @@ int wl_web(struct wl_ctx *ctx, int port);
 int wl_kv(struct wl_ctx *ctx, int port);
 int wl_memfill(struct wl_ctx *ctx);
 int wl_counter(struct wl_ctx *ctx);
+int wl_io(struct wl_ctx *ctx);
+/* The io workload's block pattern and percentile, exposed for the unit tests. */
+void io_fill(void *buf, size_t len, uint64_t offset, uint64_t version);
+uint32_t io_percentile(uint32_t *v, size_t n, unsigned pct);
 int listen_tcp(int port);
 /* Pure parts of the workloads, exposed for the unit tests (test_agent.c). */
 int web_target_to_path(const char *target, char *out, size_t cap);

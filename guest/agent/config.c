@@ -51,6 +51,7 @@ const char *workload_name(enum workload_kind k)
 	case WL_KV: return "kv";
 	case WL_MEMFILL: return "memfill";
 	case WL_COUNTER: return "counter";
+	case WL_IO: return "io";
 	}
 	return "?";
 }
@@ -75,6 +76,8 @@ static int parse_workloads(const char *v, struct config *cfg)
 			k = WL_MEMFILL;
 		else if (strcmp(tok, "counter") == 0)
 			k = WL_COUNTER;
+		else if (strcmp(tok, "io") == 0)
+			k = WL_IO;
 		else
 			return -1;
 		for (int i = 0; i < cfg->nworkloads; i++)
@@ -100,6 +103,31 @@ static int parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigne
 	return 0;
 }
 
+#define DEFAULT_IO_PHASES "seqwrite,seqread,randread,randwrite"
+
+/* "seqwrite,randread": the io workload's phases, in order. Returns 0 or -1. */
+static int set_io_phases(struct config *cfg, const char *v)
+{
+	char tmp[128];
+	char *save = NULL;
+	int n = 0;
+	if (strlen(v) >= sizeof(tmp))
+		return -1;
+	strcpy(tmp, v);
+	for (char *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (strcmp(tok, "seqread") && strcmp(tok, "seqwrite") && strcmp(tok, "randread") &&
+		    strcmp(tok, "randwrite"))
+			return -1;
+		if (n == IO_MAX_PHASES)
+			return -1;
+		snprintf(cfg->io_phases[n++], sizeof(cfg->io_phases[0]), "%s", tok);
+	}
+	if (n == 0)
+		return -1;
+	cfg->io_nphases = n;
+	return 0;
+}
+
 static void problem(char *err, size_t errlen, int *n, const char *param, const char *val)
 {
 	if (*n == 0)
@@ -116,6 +144,12 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 	strcpy(cfg->workload, "none");
 	cfg->memfill_bytes = DEFAULT_MEMFILL;
 	cfg->counter_hz = DEFAULT_COUNTER_HZ;
+	set_io_phases(cfg, DEFAULT_IO_PHASES);
+	cfg->io_size = 32ULL << 20;
+	cfg->io_bs = 4096;
+	cfg->io_direct = 1;
+	cfg->io_seconds = 5;
+	cfg->io_rounds = 1;
 	if (errlen)
 		err[0] = '\0';
 
@@ -165,6 +199,38 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				cfg->disk_io_bytes = 0;
 				problem(err, errlen, &problems, "rebound.disk_io", val);
 			}
+		} else if (strcmp(key, "io") == 0) {
+			if (set_io_phases(cfg, val) < 0) {
+				set_io_phases(cfg, DEFAULT_IO_PHASES);
+				problem(err, errlen, &problems, "rebound.io", val);
+			}
+		} else if (strcmp(key, "io_size") == 0) {
+			uint64_t v;
+			if (parse_size(val, &v) < 0 || v < 4096 || v % 4096)
+				problem(err, errlen, &problems, "rebound.io_size", val);
+			else
+				cfg->io_size = v;
+		} else if (strcmp(key, "io_bs") == 0) {
+			uint64_t v;
+			if (parse_size(val, &v) < 0 || v < 512 || v % 512 || v > (4ULL << 20))
+				problem(err, errlen, &problems, "rebound.io_bs", val);
+			else
+				cfg->io_bs = v;
+		} else if (strcmp(key, "io_direct") == 0) {
+			if (parse_uint(val, 0, 1, &u) < 0)
+				problem(err, errlen, &problems, "rebound.io_direct", val);
+			else
+				cfg->io_direct = (int)u;
+		} else if (strcmp(key, "io_seconds") == 0) {
+			if (parse_uint(val, 1, 3600, &u) < 0)
+				problem(err, errlen, &problems, "rebound.io_seconds", val);
+			else
+				cfg->io_seconds = (unsigned)u;
+		} else if (strcmp(key, "io_rounds") == 0) {
+			if (parse_uint(val, 0, 1000000, &u) < 0)
+				problem(err, errlen, &problems, "rebound.io_rounds", val);
+			else
+				cfg->io_rounds = (unsigned)u;
 		} else if (strcmp(key, "port") == 0) {
 			if (parse_uint(val, 1, 65535, &u) < 0)
 				problem(err, errlen, &problems, "rebound.port", val);

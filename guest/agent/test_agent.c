@@ -319,8 +319,34 @@ static void test_counter(void)
 	CHECK(counter_checksum(w, 1u << 17) != before);
 }
 
+static void test_io(void)
+{
+	struct config cfg;
+	char err[256];
+	CHECK(parse_cmdline("rebound.workload=io", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 1 && cfg.workloads[0] == WL_IO && cfg.io_nphases == 4);
+	CHECK(cfg.io_bs == 4096 && cfg.io_size == 32ULL << 20 && cfg.io_direct == 1 && cfg.io_rounds == 1);
+	CHECK(parse_cmdline("rebound.workload=io rebound.io=randread,seqwrite rebound.io_bs=64K rebound.io_direct=0 "
+			    "rebound.io_size=8M rebound.io_seconds=2 rebound.io_rounds=0",
+			    &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.io_nphases == 2 && strcmp(cfg.io_phases[0], "randread") == 0 && strcmp(cfg.io_phases[1], "seqwrite") == 0);
+	CHECK(cfg.io_bs == 65536 && cfg.io_direct == 0 && cfg.io_size == 8ULL << 20 && cfg.io_seconds == 2 &&
+	      cfg.io_rounds == 0);
+	/* Bad values are reported and replaced by the defaults. */
+	CHECK(parse_cmdline("rebound.workload=io rebound.io=sideways rebound.io_bs=100", &cfg, err, sizeof(err)) == 2);
+	CHECK(cfg.io_nphases == 4 && cfg.io_bs == 4096 && strstr(err, "rebound.io") != NULL);
+	/* The pattern: word j of the block at offset o is splitmix64(o/8 + j) ^ version. */
+	uint64_t b[512];
+	io_fill(b, sizeof(b), 8192, 3);
+	CHECK(b[0] == (splitmix64(1024) ^ 3) && b[511] == (splitmix64(1024 + 511) ^ 3));
+	uint32_t v[] = {5, 1, 4, 2, 3, 100, 6, 7, 8, 9};
+	CHECK(io_percentile(v, 10, 50) == 5 && io_percentile(v, 10, 99) == 100);
+	CHECK(io_percentile(v, 0, 50) == 0);
+}
+
 int main(void)
 {
+	test_io();
 	test_json_valid();
 	test_json_malformed();
 	test_json_fuzz();

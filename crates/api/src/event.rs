@@ -172,6 +172,25 @@ pub enum EventData {
         pid: u32,
         reason: String,
     },
+    /// One phase of the guest's `io` workload finished.
+    Io(IoReport),
+}
+
+/// One phase of the `io` workload: what the guest measured of its data disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoReport {
+    /// `seqread`, `seqwrite`, `randread` or `randwrite`.
+    pub phase: String,
+    pub round: u64,
+    /// Bytes per request.
+    pub bs: u64,
+    /// `O_DIRECT` (the guest's page cache bypassed).
+    pub direct: bool,
+    pub ops: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
 }
 
 impl EventData {
@@ -205,11 +224,12 @@ impl EventData {
             EventData::Settled { .. } => "settled",
             EventData::RestoreFailed { .. } => "restore_failed",
             EventData::DiskBackendRestarted { .. } => "disk_backend_restarted",
+            EventData::Io(_) => "io",
         }
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 27] = [
+    pub const KINDS: [&'static str; 28] = [
         "started",
         "reattached",
         "agent_ready",
@@ -237,6 +257,7 @@ impl EventData {
         "settled",
         "restore_failed",
         "disk_backend_restarted",
+        "io",
     ];
 
     /// A QEMU event's data as this kind's fields; unknown or odd fields are dropped,

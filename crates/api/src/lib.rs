@@ -18,7 +18,7 @@ pub use crash::{
     Compress, CrashPhase, CrashPolicy, CrashReport, DumpEngine, DumpFormat, DumpRequest,
     DumpResult, IoPolicy, MemoryLimit, MemorySample, OnCrash, PageClass,
 };
-pub use event::{Event, EventData, EVENT_LOG_VERSION};
+pub use event::{Event, EventData, IoReport, EVENT_LOG_VERSION};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
 pub use snapshot::{
     RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult,

@@ -36,9 +36,9 @@ pub enum SpecError {
     AgentWithoutImage,
     #[error("--workload needs an image with the guest agent")]
     WorkloadWithoutImage,
-    #[error("unknown workload {0:?}: expected web, kv, memfill, counter or none")]
+    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port or watchdog_s")]
+    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_size, io_bs, io_direct, io_seconds or io_rounds")]
     WorkloadArg(String),
     #[error("{0}")]
     CrashPolicy(String),
@@ -130,6 +130,10 @@ pub enum Workload {
     Kv,
     Memfill,
     Counter,
+    /// Reads and writes a file on the data disk in phases, reporting throughput and
+    /// latency percentiles (`io`, `io_size`, `io_bs`, `io_direct`, `io_seconds`,
+    /// `io_rounds`).
+    Io,
     None,
 }
 
@@ -140,6 +144,7 @@ impl Workload {
             Workload::Kv => "kv",
             Workload::Memfill => "memfill",
             Workload::Counter => "counter",
+            Workload::Io => "io",
             Workload::None => "none",
         }
     }
@@ -162,6 +167,7 @@ impl FromStr for Workload {
             "kv" => Workload::Kv,
             "memfill" => Workload::Memfill,
             "counter" => Workload::Counter,
+            "io" => Workload::Io,
             "none" => Workload::None,
             _ => return Err(SpecError::Workload(s.to_string())),
         })
@@ -404,7 +410,7 @@ impl VmSpec {
         self.workload_args
             .iter()
             .map(|(k, v)| match (k.as_str(), parse_memfill(v)) {
-                ("memfill" | "disk_io", Ok(n)) => (k.clone(), n.to_string()),
+                ("memfill" | "disk_io" | "io_size" | "io_bs", Ok(n)) => (k.clone(), n.to_string()),
                 _ => (k.clone(), v.clone()),
             })
             .collect()
@@ -466,6 +472,18 @@ impl VmSpec {
                 "counter_hz" => v.parse::<u32>().is_ok_and(|n| n > 0),
                 "port" => v.parse::<u16>().is_ok_and(|n| n > 0),
                 "watchdog_s" => v.parse::<u32>().is_ok_and(|n| (1..=600).contains(&n)),
+                "io" => {
+                    v.split(',')
+                        .all(|p| ["seqread", "seqwrite", "randread", "randwrite"].contains(&p))
+                        && v.split(',').count() <= 8
+                }
+                "io_size" => parse_memfill(v).is_ok_and(|n| n >= 4096 && n % 4096 == 0),
+                "io_bs" => {
+                    parse_memfill(v).is_ok_and(|n| (512..=4 << 20).contains(&n) && n % 512 == 0)
+                }
+                "io_direct" => v == "0" || v == "1",
+                "io_seconds" => v.parse::<u32>().is_ok_and(|n| (1..=3600).contains(&n)),
+                "io_rounds" => v.parse::<u32>().is_ok_and(|n| n <= 1_000_000),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),
             };
             if !ok {

@@ -62,6 +62,7 @@ pub enum AgentMsg {
         rounds: u64,
         errors: u64,
     },
+    Io(rebound_api::IoReport),
     Error {
         message: String,
     },

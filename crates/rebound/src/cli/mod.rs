@@ -227,7 +227,7 @@ pub struct StartArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1)]
     pub cpus: u32,
-    /// web, kv, memfill, counter or none.
+    /// web, kv, memfill, counter, io or none.
     #[arg(long)]
     pub workload: Option<rebound_api::spec::Workload>,
     /// Memory the memfill workload fills, e.g. 64M.
@@ -237,6 +237,10 @@ pub struct StartArgs {
     /// ready, e.g. 200M: a disk-bound start, as a service that loads its data.
     #[arg(long)]
     pub disk_io: Option<String>,
+    /// A workload argument KEY=VALUE (repeatable), e.g. for `--workload io`:
+    /// io=seqwrite,randread io_size=64M io_bs=4K io_direct=0|1 io_seconds=5 io_rounds=1.
+    #[arg(long = "workload-arg", value_name = "KEY=VALUE")]
+    pub workload_args: Vec<String>,
     /// The guest watchdog's timeout in seconds (1-600; needs the agent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=600))]
     pub watchdog: Option<u32>,

@@ -291,6 +291,12 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     if let Some(d) = &a.disk_io {
         s.workload_args.insert("disk_io".into(), d.clone());
     }
+    for kv in &a.workload_args {
+        let Some((k, v)) = kv.split_once('=') else {
+            anyhow::bail!("--workload-arg {kv:?}: expected KEY=VALUE");
+        };
+        s.workload_args.insert(k.to_string(), v.to_string());
+    }
     s.accel = a.accel;
     s.crash = rebound_api::CrashPolicy {
         on_crash: a.on_crash,

@@ -608,6 +608,7 @@ impl Owner {
                 }
             }
             AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
+            AgentMsg::Io(r) => self.event(EventData::Io(r)),
             // Ticks and heartbeats are frequent; the counter also goes to the serial log.
             AgentMsg::Heartbeat { .. } | AgentMsg::Counter { .. } | AgentMsg::Marker { .. } => {}
         }

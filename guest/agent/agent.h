@@ -35,6 +35,7 @@ struct config {
 	unsigned watchdog_s; /* watchdog timeout to set; 0: the driver's default */
 	uint64_t disk_io_bytes; /* read from the data disk (O_DIRECT) before serving; 0: none */
 	/* The io workload (wl_io.c). */
+	char io_target[64]; /* the file or block device (default /data/io.bin) */
 	char io_phases[IO_MAX_PHASES][16];
 	int io_nphases;
 	uint64_t io_size, io_bs;

@@ -145,6 +145,7 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 	cfg->memfill_bytes = DEFAULT_MEMFILL;
 	cfg->counter_hz = DEFAULT_COUNTER_HZ;
 	set_io_phases(cfg, DEFAULT_IO_PHASES);
+	strcpy(cfg->io_target, "/data/io.bin");
 	cfg->io_size = 32ULL << 20;
 	cfg->io_bs = 4096;
 	cfg->io_direct = 1;
@@ -204,6 +205,13 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				set_io_phases(cfg, DEFAULT_IO_PHASES);
 				problem(err, errlen, &problems, "rebound.io", val);
 			}
+		} else if (strcmp(key, "io_target") == 0) {
+			/* Under /data or a whole block device: nothing else of the guest's. */
+			if ((strncmp(val, "/data/", 6) && strncmp(val, "/dev/vd", 7)) || strstr(val, "..") ||
+			    strlen(val) >= sizeof(cfg->io_target))
+				problem(err, errlen, &problems, "rebound.io_target", val);
+			else
+				snprintf(cfg->io_target, sizeof(cfg->io_target), "%s", val);
 		} else if (strcmp(key, "io_size") == 0) {
 			uint64_t v;
 			if (parse_size(val, &v) < 0 || v < 4096 || v % 4096)

@@ -335,6 +335,10 @@ static void test_io(void)
 	/* Bad values are reported and replaced by the defaults. */
 	CHECK(parse_cmdline("rebound.workload=io rebound.io=sideways rebound.io_bs=100", &cfg, err, sizeof(err)) == 2);
 	CHECK(cfg.io_nphases == 4 && cfg.io_bs == 4096 && strstr(err, "rebound.io") != NULL);
+	CHECK(strcmp(cfg.io_target, "/data/io.bin") == 0);
+	CHECK(parse_cmdline("rebound.io_target=/dev/vdb", &cfg, err, sizeof(err)) == 0 && strcmp(cfg.io_target, "/dev/vdb") == 0);
+	CHECK(parse_cmdline("rebound.io_target=/etc/passwd", &cfg, err, sizeof(err)) == 1);
+	CHECK(parse_cmdline("rebound.io_target=/data/../etc/x", &cfg, err, sizeof(err)) == 1);
 	/* The pattern: word j of the block at offset o is splitmix64(o/8 + j) ^ version. */
 	uint64_t b[512];
 	io_fill(b, sizeof(b), 8192, 3);

@@ -1,5 +1,5 @@
 /* `io` workload: sequential and random reads and writes over a file on the data disk
- * (/data/io.bin), buffered or O_DIRECT, in phases (rebound.io=seqwrite,seqread,...);
+ * (/data/io.bin) or a whole block device (rebound.io_target=/dev/vdb), buffered or O_DIRECT, in phases (rebound.io=seqwrite,seqread,...);
  * after each phase it reports {"type":"io",...} with throughput and latency
  * percentiles. Every block written holds a pattern the host can recompute: the 64-bit
  * word j of the block at byte offset o is splitmix64(o / 8 + j) ^ version, where
@@ -14,7 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define IO_FILE "/data/io.bin"
 #define MAX_SAMPLES (1 << 20)
 
 static uint64_t now_ns(void)
@@ -114,28 +113,36 @@ int wl_io(struct wl_ctx *ctx)
 	const struct config *c = ctx->cfg;
 	char line[300];
 	int flags = O_RDWR | O_CREAT | O_CLOEXEC | (c->io_direct ? O_DIRECT : 0);
-	int fd = open(IO_FILE, flags, 0644);
+	const char *target = c->io_target;
+	int fd = open(target, flags, 0644);
 	void *buf = NULL;
 	uint32_t *lat = malloc(MAX_SAMPLES * sizeof(uint32_t));
 	if (fd < 0 || !lat || posix_memalign(&buf, 4096, c->io_bs) != 0) {
-		snprintf(line, sizeof(line), "{\"type\":\"error\",\"message\":\"io: cannot open %s: %s\"}\n", IO_FILE,
+		snprintf(line, sizeof(line), "{\"type\":\"error\",\"message\":\"io: cannot open %s: %s\"}\n", target,
 			 strerror(errno));
 		wl_send(ctx, line);
 		return 1;
 	}
-	/* The file is written whole first, so reads read data, not holes. */
+	/* The target is written whole first, so reads read data, not holes; in 1 MiB
+	 * writes whatever the phases' request size. */
 	uint64_t version = 0;
-	for (uint64_t off = 0; off < c->io_size; off += c->io_bs) {
-		io_fill(buf, c->io_bs, off, 0);
-		if (pwrite(fd, buf, c->io_bs, (off_t)off) != (ssize_t)c->io_bs) {
+	const uint64_t fill_bs = 1 << 20;
+	void *fill = NULL;
+	if (posix_memalign(&fill, 4096, fill_bs) != 0)
+		return 1;
+	for (uint64_t off = 0; off < c->io_size; off += fill_bs) {
+		uint64_t n = c->io_size - off < fill_bs ? c->io_size - off : fill_bs;
+		io_fill(fill, n, off, 0);
+		if (pwrite(fd, fill, n, (off_t)off) != (ssize_t)n) {
 			snprintf(line, sizeof(line), "{\"type\":\"error\",\"message\":\"io: cannot fill %s: %s\"}\n",
-				 IO_FILE, strerror(errno));
+				 target, strerror(errno));
 			wl_send(ctx, line);
 			return 1;
 		}
 	}
+	free(fill);
 	fdatasync(fd);
-	logmsg("io: %s filled, %llu MiB, bs %llu, %s", IO_FILE, (unsigned long long)(c->io_size >> 20),
+	logmsg("io: %s filled, %llu MiB, bs %llu, %s", target, (unsigned long long)(c->io_size >> 20),
 	       (unsigned long long)c->io_bs, c->io_direct ? "O_DIRECT" : "buffered");
 	wl_ready(ctx);
 	for (uint64_t round = 1; c->io_rounds == 0 || round <= c->io_rounds; round++) {

@@ -38,7 +38,7 @@ pub enum SpecError {
     WorkloadWithoutImage,
     #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_size, io_bs, io_direct, io_seconds or io_rounds")]
+    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds or io_rounds")]
     WorkloadArg(String),
     #[error("{0}")]
     CrashPolicy(String),
@@ -353,6 +353,9 @@ pub struct VmSpec {
     /// Host cache per disk served by Rebound's backend, MiB (0: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub disk_cache_mib: u64,
+    /// QEMU-served disks bypass the host page cache (`O_DIRECT`, QEMU's cache=none).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_direct: bool,
 }
 
 fn is_qemu(b: &DiskBackend) -> bool {
@@ -392,6 +395,7 @@ impl VmSpec {
             crash: crate::crash::CrashPolicy::default(),
             disk_backend: DiskBackend::Qemu,
             disk_cache_mib: 0,
+            disk_direct: false,
         }
     }
 
@@ -482,6 +486,11 @@ impl VmSpec {
                     parse_memfill(v).is_ok_and(|n| (512..=4 << 20).contains(&n) && n % 512 == 0)
                 }
                 "io_direct" => v == "0" || v == "1",
+                "io_target" => {
+                    (v.starts_with("/data/") || v.starts_with("/dev/vd"))
+                        && !v.contains("..")
+                        && v.len() < 64
+                }
                 "io_seconds" => v.parse::<u32>().is_ok_and(|n| (1..=3600).contains(&n)),
                 "io_rounds" => v.parse::<u32>().is_ok_and(|n| n <= 1_000_000),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),

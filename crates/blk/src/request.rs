@@ -118,10 +118,10 @@ impl Device {
             VIRTIO_BLK_T_IN => {
                 let len = data.available();
                 let off = self.range(h.sector, len)?;
-                let mut buf = AlignedBuf::new(len);
-                self.read(&mut buf.as_mut()[..len], off)
-                    .map_err(Failed::Io)?;
-                data.write_all(&buf.as_ref()[..len]).map_err(Failed::Io)?;
+                with_buf(len, |buf| {
+                    self.read(buf, off).map_err(Failed::Io)?;
+                    data.write_all(buf).map_err(Failed::Io)
+                })?;
                 Ok(len)
             }
             VIRTIO_BLK_T_OUT => {
@@ -130,11 +130,10 @@ impl Device {
                 }
                 let len = reader.available();
                 let off = self.range(h.sector, len)?;
-                let mut buf = AlignedBuf::new(len);
-                reader
-                    .read_exact(&mut buf.as_mut()[..len])
-                    .map_err(Failed::Io)?;
-                self.write(&buf.as_ref()[..len], off).map_err(Failed::Io)?;
+                with_buf(len, |buf| {
+                    reader.read_exact(buf).map_err(Failed::Io)?;
+                    self.write(buf, off).map_err(Failed::Io)
+                })?;
                 Ok(0)
             }
             VIRTIO_BLK_T_FLUSH => {
@@ -263,6 +262,24 @@ impl Device {
         self.cache.end_write(&t, None, 0);
         r
     }
+}
+
+thread_local! {
+    /// Each queue thread's bounce buffer, kept between requests: a fresh megabyte
+    /// per request costs page faults and zeroing that dominated large requests.
+    static BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on this thread's buffer, at least `len` bytes (grown when needed).
+fn with_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.as_ref().is_none_or(|x| x.len() < len) {
+            *b = Some(AlignedBuf::new(len));
+        }
+        let buf = b.as_mut().expect("just set");
+        f(&mut buf.as_mut()[..len])
+    })
 }
 
 /// Bytes left in a guest buffer.

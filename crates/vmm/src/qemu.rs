@@ -139,6 +139,9 @@ pub enum BlockBackend {
 pub struct Disk {
     pub backend: BlockBackend,
     pub readonly: bool,
+    /// QEMU opens a file with `O_DIRECT` (its `cache=none`); otherwise through the
+    /// host page cache (`cache=writeback`, QEMU's default).
+    pub direct: bool,
 }
 
 impl Disk {
@@ -151,6 +154,7 @@ impl Disk {
                 locking: true,
             },
             readonly: false,
+            direct: false,
         }
     }
 }
@@ -525,6 +529,7 @@ fn disk_args(a: &mut Args, i: usize, d: &Disk) {
                     "filename": path.to_string_lossy(),
                     "locking": if *locking { "on" } else { "off" },
                     "read-only": ro,
+                    "cache": {"direct": d.direct},
                 },
             });
             a.push(&["-blockdev", &node.to_string()]);

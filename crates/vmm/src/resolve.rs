@@ -308,6 +308,9 @@ pub fn resolve(
         &forwards,
     );
     command.cpus = spec.cpus;
+    for d in &mut all_disks {
+        d.direct = spec.disk_direct;
+    }
     command.disks = all_disks;
     if let Some(m) = boot_memory {
         command.memory.max_mib = Some(spec.memory_mib);

@@ -11,6 +11,7 @@ use rebound_vmm::paths::Paths;
 
 mod bench;
 mod bench_crash;
+mod bench_disk;
 mod bench_restore;
 mod console;
 mod crash;
@@ -218,6 +219,9 @@ pub struct StartArgs {
     /// backend, a process per disk that sees every request and can cache).
     #[arg(long, default_value = "qemu")]
     pub disk_backend: rebound_api::spec::DiskBackend,
+    /// QEMU-served disks bypass the host page cache (O_DIRECT, QEMU's cache=none).
+    #[arg(long)]
+    pub disk_direct: bool,
     /// Host cache per disk of the rebound backend, e.g. 256M (0: none).
     #[arg(long, default_value = "0", value_parser = parse_memory_or_zero)]
     pub disk_cache: u64,
@@ -612,6 +616,9 @@ pub enum BenchCmd {
     /// lazy, working-set, elastic), cold, on the real disk and an emulated slow one:
     /// time to running and to responsive, faults and bytes read after the start.
     Restore(bench_restore::RestoreArgs),
+    /// Guest disk I/O through Rebound's block backend against QEMU's virtio-blk on
+    /// the same file (cache=none and writeback), and host-cache hits against misses.
+    Disk(bench_disk::DiskArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {

@@ -325,6 +325,7 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     s.forwards = a.forwards.clone();
     s.disk_backend = a.disk_backend;
     s.disk_cache_mib = a.disk_cache;
+    s.disk_direct = a.disk_direct;
     s.validate()?;
     Ok(s)
 }

@@ -116,6 +116,7 @@ fn disks_have_stable_ids() {
             locking: false,
         },
         readonly: true,
+        direct: true,
     });
     let a = q.args().unwrap();
     let bd: Vec<serde_json::Value> = after(&a, "-blockdev")
@@ -128,6 +129,8 @@ fn disks_have_stable_ids() {
     assert_eq!(bd[0]["file"]["locking"], "on");
     assert_eq!(bd[1]["file"]["locking"], "off");
     assert_eq!(bd[1]["read-only"], true);
+    assert_eq!(bd[0]["file"]["cache"]["direct"], false);
+    assert_eq!(bd[1]["file"]["cache"]["direct"], true);
     assert!(after(&a, "-device").contains(&"virtio-blk-pci,drive=drive0,id=disk0,serial=disk0"));
     assert!(after(&a, "-device").contains(&"virtio-blk-pci,drive=drive1,id=disk1,serial=disk1"));
 }
@@ -141,6 +144,7 @@ fn block_servers() {
                 socket: "/run/vhost.sock".into(),
             },
             readonly: false,
+            direct: false,
         },
         Disk {
             backend: BlockBackend::Nbd {
@@ -148,6 +152,7 @@ fn block_servers() {
                 export: "data".into(),
             },
             readonly: false,
+            direct: false,
         },
     ];
     let a = q.args().unwrap();

@@ -1,0 +1,323 @@
+//! `rebound bench disk`: guest I/O through Rebound's block backend against QEMU's own
+//! virtio-blk on the same raw file, side by side in one run (issue 12, item 5).
+//!
+//! One raw file of `--size` is the guest's second disk (`/dev/vdb`, no filesystem).
+//! The guest's `io` workload fills it in 1 MiB writes, then runs two passes, each in a
+//! fresh VM: sequential writes and reads in 1 MiB requests, and random reads and
+//! writes in 4 KiB requests for `--io-seconds` each, all `O_DIRECT` in the guest so
+//! the guest's page cache is out of the measurement. Variants:
+//!
+//! - `qemu-none`: QEMU's virtio-blk with `O_DIRECT` on the file (cache=none);
+//! - `qemu-writeback`: QEMU's virtio-blk through the host page cache (its default);
+//! - `rebound`: our vhost-user-blk backend, `O_DIRECT` on the file, no host cache:
+//!   every read is a miss, compared with `qemu-none` (the same caching);
+//! - `rebound-cache`: our backend with a host cache as large as the disk: the fill
+//!   admits every block, so every read after it is a hit, compared with `rebound`.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hyper::Method;
+use rebound_api::spec::DiskBackend;
+use rebound_api::{IoReport, VmSpec, VmStatus, Workload};
+use rebound_vmm::paths::Paths;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
+use crate::cli::connect;
+use crate::client::Client;
+
+const MB: f64 = 1e6;
+
+#[derive(Args, Debug)]
+pub struct DiskArgs {
+    /// Size of the disk the guest reads and writes (its second disk, /dev/vdb).
+    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
+    size: u64,
+    /// Seconds each random phase runs.
+    #[arg(long, default_value_t = 5)]
+    io_seconds: u32,
+    /// Rounds over the variants (interleaved); medians are printed.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Variants: qemu-none, qemu-writeback, rebound, rebound-cache.
+    #[arg(long, default_value = "qemu-none,qemu-writeback,rebound,rebound-cache")]
+    variants: String,
+    #[command(flatten)]
+    out: crate::cli::bench::BenchOut,
+}
+
+const VARIANTS: [&str; 4] = ["qemu-none", "qemu-writeback", "rebound", "rebound-cache"];
+/// (phases, request size) of the two passes.
+const PASSES: [(&str, u64); 2] = [("seqwrite,seqread", 1 << 20), ("randread,randwrite", 4096)];
+
+/// One phase of one variant.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    variant: String,
+    phase: String,
+    bs: u64,
+    mb_per_s: f64,
+    iops: f64,
+    p50_us: u64,
+    p99_us: u64,
+    ops: u64,
+    seconds: f64,
+}
+
+impl Row {
+    fn of(variant: &str, r: &IoReport) -> Row {
+        let s = r.seconds.max(1e-9);
+        Row {
+            variant: variant.into(),
+            phase: r.phase.clone(),
+            bs: r.bs,
+            mb_per_s: r.bytes as f64 / s / MB,
+            iops: r.ops as f64 / s,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+            ops: r.ops,
+            seconds: r.seconds,
+        }
+    }
+}
+
+fn spec(args: &DiskArgs, name: &str, variant: &str, disk: &str, pass: (&str, u64)) -> VmSpec {
+    let mut s = VmSpec::new(name);
+    s.memory_mib = 256;
+    s.workload = Some(Workload::Io);
+    for (k, v) in [
+        ("io", pass.0.to_string()),
+        ("io_target", "/dev/vdb".into()),
+        ("io_size", (args.size << 20).to_string()),
+        ("io_bs", pass.1.to_string()),
+        ("io_seconds", args.io_seconds.to_string()),
+        ("io_rounds", "1".into()),
+    ] {
+        s.workload_args.insert(k.into(), v);
+    }
+    s.disks = vec![disk.into()];
+    match variant {
+        "qemu-none" => s.disk_direct = true,
+        "qemu-writeback" => {}
+        v => {
+            s.disk_backend = DiskBackend::Rebound;
+            if v == "rebound-cache" {
+                s.disk_cache_mib = args.size + 64;
+            }
+        }
+    }
+    s
+}
+
+/// Boots one pass of one variant and returns its phases' reports.
+async fn run_pass(
+    c: &Client,
+    args: &DiskArgs,
+    variant: &str,
+    name: &str,
+    disk: &str,
+    pass: (&str, u64),
+) -> anyhow::Result<(Vec<IoReport>, VmStatus)> {
+    let s = spec(args, name, variant, disk, pass);
+    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+    let st: VmStatus = post(
+        c,
+        &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
+        None,
+    )
+    .await?;
+    let want = pass.0.split(',').count();
+    // The fill at TCG speeds, then the phases.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let ev: Vec<Value> = c
+            .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
+            .await?;
+        if let Some(e) = ev.iter().find(|e| e["kind"] == "agent_error") {
+            anyhow::bail!("{name}: the io workload failed: {}", e["detail"]);
+        }
+        let io: Vec<IoReport> = ev
+            .iter()
+            .filter(|e| e["kind"] == "io")
+            .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
+            .collect();
+        if io.len() >= want {
+            return Ok((io, st));
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{name}: {} of {want} io phases after 900 s", io.len());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn median(v: &[Row]) -> Row {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s));
+    v[v.len() / 2].clone()
+}
+
+pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
+    let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
+    if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
+        anyhow::bail!("unknown variant {bad:?}: expected {}", VARIANTS.join(", "));
+    }
+    if args.runs == 0 || args.size < 16 {
+        anyhow::bail!("--runs must be at least 1 and --size at least 16M");
+    }
+    let dir = args.out.scratch("disk")?;
+    let disk = dir.join("disk.img");
+    std::fs::File::create(&disk)?.set_len(args.size << 20)?;
+    let c = connect(paths).await?;
+    let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
+    let tag = format!("bd{}", std::process::id());
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut rows: Vec<Row> = Vec::new();
+    let mut accel = String::new();
+    let r: anyhow::Result<()> = async {
+        for round in 0..args.runs {
+            for v in &want {
+                for (i, pass) in PASSES.iter().enumerate() {
+                    let name = format!("{tag}-{v}-{i}-{round}");
+                    if progress {
+                        eprintln!("bench disk: {v}: {} in {} B requests", pass.0, pass.1);
+                    }
+                    let r = run_pass(&c, &args, v, &name, &disk.display().to_string(), *pass).await;
+                    remove(&c, &name).await;
+                    let (io, st) = r?;
+                    accel = st.accel.as_str().to_string();
+                    rows.extend(io.iter().map(|r| Row::of(v, r)));
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if args.out.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r?;
+    let med: Vec<Row> = want
+        .iter()
+        .flat_map(|v| {
+            ["seqwrite", "seqread", "randread", "randwrite"].map(|p| {
+                let of: Vec<Row> = rows
+                    .iter()
+                    .filter(|r| r.variant == *v && r.phase == p)
+                    .cloned()
+                    .collect();
+                median(&of)
+            })
+        })
+        .collect();
+    let find = |v: &str, p: &str| med.iter().find(|r| r.variant == v && r.phase == p);
+    let ratio = |a: &str, b: &str, p: &str| Some(find(a, p)?.mb_per_s / find(b, p)?.mb_per_s);
+    let ratios: Vec<(String, f64)> = ["seqwrite", "seqread", "randread", "randwrite"]
+        .iter()
+        .flat_map(|p| {
+            [
+                ratio("rebound", "qemu-none", p).map(|r| (format!("rebound/qemu-none {p}"), r)),
+                ratio("rebound-cache", "rebound", p).map(|r| (format!("hit/miss {p}"), r)),
+            ]
+        })
+        .flatten()
+        .collect();
+    let meta = serde_json::json!({
+        "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
+        "size_mib": args.size, "io_seconds": args.io_seconds, "runs": args.runs,
+        "load_before": load_before, "load_after": load_average(),
+    });
+    if let Some(svg) = &args.out.svg {
+        std::fs::write(svg, draw(&meta, &med))?;
+    }
+    if args.out.json {
+        let v = serde_json::json!({"meta": meta, "median": med, "runs": rows,
+            "ratios": ratios.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>()});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "rebound bench disk: {} MiB raw disk as /dev/vdb, guest O_DIRECT, 1 vCPU, 256 MiB; accel {}; {} run(s), medians; {}",
+        args.size, meta["accel"].as_str().unwrap_or(""), args.runs, date
+    );
+    println!(
+        "{:<16} {:<10} {:>8} {:>10} {:>10} {:>9} {:>9}",
+        "variant", "phase", "bs", "MB/s", "IOPS", "p50 us", "p99 us"
+    );
+    for r in &med {
+        println!(
+            "{:<16} {:<10} {:>8} {:>10.1} {:>10.0} {:>9} {:>9}",
+            r.variant, r.phase, r.bs, r.mb_per_s, r.iops, r.p50_us, r.p99_us
+        );
+    }
+    for (k, v) in &ratios {
+        println!("{k}: {v:.2}x");
+    }
+    Ok(())
+}
+
+/// Throughput per phase and variant, as bars.
+fn draw(meta: &Value, med: &[Row]) -> String {
+    let (w, left, row, top) = (760.0, 190.0, 20.0, 50.0);
+    let h = top + row * med.len() as f64 + 40.0;
+    let max = med.iter().map(|r| r.mb_per_s).fold(1.0, f64::max);
+    let x = |v: f64| v / max * (w - left - 90.0);
+    let mut s = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<text x="10" y="18" font-size="14">Guest disk throughput, {} MiB raw disk, guest O_DIRECT, accel {}, {}</text>
+<text x="10" y="36" fill="#555">sequential phases in 1 MiB requests, random in 4 KiB; label: MB/s and p99 latency</text>
+"##,
+        meta["size_mib"],
+        meta["accel"].as_str().unwrap_or(""),
+        meta["date"].as_str().unwrap_or("")
+    );
+    for (i, r) in med.iter().enumerate() {
+        let y = top + row * i as f64;
+        let color = match r.variant.as_str() {
+            "qemu-none" => "#c44",
+            "qemu-writeback" => "#e99",
+            "rebound" => "#48c",
+            _ => "#8bd",
+        };
+        s += &format!(
+            "<text x=\"10\" y=\"{:.0}\">{} {}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"14\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.0}\">{:.1} MB/s, p99 {} us</text>\n",
+            y + 11.0,
+            r.variant,
+            r.phase,
+            x(r.mb_per_s),
+            left + x(r.mb_per_s) + 4.0,
+            y + 11.0,
+            r.mb_per_s,
+            r.p99_us
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_choose_the_backend_and_caching() {
+        let a = DiskArgs {
+            size: 256,
+            io_seconds: 5,
+            runs: 1,
+            variants: String::new(),
+            out: Default::default(),
+        };
+        let s = |v| spec(&a, "x", v, "/d.img", PASSES[1]);
+        assert!(s("qemu-none").disk_direct);
+        assert_eq!(s("qemu-writeback").disk_backend, DiskBackend::Qemu);
+        assert_eq!(s("rebound").disk_cache_mib, 0);
+        assert_eq!(s("rebound-cache").disk_cache_mib, 320);
+        let r = s("rebound");
+        assert_eq!(r.workload_args["io_bs"], "4096");
+        assert_eq!(r.workload_args["io_target"], "/dev/vdb");
+        r.validate().unwrap();
+    }
+}

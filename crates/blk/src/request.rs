@@ -249,7 +249,8 @@ impl Device {
         let t = self.cache.begin_write(first, count);
         let r = self.disk.write_at(buf, off);
         let admit = (whole && r.is_ok()).then_some(buf);
-        self.cache.end_write(&t, admit, buf.len() as u64);
+        let done = if r.is_ok() { buf.len() as u64 } else { 0 };
+        self.cache.end_write(&t, admit, done);
         r
     }
 

@@ -242,3 +242,93 @@ fn the_io_workload_writes_through_the_backend_and_every_block_reaches_the_file()
     }
     assert!(rewritten > 0, "no block holds the random writes");
 }
+
+/// A tmpfs of `size` mounted at a fresh directory, unmounted on drop.
+struct SmallFs(tempfile::TempDir);
+
+impl SmallFs {
+    fn new(size: &str) -> SmallFs {
+        assert_eq!(
+            euid(),
+            0,
+            "this test mounts a small tmpfs to fill it: run the suite as root (make test does)"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(d.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        SmallFs(d)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+fn euid() -> u32 {
+    // /proc/self/status: "Uid: real effective saved fs".
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_full_backing_filesystem_fails_those_writes_and_nothing_else() {
+    let env = Env::new();
+    let fs = SmallFs::new("2m");
+    let disk = fs.0.path().join("user.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    start_on_backend(
+        &env,
+        "full1",
+        "io",
+        &[
+            "--disk",
+            disk.to_str().unwrap(),
+            "--workload-arg",
+            "io_target=/dev/vdb",
+            "--workload-arg",
+            "io_size=8M",
+            "--no-wait",
+        ],
+    );
+    // The fill runs out of space after about 2 MiB: the guest's write fails with an
+    // I/O error, which the io workload reports.
+    let err = common::eventually(
+        std::time::Duration::from_secs(180),
+        "the io workload's error",
+        || {
+            env.events("full1")
+                .iter()
+                .find(|e| e["kind"] == "agent_error")
+                .map(|e| e["detail"].to_string())
+        },
+    );
+    assert!(err.contains("Input/output error"), "{err}");
+    let socket = env.run.path().join("full1.blk/disk1.sock");
+    let pids = pids_naming(&socket);
+    assert_eq!(pids.len(), 1, "the backend went away");
+    // The guest lives on: its agent answers and its data disk (another backend) reads.
+    let st = env.status("full1");
+    assert_eq!(st["state"], "running", "{st}");
+    let s = stats(&env, &env.run.path().join("full1.blk/disk1.ctl"));
+    assert!(
+        s["cache"]["written_bytes"].as_u64().unwrap() < 4 << 20,
+        "{s}"
+    );
+    env.ok(&["vm", "stop", "full1"]);
+    assert!(pids_naming(&socket).is_empty());
+}

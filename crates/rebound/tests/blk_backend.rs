@@ -80,6 +80,19 @@ fn a_guest_reads_through_the_backend_and_its_recovery_vm_finds_the_cache_warm() 
     assert_eq!(code, 200);
     assert!(body == blob, "the blob served differs from the data disk");
     let before = stats(&env, &control);
+    // The API lists the disk with what serves it and the same statistics.
+    let disks = env.get_ok("GET", "/v1/vms/b1/disks", None);
+    assert_eq!(disks[0]["backend"], "rebound", "{disks}");
+    assert_eq!(disks[0]["control"], control.to_str().unwrap());
+    assert!(
+        disks[0]["stats"]["cache"]["misses"].as_u64().unwrap() > 0,
+        "{disks}"
+    );
+    let text = env.ok(&["vm", "disks", "b1"]);
+    assert!(
+        text.contains("disk0") && text.contains("rebound") && text.contains("hits"),
+        "{text}"
+    );
     let c = &before["cache"];
     assert!(c["misses"].as_u64().unwrap() > 0, "{before}");
     assert!(c["read_bytes"].as_u64().unwrap() >= 1 << 20, "{before}");

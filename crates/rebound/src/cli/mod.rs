@@ -373,6 +373,14 @@ fn parse_ready(s: &str) -> Result<String, String> {
 pub enum VmCmd {
     /// Start a VM and wait until it is ready.
     Start(Box<StartArgs>),
+    /// The VM's disks: files, what serves them, and the rebound backend's cache
+    /// statistics (hits, misses, bytes).
+    Disks {
+        name: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Snapshot a running or paused VM into a new directory: device state, RAM
     /// image, disks, and the order the guest first touches its pages afterwards.
     Snapshot {

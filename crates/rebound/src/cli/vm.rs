@@ -46,6 +46,45 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        VmCmd::Disks { name, json } => {
+            let c = connect(paths).await?;
+            let v: Vec<serde_json::Value> = c
+                .call(Method::GET, &format!("/v1/vms/{}/disks", enc(&name)), None)
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            for d in &v {
+                let s = &d["stats"]["cache"];
+                let cache = if s.is_object() {
+                    let (h, m) = (
+                        s["hits"].as_u64().unwrap_or(0),
+                        s["misses"].as_u64().unwrap_or(0),
+                    );
+                    format!(
+                        "; cache {:.1}/{} MiB, {h} hits, {m} misses, {} admitted, {} invalidated",
+                        s["held_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+                        s["capacity_bytes"].as_u64().unwrap_or(0) >> 20,
+                        s["admissions"],
+                        s["invalidations"]
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{} {} ({}{}){cache}",
+                    d["id"].as_str().unwrap_or(""),
+                    d["file"].as_str().unwrap_or(""),
+                    d["backend"].as_str().unwrap_or(""),
+                    d["pid"]
+                        .as_u64()
+                        .map(|p| format!(", pid {p}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
         VmCmd::Stop { name } => simple(paths, &name, "stop", "stopped").await,
         VmCmd::Kill { name } => simple(paths, &name, "kill", "killed").await,
         VmCmd::Rm { name } => {

@@ -60,6 +60,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/pause", post(pause))
         .route("/v1/vms/{name}/settle", post(settle))
         .route("/v1/vms/{name}/restore", get(restore_report))
+        .route("/v1/vms/{name}/disks", get(disks))
         .route("/v1/restore", post(restore))
         .route("/v1/vms/{name}/crashes", get(crashes))
         .route("/v1/vms/{name}/crashes/{id}", get(crash_report))
@@ -276,6 +277,37 @@ async fn restore_report(State(d): D, Path(name): Path<String>) -> ApiResult<impl
         )))
     })?;
     Ok(Json(r))
+}
+
+/// The VM's disks: each file, what serves it, and for Rebound's backend its
+/// process and statistics (asked of the backend's control socket).
+async fn disks(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let rec = vm.record();
+    let out = tokio::task::spawn_blocking(move || {
+        rec.disk_files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let blk = rec.blk.iter().find(|p| &p.serve.disk == f);
+                let stats = blk.map(|p| {
+                    rebound_blk::serve::ask(&p.serve.control, &serde_json::json!({"op": "stats"}))
+                        .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}))
+                });
+                serde_json::json!({
+                    "id": format!("disk{i}"),
+                    "file": f,
+                    "backend": if blk.is_some() { "rebound" } else { "qemu" },
+                    "pid": blk.map(|p| p.pid),
+                    "control": blk.map(|p| &p.serve.control),
+                    "stats": stats,
+                })
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| ApiError(OpError::Internal(e.to_string())))?;
+    Ok(Json(out))
 }
 
 async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

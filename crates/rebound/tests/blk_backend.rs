@@ -345,3 +345,35 @@ fn a_full_backing_filesystem_fails_those_writes_and_nothing_else() {
     env.ok(&["vm", "stop", "full1"]);
     assert!(pids_naming(&socket).is_empty());
 }
+
+#[test]
+fn a_restarted_daemon_keeps_the_backends_and_still_replaces_one_that_dies() {
+    let env = Env::new();
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    start_on_backend(&env, "d1", "web", &[]);
+    let socket = env.run.path().join("d1.blk/disk0.sock");
+    let before = pids_naming(&socket);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(env.daemon_pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The guest and its backend run on without a daemon; a new one adopts both.
+    env.ok(&["vm", "list"]);
+    assert_eq!(env.status("d1")["state"], "running");
+    assert_eq!(pids_naming(&socket), before, "the backend did not survive");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    env.wait_event("d1", "disk_backend_restarted");
+    let after = pids_naming(&socket);
+    assert!(after.len() == 1 && after != before, "{after:?}");
+    let port = env.host_port("d1", 8080);
+    let (code, body) = http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!(code, 200);
+    assert!(body == ext4_file(&img.disk, "/blob-1m.bin").unwrap());
+    env.ok(&["vm", "stop", "d1"]);
+    assert!(pids_naming(&socket).is_empty());
+}

@@ -56,6 +56,15 @@ impl Owner {
         Ok(out)
     }
 
+    /// After a daemon restart: watches the backends an earlier daemon started (and
+    /// starts again any that ended meanwhile, since QEMU waits to reconnect).
+    pub(super) fn adopt_backends(&self) {
+        for p in self.vm.record().blk {
+            let (vm, s, pid) = (self.vm.clone(), p.serve.clone(), p.pid);
+            std::thread::spawn(move || supervise_from(Waited::Adopted, pid, s, vm));
+        }
+    }
+
     /// Stops the VM's backends (the VM stopped for good).
     pub(super) fn stop_backends(&mut self) {
         let procs = self.vm.record().blk;
@@ -91,17 +100,41 @@ fn spawn(s: &BlkServe, vm: Arc<VmHandle>) -> Result<BlkProcess, OpError> {
 
 /// Waits for the backend `pid`; while the VM's record still has it when it ends,
 /// starts a new one in its place.
-fn supervise(mut child: std::process::Child, mut pid: u32, s: BlkServe, vm: Arc<VmHandle>) {
+fn supervise(child: std::process::Child, pid: u32, s: BlkServe, vm: Arc<VmHandle>) {
+    supervise_from(Waited::Child(child), pid, s, vm)
+}
+
+/// What the supervisor waits on: its own child, or (after a daemon restart) a
+/// backend an earlier daemon started, which it can only poll.
+enum Waited {
+    Child(std::process::Child),
+    Adopted,
+}
+
+impl Waited {
+    fn wait(&mut self, pid: u32, socket: &Path) -> String {
+        match self {
+            Waited::Child(c) => match c.wait() {
+                Ok(st) => st.to_string(),
+                Err(e) => e.to_string(),
+            },
+            Waited::Adopted => {
+                while rebound_vmm::process::is_our_qemu(pid, socket) {
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                "it went away while a previous daemon had started it".into()
+            }
+        }
+    }
+}
+
+fn supervise_from(mut child: Waited, mut pid: u32, s: BlkServe, vm: Arc<VmHandle>) {
     loop {
-        let status = child.wait();
+        let reason = child.wait(pid, &s.socket);
         let ours = |pid: u32| vm.record().blk.iter().any(|p| p.pid == pid);
         if !ours(pid) {
             return;
         }
-        let reason = match status {
-            Ok(st) => st.to_string(),
-            Err(e) => e.to_string(),
-        };
         tracing::warn!(vm = %vm.name, "the disk backend for {} ended ({reason}): starting a new one", s.disk.display());
         let mut tries = 0;
         let (next, next_pid) = loop {
@@ -142,7 +175,7 @@ fn supervise(mut child: std::process::Child, mut pid: u32, s: BlkServe, vm: Arc<
                 pid: next_pid,
                 reason,
             });
-        (child, pid) = (next, next_pid);
+        (child, pid) = (Waited::Child(next), next_pid);
     }
 }
 

@@ -209,6 +209,7 @@ impl Owner {
                         });
                     }
                 }
+                self.adopt_backends();
                 self.take_over_crash().await;
                 let _ = done.send(());
             }

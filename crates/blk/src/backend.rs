@@ -15,9 +15,15 @@ use vmm_sys_util::event::{
 };
 
 use crate::config::{features, BlkConfig};
+
+/// The virtio feature bit by which QEMU turns dirty logging on for a migration.
+const VHOST_F_LOG_ALL: u64 = 26;
 use crate::request::Device;
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+/// Guest memory with the dirty log QEMU's migration reads (a snapshot's device-state
+/// save and a settle are migrations: without `LOG_SHMFD` QEMU refuses them).
+pub type Bitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
+pub type Mem = GuestMemoryAtomic<GuestMemoryMmap<Bitmap>>;
 
 /// Entries per virtqueue the backend accepts.
 pub const QUEUE_SIZE: usize = 256;
@@ -49,7 +55,7 @@ impl BlkBackend {
     }
 
     /// Answers every request waiting in `vring`.
-    fn drain(&self, vring: &VringRwLock) -> std::io::Result<()> {
+    fn drain(&self, vring: &VringRwLock<Mem>) -> std::io::Result<()> {
         let Some(mem) = self.mem.read().expect("mem lock").clone() else {
             return Ok(());
         };
@@ -92,8 +98,8 @@ impl BlkBackend {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = Bitmap;
+    type Vring = VringRwLock<Mem>;
 
     fn num_queues(&self) -> usize {
         self.config.num_queues as usize
@@ -104,11 +110,15 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn features(&self) -> u64 {
-        features(self.dev.disk.readonly()) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        features(self.dev.disk.readonly())
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | (1 << VHOST_F_LOG_ALL)
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -147,7 +157,7 @@ impl VhostUserBackend for BlkBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         _thread_id: usize,
     ) -> std::io::Result<()> {
         if evset != EventSet::IN {

@@ -92,7 +92,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         let mut daemon = VhostUserDaemon::new(
             "rebound-blk".into(),
             backend,
-            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            GuestMemoryAtomic::new(GuestMemoryMmap::<crate::backend::Bitmap>::new()),
         )
         .map_err(|e| ServeError::Daemon(e.to_string()))?;
         // One connection: QEMU's, until it goes (quits, or restarts the link).

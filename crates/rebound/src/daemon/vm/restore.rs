@@ -89,6 +89,13 @@ impl Owner {
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
+        if spec.disk_backend == rebound_api::spec::DiskBackend::Rebound {
+            // Its device state is vhost-user-blk's, which only our backend on raw
+            // copies, with shared RAM (an eager restore), can take.
+            return Err(OpError::SnapshotInput(
+                "the snapshot's VM had its disks served by --disk-backend rebound: restoring such a snapshot is not supported yet".into(),
+            ));
+        }
         let m = snap.manifest().clone();
         let [block] = m.ram_blocks.as_slice() else {
             return Err(OpError::SnapshotInput(format!(
@@ -256,6 +263,7 @@ impl Owner {
             Some(d) => d,
             None => snapshot_disks()?,
         };
+
         let (qemu, command) = (res.qemu.clone(), res.command.clone());
         // A recovery VM's state moves by the crash's transitions (recovering, then
         // running when ready); RestoreBegins and Restored change nothing there.

@@ -256,49 +256,10 @@ fn the_io_workload_writes_through_the_backend_and_every_block_reaches_the_file()
     assert!(rewritten > 0, "no block holds the random writes");
 }
 
-/// A tmpfs of `size` mounted at a fresh directory, unmounted on drop.
-struct SmallFs(tempfile::TempDir);
-
-impl SmallFs {
-    fn new(size: &str) -> SmallFs {
-        assert_eq!(
-            euid(),
-            0,
-            "this test mounts a small tmpfs to fill it: run the suite as root (make test does)"
-        );
-        let d = tempfile::tempdir().unwrap();
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(d.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs");
-        SmallFs(d)
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg(self.0.path())
-            .status();
-    }
-}
-
-fn euid() -> u32 {
-    // /proc/self/status: "Uid: real effective saved fs".
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn a_full_backing_filesystem_fails_those_writes_and_nothing_else() {
     let env = Env::new();
-    let fs = SmallFs::new("2m");
+    let fs = common::Tmpfs::mount(2);
     let disk = fs.0.path().join("user.img");
     std::fs::File::create(&disk)
         .unwrap()

@@ -369,37 +369,6 @@ fn lazy_restores_survive_a_deleted_snapshot_and_stop_on_a_changed_image() {
     assert_counting_right(&env, "src", 5);
 }
 
-/// A small tmpfs, unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(mib: u64) -> Tmpfs {
-        let dir = tempfile::Builder::new()
-            .prefix("rb-full")
-            .tempdir()
-            .unwrap();
-        let st = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={mib}M,mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount a {mib} MiB tmpfs (needs root)");
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
-    }
-}
-
 /// Bytes a directory's files take on disk.
 fn allocated(dir: &Path) -> u64 {
     let files = std::fs::read_dir(dir).unwrap().flatten();
@@ -409,13 +378,13 @@ fn allocated(dir: &Path) -> u64 {
 #[test]
 fn a_snapshot_that_runs_out_of_space_leaves_the_guest_and_the_previous_snapshot() {
     // Declared before the daemon and its VMs: unmounted after they are gone.
-    let tmpfs: Tmpfs;
+    let tmpfs: common::Tmpfs;
     let env = Env::new();
     let first = env.home.path().join("first");
     snapshot_counter(&env, &first, "0");
     // Room for one snapshot and a half: the first fits, the second cannot.
     let need = allocated(&first);
-    tmpfs = Tmpfs::mount(((need * 3 / 2) >> 20) + 1);
+    tmpfs = common::Tmpfs::mount(((need * 3 / 2) >> 20) + 1);
     let full = tmpfs.0.path();
     let a = full.join("a");
     copy_snapshot(&first, &a);

@@ -330,3 +330,37 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A small tmpfs, unmounted when dropped.
+pub struct Tmpfs(pub tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(mib: u64) -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("rb-full")
+            .tempdir()
+            .unwrap();
+        let st = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}M,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount a {mib} MiB tmpfs (needs root)");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}

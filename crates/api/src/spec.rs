@@ -50,6 +50,8 @@ pub enum SpecError {
         "--disk-cache needs --disk-backend rebound (QEMU's own disks have no host cache of ours)"
     )]
     DiskCacheWithoutBackend,
+    #[error("--disk-direct is for QEMU's own disks: the rebound backend opens its files with O_DIRECT already where the filesystem allows it")]
+    DiskDirectWithBackend,
 }
 
 /// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
@@ -469,6 +471,9 @@ impl VmSpec {
         self.crash.validate(self.memory_mib)?;
         if self.disk_cache_mib > 0 && self.disk_backend != DiskBackend::Rebound {
             return Err(SpecError::DiskCacheWithoutBackend);
+        }
+        if self.disk_direct && self.disk_backend == DiskBackend::Rebound {
+            return Err(SpecError::DiskDirectWithBackend);
         }
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {

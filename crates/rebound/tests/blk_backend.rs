@@ -150,6 +150,15 @@ fn the_backend_refuses_what_it_cannot_serve_in_one_line() {
         e.contains("--disk-cache needs --disk-backend rebound"),
         "{e}"
     );
+    let e = env.fails(&[
+        "vm",
+        "start",
+        "x",
+        "--disk-backend",
+        "rebound",
+        "--disk-direct",
+    ]);
+    assert!(e.contains("--disk-direct is for QEMU's own disks"), "{e}");
     let e = env.fails(&["vm", "start", "x", "--disk-backend", "nvme"]);
     assert!(e.contains("unknown disk backend"), "{e}");
     // Nothing was left running.

@@ -89,7 +89,10 @@ fn every_operation_and_every_metric() {
     let disks = env.get_ok("GET", "/v1/vms/t1/disks", None);
     assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");
     assert_eq!(disks[0]["backend"], "qemu");
-    assert!(disks[0]["file"].as_str().unwrap().ends_with("disk0.qcow2"), "{disks}");
+    assert!(
+        disks[0]["file"].as_str().unwrap().ends_with("disk0.qcow2"),
+        "{disks}"
+    );
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
     // A dump of the running guest, now: paused for it, resumed after, private.

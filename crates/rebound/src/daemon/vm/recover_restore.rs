@@ -21,7 +21,7 @@ use rebound_snapshot::Snapshot;
 use rebound_vmm::resolve::Recovery;
 
 use super::owner::Owner;
-use super::restore::{RestoreJob, WSS_A, WSS_B};
+use super::restore::{default_elastic_pages, RestoreJob};
 use crate::daemon::error::OpError;
 
 /// Opens the snapshot a VM's crash policy recovers from and checks it can stand in
@@ -109,15 +109,11 @@ impl Owner {
             .map_err(|e| OpError::Internal(e.to_string()))??;
         let (boot, ready) = spec.validate()?;
         // The working set loaded before the start fits in what the budget has free.
-        let ws_pages = snap.manifest().trace.as_ref().map(|t| {
-            let wss = rebound_snapshot::estimate_wss(
-                t.wss_sample_pages,
-                t.wss_snapshot_pages,
-                WSS_A,
-                WSS_B,
-            );
-            rebound_snapshot::elastic_pages(wss).min(free_mib << 8)
-        });
+        let ws_pages = snap
+            .manifest()
+            .trace
+            .as_ref()
+            .map(|t| default_elastic_pages(t).min(free_mib << 8));
         // The crashed VM's image disk is kept for the operator; the snapshot's takes
         // its place.
         let overlay = self.vm.dir.disk_overlay(0);

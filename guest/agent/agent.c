@@ -220,9 +220,201 @@ static void do_poweroff(void)
 	send_error("poweroff failed");
 }
 
+/* Like send_line, but waits (up to 5 s per line) for the port to drain: a cache list
+ * is many lines that must all arrive. */
+static void send_line_wait(const char *line, size_t len)
+{
+	while (port_fd >= 0 && !port_hup && outlen + len > sizeof(outbuf)) {
+		struct pollfd p = { port_fd, POLLOUT, 0 };
+		if (poll(&p, 1, 5000) <= 0) {
+			port_lost("port did not drain in 5 s");
+			break;
+		}
+		flush_out();
+	}
+	send_line(line, len);
+}
+
+struct cl_msg {
+	uint64_t id;
+	struct warm_counts *counts;
+};
+
+static void cachelist_emit(const char *text, size_t len, int last, void *arg)
+{
+	static char buf[LINE_MAX_BYTES];
+	struct cl_msg *m = arg;
+	struct jbuf b;
+	(void)len;
+	jb_init(&b, buf, sizeof(buf));
+	jb_raw(&b, "{\"type\":\"cachelist\",\"id\":");
+	jb_u64(&b, m->id);
+	jb_raw(&b, ",\"last\":");
+	jb_u64(&b, (uint64_t)last);
+	if (last) {
+		jb_raw(&b, ",\"cached_files\":");
+		jb_u64(&b, m->counts->files);
+		jb_raw(&b, ",\"cached_pages\":");
+		jb_u64(&b, m->counts->pages);
+		jb_raw(&b, ",\"skipped\":");
+		jb_u64(&b, m->counts->skipped);
+	}
+	jb_raw(&b, ",\"files\":");
+	jb_str(&b, text);
+	int n = jb_finish(&b);
+	if (n > 0)
+		send_line_wait(b.buf, (size_t)n);
+	else
+		send_error("cachelist: a chunk did not fit in one line");
+}
+
+static void do_cachelist(const struct host_cmd *c)
+{
+	struct warm_counts counts;
+	struct cl_msg m = { c->id, &counts };
+	if (!c->has_id) {
+		send_error("cachelist needs \"id\"");
+		return;
+	}
+	/* The walk counts as it goes; the last chunk carries the totals. */
+	memset(&counts, 0, sizeof(counts));
+	uint64_t t0 = now_ms();
+	if (warm_cachelist(cachelist_emit, &m, &counts) < 0)
+		logmsg("cachelist: walking /data failed: %s", strerror(errno));
+	logmsg("cachelist: %llu pages of %llu files in %llu ms", (unsigned long long)counts.pages,
+	       (unsigned long long)counts.files, (unsigned long long)(now_ms() - t0));
+}
+
+/* ---------- prefetch: the list arrives in chunks, a child reads it ---------- */
+
+#define PREFETCH_LIST "/run/rebound-prefetch.list"
+static struct {
+	uint64_t recv_id; /* the list being received (0: none) */
+	int recv_fd;
+	pid_t pid;
+	int fd;
+	char line[512];
+	size_t len;
+} pf = { 0, -1, 0, -1, "", 0 };
+
+static void prefetch_child(uint64_t id, int out)
+{
+	struct warm_counts n;
+	char buf[512];
+	struct jbuf b;
+	uint64_t t0 = now_ms();
+	warm_prefetch(PREFETCH_LIST, &n);
+	jb_init(&b, buf, sizeof(buf));
+	jb_raw(&b, "{\"type\":\"prefetch\",\"id\":");
+	jb_u64(&b, id);
+	jb_raw(&b, ",\"files\":");
+	jb_u64(&b, n.files);
+	jb_raw(&b, ",\"pages\":");
+	jb_u64(&b, n.pages);
+	jb_raw(&b, ",\"bytes\":");
+	jb_u64(&b, n.bytes);
+	jb_raw(&b, ",\"missing\":");
+	jb_u64(&b, n.missing);
+	jb_raw(&b, ",\"skipped\":");
+	jb_u64(&b, n.skipped);
+	jb_raw(&b, ",\"ms\":");
+	jb_u64(&b, now_ms() - t0);
+	int len = jb_finish(&b);
+	if (len > 0)
+		write_all(out, b.buf, (size_t)len);
+}
+
+static void do_prefetch(const struct host_cmd *c)
+{
+	if (!c->has_id || !c->has_files || !c->has_last) {
+		send_error("prefetch needs \"id\", \"last\" and \"files\"");
+		return;
+	}
+	if (pf.pid) {
+		send_error("prefetch: one is already running");
+		return;
+	}
+	if (c->id != pf.recv_id) {
+		if (pf.recv_fd >= 0)
+			close(pf.recv_fd);
+		pf.recv_fd = open(PREFETCH_LIST, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		pf.recv_id = c->id;
+	}
+	if (pf.recv_fd < 0 || write_all(pf.recv_fd, c->files, strlen(c->files)) < 0) {
+		send_error("prefetch: cannot keep the list in " PREFETCH_LIST);
+		pf.recv_id = 0;
+		return;
+	}
+	if (!c->last)
+		return;
+	close(pf.recv_fd);
+	pf.recv_fd = -1;
+	pf.recv_id = 0;
+	int fds[2];
+	if (pipe2(fds, O_CLOEXEC) < 0) {
+		send_error("prefetch: pipe failed");
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(fds[0]);
+		prefetch_child(c->id, fds[1]);
+		_exit(0);
+	}
+	close(fds[1]);
+	if (pid < 0) {
+		close(fds[0]);
+		send_error("prefetch: fork failed");
+		return;
+	}
+	fcntl(fds[0], F_SETFL, O_NONBLOCK);
+	pf.pid = pid;
+	pf.fd = fds[0];
+	pf.len = 0;
+	logmsg("prefetch started (pid %d)", (int)pid);
+}
+
+static void read_prefetch(void)
+{
+	for (;;) {
+		ssize_t n = read(pf.fd, pf.line + pf.len, sizeof(pf.line) - 1 - pf.len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return;
+		if (n > 0) {
+			pf.len += (size_t)n;
+			if (pf.len == sizeof(pf.line) - 1)
+				pf.len = 0;
+			continue;
+		}
+		close(pf.fd);
+		pf.fd = -1;
+		waitpid(pf.pid, NULL, 0);
+		pf.pid = 0;
+		if (pf.len && pf.line[pf.len - 1] == '\n') {
+			logmsg("prefetch done: %.*s", (int)pf.len - 1, pf.line);
+			send_line(pf.line, pf.len);
+		} else {
+			send_error("prefetch: the reader died before reporting");
+		}
+		return;
+	}
+}
+
+static void do_reboot(void)
+{
+	logmsg("reboot requested by the host");
+	flush_out();
+	sync();
+	reboot(RB_AUTOBOOT);
+	send_error("reboot failed");
+}
+
 static void handle_line(char *line, size_t len)
 {
-	struct host_cmd c;
+	static struct host_cmd c; /* holds a 64 KiB list: not on the stack */
 	char err[128], msg[200];
 	if (len && line[len - 1] == '\r')
 		len--;
@@ -246,6 +438,12 @@ static void handle_line(char *line, size_t len)
 		do_marker(&c);
 	} else if (strcmp(c.cmd, "poweroff") == 0) {
 		do_poweroff();
+	} else if (strcmp(c.cmd, "reboot") == 0) {
+		do_reboot();
+	} else if (strcmp(c.cmd, "cachelist") == 0) {
+		do_cachelist(&c);
+	} else if (strcmp(c.cmd, "prefetch") == 0) {
+		do_prefetch(&c);
 	} else if (strcmp(c.cmd, "watchdog_stop") == 0) {
 		logmsg("watchdog_stop: no longer feeding /dev/watchdog");
 		watchdog_starved = 1;
@@ -481,8 +679,9 @@ int main(void)
 	uint64_t hb_seq = 0, next_tick = now_ms() + 1000;
 	int reported_problems = 0;
 	for (;;) {
-		struct pollfd pfds[1 + MAX_WORKLOADS];
-		struct child *owners[1 + MAX_WORKLOADS];
+		struct pollfd pfds[2 + MAX_WORKLOADS];
+		struct child *owners[2 + MAX_WORKLOADS];
+		int pf_slot = -1;
 		int n = 0;
 		uint64_t now = now_ms();
 		int timeout = next_tick > now ? (int)(next_tick - now) : 0;
@@ -504,6 +703,12 @@ int main(void)
 			}
 		}
 
+		if (pf.fd >= 0) {
+			pf_slot = n;
+			pfds[n] = (struct pollfd){ pf.fd, POLLIN, 0 };
+			owners[n++] = NULL;
+		}
+
 		int rc = poll(pfds, (nfds_t)n, timeout);
 		if (rc < 0 && errno != EINTR) {
 			logmsg("poll: %s", strerror(errno));
@@ -514,6 +719,10 @@ int main(void)
 				continue;
 			if (owners[i]) {
 				read_child(owners[i]);
+				continue;
+			}
+			if (i == pf_slot) {
+				read_prefetch();
 				continue;
 			}
 			if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))

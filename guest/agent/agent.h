@@ -40,6 +40,7 @@ struct config {
 	int io_nphases;
 	uint64_t io_size, io_bs;
 	int io_direct;
+	int io_keep; /* 1: a target already io_size long is used as is, not rewritten first */
 	unsigned io_seconds, io_rounds; /* io_rounds 0: forever */
 };
 
@@ -74,6 +75,21 @@ int port_open(void);
  * through paddr. Returns 0 or -1 with a reason in err. */
 int marker_place(const char *value_hex, uint64_t *paddr, size_t *len, char *err, size_t errlen);
 int hex_decode(const char *hex, unsigned char *out, size_t cap, size_t *len);
+
+/* ---- warm.c: warm reboot (cachelist before, prefetch after) ---- */
+#define WARM_CHUNK_MAX 30000 /* list text per message: under 64 KiB once JSON-escaped */
+#define WARM_PATH_MAX 1024
+struct warm_counts {
+	uint64_t files, pages, bytes, skipped, missing;
+};
+typedef void (*warm_emit_fn)(const char *text, size_t len, int last, void *arg);
+/* Lists the cached pages of every file under /data, in chunks of at most
+ * WARM_CHUNK_MAX bytes; the last call has last=1. Returns 0 or -1. */
+int warm_cachelist(warm_emit_fn emit, void *arg, struct warm_counts *counts);
+/* Reads the pages the list file names (run in a child: it takes a while). */
+void warm_prefetch(const char *list_path, struct warm_counts *counts);
+int warm_path_ok(const char *p);
+int warm_parse_ranges(const char *s, const char **rest, uint64_t (*out)[2], size_t cap);
 
 /* ---- workloads: each runs in its own child process, talking back over a pipe ----
  * A line "READY" means the workload is serving; any other line is a JSON message for the

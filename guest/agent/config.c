@@ -229,6 +229,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				problem(err, errlen, &problems, "rebound.io_direct", val);
 			else
 				cfg->io_direct = (int)u;
+		} else if (strcmp(key, "io_keep") == 0) {
+			if (parse_uint(val, 0, 1, &u) < 0)
+				problem(err, errlen, &problems, "rebound.io_keep", val);
+			else
+				cfg->io_keep = (int)u;
 		} else if (strcmp(key, "io_seconds") == 0) {
 			if (parse_uint(val, 1, 3600, &u) < 0)
 				problem(err, errlen, &problems, "rebound.io_seconds", val);

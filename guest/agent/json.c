@@ -325,6 +325,25 @@ int json_parse_cmd(const char *line, size_t len, struct host_cmd *out, char *err
 				if (!is_u64)
 					return fail_at(&ps, start, "\"id\" must be a non-negative 64-bit integer");
 				out->has_id = 1;
+			} else if (strcmp(key, "last") == 0) {
+				int is_u64 = 0;
+				if (out->has_last)
+					return fail_at(&ps, start, "duplicate key \"last\"");
+				if (ps.p >= ps.end || !is_digit(*ps.p))
+					return fail_at(&ps, start, "\"last\" must be 0 or 1");
+				if (parse_number(&ps, start, &out->last, &is_u64) < 0)
+					return -1;
+				if (!is_u64 || out->last > 1)
+					return fail_at(&ps, start, "\"last\" must be 0 or 1");
+				out->has_last = 1;
+			} else if (strcmp(key, "files") == 0) {
+				if (out->has_files)
+					return fail_at(&ps, start, "duplicate key \"files\"");
+				if (ps.p >= ps.end || *ps.p != '"')
+					return fail_at(&ps, start, "\"files\" must be a string");
+				if (parse_string(&ps, start, out->files, sizeof(out->files)) < 0)
+					return -1;
+				out->has_files = 1;
 			} else if (strcmp(key, "value_hex") == 0) {
 				if (out->has_value_hex)
 					return fail_at(&ps, start, "duplicate key \"value_hex\"");

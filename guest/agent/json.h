@@ -8,6 +8,7 @@
 
 #define CMD_NAME_MAX 32
 #define MARKER_MAX_BYTES 4096
+#define CMD_TEXT_MAX (64 * 1024)
 
 /* The fields of a host command we understand; unknown keys are skipped (forward compatible). */
 struct host_cmd {
@@ -17,6 +18,10 @@ struct host_cmd {
 	int has_id;
 	char value_hex[2 * MARKER_MAX_BYTES + 1];
 	int has_value_hex;
+	uint64_t last; /* prefetch: 1 on the last chunk */
+	int has_last;
+	char files[CMD_TEXT_MAX]; /* prefetch: lines "START+COUNT,... PATH" */
+	int has_files;
 };
 
 /* Parses one line (without the '\n'). Returns 0 on success; on failure returns -1 and

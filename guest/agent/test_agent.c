@@ -348,8 +348,33 @@ static void test_io(void)
 	CHECK(io_percentile(v, 0, 50) == 0);
 }
 
+static void test_warm(void)
+{
+	uint64_t r[4][2];
+	const char *rest;
+	CHECK(warm_parse_ranges("0+3,10+1 web/a b.bin", &rest, r, 4) == 2);
+	CHECK(r[0][0] == 0 && r[0][1] == 3 && r[1][0] == 10 && r[1][1] == 1 && strcmp(rest, "web/a b.bin") == 0);
+	/* Malformed: no path, zero count, overflow, junk, too many ranges. */
+	CHECK(warm_parse_ranges("0+3", &rest, r, 4) < 0);
+	CHECK(warm_parse_ranges("0+0 a", &rest, r, 4) < 0);
+	CHECK(warm_parse_ranges("18446744073709551615+2 a", &rest, r, 4) < 0);
+	CHECK(warm_parse_ranges("1-2 a", &rest, r, 4) < 0);
+	CHECK(warm_parse_ranges("+2 a", &rest, r, 4) < 0);
+	CHECK(warm_parse_ranges("1+1,2+1,3+1,4+1,5+1 a", &rest, r, 4) < 0);
+	CHECK(warm_path_ok("web/f1.bin") && warm_path_ok("a"));
+	CHECK(!warm_path_ok("") && !warm_path_ok("/etc/passwd") && !warm_path_ok("../x"));
+	CHECK(!warm_path_ok("a/../../x") && !warm_path_ok("a//b") && !warm_path_ok("./a"));
+	struct host_cmd c;
+	char err[160];
+	CHECK(parse("{\"cmd\":\"prefetch\",\"id\":3,\"last\":1,\"files\":\"0+1 a\\n\"}", &c, err) == 0);
+	CHECK(c.has_last && c.last == 1 && c.has_files && strcmp(c.files, "0+1 a\n") == 0);
+	CHECK(parse("{\"cmd\":\"prefetch\",\"last\":2}", &c, err) < 0);
+	CHECK(parse("{\"cmd\":\"prefetch\",\"files\":7}", &c, err) < 0);
+}
+
 int main(void)
 {
+	test_warm();
 	test_io();
 	test_json_valid();
 	test_json_malformed();

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,7 +131,14 @@ int wl_io(struct wl_ctx *ctx)
 	void *fill = NULL;
 	if (posix_memalign(&fill, 4096, fill_bs) != 0)
 		return 1;
-	for (uint64_t off = 0; off < c->io_size; off += fill_bs) {
+	/* io_keep: a target that is already long enough keeps its content (reads across a
+	 * reboot read what the last boot left). */
+	struct stat st;
+	uint64_t have = 0;
+	if (fstat(fd, &st) == 0)
+		have = S_ISBLK(st.st_mode) ? UINT64_MAX : (uint64_t)st.st_size;
+	uint64_t fill_to = c->io_keep && have >= c->io_size ? 0 : c->io_size;
+	for (uint64_t off = 0; off < fill_to; off += fill_bs) {
 		uint64_t n = c->io_size - off < fill_bs ? c->io_size - off : fill_bs;
 		io_fill(fill, n, off, 0);
 		if (pwrite(fd, fill, n, (off_t)off) != (ssize_t)n) {
@@ -142,8 +150,8 @@ int wl_io(struct wl_ctx *ctx)
 	}
 	free(fill);
 	fdatasync(fd);
-	logmsg("io: %s filled, %llu MiB, bs %llu, %s", target, (unsigned long long)(c->io_size >> 20),
-	       (unsigned long long)c->io_bs, c->io_direct ? "O_DIRECT" : "buffered");
+	logmsg("io: %s %s, %llu MiB, bs %llu, %s", target, fill_to ? "filled" : "kept",
+	       (unsigned long long)(c->io_size >> 20), (unsigned long long)c->io_bs, c->io_direct ? "O_DIRECT" : "buffered");
 	wl_ready(ctx);
 	for (uint64_t round = 1; c->io_rounds == 0 || round <= c->io_rounds; round++) {
 		for (int i = 0; i < c->io_nphases; i++) {

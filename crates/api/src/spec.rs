@@ -490,7 +490,10 @@ impl VmSpec {
                 "io_bs" => {
                     parse_memfill(v).is_ok_and(|n| (512..=4 << 20).contains(&n) && n % 512 == 0)
                 }
-                "io_direct" => v == "0" || v == "1",
+                "io_direct" | "io_keep" => v == "0" || v == "1",
+                "data_disk" => {
+                    v.len() == 3 && v.starts_with("vd") && v.as_bytes()[2].is_ascii_lowercase()
+                }
                 "io_target" => {
                     (v.starts_with("/data/") || v.starts_with("/dev/vd"))
                         && !v.contains("..")

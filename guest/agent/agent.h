@@ -42,6 +42,7 @@ struct config {
 	int io_direct;
 	int io_keep; /* 1: a target already io_size long is used as is, not rewritten first */
 	unsigned io_seconds, io_rounds; /* io_rounds 0: forever */
+	unsigned io_delay_s; /* seconds between ready and the first phase */
 };
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */

@@ -229,6 +229,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 				problem(err, errlen, &problems, "rebound.io_direct", val);
 			else
 				cfg->io_direct = (int)u;
+		} else if (strcmp(key, "io_delay_s") == 0) {
+			if (parse_uint(val, 0, 3600, &u) < 0)
+				problem(err, errlen, &problems, "rebound.io_delay_s", val);
+			else
+				cfg->io_delay_s = (unsigned)u;
 		} else if (strcmp(key, "io_keep") == 0) {
 			if (parse_uint(val, 0, 1, &u) < 0)
 				problem(err, errlen, &problems, "rebound.io_keep", val);

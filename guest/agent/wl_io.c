@@ -153,6 +153,8 @@ int wl_io(struct wl_ctx *ctx)
 	logmsg("io: %s %s, %llu MiB, bs %llu, %s", target, fill_to ? "filled" : "kept",
 	       (unsigned long long)(c->io_size >> 20), (unsigned long long)c->io_bs, c->io_direct ? "O_DIRECT" : "buffered");
 	wl_ready(ctx);
+	if (c->io_delay_s)
+		sleep(c->io_delay_s);
 	for (uint64_t round = 1; c->io_rounds == 0 || round <= c->io_rounds; round++) {
 		for (int i = 0; i < c->io_nphases; i++) {
 			struct phase p;

@@ -174,6 +174,19 @@ pub enum EventData {
     },
     /// One phase of the guest's `io` workload finished.
     Io(IoReport),
+    /// A reboot began (`how`: agent or reset); a warm one listed `cached_pages` first.
+    RebootRequested {
+        warm: bool,
+        how: String,
+        #[serde(default)]
+        cached_pages: u64,
+    },
+    /// The rebooted guest's agent is up again, `after_ms` after the request.
+    Rebooted { after_ms: u64 },
+    /// A warm reboot goes on cold, and why (no agent, the list missing or damaged).
+    WarmCacheCold { reason: String },
+    /// The guest read its listed cache pages back after a warm reboot.
+    Prefetched(crate::reboot::PrefetchReport),
 }
 
 /// One phase of the `io` workload: what the guest measured of its data disk.
@@ -225,6 +238,10 @@ impl EventData {
             EventData::RestoreFailed { .. } => "restore_failed",
             EventData::DiskBackendRestarted { .. } => "disk_backend_restarted",
             EventData::Io(_) => "io",
+            EventData::RebootRequested { .. } => "reboot_requested",
+            EventData::Rebooted { .. } => "rebooted",
+            EventData::WarmCacheCold { .. } => "warm_cache_cold",
+            EventData::Prefetched(_) => "prefetched",
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod crash;
 pub mod event;
+pub mod reboot;
 pub mod reply;
 pub mod snapshot;
 pub mod spec;
@@ -19,6 +20,7 @@ pub use crash::{
     DumpResult, IoPolicy, MemoryLimit, MemorySample, OnCrash, PageClass,
 };
 pub use event::{Event, EventData, IoReport, EVENT_LOG_VERSION};
+pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
 pub use snapshot::{
     RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult,

@@ -358,6 +358,11 @@ pub struct VmSpec {
     /// QEMU-served disks bypass the host page cache (`O_DIRECT`, QEMU's cache=none).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disk_direct: bool,
+    /// Files exposed as virtio-pmem devices (`/dev/pmemN` in the guest): an ext4 on one
+    /// is mounted with DAX at /data when `data_disk=pmemN`, so the guest reads the
+    /// host's page cache directly and keeps no copy of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pmem: Vec<String>,
 }
 
 fn is_qemu(b: &DiskBackend) -> bool {
@@ -398,6 +403,7 @@ impl VmSpec {
             disk_backend: DiskBackend::Qemu,
             disk_cache_mib: 0,
             disk_direct: false,
+            pmem: Vec::new(),
         }
     }
 
@@ -415,6 +421,8 @@ impl VmSpec {
     pub fn guest_workload_args(&self) -> Vec<(String, String)> {
         self.workload_args
             .iter()
+            // `also` joins the workload list itself (image_append).
+            .filter(|(k, _)| k.as_str() != "also")
             .map(|(k, v)| match (k.as_str(), parse_memfill(v)) {
                 ("memfill" | "disk_io" | "io_size" | "io_bs", Ok(n)) => (k.clone(), n.to_string()),
                 _ => (k.clone(), v.clone()),
@@ -492,7 +500,10 @@ impl VmSpec {
                 }
                 "io_direct" | "io_keep" => v == "0" || v == "1",
                 "data_disk" => {
-                    v.len() == 3 && v.starts_with("vd") && v.as_bytes()[2].is_ascii_lowercase()
+                    (v.len() == 3 && v.starts_with("vd") && v.as_bytes()[2].is_ascii_lowercase())
+                        || (v.len() == 5
+                            && v.starts_with("pmem")
+                            && v.as_bytes()[4].is_ascii_digit())
                 }
                 "io_target" => {
                     (v.starts_with("/data/") || v.starts_with("/dev/vd"))
@@ -500,6 +511,17 @@ impl VmSpec {
                         && v.len() < 64
                 }
                 "io_seconds" => v.parse::<u32>().is_ok_and(|n| (1..=3600).contains(&n)),
+                "io_delay_s" => v.parse::<u32>().is_ok_and(|n| n <= 3600),
+                // More workloads beside `workload` (the agent runs up to 4).
+                "also" => {
+                    let all: Vec<&str> = v.split(',').collect();
+                    all.len() <= 3
+                        && all.iter().all(|w| {
+                            w.parse::<Workload>().is_ok_and(|w| w != Workload::None)
+                                && Some(*w) != self.workload.map(|x| x.as_str())
+                        })
+                        && all.iter().enumerate().all(|(i, w)| !all[..i].contains(w))
+                }
                 "io_rounds" => v.parse::<u32>().is_ok_and(|n| n <= 1_000_000),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),
             };
@@ -628,6 +650,23 @@ mod tests {
             vec![("memfill".to_string(), (1u64 << 40).to_string())]
         );
         w.workload_args.clear();
+        // More workloads beside the first: known, not repeated, not the first again.
+        let mut a = VmSpec::new("a");
+        a.workload = Some(Workload::Web);
+        for (also, ok) in [
+            ("io", true),
+            ("io,kv", true),
+            ("web", false),
+            ("io,io", false),
+            ("none", false),
+            ("disco", false),
+            ("io,kv,counter,memfill", false),
+        ] {
+            a.workload_args.insert("also".into(), also.into());
+            assert_eq!(a.validate().is_ok(), ok, "{also}");
+        }
+        a.workload_args.insert("also".into(), "io".into());
+        assert!(a.guest_workload_args().is_empty());
         w.workload_args.insert("evil".into(), "1".into());
         assert!(matches!(w.validate(), Err(SpecError::WorkloadArg(_))));
 

@@ -80,22 +80,26 @@ pub fn make(
     write("hello.txt", b"hello from the rebound data disk\n")?;
     write(BLOB_NAME, &blob())?;
     write("dir/nested.txt", b"nested file\n")?;
+    mkfs_from_dir(tools, "rebound-data", content, out, DISK_SIZE)?;
+    Ok(())
+}
+
+/// An ext4 image `out` of `size` (mke2fs syntax) holding `content`, with 4 KiB blocks
+/// (DAX and page-sized caching want them), owned by root, made without mounting.
+pub fn mkfs_from_dir(
+    tools: &Tools,
+    label: &str,
+    content: &Path,
+    out: &Path,
+    size: &str,
+) -> Result<(), ToolError> {
     run(tools
         .cmd("mke2fs")
-        .args([
-            "-q",
-            "-F",
-            "-t",
-            "ext4",
-            "-L",
-            "rebound-data",
-            "-E",
-            "root_owner=0:0",
-            "-d",
-        ])
+        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-L", label])
+        .args(["-E", "root_owner=0:0", "-d"])
         .arg(content)
         .arg(out)
-        .arg(DISK_SIZE))?;
+        .arg(size))?;
     Ok(())
 }
 

@@ -29,6 +29,13 @@ pub const MODULES: &[&str] = &[
     "i6300esb",
     "crc32c_generic",
     "ext4",
+    // virtio-pmem (loaded only for a pmem data disk): the nvdimm bus, the virtio
+    // driver and the pmem block driver that DAX mounts use.
+    "libnvdimm",
+    "nd_virtio",
+    "virtio_pmem",
+    "nd_btt",
+    "nd_pmem",
 ];
 
 /// Errors assembling the initramfs.

@@ -13,13 +13,14 @@
 
 mod apt;
 mod build;
-mod datadisk;
+pub(crate) mod datadisk;
 mod initramfs;
 mod kcache;
 mod kernel;
 pub mod manifest;
 pub mod modules;
 mod tools;
+pub mod webset;
 
 use std::path::{Path, PathBuf};
 
@@ -31,7 +32,7 @@ pub use kcache::KernelCacheError;
 pub use kernel::KernelError;
 use manifest::{Manifest, ManifestError};
 pub use modules::ModulesError;
-pub use tools::ToolError;
+pub use tools::{ToolError, Tools};
 
 /// Image names that can be built.
 pub const KNOWN_IMAGES: &[&str] = &["default"];

@@ -85,6 +85,22 @@ fn every_operation_and_every_metric() {
         Some(&json!({"value_hex": "c0ffee"})),
     );
     assert!(m["paddr"].as_u64().unwrap() > 0);
+    // A warm reboot in the same QEMU: the agent lists its cache (a file the service
+    // just read), comes back, reads it again.
+    let port = env.host_port("t1", 8080);
+    let (code, body) = common::http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!((code, body.len()), (200, 1 << 20));
+    let r = env.get_ok("POST", "/v1/vms/t1/reboot", Some(&json!({"warm": true})));
+    assert_eq!(
+        (r["how"].as_str(), r["warm"].as_bool()),
+        (Some("agent"), Some(true)),
+        "{r}"
+    );
+    assert!(r["reboot_ms"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["cached_pages"].as_u64().unwrap() >= 256, "{r}");
+    assert_eq!(r["prefetch"]["pages"], r["cached_pages"], "{r}");
+    assert!(r["cold_reason"].is_null(), "{r}");
+    assert_eq!(env.status("t1")["ready"], true);
     // Its one disk, the image's data disk, is QEMU's.
     let disks = env.get_ok("GET", "/v1/vms/t1/disks", None);
     assert_eq!(disks.as_array().unwrap().len(), 1, "{disks}");

@@ -63,9 +63,39 @@ pub enum AgentMsg {
         errors: u64,
     },
     Io(rebound_api::IoReport),
+    /// A piece of the reply to `cachelist`.
+    Cachelist {
+        id: u64,
+        last: u8,
+        files: String,
+        #[serde(default)]
+        cached_files: u64,
+        #[serde(default)]
+        cached_pages: u64,
+        #[serde(default)]
+        skipped: u64,
+    },
+    Prefetch(PrefetchDone),
     Error {
         message: String,
     },
+}
+
+/// The agent's `prefetch` answer: the report and the request it answers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PrefetchDone {
+    pub id: u64,
+    #[serde(flatten)]
+    pub report: rebound_api::PrefetchReport,
+}
+
+/// The guest's list of cached pages, as it reported it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuestCacheList {
+    pub text: String,
+    pub files: u64,
+    pub pages: u64,
+    pub skipped: u64,
 }
 
 /// Parses one line from the agent.
@@ -117,7 +147,17 @@ impl LineSplitter {
     }
 }
 
-type Markers = Arc<Mutex<HashMap<u64, oneshot::Sender<(u64, u64)>>>>;
+/// A command waiting for the agent's answer, by request id.
+enum Pending {
+    Marker(oneshot::Sender<(u64, u64)>),
+    CacheList(GuestCacheList, oneshot::Sender<GuestCacheList>),
+    Prefetch(oneshot::Sender<rebound_api::PrefetchReport>),
+}
+
+type Markers = Arc<Mutex<HashMap<u64, Pending>>>;
+
+/// Longest list the host keeps from a guest.
+const CACHELIST_MAX: usize = crate::warm::MAX_BYTES as usize;
 
 /// A live, self-reconnecting link to one guest's agent.
 pub struct AgentLink {
@@ -185,16 +225,31 @@ impl AgentLink {
         self.send(json!({"cmd": "poweroff"}))
     }
 
-    /// Has the guest write `value_hex` into a fresh locked page; returns (paddr, len).
-    pub async fn marker(&self, value_hex: &str) -> Result<(u64, u64), AgentError> {
+    /// Asks the guest to sync and reboot (the same QEMU resets the machine).
+    pub fn reboot(&self) -> Result<(), AgentError> {
+        self.send(json!({"cmd": "reboot"}))
+    }
+
+    /// Sends `cmds` (built with the request id) and waits up to `secs` for the answer
+    /// the agent link routes to `rx`.
+    async fn request<T>(
+        &self,
+        secs: u64,
+        pending: impl FnOnce(oneshot::Sender<T>) -> Pending,
+        cmds: impl FnOnce(u64) -> Vec<serde_json::Value>,
+    ) -> Result<T, AgentError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.markers.lock().expect("markers lock").insert(id, tx);
-        if let Err(e) = self.send(json!({"cmd": "marker", "id": id, "value_hex": value_hex})) {
-            self.markers.lock().expect("markers lock").remove(&id);
-            return Err(e);
+        self.markers
+            .lock()
+            .expect("markers lock")
+            .insert(id, pending(tx));
+        for c in cmds(id) {
+            if let Err(e) = self.send(c) {
+                self.markers.lock().expect("markers lock").remove(&id);
+                return Err(e);
+            }
         }
-        let secs = 20;
         match tokio::time::timeout(Duration::from_secs(secs), rx).await {
             Ok(Ok(r)) => Ok(r),
             _ => {
@@ -202,6 +257,97 @@ impl AgentLink {
                 Err(AgentError::Timeout(secs))
             }
         }
+    }
+
+    /// Has the guest write `value_hex` into a fresh locked page; returns (paddr, len).
+    pub async fn marker(&self, value_hex: &str) -> Result<(u64, u64), AgentError> {
+        self.request(20, Pending::Marker, |id| {
+            vec![json!({"cmd": "marker", "id": id, "value_hex": value_hex})]
+        })
+        .await
+    }
+
+    /// The guest's cached file pages under /data (all of the agent's chunks).
+    pub async fn cachelist(&self) -> Result<GuestCacheList, AgentError> {
+        self.request(
+            60,
+            |tx| Pending::CacheList(GuestCacheList::default(), tx),
+            |id| vec![json!({"cmd": "cachelist", "id": id})],
+        )
+        .await
+    }
+
+    /// Sends a list in chunks and waits up to `secs` for the guest to have read it.
+    pub async fn prefetch(
+        &self,
+        chunks: &[&str],
+        secs: u64,
+    ) -> Result<rebound_api::PrefetchReport, AgentError> {
+        let n = chunks.len();
+        self.request(secs, Pending::Prefetch, |id| {
+            if n == 0 {
+                return vec![json!({"cmd": "prefetch", "id": id, "last": 1, "files": ""})];
+            }
+            chunks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    json!({"cmd": "prefetch", "id": id, "last": u8::from(i + 1 == n), "files": c})
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+/// Routes an answer to the command waiting for it; a message that answers nothing
+/// goes on to the supervisor (returned).
+fn route(markers: &Markers, m: AgentMsg) -> Option<AgentMsg> {
+    let mut map = markers.lock().expect("markers lock");
+    match m {
+        AgentMsg::Marker { id, paddr, len } => {
+            if let Some(Pending::Marker(tx)) = map.remove(&id) {
+                let _ = tx.send((paddr, len));
+            }
+            None
+        }
+        AgentMsg::Cachelist {
+            id,
+            last,
+            files,
+            cached_files,
+            cached_pages,
+            skipped,
+        } => {
+            if let Some(Pending::CacheList(mut acc, tx)) = map.remove(&id) {
+                if acc.text.len() + files.len() <= CACHELIST_MAX {
+                    acc.text.push_str(&files);
+                } else {
+                    acc.skipped += 1;
+                }
+                if last != 0 {
+                    acc.files = cached_files;
+                    acc.pages = cached_pages;
+                    acc.skipped += skipped;
+                    let _ = tx.send(acc);
+                } else {
+                    map.insert(id, Pending::CacheList(acc, tx));
+                }
+            }
+            None
+        }
+        AgentMsg::Prefetch(r) => match map.remove(&r.id) {
+            Some(Pending::Prefetch(tx)) => {
+                let _ = tx.send(r.report);
+                None
+            }
+            Some(other) => {
+                map.insert(r.id, other);
+                Some(AgentMsg::Prefetch(r))
+            }
+            None => Some(AgentMsg::Prefetch(r)),
+        },
+        other => Some(other),
     }
 }
 
@@ -248,14 +394,11 @@ async fn session(
                 let n = match n { Ok(0) | Err(_) => return Ok(()), Ok(n) => n };
                 for line in split.push(&buf[..n]) {
                     match line.and_then(|l| parse_line(&l)) {
-                        Ok(AgentMsg::Marker { id, paddr, len }) => {
-                            if let Some(tx) = markers.lock().expect("markers lock").remove(&id) {
-                                let _ = tx.send((paddr, len));
-                            }
-                        }
                         Ok(m) => {
-                            ready_seen |= matches!(m, AgentMsg::Ready(_));
-                            msgs.send(m).map_err(|_| ())?;
+                            if let Some(m) = route(markers, m) {
+                                ready_seen |= matches!(m, AgentMsg::Ready(_));
+                                msgs.send(m).map_err(|_| ())?;
+                            }
                         }
                         Err(e) => {
                             if let Some(dropped) = bad.admit(std::time::Instant::now()) {

@@ -22,6 +22,8 @@ pub enum DiskError {
     NotRaw(PathBuf),
     #[error("cannot copy {0} to {1}: {2}")]
     Copy(PathBuf, PathBuf, String),
+    #[error("pmem file {0} is {1} bytes: a virtio-pmem device needs a raw file of a non-zero multiple of 2 MiB (`truncate -s` it)")]
+    PmemSize(PathBuf, u64),
 }
 
 const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
@@ -110,9 +112,39 @@ pub fn user_disk(path: &Path) -> Result<Disk, DiskError> {
     Ok(Disk::file(path, format))
 }
 
+/// The size of a file for a virtio-pmem device, MiB: raw, a multiple of 2 MiB (the
+/// device maps it in huge-page-sized pieces).
+pub fn pmem_size_mib(path: &Path) -> Result<u64, DiskError> {
+    if detect_format(path)? != DiskFormat::Raw {
+        return Err(DiskError::NotRaw(path.to_path_buf()));
+    }
+    let len = std::fs::metadata(path)
+        .map_err(|e| DiskError::Read(path.to_path_buf(), e))?
+        .len();
+    if len == 0 || len % (2 << 20) != 0 {
+        return Err(DiskError::PmemSize(path.to_path_buf(), len));
+    }
+    Ok(len >> 20)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pmem_files_are_whole_2mib_raw() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("p");
+        std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+        assert_eq!(pmem_size_mib(&p).unwrap(), 4);
+        for bad in [0, 3 << 20, (4 << 20) + 512] {
+            std::fs::File::create(&p).unwrap().set_len(bad).unwrap();
+            let e = pmem_size_mib(&p).unwrap_err();
+            assert!(matches!(e, DiskError::PmemSize(_, n) if n == bad), "{e}");
+        }
+        std::fs::write(&p, b"QFI\xfb\0\0\0\x03").unwrap();
+        assert!(matches!(pmem_size_mib(&p), Err(DiskError::NotRaw(_))));
+    }
 
     #[test]
     fn formats() {

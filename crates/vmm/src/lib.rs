@@ -30,5 +30,6 @@ pub mod ratelimit;
 pub mod readiness;
 pub mod record;
 pub mod resolve;
+pub mod warm;
 
 pub use rebound_api as api;

@@ -112,6 +112,10 @@ impl VmDir {
         self.0.join("crashes").join(id)
     }
     /// Serial log kept after the run dir is removed.
+    /// The guest's cached file pages, listed before a warm reboot (`warm` module).
+    pub fn warm_cache_list(&self) -> PathBuf {
+        self.0.join("warm-cache.list")
+    }
     pub fn serial_log(&self) -> PathBuf {
         self.0.join("serial.log")
     }

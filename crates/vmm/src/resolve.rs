@@ -89,7 +89,10 @@ fn must_exist(p: &str, err: fn(PathBuf) -> BootError) -> Result<PathBuf, BootErr
 pub fn image_append(base: &str, spec: &VmSpec) -> String {
     let mut a = base.trim().to_string();
     let w = spec.workload.map(|w| w.as_str()).unwrap_or("none");
-    a.push_str(&format!(" rebound.workload={w}"));
+    match spec.workload_args.get("also") {
+        Some(also) => a.push_str(&format!(" rebound.workload={w},{also}")),
+        None => a.push_str(&format!(" rebound.workload={w}")),
+    }
     for (k, v) in spec.guest_workload_args() {
         a.push_str(&format!(" rebound.{k}={v}"));
     }
@@ -312,8 +315,20 @@ pub fn resolve(
         d.direct = spec.disk_direct;
     }
     command.disks = all_disks;
+    let mut pmem_mib = 0;
+    for p in &spec.pmem {
+        let path = PathBuf::from(p);
+        let size_mib = disks::pmem_size_mib(&path)?;
+        pmem_mib += size_mib;
+        command
+            .devices
+            .push(crate::qemu::Device::VirtioPmem { path, size_mib });
+    }
+    if pmem_mib > 0 {
+        command.memory.max_mib = Some(spec.memory_mib + pmem_mib);
+    }
     if let Some(m) = boot_memory {
-        command.memory.max_mib = Some(spec.memory_mib);
+        command.memory.max_mib = Some(spec.memory_mib + pmem_mib);
         command.devices.push(crate::qemu::Device::VirtioMem {
             backend: MemoryBackend::SharedFile(run.vmem()),
             size_mib: spec.memory_mib - m,

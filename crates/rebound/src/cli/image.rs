@@ -1,6 +1,8 @@
 //! `rebound image ...`: build and list guest images (runs locally, no daemon).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use super::ImageCmd;
 use rebound_vmm::images;
@@ -50,6 +52,13 @@ pub fn run(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        ImageCmd::Webset {
+            out,
+            files,
+            file_size,
+            io_size,
+            json,
+        } => webset(&out, files, file_size, io_size, json),
         ImageCmd::List { json } => {
             let imgs = images::list(&paths.home)?;
             if json {
@@ -69,4 +78,60 @@ pub fn run(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn webset(out: &Path, files: u64, file_size: u64, io_size: u64, json: bool) -> anyhow::Result<()> {
+    use rebound_image::webset::{self, WebsetShape};
+    let shape = WebsetShape {
+        files,
+        file_size,
+        io_size,
+    };
+    let tools = rebound_image::Tools::check()?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // The scratch tree sits beside the image (same filesystem, same privacy) and goes
+    // when done, whatever happens.
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let scratch = Scratch(parent.join(format!(".webset-{}", std::process::id())));
+    rebound_vmm::private::create_dir_all(&scratch.0)
+        .with_context(|| format!("cannot make a scratch directory in {}", parent.display()))?;
+    let mut last = std::time::Instant::now();
+    let mut progress = |i: u64| {
+        if !json && (i == files || last.elapsed().as_millis() >= 500) {
+            last = std::time::Instant::now();
+            eprint!("\rwriting files {i}/{files}");
+            if i == files {
+                eprintln!();
+            }
+        }
+    };
+    webset::make(&tools, shape, &scratch.0, out, &mut progress)?;
+    let bytes = std::fs::metadata(out)?.len();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"out": out, "files": files, "file_size": file_size,
+                "io_size": io_size, "image_bytes": bytes})
+        );
+    } else {
+        println!(
+            "file set {}: {files} files of {file_size} bytes{}, image {} MiB",
+            out.display(),
+            if io_size > 0 {
+                format!(" and io.bin of {io_size} bytes")
+            } else {
+                String::new()
+            },
+            bytes >> 20
+        );
+    }
+    Ok(())
 }

@@ -12,6 +12,7 @@ use rebound_vmm::paths::Paths;
 mod bench;
 mod bench_crash;
 mod bench_disk;
+mod bench_reboot;
 mod bench_restore;
 mod console;
 mod crash;
@@ -20,6 +21,7 @@ mod output;
 mod plot;
 mod snapshot;
 mod vm;
+mod webload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -108,7 +110,7 @@ pub struct BlkServeArgs {
 }
 
 /// A size with an optional K/M/G suffix (powers of two; a bare number is bytes).
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     rebound_api::spec::parse_size(s).map_err(|e| e.to_string())
 }
 
@@ -194,6 +196,24 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Make an ext4 disk image holding a deterministic file set for the `web` and `io`
+    /// workloads (use it with `vm start --disk FILE --workload-arg data_disk=vdb`).
+    Webset {
+        /// The image file to create (must not exist).
+        out: PathBuf,
+        /// How many files (`web/NNN/NNNNNN.bin`).
+        #[arg(long, default_value_t = 2000)]
+        files: u64,
+        /// Size of each file (e.g. 200K).
+        #[arg(long, default_value = "200K", value_parser = parse_bytes)]
+        file_size: u64,
+        /// Also an `io.bin` of this size for the `io` workload (0: none).
+        #[arg(long, default_value = "0", value_parser = parse_bytes)]
+        io_size: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -222,6 +242,11 @@ pub struct StartArgs {
     /// QEMU-served disks bypass the host page cache (O_DIRECT, QEMU's cache=none).
     #[arg(long)]
     pub disk_direct: bool,
+    /// A file exposed as a virtio-pmem device (`/dev/pmemN`, repeatable; its size a
+    /// multiple of 2 MiB). With `--workload-arg data_disk=pmem0` the guest mounts the
+    /// ext4 on it with DAX at /data.
+    #[arg(long)]
+    pub pmem: Vec<PathBuf>,
     /// Host cache per disk of the rebound backend, e.g. 256M (0: none).
     #[arg(long, default_value = "0", value_parser = parse_memory_or_zero)]
     pub disk_cache: u64,
@@ -231,9 +256,10 @@ pub struct StartArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1)]
     pub cpus: u32,
-    /// web, kv, memfill, counter, io or none.
+    /// web, kv, memfill, counter, io or none; a comma list runs several (`web,io`:
+    /// the first is the VM's workload, the others its `also` argument).
     #[arg(long)]
-    pub workload: Option<rebound_api::spec::Workload>,
+    pub workload: Option<String>,
     /// Memory the memfill workload fills, e.g. 64M.
     #[arg(long, value_parser = parse_size_arg)]
     pub memfill: Option<String>,
@@ -419,6 +445,24 @@ pub enum VmCmd {
     Settle {
         /// The VM's name.
         name: String,
+    },
+    /// Reboot a running guest. `--warm` keeps its file cache: the agent lists the
+    /// cached pages of the files under /data first and reads them back after the
+    /// boot, from the host's block cache (`--disk-backend rebound`), never from the
+    /// old guest memory.
+    Reboot {
+        /// The VM's name.
+        name: String,
+        /// Bring the guest's file cache back after the reboot.
+        #[arg(long)]
+        warm: bool,
+        /// Reset the machine at once (no sync: writes in flight are lost, as in a
+        /// power cut) instead of the guest's own sync and reboot.
+        #[arg(long)]
+        hard: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// List VMs.
     List {
@@ -627,6 +671,10 @@ pub enum BenchCmd {
     /// Guest disk I/O through Rebound's block backend against QEMU's virtio-blk on
     /// the same file (cache=none and writeback), and host-cache hits against misses.
     Disk(bench_disk::DiskArgs),
+    /// A web service across a reboot: normal, normal with the host page cache warm,
+    /// and warm (`vm reboot --warm`): reads of the file set before and after, and
+    /// throughput per second across a reboot under load (CacheMind figures 3-5).
+    Reboot(bench_reboot::RebootArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {

@@ -27,6 +27,12 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
         VmCmd::Resume { name } => simple(paths, &name, "resume", "resumed").await,
         VmCmd::Pause { name } => simple(paths, &name, "pause", "paused").await,
         VmCmd::Settle { name } => simple(paths, &name, "settle", "settled").await,
+        VmCmd::Reboot {
+            name,
+            warm,
+            hard,
+            json,
+        } => reboot(paths, &name, warm, hard, json).await,
         VmCmd::List { json } => {
             let c = connect(paths).await?;
             let v: Vec<VmStatus> = c.call(Method::GET, "/v1/vms", None).await?;
@@ -320,7 +326,13 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     }
     s.memory_mib = a.memory;
     s.cpus = a.cpus;
-    s.workload = a.workload;
+    if let Some(w) = &a.workload {
+        let (first, rest) = w.split_once(',').unwrap_or((w, ""));
+        s.workload = Some(first.parse()?);
+        if !rest.is_empty() {
+            s.workload_args.insert("also".into(), rest.to_string());
+        }
+    }
     if let Some(m) = &a.memfill {
         s.workload_args.insert("memfill".into(), m.clone());
     }
@@ -365,6 +377,9 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     s.disk_backend = a.disk_backend;
     s.disk_cache_mib = a.disk_cache;
     s.disk_direct = a.disk_direct;
+    for p in &a.pmem {
+        s.pmem.push(abs_file(p, "pmem")?);
+    }
     s.validate()?;
     Ok(s)
 }
@@ -454,4 +469,57 @@ async fn logs(paths: &Paths, name: &str, follow: bool) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+async fn reboot(
+    paths: &Paths,
+    name: &str,
+    warm: bool,
+    hard: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let c = connect(paths).await?;
+    let req = rebound_api::RebootRequest { warm, hard };
+    let body = serde_json::to_value(&req)?;
+    let r: rebound_api::RebootReport = c
+        .call(
+            Method::POST,
+            &format!("/v1/vms/{}/reboot", enc(name)),
+            Some(&body),
+        )
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let back = match r.reboot_ms {
+        Some(ms) => format!("agent up again after {:.1} s", ms as f64 / 1000.0),
+        None => "reset (no agent: the readiness probe says when it is back)".into(),
+    };
+    println!("rebooted {name} ({}): {back}", r.how);
+    if warm {
+        println!(
+            "  cache listed before: {} pages ({:.1} MiB) of {} files",
+            r.cached_pages,
+            r.cached_pages as f64 / 256.0,
+            r.cached_files
+        );
+    }
+    if let Some(p) = &r.prefetch {
+        println!(
+            "  read back: {:.1} MiB of {} files in {:.2} s{}",
+            p.bytes as f64 / 1048576.0,
+            p.files,
+            p.ms as f64 / 1000.0,
+            if p.missing > 0 {
+                format!(" ({} files gone since)", p.missing)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(why) = &r.cold_reason {
+        println!("  cold: {why}");
+    }
+    Ok(())
 }

@@ -59,6 +59,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/resume", post(resume))
         .route("/v1/vms/{name}/pause", post(pause))
         .route("/v1/vms/{name}/settle", post(settle))
+        .route("/v1/vms/{name}/reboot", post(reboot))
         .route("/v1/vms/{name}/restore", get(restore_report))
         .route("/v1/vms/{name}/disks", get(disks))
         .route("/v1/restore", post(restore))
@@ -242,6 +243,24 @@ async fn snapshot(
     match vm.run(Job::Snapshot(Box::new(req))).await? {
         Done::Snapshot(r) => Ok((StatusCode::CREATED, Json(*r))),
         _ => Err(OpError::Internal("snapshot job answered something else".into()).into()),
+    }
+}
+
+async fn reboot(
+    State(d): D,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let req: rebound_api::RebootRequest = if body.is_empty() {
+        Default::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| OpError::BadRequest(format!("invalid RebootRequest: {e}")))?
+    };
+    match vm.run(Job::Reboot(req)).await? {
+        Done::Reboot(r) => Ok(Json(*r)),
+        _ => Err(OpError::Internal("reboot job answered something else".into()).into()),
     }
 }
 

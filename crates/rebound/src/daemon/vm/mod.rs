@@ -11,6 +11,7 @@ mod dump;
 mod dump_now;
 pub mod machine;
 mod owner;
+mod reboot;
 mod recover_restore;
 pub mod restore;
 mod restore_guard;
@@ -51,6 +52,8 @@ pub enum Job {
     Pause,
     /// Move a restored guest from its snapshot image onto shared RAM.
     Settle,
+    /// Reboot the guest, cold or warm.
+    Reboot(rebound_api::RebootRequest),
 }
 
 impl Job {
@@ -65,6 +68,7 @@ impl Job {
             Job::Resume => "resume",
             Job::Pause => "pause",
             Job::Settle => "settle",
+            Job::Reboot(_) => "reboot",
         }
     }
 }
@@ -76,6 +80,7 @@ pub enum Done {
     Marker(MarkerReply),
     Dump(Box<rebound_api::DumpResult>),
     Snapshot(Box<rebound_api::SnapshotResult>),
+    Reboot(Box<rebound_api::RebootReport>),
 }
 
 type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
@@ -156,7 +161,9 @@ impl VmHandle {
     pub async fn run_for_status(&self, job: Job) -> Result<VmStatus, OpError> {
         match self.run(job).await? {
             Done::Status(s) => Ok(*s),
-            Done::Marker(_) | Done::Dump(_) | Done::Snapshot(_) => Ok(self.status()),
+            Done::Marker(_) | Done::Dump(_) | Done::Snapshot(_) | Done::Reboot(_) => {
+                Ok(self.status())
+            }
         }
     }
 

@@ -63,9 +63,9 @@ pub(super) struct Owner {
     pub(super) metrics: Arc<Metrics>,
     pub(super) cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
     pub(super) qmp: Option<Arc<Qmp>>,
-    qmp_events: Option<UnboundedReceiver<QmpEvent>>,
-    agent: Option<Arc<AgentLink>>,
-    agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
+    pub(super) qmp_events: Option<UnboundedReceiver<QmpEvent>>,
+    pub(super) agent: Option<Arc<AgentLink>>,
+    pub(super) agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
     child: Option<tokio::process::Child>,
     pub(super) ready: ReadySpec,
     probe_port: Option<u16>,
@@ -114,7 +114,7 @@ pub fn start_owner(
 }
 
 /// The next item of an optional channel; never, if there is none.
-async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
+pub(super) async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
     match rx {
         Some(r) => r.recv().await,
         None => std::future::pending().await,
@@ -517,7 +517,7 @@ impl Owner {
     // ---- what QEMU and the guest report ----
 
     /// Applies a QMP event; returns the crash's cause when the guest just died.
-    fn on_qmp(&mut self, ev: QmpEvent) -> Option<&'static str> {
+    pub(super) fn on_qmp(&mut self, ev: QmpEvent) -> Option<&'static str> {
         let data = EventData::from_qmp(&ev.event, &ev.data)?;
         let mut died = None;
         let changed = match &data {
@@ -547,7 +547,7 @@ impl Owner {
         died
     }
 
-    async fn on_qemu_gone(&mut self) {
+    pub(super) async fn on_qemu_gone(&mut self) {
         let pid = self.vm.record().qemu_pid;
         let code = match pid {
             Some(pid) => self.reap(pid).await,
@@ -560,7 +560,7 @@ impl Owner {
         });
     }
 
-    fn on_agent(&mut self, m: AgentMsg) {
+    pub(super) fn on_agent(&mut self, m: AgentMsg) {
         if let Some(w) = self.agent_wait.take() {
             self.agent_wait = w.saw(&m);
         }
@@ -610,6 +610,10 @@ impl Owner {
             }
             AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
             AgentMsg::Io(r) => self.event(EventData::Io(r)),
+            // A prefetch whose reboot stopped waiting still says what it read.
+            AgentMsg::Prefetch(p) => self.event(EventData::Prefetched(p.report)),
+            // Pieces of a list nobody waits for any more.
+            AgentMsg::Cachelist { .. } => {}
             // Ticks and heartbeats are frequent; the counter also goes to the serial log.
             AgentMsg::Heartbeat { .. } | AgentMsg::Counter { .. } | AgentMsg::Marker { .. } => {}
         }
@@ -683,10 +687,11 @@ impl Owner {
             Job::Resume => self.resume().await.map(|s| Done::Status(Box::new(s))),
             Job::Pause => self.pause().await.map(|s| Done::Status(Box::new(s))),
             Job::Settle => self.settle().await.map(|s| Done::Status(Box::new(s))),
+            Job::Reboot(req) => self.reboot(req).await.map(|r| Done::Reboot(Box::new(r))),
         }
     }
 
-    fn require_running(&self, why: &'static str) -> Result<(), OpError> {
+    pub(super) fn require_running(&self, why: &'static str) -> Result<(), OpError> {
         let st = self.vm.record().state;
         if st != VmState::Running {
             return Err(OpError::WrongState(self.vm.name.clone(), st, why));

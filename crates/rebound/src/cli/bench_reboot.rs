@@ -1,0 +1,481 @@
+//! `rebound bench reboot`: what a reboot costs a web service, as CacheMind's figures
+//! 3–5, for three variants side by side in one run (issue 12, item 5):
+//!
+//! - `normal`: QEMU's virtio-blk with `O_DIRECT` (cache=none): the guest's file cache
+//!   is gone after the reboot and nothing on the host holds it;
+//! - `normal-hostcache`: QEMU's virtio-blk through the host page cache (writeback):
+//!   the guest's cache is gone, but its reads come from the host's memory (CacheMind's
+//!   figure 4 case, with double caching);
+//! - `warm`: Rebound's backend with a host cache and `vm reboot --warm`: the guest's
+//!   cached pages are listed before the reboot and read back after it through the
+//!   backend's cache;
+//! - `dax`: the file set on a virtio-pmem device, mounted with DAX: the guest has no
+//!   file cache of its own to lose, it reads the host's page cache directly.
+//!
+//! Each variant boots a fresh VM whose `/data` is a file set made by
+//! `rebound image webset`, then: three full reads of the set (first, second, third),
+//! a reboot, three reads again; then a steady random load for `--seconds`, a reboot
+//! under the load, and the load again until `--seconds` after the service is back,
+//! with the throughput of every second recorded.
+
+use std::time::Duration;
+
+use clap::Args;
+use rebound_api::spec::DiskBackend;
+use rebound_api::{RebootReport, RebootRequest, VmSpec, VmStatus, Workload};
+use rebound_vmm::paths::Paths;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
+use super::webload::{self, Load, Set};
+use crate::cli::connect;
+use crate::client::Client;
+
+#[derive(Args, Debug)]
+pub struct RebootArgs {
+    /// Files in the set.
+    #[arg(long, default_value_t = 1000)]
+    files: u64,
+    /// Size of each file.
+    #[arg(long, default_value = "200K", value_parser = crate::cli::parse_bytes)]
+    file_size: u64,
+    /// Guest memory, MiB (the set must fit in its page cache).
+    #[arg(long, default_value_t = 512)]
+    memory: u64,
+    /// Parallel client connections.
+    #[arg(long, default_value_t = 4)]
+    conns: usize,
+    /// Seconds of load before the reboot, and after the service is back.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Variants: normal, normal-hostcache, warm, dax.
+    #[arg(long, default_value = "normal,normal-hostcache,warm,dax")]
+    variants: String,
+    #[command(flatten)]
+    out: crate::cli::bench::BenchOut,
+}
+
+const VARIANTS: [&str; 4] = ["normal", "normal-hostcache", "warm", "dax"];
+
+/// One variant's results.
+#[derive(Debug, Clone, Serialize)]
+struct Variant {
+    variant: String,
+    /// Seconds for the first, second and third full read of the set before and after
+    /// the reboot.
+    reads_before_s: [f64; 3],
+    reads_after_s: [f64; 3],
+    /// From the reboot request to the service answering again.
+    reboot_s: f64,
+    /// MB/s over the `--seconds` before the reboot.
+    before_mb_s: f64,
+    /// MB/s over the first 10 s after the service is back.
+    first10_mb_s: f64,
+    /// How far the first 10 s fall below the level before the reboot.
+    drop_pct: f64,
+    /// Seconds after the service is back until a 3-s mean reaches 95% of the level
+    /// before; absent if it did not within the run.
+    recovery_s: Option<f64>,
+    /// MB/s per second of the load run; the reboot was asked at `reboot_at_s` and the
+    /// service was back at `back_at_s`.
+    series: Vec<f64>,
+    reboot_at_s: f64,
+    back_at_s: f64,
+    /// The warm reboots' reports (what was listed and read back).
+    reboots: Vec<RebootReport>,
+}
+
+fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
+    let mut s = VmSpec::new(name);
+    s.memory_mib = args.memory;
+    s.workload = Some(Workload::Web);
+    s.workload_args.insert("data_disk".into(), "vdb".into());
+    s.disks = vec![disk.into()];
+    match variant {
+        "normal" => s.disk_direct = true,
+        "normal-hostcache" => {}
+        "dax" => {
+            s.disks.clear();
+            s.pmem = vec![disk.into()];
+            s.workload_args.insert("data_disk".into(), "pmem0".into());
+        }
+        _ => {
+            s.disk_backend = DiskBackend::Rebound;
+            // The whole set fits, plus the image's own disk and metadata.
+            s.disk_cache_mib = ((args.files * args.file_size.div_ceil(4096) * 4096) >> 20) + 64;
+        }
+    }
+    s
+}
+
+async fn reboot(c: &Client, name: &str, warm: bool) -> anyhow::Result<RebootReport> {
+    let body = serde_json::to_value(RebootRequest { warm, hard: false })?;
+    post(c, &format!("/v1/vms/{name}/reboot"), Some(&body)).await
+}
+
+/// Three full reads of the set with `conns` clients.
+async fn three_reads(set: Set, conns: usize) -> anyhow::Result<[f64; 3]> {
+    let mut r = [0.0; 3];
+    for x in &mut r {
+        *x = tokio::task::spawn_blocking(move || set.pass(conns)).await??;
+    }
+    Ok(r)
+}
+
+async fn run_variant(
+    c: &Client,
+    args: &RebootArgs,
+    variant: &str,
+    name: &str,
+    disk: &str,
+    progress: bool,
+) -> anyhow::Result<(Variant, VmStatus)> {
+    let say = |m: &str| {
+        if progress {
+            eprintln!("bench reboot: {variant}: {m}");
+        }
+    };
+    let s = spec(args, name, variant, disk);
+    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+    let st: VmStatus = post(
+        c,
+        &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=300000"),
+        None,
+    )
+    .await?;
+    let port = st
+        .forwards
+        .iter()
+        .find(|f| f.guest == 8080)
+        .map(|f| f.host)
+        .ok_or_else(|| anyhow::anyhow!("{name}: no forward for the web service"))?;
+    let set = Set {
+        port,
+        files: args.files,
+        file_size: args.file_size,
+    };
+    let warm = variant == "warm";
+    let mut reboots = Vec::new();
+
+    say("three reads, reboot, three reads");
+    let reads_before_s = three_reads(set, args.conns).await?;
+    reboots.push(reboot(c, name, warm).await?);
+    let reads_after_s = three_reads(set, args.conns).await?;
+
+    say(&format!(
+        "{} s of load, reboot under load, {} s after",
+        args.seconds, args.seconds
+    ));
+    let load = Load::start(set, args.conns, 0x5eed);
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let reboot_at_s = load.now();
+    let r = reboot(c, name, warm).await;
+    // The service is back at the first request answered after the reboot request
+    // that started after it (a request in flight at the reboot may still finish).
+    let back_at_s = loop {
+        if let Some(t) = load.first_ok_after(reboot_at_s + 0.5) {
+            break t;
+        }
+        if load.now() - reboot_at_s > 300.0 {
+            load.stop();
+            anyhow::bail!("{name}: the service did not come back within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    reboots.push(r?);
+    let end = back_at_s + args.seconds as f64;
+    tokio::time::sleep(Duration::from_secs_f64((end - load.now()).max(0.0) + 1.0)).await;
+    let done = load.stop();
+    let series = webload::per_second(&done, end.ceil());
+    let before_mb_s = webload::mean(&series, reboot_at_s - args.seconds as f64, reboot_at_s);
+    let first10_mb_s = webload::mean(&series, back_at_s.ceil(), back_at_s.ceil() + 10.0);
+    Ok((
+        Variant {
+            variant: variant.into(),
+            reads_before_s,
+            reads_after_s,
+            reboot_s: back_at_s - reboot_at_s,
+            before_mb_s,
+            first10_mb_s,
+            drop_pct: if before_mb_s > 0.0 {
+                100.0 * (1.0 - first10_mb_s / before_mb_s)
+            } else {
+                0.0
+            },
+            recovery_s: webload::recovery(&series, back_at_s, before_mb_s, 0.95),
+            series,
+            reboot_at_s,
+            back_at_s,
+            reboots,
+        },
+        st,
+    ))
+}
+
+pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
+    let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
+    if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
+        anyhow::bail!("unknown variant {bad:?}: expected {}", VARIANTS.join(", "));
+    }
+    if args.seconds < 12 || args.files == 0 {
+        anyhow::bail!("--seconds must be at least 12 and --files at least 1");
+    }
+    let dir = args.out.scratch("reboot")?;
+    let disk = dir.join("webset.img");
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if !disk.exists() {
+        if progress {
+            eprintln!(
+                "bench reboot: making the file set ({} files of {} bytes)",
+                args.files, args.file_size
+            );
+        }
+        let tools = rebound_image::Tools::check()?;
+        let scratch = dir.join("webset-files");
+        let shape = rebound_image::webset::WebsetShape {
+            files: args.files,
+            file_size: args.file_size,
+            io_size: 0,
+        };
+        rebound_image::webset::make(&tools, shape, &scratch, &disk, &mut |_| {})?;
+        std::fs::remove_dir_all(&scratch)?;
+    }
+    let c = connect(paths).await?;
+    let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
+    let tag = format!("br{}", std::process::id());
+    let mut rows = Vec::new();
+    let mut accel = String::new();
+    let r: anyhow::Result<()> = async {
+        for v in &want {
+            let name = format!("{tag}-{v}");
+            let r = run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
+            remove(&c, &name).await;
+            let (row, st) = r?;
+            accel = st.accel.as_str().to_string();
+            rows.push(row);
+        }
+        Ok(())
+    }
+    .await;
+    if args.out.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r?;
+    let meta = json!({
+        "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
+        "files": args.files, "file_size": args.file_size, "memory_mib": args.memory,
+        "conns": args.conns, "seconds": args.seconds,
+        "load_before": load_before, "load_after": load_average(),
+    });
+    if let Some(svg) = &args.out.svg {
+        draw(&meta, &rows, svg)?;
+    }
+    if args.out.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"meta": meta, "variants": rows}))?
+        );
+        return Ok(());
+    }
+    println!(
+        "rebound bench reboot: {} files of {} KiB ({:.0} MiB) on /data, guest {} MiB, {} clients; accel {}; {}",
+        args.files,
+        args.file_size >> 10,
+        (args.files * args.file_size) as f64 / 1048576.0,
+        args.memory,
+        args.conns,
+        meta["accel"].as_str().unwrap_or(""),
+        date
+    );
+    println!(
+        "{:<18} {:>23} {:>23} {:>9} {:>9} {:>9} {:>7} {:>10}",
+        "variant",
+        "reads before (s)",
+        "reads after (s)",
+        "reboot s",
+        "MB/s bef",
+        "MB/s 10s",
+        "drop %",
+        "recovery s"
+    );
+    let three = |r: &[f64; 3]| format!("{:.1} / {:.1} / {:.1}", r[0], r[1], r[2]);
+    for r in &rows {
+        println!(
+            "{:<18} {:>23} {:>23} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>10}",
+            r.variant,
+            three(&r.reads_before_s),
+            three(&r.reads_after_s),
+            r.reboot_s,
+            r.before_mb_s,
+            r.first10_mb_s,
+            r.drop_pct,
+            r.recovery_s
+                .map(|s| format!("{s:.1}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    for r in rows.iter().filter(|r| r.variant == "warm") {
+        for (k, b) in r.reboots.iter().enumerate() {
+            if let Some(p) = &b.prefetch {
+                println!(
+                    "warm reboot {}: listed {:.1} MiB, read back {:.1} MiB in {:.2} s",
+                    k + 1,
+                    b.cached_pages as f64 / 256.0,
+                    p.bytes as f64 / 1048576.0,
+                    p.ms as f64 / 1000.0
+                );
+            }
+            if let Some(w) = &b.cold_reason {
+                println!("warm reboot {}: went cold: {w}", k + 1);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Throughput per second across the reboot, one line per variant, aligned on the
+/// reboot request (CacheMind's figure 5), plus the reads before and after (figure 3).
+fn draw(meta: &Value, rows: &[Variant], out: &std::path::Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(out, (900, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(420);
+    let colors = [
+        RGBColor(200, 60, 60),
+        RGBColor(230, 150, 60),
+        RGBColor(50, 120, 200),
+    ];
+    let secs = meta["seconds"].as_f64().unwrap_or(30.0);
+    let y_max = rows
+        .iter()
+        .flat_map(|r| r.series.iter().copied())
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x_max = rows
+        .iter()
+        .map(|r| r.series.len() as f64 - r.reboot_at_s)
+        .fold(secs, f64::max);
+    let mut chart = ChartBuilder::on(&top)
+        .caption(
+            format!(
+                "Web throughput across a reboot: {} files of {} KiB, {} clients, accel {}, {}",
+                meta["files"],
+                meta["file_size"].as_u64().unwrap_or(0) >> 10,
+                meta["conns"],
+                meta["accel"].as_str().unwrap_or(""),
+                meta["date"].as_str().unwrap_or("")
+            ),
+            ("sans-serif", 15),
+        )
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(-secs..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds from the reboot request")
+        .y_desc("MB/s served")
+        .draw()?;
+    for (k, r) in rows.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let pts: Vec<(f64, f64)> = r
+            .series
+            .iter()
+            .enumerate()
+            .map(|(s, v)| (s as f64 + 0.5 - r.reboot_at_s, *v))
+            .filter(|(t, _)| *t >= -secs)
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
+            .label(format!(
+                "{}: drop {:.0}%, back after {:.1} s",
+                r.variant, r.drop_pct, r.reboot_s
+            ))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    // Reads: six bars per variant (before 1-3, after 1-3), seconds.
+    let r_max = rows
+        .iter()
+        .flat_map(|r| {
+            r.reads_before_s
+                .iter()
+                .chain(r.reads_after_s.iter())
+                .copied()
+        })
+        .fold(0.1, f64::max)
+        * 1.15;
+    let n = rows.len() as f64;
+    let mut bars = ChartBuilder::on(&bottom)
+        .caption(
+            "Seconds to read the whole set: 1st, 2nd, 3rd read before the reboot | after it",
+            ("sans-serif", 14),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..n * 7.0, 0f64..r_max)?;
+    bars.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("seconds")
+        .draw()?;
+    for (k, r) in rows.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let x0 = k as f64 * 7.0;
+        let vals = r.reads_before_s.iter().chain(r.reads_after_s.iter());
+        bars.draw_series(vals.enumerate().map(|(j, v)| {
+            let x = x0 + j as f64 + if j >= 3 { 0.4 } else { 0.0 };
+            let style = if j >= 3 {
+                c.filled()
+            } else {
+                c.mix(0.45).filled()
+            };
+            Rectangle::new([(x + 0.1, 0.0), (x + 0.9, *v)], style)
+        }))?;
+        bars.draw_series(std::iter::once(Text::new(
+            r.variant.clone(),
+            (x0 + 0.2, r_max * 0.96),
+            ("sans-serif", 13),
+        )))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_choose_the_backend_and_caching() {
+        let a = RebootArgs {
+            files: 1000,
+            file_size: 200 << 10,
+            memory: 512,
+            conns: 4,
+            seconds: 30,
+            variants: String::new(),
+            out: Default::default(),
+        };
+        let s = |v| spec(&a, "x", v, "/w.img");
+        assert!(s("normal").disk_direct);
+        let hc = s("normal-hostcache");
+        assert!(!hc.disk_direct && hc.disk_backend == DiskBackend::Qemu);
+        let w = s("warm");
+        assert_eq!(w.disk_backend, DiskBackend::Rebound);
+        assert_eq!(w.disk_cache_mib, 195 + 64);
+        assert_eq!(w.workload_args["data_disk"], "vdb");
+        w.validate().unwrap();
+        let d = s("dax");
+        assert!(d.disks.is_empty() && d.pmem == ["/w.img"]);
+        assert_eq!(d.workload_args["data_disk"], "pmem0");
+        d.validate().unwrap();
+    }
+}

@@ -1,0 +1,212 @@
+//! A host-side load generator for the guest's `web` workload serving a file set made
+//! by `rebound image webset`: full passes over the set (first, second, third read) and
+//! a steady random load whose completions are recorded with timestamps, so throughput
+//! per second can be drawn across a reboot. Plain threads and blocking sockets: the
+//! guest, not the client, is the bottleneck, and the timing stays simple.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rebound_image::splitmix64;
+use rebound_image::webset::{file_content, file_path};
+
+/// One finished request.
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    /// Seconds since the load began, at completion.
+    pub t: f64,
+    pub bytes: u64,
+    pub ok: bool,
+}
+
+/// The file set the guest serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Set {
+    pub port: u16,
+    pub files: u64,
+    pub file_size: u64,
+}
+
+impl Set {
+    /// GETs file `i`; Ok(true) when the body is the file's exact content at its
+    /// start and end (a full compare of every reply would load the host instead).
+    pub fn get(&self, i: u64) -> std::io::Result<bool> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(s, "GET /{} HTTP/1.0\r\nHost: guest\r\n\r\n", file_path(i))?;
+        let mut resp = Vec::with_capacity(self.file_size as usize + 256);
+        s.read_to_end(&mut resp)?;
+        let Some(head) = resp.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return Ok(false);
+        };
+        let body = &resp[head + 4..];
+        if !resp.starts_with(b"HTTP/1.1 200") || body.len() as u64 != self.file_size {
+            return Ok(false);
+        }
+        let want = file_content(i, 16.min(self.file_size));
+        let tail = self.file_size as usize - 8;
+        let last = splitmix64(i << 32 | (tail as u64 / 8)).to_le_bytes();
+        Ok(body.starts_with(&want) && (!tail.is_multiple_of(8) || body[tail..] == last))
+    }
+
+    /// Reads every file once with `conns` connections in parallel; returns seconds,
+    /// or an error naming the first file that did not come back right.
+    pub fn pass(&self, conns: usize) -> anyhow::Result<f64> {
+        let next = AtomicU64::new(0);
+        let bad = Mutex::new(None);
+        let t0 = Instant::now();
+        std::thread::scope(|sc| {
+            for _ in 0..conns.max(1) {
+                sc.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= self.files {
+                        return;
+                    }
+                    match self.get(i) {
+                        Ok(true) => {}
+                        other => {
+                            let mut b = bad.lock().expect("pass lock");
+                            b.get_or_insert(format!("{}: {other:?}", file_path(i)));
+                            next.store(self.files, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        match bad.into_inner().expect("pass lock") {
+            Some(why) => anyhow::bail!("the guest did not serve {why}"),
+            None => Ok(t0.elapsed().as_secs_f64()),
+        }
+    }
+}
+
+/// A steady load of random requests until stopped.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<Mutex<Vec<Done>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    pub t0: Instant,
+}
+
+impl Load {
+    /// `conns` clients, each sending one request at a time (uniform over the set;
+    /// a failed connection is retried after 20 ms, as a client would).
+    pub fn start(set: Set, conns: usize, seed: u64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let t0 = Instant::now();
+        let threads = (0..conns.max(1) as u64)
+            .map(|c| {
+                let (stop, done) = (stop.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let i = splitmix64(seed ^ (c << 48) ^ n) % set.files;
+                        let ok = matches!(set.get(i), Ok(true));
+                        let d = Done {
+                            t: t0.elapsed().as_secs_f64(),
+                            bytes: if ok { set.file_size } else { 0 },
+                            ok,
+                        };
+                        done.lock().expect("load lock").push(d);
+                        if !ok {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            done,
+            threads,
+            t0,
+        }
+    }
+
+    /// Seconds since the load began.
+    pub fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    /// The first successful completion at or after `t`, if any yet.
+    pub fn first_ok_after(&self, t: f64) -> Option<f64> {
+        self.done
+            .lock()
+            .expect("load lock")
+            .iter()
+            .filter(|d| d.ok && d.t >= t)
+            .map(|d| d.t)
+            .reduce(f64::min)
+    }
+
+    /// Stops the clients and returns every completion.
+    pub fn stop(self) -> Vec<Done> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let mut v = std::mem::take(&mut *self.done.lock().expect("load lock"));
+        v.sort_by(|a, b| a.t.total_cmp(&b.t));
+        v
+    }
+}
+
+/// MB/s served in each whole second [k, k+1) up to `end`.
+pub fn per_second(done: &[Done], end: f64) -> Vec<f64> {
+    let mut v = vec![0.0; end.max(0.0) as usize];
+    for d in done.iter().filter(|d| d.ok) {
+        if let Some(s) = v.get_mut(d.t as usize) {
+            *s += d.bytes as f64 / 1e6;
+        }
+    }
+    v
+}
+
+/// Mean MB/s over [from, to) (whole seconds).
+pub fn mean(series: &[f64], from: f64, to: f64) -> f64 {
+    let (a, b) = (
+        from.max(0.0) as usize,
+        (to.max(0.0) as usize).min(series.len()),
+    );
+    if b <= a {
+        return 0.0;
+    }
+    series[a..b].iter().sum::<f64>() / (b - a) as f64
+}
+
+/// Seconds after `back` until a 3-second mean first reaches `frac` of `level`.
+pub fn recovery(series: &[f64], back: f64, level: f64, frac: f64) -> Option<f64> {
+    let start = back.floor() as usize;
+    (start..series.len().saturating_sub(2))
+        .find(|&k| series[k..k + 3].iter().sum::<f64>() / 3.0 >= frac * level)
+        .map(|k| (k as f64 - back).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throughput_windows() {
+        let done: Vec<Done> = (0..100)
+            .map(|k| Done {
+                t: k as f64 * 0.1,
+                bytes: 1_000_000,
+                ok: k % 10 != 0,
+            })
+            .collect();
+        let s = per_second(&done, 10.0);
+        assert_eq!(s.len(), 10);
+        assert!(s.iter().all(|&x| (x - 9.0).abs() < 1e-9), "{s:?}");
+        assert!((mean(&s, 2.0, 5.0) - 9.0).abs() < 1e-9);
+        let dip = [10.0, 10.0, 0.0, 0.0, 2.0, 5.0, 10.0, 10.0, 10.0, 10.0];
+        assert_eq!(recovery(&dip, 4.0, 10.0, 0.95), Some(2.0));
+        assert_eq!(recovery(&dip[..7], 4.0, 10.0, 0.95), None);
+    }
+}

@@ -1,0 +1,206 @@
+//! Reboots, cold and warm.
+//!
+//! A warm reboot keeps the guest's file cache without trusting any of the guest's old
+//! memory: before the reboot the agent lists which pages of the files under /data
+//! are cached (the list is saved in the VM's directory); the guest syncs and reboots
+//! in the same QEMU; once the new kernel's agent is up, it gets the list back and
+//! reads those pages again. The reads go to the disk, which Rebound's block backend
+//! serves from its host cache (the backend process outlives the reboot, and admits
+//! only blocks equal to the disk), so the pages come back at memory speed and can be
+//! neither stale nor damaged: the content never comes from the old guest memory.
+//! A list that is missing or damaged makes the reboot cold, and the report says why.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rebound_api::{EventData, RebootReport, RebootRequest};
+use rebound_vmm::agent::AgentMsg;
+use rebound_vmm::warm::CacheList;
+
+use super::owner::{recv_opt, Owner};
+use crate::daemon::error::OpError;
+
+/// How long a rebooting guest gets to bring its agent up again.
+const REBOOT_WAIT: Duration = Duration::from_secs(180);
+/// How long the read-back may take (it runs while the service already serves).
+const PREFETCH_WAIT_S: u64 = 600;
+
+impl Owner {
+    pub(super) async fn reboot(&mut self, req: RebootRequest) -> Result<RebootReport, OpError> {
+        self.require_running("only a running guest can be rebooted")?;
+        let mut rep = RebootReport {
+            name: self.vm.name.clone(),
+            warm: req.warm,
+            ..Default::default()
+        };
+        let list_path = self.vm.dir.warm_cache_list();
+        let agent = self
+            .agent
+            .clone()
+            .filter(|a| a.is_connected() && self.vm.record().kernel_release.is_some());
+        if req.warm {
+            match &agent {
+                Some(a) => match a.cachelist().await {
+                    Ok(g) => {
+                        let (list, dropped) = CacheList::from_guest(&g.text);
+                        if dropped > 0 {
+                            tracing::warn!(vm = %self.vm.name, dropped, "malformed cache-list lines from the guest dropped");
+                        }
+                        list.save(&list_path).map_err(|e| {
+                            OpError::Io(e.to_string(), std::io::Error::other("warm-cache list"))
+                        })?;
+                        rep.cached_files = list.files;
+                        rep.cached_pages = list.pages;
+                    }
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&list_path);
+                        rep.cold_reason =
+                            Some(format!("the guest did not list its cached pages: {e}"));
+                    }
+                },
+                None => {
+                    rep.cold_reason = Some(
+                        "no guest agent to list the page cache (the host block cache stays warm)"
+                            .into(),
+                    )
+                }
+            }
+        }
+        // Not ready until the rebooted guest says so again.
+        self.vm.update(|r| r.ready = false);
+        let t0 = Instant::now();
+        rep.how = match (&agent, req.hard) {
+            (Some(a), false) => {
+                a.reboot()?;
+                "agent"
+            }
+            _ => {
+                let q = self.qmp.as_ref().ok_or(OpError::NoQmp)?;
+                q.execute("system_reset", None).await?;
+                "reset"
+            }
+        }
+        .into();
+        self.event(EventData::RebootRequested {
+            warm: req.warm,
+            how: rep.how.clone(),
+            cached_pages: rep.cached_pages,
+        });
+        if agent.is_none() {
+            // Nothing to wait for here: the readiness probe marks the guest ready.
+            if let Some(r) = rep.cold_reason.clone() {
+                self.event(EventData::WarmCacheCold { reason: r });
+            }
+            return Ok(rep);
+        }
+        // The new boot's agent says `ready` with an uptime shorter than the time since
+        // the request: an old `ready` (a late answer to `hello`) is not taken for it.
+        let booted = move |m: &AgentMsg| match m {
+            AgentMsg::Ready(i) => i.uptime_ms <= t0.elapsed().as_millis() as u64 + 1000,
+            _ => false,
+        };
+        self.pump(std::future::pending::<()>(), REBOOT_WAIT, booted)
+            .await?;
+        let after_ms = t0.elapsed().as_millis() as u64;
+        rep.reboot_ms = Some(after_ms);
+        self.event(EventData::Rebooted { after_ms });
+        if !req.warm || rep.cold_reason.is_some() {
+            if let Some(r) = rep.cold_reason.clone() {
+                self.event(EventData::WarmCacheCold { reason: r });
+            }
+            return Ok(rep);
+        }
+        let list = match CacheList::load(&list_path) {
+            Ok(l) => l,
+            Err(e) => {
+                let reason = format!("{e}: the reboot is cold");
+                self.event(EventData::WarmCacheCold {
+                    reason: reason.clone(),
+                });
+                rep.cold_reason = Some(reason);
+                return Ok(rep);
+            }
+        };
+        let Some(a) = self.agent.clone() else {
+            return Ok(rep);
+        };
+        let chunks = list.chunks();
+        let got = self
+            .pump(
+                a.prefetch(&chunks, PREFETCH_WAIT_S),
+                REBOOT_WAIT * 4,
+                |_| false,
+            )
+            .await?;
+        match got {
+            Some(Ok(p)) => {
+                self.event(EventData::Prefetched(p.clone()));
+                rep.prefetch = Some(p);
+            }
+            Some(Err(e)) => {
+                let reason = format!("the guest did not read its cache back: {e}");
+                self.event(EventData::WarmCacheCold {
+                    reason: reason.clone(),
+                });
+                rep.cold_reason = Some(reason);
+            }
+            None => {}
+        }
+        Ok(rep)
+    }
+
+    /// Waits for `fut` while still handling what QEMU and the agent report (a job
+    /// holds the owner's loop): `Some(output)` when `fut` ends, `None` when an agent
+    /// message matches `want`. A guest that dies meanwhile is handed to its crash
+    /// policy and the wait fails.
+    pub(super) async fn pump<T>(
+        &mut self,
+        fut: impl Future<Output = T>,
+        limit: Duration,
+        mut want: impl FnMut(&AgentMsg) -> bool,
+    ) -> Result<Option<T>, OpError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => return Ok(Some(r)),
+                m = recv_opt(&mut self.agent_msgs) => match m {
+                    Some(m) => {
+                        let hit = want(&m);
+                        self.on_agent(m);
+                        if hit {
+                            return Ok(None);
+                        }
+                    }
+                    None => self.agent_msgs = None,
+                },
+                e = recv_opt(&mut self.qmp_events) => match e {
+                    Some(ev) => {
+                        if let Some(cause) = self.on_qmp(ev) {
+                            self.respond_to_crash(cause).await;
+                            return Err(OpError::Unreachable(
+                                self.vm.name.clone(),
+                                "rebooted".into(),
+                                self.vm.record().state,
+                            ));
+                        }
+                    }
+                    None => {
+                        self.on_qemu_gone().await;
+                        return Err(OpError::Unreachable(
+                            self.vm.name.clone(),
+                            "rebooted".into(),
+                            self.vm.record().state,
+                        ));
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(OpError::Timeout(
+                        limit.as_millis() as u64,
+                        "the rebooted guest's agent".into(),
+                    ));
+                }
+            }
+        }
+    }
+}

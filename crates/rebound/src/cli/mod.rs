@@ -19,6 +19,7 @@ mod crash;
 mod image;
 mod output;
 mod plot;
+mod slowdisk;
 mod snapshot;
 mod vm;
 mod webload;

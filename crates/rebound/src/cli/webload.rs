@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use rebound_image::splitmix64;
 use rebound_image::webset::{file_content, file_path};
 
+/// Seconds a reply may stall before the client gives up on it.
+pub const REQUEST_TIMEOUT_S: u64 = 3;
+
 /// One finished request.
 #[derive(Debug, Clone, Copy)]
 pub struct Done {
@@ -34,8 +37,12 @@ impl Set {
     /// GETs file `i`; Ok(true) when the body is the file's exact content at its
     /// start and end (a full compare of every reply would load the host instead).
     pub fn get(&self, i: u64) -> std::io::Result<bool> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        // Short timeouts: during a reboot the host's port forward accepts and then
+        // holds a connection the guest is not there to take; a client gives up and
+        // tries again, as a browser or a load balancer would.
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(REQUEST_TIMEOUT_S)))?;
         write!(s, "GET /{} HTTP/1.0\r\nHost: guest\r\n\r\n", file_path(i))?;
         let mut resp = Vec::with_capacity(self.file_size as usize + 256);
         s.read_to_end(&mut resp)?;
@@ -134,13 +141,18 @@ impl Load {
         self.t0.elapsed().as_secs_f64()
     }
 
-    /// The first successful completion at or after `t`, if any yet.
-    pub fn first_ok_after(&self, t: f64) -> Option<f64> {
-        self.done
-            .lock()
-            .expect("load lock")
+    /// When the service came back after going down at or after `t`: the first
+    /// success after the first failure after `t` (None while it is still down, or
+    /// not down yet).
+    pub fn back_after(&self, t: f64) -> Option<f64> {
+        let done = self.done.lock().expect("load lock");
+        let down = done
             .iter()
-            .filter(|d| d.ok && d.t >= t)
+            .filter(|d| !d.ok && d.t >= t)
+            .map(|d| d.t)
+            .reduce(f64::min)?;
+        done.iter()
+            .filter(|d| d.ok && d.t > down)
             .map(|d| d.t)
             .reduce(f64::min)
     }
@@ -208,5 +220,27 @@ mod tests {
         let dip = [10.0, 10.0, 0.0, 0.0, 2.0, 5.0, 10.0, 10.0, 10.0, 10.0];
         assert_eq!(recovery(&dip, 4.0, 10.0, 0.95), Some(2.0));
         assert_eq!(recovery(&dip[..7], 4.0, 10.0, 0.95), None);
+    }
+
+    #[test]
+    fn back_is_the_first_answer_after_the_outage() {
+        let load = Load {
+            stop: Arc::default(),
+            done: Arc::new(Mutex::new(Vec::new())),
+            threads: Vec::new(),
+            t0: Instant::now(),
+        };
+        let at = |t: f64, ok: bool| Done { t, bytes: 1, ok };
+        load.done
+            .lock()
+            .unwrap()
+            .extend([at(1.0, true), at(5.0, true), at(6.0, false)]);
+        assert_eq!(load.back_after(2.0), None, "still down");
+        load.done
+            .lock()
+            .unwrap()
+            .extend([at(7.0, false), at(9.5, true), at(10.0, true)]);
+        assert_eq!(load.back_after(2.0), Some(9.5));
+        assert_eq!(load.back_after(11.0), None, "not down after 11 s");
     }
 }

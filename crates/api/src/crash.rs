@@ -127,6 +127,11 @@ pub struct CrashPolicy {
     /// snapshot's state, disks included; the crashed VM's disk is kept aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recover_from: Option<String>,
+    /// Start the recovery VM warm: while the guest runs, its cached file pages are
+    /// listed every few seconds; the booted recovery VM reads the last list back, from
+    /// the host's block cache when Rebound serves the disk.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 fn default_chunk() -> u64 {
@@ -150,6 +155,7 @@ impl Default for CrashPolicy {
             io_policy: IoPolicy::Fair,
             host_memory_budget_mib: None,
             recover_from: None,
+            warm: false,
         }
     }
 }
@@ -212,6 +218,17 @@ impl CrashPolicy {
             if !dir.starts_with('/') {
                 return bad(format!("--recover-from {dir:?} must be an absolute path"));
             }
+        }
+        if self.warm && !self.on_crash.recovers() {
+            return bad(
+                "--warm needs --on-crash recover, dump-then-recover or dump-and-recover".into(),
+            );
+        }
+        if self.warm && self.recover_from.is_some() {
+            return bad(
+                "--warm with --recover-from: a recovery VM restored from a snapshot has the snapshot's cache already"
+                    .into(),
+            );
         }
         let dump_only = [
             (self.dump_dir.is_some(), "--dump-dir"),
@@ -386,6 +403,21 @@ mod tests {
             (
                 &|c: &mut CrashPolicy| c.recover_from = Some("snap".into()),
                 "must be an absolute path",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.on_crash = OnCrash::Dump;
+                    c.warm = true
+                },
+                "--warm needs",
+            ),
+            (
+                &|c: &mut CrashPolicy| {
+                    c.on_crash = OnCrash::Recover;
+                    c.warm = true;
+                    c.recover_from = Some("/snap".into())
+                },
+                "has the snapshot's cache already",
             ),
             (
                 &|c: &mut CrashPolicy| {

@@ -308,3 +308,61 @@ fn a_damaged_or_missing_warm_cache_list_makes_the_reboot_cold_and_says_so() {
     assert_eq!(colds, 2);
     env.ok(&["vm", "stop", "c"]);
 }
+
+#[test]
+fn a_warm_crash_policy_reads_the_cache_back_in_the_recovery_vm() {
+    let env = Env::new();
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    env.ok(&[
+        "vm",
+        "start",
+        "k",
+        "--workload",
+        "web",
+        "--memory",
+        "192M",
+        "--disk-backend",
+        "rebound",
+        "--disk-cache",
+        "16M",
+        "--on-crash",
+        "recover",
+        "--warm",
+    ]);
+    let port = env.host_port("k", 8080);
+    let blob = ext4_file(&img.disk, "/blob-1m.bin").unwrap();
+    assert_eq!(http_get(port, "/blob-1m.bin").unwrap(), (200, blob.clone()));
+    // The running guest's cache is listed in the background; wait for a list that
+    // has the file just read.
+    let list = env.home.path().join("vms/k/warm-cache.list");
+    eventually(
+        Duration::from_secs(60),
+        "a cache list naming the blob",
+        || {
+            std::fs::read_to_string(&list)
+                .ok()
+                .filter(|t| t.contains("blob-1m.bin"))
+                .map(|_| ())
+        },
+    );
+    let hits_before = disk_hits(&env, "k");
+    env.ok(&["vm", "crash", "k"]);
+    env.wait_event("k", "recovered");
+    env.wait_event("k", "prefetched");
+    let p = env
+        .events("k")
+        .into_iter()
+        .find(|e| e["kind"] == "prefetched")
+        .unwrap();
+    assert!(p["detail"]["pages"].as_u64().unwrap() >= 256, "{p}");
+    // The read-back came from the backend's host cache, which outlived the crash.
+    assert!(disk_hits(&env, "k") >= hits_before + 256);
+    assert_eq!(http_get(port, "/blob-1m.bin").unwrap(), (200, blob));
+    env.ok(&["vm", "stop", "k"]);
+}
+
+/// Host-cache hits of the VM's first disk.
+fn disk_hits(env: &Env, name: &str) -> u64 {
+    let d = env.get_ok("GET", &format!("/v1/vms/{name}/disks"), None);
+    d[0]["stats"]["cache"]["hits"].as_u64().unwrap()
+}

@@ -317,6 +317,11 @@ pub struct StartArgs {
     /// instead of booting it: it comes back at the snapshot's state, disks included.
     #[arg(long)]
     pub recover_from: Option<PathBuf>,
+    /// Start the recovery VM warm: the guest's cached file pages are listed every few
+    /// seconds while it runs, and the recovery VM reads the last list back after it
+    /// boots (from the host cache with `--disk-backend rebound`).
+    #[arg(long)]
+    pub warm: bool,
     /// Return once QEMU runs instead of waiting for readiness.
     #[arg(long)]
     pub no_wait: bool,

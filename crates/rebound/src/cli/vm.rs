@@ -371,6 +371,7 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
             ),
             None => None,
         },
+        warm: a.warm,
     };
     s.ready = a.ready.clone();
     s.forwards = a.forwards.clone();

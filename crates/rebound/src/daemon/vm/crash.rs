@@ -851,6 +851,7 @@ impl Owner {
             id,
             downtime_ms: downtime / 1_000_000,
         });
+        self.warm_recovery();
         self.settle_crash();
     }
 

@@ -82,6 +82,8 @@ pub(super) struct Owner {
     pub(super) crash: Option<super::crash::Handling>,
     /// The restore this VM came from, until its background loading ends.
     pub(super) restore: Option<super::restore::Restoring>,
+    /// A background listing of the guest's cache (`--on-crash ... --warm`).
+    pub(super) warm_listing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Spawns the owner task of `vm`.
@@ -109,6 +111,7 @@ pub fn start_owner(
         probe_rx: None,
         crash: None,
         restore: None,
+        warm_listing: None,
     };
     tokio::spawn(owner.run(jobs, init));
 }
@@ -138,6 +141,7 @@ enum Input {
     Probe,
     Probed(Option<u32>, bool),
     Dump(Option<super::crash::DumpProgress>),
+    WarmList,
 }
 
 impl Owner {
@@ -216,6 +220,8 @@ impl Owner {
         }
         let mut probe = tokio::time::interval(Duration::from_millis(250));
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warm_list = tokio::time::interval(super::reboot::WARM_LIST_EVERY);
+        warm_list.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let probing = !matches!(self.ready, ReadySpec::Agent)
                 && self.qmp.is_some()
@@ -227,6 +233,7 @@ impl Owner {
                 _ = probe.tick(), if probing && self.probe_rx.is_none() => Input::Probe,
                 (pid, ok) = probe_result(&mut self.probe_rx) => Input::Probed(pid, ok),
                 p = super::crash::next_progress(&mut self.crash) => Input::Dump(p),
+                _ = warm_list.tick() => Input::WarmList,
             };
             match input {
                 // The daemon dropped the handle (a new start replaced it, or the VM
@@ -248,6 +255,7 @@ impl Owner {
                 Input::Agent(Some(m)) => self.on_agent(m),
                 Input::Agent(None) => self.agent_msgs = None,
                 Input::Probe => self.probe(),
+                Input::WarmList => self.refresh_warm_list(),
                 Input::Probed(pid, ok) => {
                     self.probe_rx = None;
                     let rec = self.vm.record();

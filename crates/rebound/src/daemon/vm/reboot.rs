@@ -24,6 +24,8 @@ use crate::daemon::error::OpError;
 const REBOOT_WAIT: Duration = Duration::from_secs(180);
 /// How long the read-back may take (it runs while the service already serves).
 const PREFETCH_WAIT_S: u64 = 600;
+/// How often a VM started with `--on-crash ... --warm` has its cache listed.
+pub(super) const WARM_LIST_EVERY: Duration = Duration::from_secs(10);
 
 impl Owner {
     pub(super) async fn reboot(&mut self, req: RebootRequest) -> Result<RebootReport, OpError> {
@@ -202,5 +204,68 @@ impl Owner {
                 }
             }
         }
+    }
+}
+
+impl Owner {
+    /// For `--on-crash ... --warm`: lists the running guest's cache in the background
+    /// (a crash gives no chance to ask), keeping the last good list on disk.
+    pub(super) fn refresh_warm_list(&mut self) {
+        let rec = self.vm.record();
+        if !rec.spec.crash.warm || rec.state != rebound_api::VmState::Running || !rec.ready {
+            return;
+        }
+        if self.warm_listing.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Some(agent) = self.agent.clone().filter(|a| a.is_connected()) else {
+            return;
+        };
+        let (path, name) = (self.vm.dir.warm_cache_list(), self.vm.name.clone());
+        self.warm_listing = Some(tokio::spawn(async move {
+            match agent.cachelist().await {
+                Ok(g) => {
+                    let (list, _) = CacheList::from_guest(&g.text);
+                    if let Err(e) = list.save(&path) {
+                        tracing::warn!(vm = %name, "{e}");
+                    }
+                }
+                Err(e) => tracing::debug!(vm = %name, "cache list: {e}"),
+            }
+        }));
+    }
+
+    /// The recovery VM of a `--warm` crash policy is up: read the last list back in
+    /// the background (the service already serves; the crash's dump goes on).
+    pub(super) fn warm_recovery(&mut self) {
+        if !self.vm.record().spec.crash.warm {
+            return;
+        }
+        let Some(agent) = self.agent.clone() else {
+            return;
+        };
+        let vm = self.vm.clone();
+        tokio::spawn(async move {
+            let log = |d: EventData| {
+                if let Err(e) = vm.events.append(d) {
+                    tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
+                }
+            };
+            let list = match CacheList::load(&vm.dir.warm_cache_list()) {
+                Ok(l) => l,
+                Err(e) => {
+                    log(EventData::WarmCacheCold {
+                        reason: format!("{e}: the recovery VM starts cold"),
+                    });
+                    return;
+                }
+            };
+            match agent.prefetch(&list.chunks(), PREFETCH_WAIT_S).await {
+                Ok(p) => log(EventData::Prefetched(p)),
+                Err(e) => log(EventData::WarmCacheCold {
+                    reason: format!("the recovery VM did not read its cache back: {e}"),
+                }),
+            }
+        });
     }
 }

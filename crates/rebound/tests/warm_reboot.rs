@@ -247,19 +247,7 @@ fn warm_reboots_never_bring_back_a_damaged_or_stale_page() {
 #[test]
 fn a_damaged_or_missing_warm_cache_list_makes_the_reboot_cold_and_says_so() {
     let env = Env::new();
-    env.ok(&[
-        "vm",
-        "start",
-        "c",
-        "--workload",
-        "web",
-        "--memory",
-        "192M",
-        "--disk-backend",
-        "rebound",
-        "--disk-cache",
-        "16M",
-    ]);
+    start_web(&env, "c", &[]);
     let port = env.host_port("c", 8080);
     let list = env.home.path().join("vms/c/warm-cache.list");
     for (k, fault) in ["damaged", "missing"].iter().enumerate() {
@@ -313,22 +301,7 @@ fn a_damaged_or_missing_warm_cache_list_makes_the_reboot_cold_and_says_so() {
 fn a_warm_crash_policy_reads_the_cache_back_in_the_recovery_vm() {
     let env = Env::new();
     let img = rebound_image::open(env.home.path(), "default").unwrap();
-    env.ok(&[
-        "vm",
-        "start",
-        "k",
-        "--workload",
-        "web",
-        "--memory",
-        "192M",
-        "--disk-backend",
-        "rebound",
-        "--disk-cache",
-        "16M",
-        "--on-crash",
-        "recover",
-        "--warm",
-    ]);
+    start_web(&env, "k", &["--on-crash", "recover", "--warm"]);
     let port = env.host_port("k", 8080);
     let blob = ext4_file(&img.disk, "/blob-1m.bin").unwrap();
     assert_eq!(http_get(port, "/blob-1m.bin").unwrap(), (200, blob.clone()));
@@ -365,4 +338,23 @@ fn a_warm_crash_policy_reads_the_cache_back_in_the_recovery_vm() {
 fn disk_hits(env: &Env, name: &str) -> u64 {
     let d = env.get_ok("GET", &format!("/v1/vms/{name}/disks"), None);
     d[0]["stats"]["cache"]["hits"].as_u64().unwrap()
+}
+
+/// A small web guest on Rebound's block backend with a 16 MiB host cache.
+fn start_web(env: &Env, name: &str, extra: &[&str]) {
+    let mut args = vec![
+        "vm",
+        "start",
+        name,
+        "--workload",
+        "web",
+        "--memory",
+        "192M",
+        "--disk-backend",
+        "rebound",
+        "--disk-cache",
+        "16M",
+    ];
+    args.extend_from_slice(extra);
+    env.ok(&args);
 }

@@ -20,6 +20,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use rebound_api::spec::DiskBackend;
 use rebound_api::{RebootReport, RebootRequest, VmSpec, VmStatus, Workload};
@@ -75,6 +76,8 @@ struct Variant {
     /// the reboot.
     reads_before_s: [f64; 3],
     reads_after_s: [f64; 3],
+    /// Requests of the reads that stalled past the client's timeout and were sent again.
+    read_retries: u64,
     /// From the reboot request to the service answering again.
     reboot_s: f64,
     /// MB/s over the `--seconds` before the reboot.
@@ -123,13 +126,17 @@ async fn reboot(c: &Client, name: &str, warm: bool) -> anyhow::Result<RebootRepo
     post(c, &format!("/v1/vms/{name}/reboot"), Some(&body)).await
 }
 
-/// Three full reads of the set with `conns` clients.
-async fn three_reads(set: Set, conns: usize) -> anyhow::Result<[f64; 3]> {
+/// Three full reads of the set with `conns` clients; the seconds of each, and the
+/// requests that timed out and were sent again.
+async fn three_reads(set: Set, conns: usize) -> anyhow::Result<([f64; 3], u64)> {
     let mut r = [0.0; 3];
+    let mut retries = 0;
     for x in &mut r {
-        *x = tokio::task::spawn_blocking(move || set.pass(conns)).await??;
+        let (s, again) = tokio::task::spawn_blocking(move || set.pass(conns)).await??;
+        *x = s;
+        retries += again;
     }
-    Ok(r)
+    Ok((r, retries))
 }
 
 async fn run_variant(
@@ -193,9 +200,13 @@ async fn run_variant(
     let mut reboots = Vec::new();
 
     say("three reads, reboot, three reads");
-    let reads_before_s = three_reads(set, args.conns).await?;
+    let (reads_before_s, r1) = three_reads(set, args.conns)
+        .await
+        .context("the reads before the reboot")?;
     reboots.push(reboot(c, name, warm).await?);
-    let reads_after_s = three_reads(set, args.conns).await?;
+    let (reads_after_s, r2) = three_reads(set, args.conns)
+        .await
+        .context("the reads after the reboot")?;
 
     say(&format!(
         "{} s of load, reboot under load, {} s after",
@@ -234,6 +245,7 @@ async fn run_variant(
             variant: variant.into(),
             reads_before_s,
             reads_after_s,
+            read_retries: r1 + r2,
             reboot_s: back_at_s - reboot_at_s,
             before_mb_s,
             first10_mb_s,
@@ -290,7 +302,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
             let name = format!("{tag}-{v}");
             let r = run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
             remove(&c, &name).await;
-            let (row, st) = r?;
+            let (row, st) = r.with_context(|| format!("variant {v}"))?;
             accel = st.accel.as_str().to_string();
             rows.push(row);
         }
@@ -355,6 +367,14 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
             r.recovery_s
                 .map(|s| format!("{s:.1}"))
                 .unwrap_or_else(|| "-".into())
+        );
+    }
+    for r in rows.iter().filter(|r| r.read_retries > 0) {
+        println!(
+            "{}: {} requests of the reads stalled past {} s and were sent again",
+            r.variant,
+            r.read_retries,
+            webload::REQUEST_TIMEOUT_S
         );
     }
     for r in rows.iter().filter(|r| r.variant == "warm") {

@@ -59,9 +59,23 @@ impl Set {
         Ok(body.starts_with(&want) && (!tail.is_multiple_of(8) || body[tail..] == last))
     }
 
-    /// Reads every file once with `conns` connections in parallel; returns seconds,
-    /// or an error naming the first file that did not come back right.
-    pub fn pass(&self, conns: usize) -> anyhow::Result<f64> {
+    /// GETs file `i`, trying again (up to 5 times) when the request times out or
+    /// the connection fails; returns whether the content was right and the retries.
+    fn get_retrying(&self, i: u64) -> (std::io::Result<bool>, u64) {
+        let mut tries = 0;
+        loop {
+            match self.get(i) {
+                Err(_) if tries < 5 => tries += 1,
+                r => return (r, tries),
+            }
+        }
+    }
+
+    /// Reads every file once with `conns` connections in parallel; returns seconds
+    /// and the requests that had to be sent again, or an error naming the first file
+    /// that did not come back right.
+    pub fn pass(&self, conns: usize) -> anyhow::Result<(f64, u64)> {
+        let retries = AtomicU64::new(0);
         let next = AtomicU64::new(0);
         let bad = Mutex::new(None);
         let t0 = Instant::now();
@@ -72,7 +86,9 @@ impl Set {
                     if i >= self.files {
                         return;
                     }
-                    match self.get(i) {
+                    let (r, again) = self.get_retrying(i);
+                    retries.fetch_add(again, Ordering::Relaxed);
+                    match r {
                         Ok(true) => {}
                         other => {
                             let mut b = bad.lock().expect("pass lock");
@@ -86,7 +102,7 @@ impl Set {
         });
         match bad.into_inner().expect("pass lock") {
             Some(why) => anyhow::bail!("the guest did not serve {why}"),
-            None => Ok(t0.elapsed().as_secs_f64()),
+            None => Ok((t0.elapsed().as_secs_f64(), retries.into_inner())),
         }
     }
 }

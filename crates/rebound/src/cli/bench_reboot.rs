@@ -59,6 +59,10 @@ pub struct RebootArgs {
     /// ... and to this many read requests per second (0: unlimited).
     #[arg(long, default_value_t = 75)]
     disk_read_iops: u64,
+    /// Draw `--svg` from the JSON of an earlier run (`--json` output) instead of
+    /// running.
+    #[arg(long, requires = "svg")]
+    plot_from: Option<std::path::PathBuf>,
     /// Variants: normal, normal-hostcache, warm, dax.
     #[arg(long, default_value = "normal,normal-hostcache,warm,dax")]
     variants: String,
@@ -69,7 +73,7 @@ pub struct RebootArgs {
 const VARIANTS: [&str; 4] = ["normal", "normal-hostcache", "warm", "dax"];
 
 /// One variant's results.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 struct Variant {
     variant: String,
     /// Seconds for the first, second and third full read of the set before and after
@@ -265,6 +269,13 @@ async fn run_variant(
 }
 
 pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
+    if let (Some(from), Some(svg)) = (&args.plot_from, &args.out.svg) {
+        let v: Value = serde_json::from_slice(&std::fs::read(from)?)
+            .with_context(|| format!("{}", from.display()))?;
+        let rows: Vec<Variant> = serde_json::from_value(v["variants"].clone())
+            .with_context(|| format!("{}: no variants of `bench reboot --json`", from.display()))?;
+        return draw(&v["meta"], &rows, svg);
+    }
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
         anyhow::bail!("unknown variant {bad:?}: expected {}", VARIANTS.join(", "));
@@ -407,6 +418,7 @@ fn draw(meta: &Value, rows: &[Variant], out: &std::path::Path) -> anyhow::Result
         RGBColor(200, 60, 60),
         RGBColor(230, 150, 60),
         RGBColor(50, 120, 200),
+        RGBColor(60, 160, 90),
     ];
     let secs = meta["seconds"].as_f64().unwrap_or(30.0);
     let y_max = rows
@@ -527,6 +539,7 @@ mod tests {
             seconds: 30,
             disk_read_mbps: 0,
             disk_read_iops: 0,
+            plot_from: None,
             variants: String::new(),
             out: Default::default(),
         };

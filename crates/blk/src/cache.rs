@@ -16,7 +16,7 @@
 use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -71,6 +71,8 @@ pub struct Cache {
     gens: Box<[AtomicU64]>,
     n: Counters,
     log: Mutex<Option<Log>>,
+    /// Whether a log is open: accesses skip the log's lock when none is.
+    recording: AtomicBool,
 }
 
 /// The generations of a run of blocks when a read of them began.
@@ -98,6 +100,7 @@ impl Cache {
             gens: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             n: Counters::default(),
             log: Mutex::new(None),
+            recording: AtomicBool::new(false),
         }
     }
 
@@ -216,11 +219,15 @@ impl Cache {
         if let Some(mut old) = cur.take() {
             old.out.flush()?;
         }
+        self.recording.store(log.is_some(), Ordering::Release);
         *cur = log;
         Ok(())
     }
 
     fn record(&self, block: u64, kind: char) {
+        if !self.recording.load(Ordering::Acquire) {
+            return;
+        }
         let mut g = self.log.lock().expect("log lock");
         if let Some(l) = g.as_mut() {
             let t = l.t0.elapsed().as_nanos();

@@ -157,7 +157,8 @@ async fn run_variant(
         }
     };
     let s = spec(args, name, variant, disk);
-    super::slowdisk::evict(std::path::Path::new(disk))?;
+    // Each variant starts with the disk cold on the host.
+    rebound_snapshot::drop_page_cache(std::path::Path::new(disk))?;
     let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
     let st: VmStatus = post(
         c,

@@ -600,7 +600,7 @@ impl Drop for SlowDisk {
 
 /// `MAJ:MIN` of the whole disk that holds `path` (throttling rules name disks, not
 /// partitions).
-fn whole_disk(path: &Path) -> anyhow::Result<String> {
+pub(super) fn whole_disk(path: &Path) -> anyhow::Result<String> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path)?.dev();
     let (maj, min) = (libc::major(dev), libc::minor(dev));

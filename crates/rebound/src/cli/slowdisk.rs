@@ -5,7 +5,6 @@
 //! of a real slow disk. The disk here reads at GB/s, far faster than the disks
 //! operators run guests on.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -17,32 +16,11 @@ pub struct SlowDisk {
     pub device: String,
 }
 
-/// The whole disk's "MAJ:MIN" under `file` (throttling applies to a disk, not a
-/// partition).
-fn device_of(file: &Path) -> anyhow::Result<String> {
-    let dev = std::fs::metadata(file)
-        .with_context(|| format!("{}", file.display()))?
-        .dev();
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
-    if !sys.exists() {
-        anyhow::bail!(
-            "{} is not on a block device ({maj}:{min}): its reads cannot be throttled",
-            file.display()
-        );
-    }
-    if sys.join("partition").exists() {
-        let parent = std::fs::read_to_string(sys.join("../dev")).context("the partition's disk")?;
-        return Ok(parent.trim().to_string());
-    }
-    Ok(format!("{maj}:{min}"))
-}
-
 impl SlowDisk {
     /// A group named `name` limiting reads from the device under `file` to `bps`
     /// bytes and `iops` requests per second (0: that one unlimited).
     pub fn new(name: &str, file: &Path, bps: u64, iops: u64) -> anyhow::Result<SlowDisk> {
-        let device = device_of(file)?;
+        let device = super::bench_restore::whole_disk(file)?;
         let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers");
         let io_v2 =
             std::fs::read_to_string(v2).is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
@@ -110,18 +88,4 @@ impl Drop for SlowDisk {
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
-}
-
-/// Drops a file's pages from the host page cache (after writing back any dirty
-/// ones), so each variant starts with the disk cold on the host.
-pub fn evict(file: &Path) -> anyhow::Result<()> {
-    let f = std::fs::File::open(file)?;
-    f.sync_all()?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open fd; the advice changes no memory of ours.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        anyhow::bail!("posix_fadvise(DONTNEED) on {}: error {rc}", file.display());
-    }
-    Ok(())
 }

@@ -11,10 +11,12 @@
 //! A list that is missing or damaged makes the reboot cold, and the report says why.
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rebound_api::{EventData, RebootReport, RebootRequest};
-use rebound_vmm::agent::AgentMsg;
+use rebound_vmm::agent::{AgentLink, AgentMsg};
 use rebound_vmm::warm::CacheList;
 
 use super::owner::{recv_opt, Owner};
@@ -112,24 +114,12 @@ impl Owner {
             }
             return Ok(rep);
         }
-        let list = match CacheList::load(&list_path) {
-            Ok(l) => l,
-            Err(e) => {
-                let reason = format!("{e}: the reboot is cold");
-                self.event(EventData::WarmCacheCold {
-                    reason: reason.clone(),
-                });
-                rep.cold_reason = Some(reason);
-                return Ok(rep);
-            }
-        };
         let Some(a) = self.agent.clone() else {
             return Ok(rep);
         };
-        let chunks = list.chunks();
         let got = self
             .pump(
-                a.prefetch(&chunks, PREFETCH_WAIT_S),
+                read_back(a, list_path, "the reboot"),
                 REBOOT_WAIT * 4,
                 |_| false,
             )
@@ -139,8 +129,7 @@ impl Owner {
                 self.event(EventData::Prefetched(p.clone()));
                 rep.prefetch = Some(p);
             }
-            Some(Err(e)) => {
-                let reason = format!("the guest did not read its cache back: {e}");
+            Some(Err(reason)) => {
                 self.event(EventData::WarmCacheCold {
                     reason: reason.clone(),
                 });
@@ -246,26 +235,27 @@ impl Owner {
         };
         let vm = self.vm.clone();
         tokio::spawn(async move {
-            let log = |d: EventData| {
-                if let Err(e) = vm.events.append(d) {
-                    tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
-                }
+            let d = match read_back(agent, vm.dir.warm_cache_list(), "the recovery VM").await {
+                Ok(p) => EventData::Prefetched(p),
+                Err(reason) => EventData::WarmCacheCold { reason },
             };
-            let list = match CacheList::load(&vm.dir.warm_cache_list()) {
-                Ok(l) => l,
-                Err(e) => {
-                    log(EventData::WarmCacheCold {
-                        reason: format!("{e}: the recovery VM starts cold"),
-                    });
-                    return;
-                }
-            };
-            match agent.prefetch(&list.chunks(), PREFETCH_WAIT_S).await {
-                Ok(p) => log(EventData::Prefetched(p)),
-                Err(e) => log(EventData::WarmCacheCold {
-                    reason: format!("the recovery VM did not read its cache back: {e}"),
-                }),
+            if let Err(e) = vm.events.append(d) {
+                tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
             }
         });
     }
+}
+
+/// Loads the saved list and has the guest read its pages back: what it read, or why
+/// the cache stays cold (`who` names what goes on cold).
+async fn read_back(
+    agent: Arc<AgentLink>,
+    list: PathBuf,
+    who: &str,
+) -> Result<rebound_api::PrefetchReport, String> {
+    let list = CacheList::load(&list).map_err(|e| format!("{e}: {who} is cold"))?;
+    agent
+        .prefetch(&list.chunks(), PREFETCH_WAIT_S)
+        .await
+        .map_err(|e| format!("the guest did not read its cache back: {e}: {who} is cold"))
 }

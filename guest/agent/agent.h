@@ -19,6 +19,8 @@ void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int write_all(int fd, const void *buf, size_t len);
 /* Reads a small file into buf (NUL-terminated); returns bytes read or -1. */
 ssize_t read_small_file(const char *path, char *buf, size_t cap);
+/* 1 when no segment of the relative path p is empty, "." or "..". */
+int path_segments_ok(const char *p);
 
 /* ---- config.c: kernel command line ---- */
 #define MAX_WORKLOADS 4

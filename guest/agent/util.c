@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,4 +89,16 @@ ssize_t read_small_file(const char *path, char *buf, size_t cap)
 	close(fd);
 	buf[got] = '\0';
 	return (ssize_t)got;
+}
+
+int path_segments_ok(const char *p)
+{
+	for (const char *seg = p; *seg;) {
+		const char *slash = strchr(seg, '/');
+		size_t len = slash ? (size_t)(slash - seg) : strlen(seg);
+		if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+			return 0;
+		seg += len + (slash ? 1 : 0);
+	}
+	return 1;
 }

@@ -50,6 +50,16 @@ static void cl_put(const char *piece, size_t len)
 	cl.len += len;
 }
 
+/* Ends a line of ranges (ll bytes in line, which has room) with its path, and queues it. */
+static void cl_line(char *line, size_t ll, const char *rel, size_t rl)
+{
+	line[ll++] = ' ';
+	memcpy(line + ll, rel, rl);
+	ll += rl;
+	line[ll++] = '\n';
+	cl_put(line, ll);
+}
+
 /* Names the JSON writer would escape (or re-encode) cannot round-trip: skipped. */
 static int plain_name(const char *p)
 {
@@ -108,11 +118,7 @@ static int cl_file(const char *path, const struct stat *st, int type, struct FTW
 		char r[48];
 		int k = snprintf(r, sizeof(r), "%s%zu+%zu", ll ? "," : "", i, j - i);
 		if (ll + (size_t)k + 1 + rl + 1 > sizeof(line)) {
-			line[ll++] = ' ';
-			memcpy(line + ll, rel, rl);
-			ll += rl;
-			line[ll++] = '\n';
-			cl_put(line, ll);
+			cl_line(line, ll, rel, rl);
 			ll = 0;
 			k = snprintf(r, sizeof(r), "%zu+%zu", i, j - i);
 		}
@@ -122,13 +128,8 @@ static int cl_file(const char *path, const struct stat *st, int type, struct FTW
 		i = j;
 	}
 	free(vec);
-	if (ll) {
-		line[ll++] = ' ';
-		memcpy(line + ll, rel, rl);
-		ll += rl;
-		line[ll++] = '\n';
-		cl_put(line, ll);
-	}
+	if (ll)
+		cl_line(line, ll, rel, rl);
 	if (file_pages) {
 		cl.n.files++;
 		cl.n.pages += file_pages;
@@ -157,16 +158,7 @@ int warm_cachelist(warm_emit_fn emit, void *arg, struct warm_counts *counts)
 /* A path from the host: relative, no "." or ".." segment, no empty segment. */
 int warm_path_ok(const char *p)
 {
-	if (!*p || *p == '/')
-		return 0;
-	for (const char *seg = p; *seg;) {
-		const char *slash = strchr(seg, '/');
-		size_t len = slash ? (size_t)(slash - seg) : strlen(seg);
-		if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
-			return 0;
-		seg += len + (slash ? 1 : 0);
-	}
-	return 1;
+	return *p && *p != '/' && path_segments_ok(p);
 }
 
 /* Parses "S+N,S+N,..." up to the first space; returns the number of ranges stored, or

@@ -70,14 +70,7 @@ int web_target_to_path(const char *target, char *out, size_t cap)
 		strcpy(out + n, "index.html");
 	}
 	/* Refuse any "." or ".." segment and empty segments ("a//b"). */
-	for (const char *seg = out; *seg;) {
-		const char *slash = strchr(seg, '/');
-		size_t len = slash ? (size_t)(slash - seg) : strlen(seg);
-		if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
-			return -1;
-		seg += len + (slash ? 1 : 0);
-	}
-	return 0;
+	return path_segments_ok(out) ? 0 : -1;
 }
 
 static void serve(int fd, int root)

@@ -8,6 +8,7 @@
 //! - [`reply`]: the other answers (health, marker, VMCOREINFO, errors).
 
 pub mod crash;
+pub mod disk;
 pub mod event;
 pub mod reboot;
 pub mod reply;

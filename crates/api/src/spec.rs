@@ -52,6 +52,8 @@ pub enum SpecError {
     DiskCacheWithoutBackend,
     #[error("--disk-direct is for QEMU's own disks: the rebound backend opens its files with O_DIRECT already where the filesystem allows it")]
     DiskDirectWithBackend,
+    #[error("malformed disk {0:?}: {1}")]
+    Disk(String, String),
 }
 
 /// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
@@ -184,6 +186,15 @@ pub enum DiskBackend {
     #[default]
     Qemu,
     Rebound,
+}
+
+impl DiskBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskBackend::Qemu => "qemu",
+            DiskBackend::Rebound => "rebound",
+        }
+    }
 }
 
 impl FromStr for DiskBackend {
@@ -331,6 +342,7 @@ pub struct VmSpec {
     pub initrd: Option<String>,
     #[serde(default)]
     pub append: Option<String>,
+    /// Extra disks, each `FILE[,backend=..][,cache=..][,size=..]` ([`crate::disk`]).
     #[serde(default)]
     pub disks: Vec<String>,
     #[serde(default = "default_memory")]
@@ -363,6 +375,25 @@ pub struct VmSpec {
     /// host's page cache directly and keeps no copy of its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<String>,
+}
+
+impl VmSpec {
+    /// The `disks` entries parsed (`validate` has checked them).
+    pub fn disk_opts(&self) -> Result<Vec<crate::disk::DiskOpts>, SpecError> {
+        self.disks.iter().map(|d| d.parse()).collect()
+    }
+
+    /// Whether any disk, the image's included, is served by Rebound's backend.
+    pub fn any_rebound_disk(&self) -> bool {
+        self.disk_backend == DiskBackend::Rebound
+            || self.disk_opts().is_ok_and(|v| {
+                v.iter().any(|d| {
+                    d.serving(self.disk_backend, self.disk_cache_mib, self.disk_direct)
+                        .backend
+                        == DiskBackend::Rebound
+                })
+            })
+    }
 }
 
 fn is_qemu(b: &DiskBackend) -> bool {
@@ -482,6 +513,9 @@ impl VmSpec {
         }
         if self.disk_direct && self.disk_backend == DiskBackend::Rebound {
             return Err(SpecError::DiskDirectWithBackend);
+        }
+        for d in &self.disks {
+            d.parse::<crate::disk::DiskOpts>()?;
         }
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {

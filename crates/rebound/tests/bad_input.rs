@@ -51,6 +51,24 @@ fn malformed_sizes_and_flags() {
             "malformed forward",
         ),
         (
+            &["vm", "start", "a", "--disk", "/tmp/x.raw,colour=red"],
+            "unknown option \"colour\"",
+        ),
+        (
+            &["vm", "start", "a", "--disk", "/tmp/x.raw,size=1000"],
+            "multiple of 512",
+        ),
+        (
+            &[
+                "vm",
+                "start",
+                "a",
+                "--disk",
+                "/tmp/x.raw,backend=qemu,cache=host:64M",
+            ],
+            "needs backend=rebound",
+        ),
+        (
             &["vm", "start", "a", "--ready", "udp:53"],
             "malformed readiness",
         ),

@@ -46,6 +46,15 @@ fn start_on_backend(env: &Env, name: &str, workload: &str, extra: &[&str]) {
     env.ok(&args);
 }
 
+/// The QEMU command line the VM first started with, as JSON text.
+fn first_argv(env: &Env, name: &str) -> String {
+    env.events(name)
+        .iter()
+        .find(|e| e["kind"] == "started")
+        .map(|e| e["detail"]["argv"].to_string())
+        .unwrap()
+}
+
 fn stats(env: &Env, control: &Path) -> Value {
     serde_json::from_str(&env.ok(&["blk", "stats", control.to_str().unwrap(), "--json"])).unwrap()
 }
@@ -62,12 +71,7 @@ fn a_guest_reads_through_the_backend_and_its_recovery_vm_finds_the_cache_warm() 
     );
     let blk: PathBuf = env.run.path().join("b1.blk");
     let (socket, control) = (blk.join("disk0.sock"), blk.join("disk0.ctl"));
-    let argv = env
-        .events("b1")
-        .iter()
-        .find(|e| e["kind"] == "started")
-        .map(|e| e["detail"]["argv"].to_string())
-        .unwrap();
+    let argv = first_argv(&env, "b1");
     assert!(
         argv.contains("vhost-user-blk-pci") && !argv.contains("disk0.qcow2"),
         "{argv}"
@@ -200,21 +204,59 @@ fn a_killed_backend_is_replaced_and_the_guest_sees_no_error() {
     );
 }
 
+/// Every 4 KiB block the `io` workload left in `data` holds the pattern of its first
+/// fill (version 1: seqwrite rewrote it all) or of its random writes (version 2):
+/// nothing was lost or torn on the way. Returns how many hold the random writes.
+fn check_io_pattern(data: &[u8]) -> usize {
+    let mut rewritten = 0;
+    for (b, block) in data.chunks(4096).enumerate() {
+        let word = |j: usize| u64::from_le_bytes(block[j * 8..j * 8 + 8].try_into().unwrap());
+        let version = word(0) ^ rebound_image::splitmix64((b * 512) as u64);
+        assert!(version == 1 || version == 2, "block {b}: version {version}");
+        for j in 0..512 {
+            assert_eq!(
+                word(j),
+                rebound_image::splitmix64((b * 512 + j) as u64) ^ version,
+                "block {b} word {j}"
+            );
+        }
+        rewritten += usize::from(version == 2);
+    }
+    rewritten
+}
+
+/// A disk chosen per entry: the image's disk stays QEMU's, the extra one is made by
+/// `size=` and served by the backend with the cache its `cache=host:SIZE` asks for.
 #[test]
-fn the_io_workload_writes_through_the_backend_and_every_block_reaches_the_file() {
+fn a_disk_entry_chooses_its_backend_and_cache_and_every_written_block_reaches_the_file() {
     let env = Env::new();
-    start_on_backend(
-        &env,
+    let disk = env.home.path().join("scratch,1.raw");
+    let entry = format!(
+        "{},size=8M,cache=host:16M",
+        disk.to_str().unwrap().replace(',', ",,")
+    );
+    env.ok(&[
+        "vm",
+        "start",
         "io1",
+        "--workload",
         "io",
-        &[
-            "--workload-arg",
-            "io_size=8M",
-            "--workload-arg",
-            "io_seconds=2",
-            "--disk-cache",
-            "16M",
-        ],
+        "--memory",
+        "256M",
+        "--disk",
+        &entry,
+        "--workload-arg",
+        "io_target=/dev/vdb",
+        "--workload-arg",
+        "io_size=8M",
+        "--workload-arg",
+        "io_seconds=2",
+    ]);
+    assert_eq!(std::fs::metadata(&disk).unwrap().len(), 8 << 20);
+    let argv = first_argv(&env, "io1");
+    assert!(
+        argv.contains("disk0.qcow2") && argv.contains("vhost-user-blk-pci"),
+        "{argv}"
     );
     let phases = common::eventually(
         std::time::Duration::from_secs(180),
@@ -242,27 +284,33 @@ fn the_io_workload_writes_through_the_backend_and_every_block_reaches_the_file()
             "{p}"
         );
     }
+    let s = stats(&env, &env.run.path().join("io1.blk/disk1.ctl"));
+    assert_eq!(s["cache"]["capacity_bytes"], 16 << 20, "{s}");
+    assert!(
+        s["cache"]["written_bytes"].as_u64().unwrap() >= 8 << 20,
+        "{s}"
+    );
+    assert!(
+        !env.run.path().join("io1.blk/disk0.sock").exists(),
+        "the image's disk is QEMU's"
+    );
     env.ok(&["vm", "stop", "io1"]);
-    // Every 4 KiB block of the file on the VM's raw disk holds the pattern of the
-    // first fill (version 1: seqwrite rewrote it all) or of the random writes
-    // (version 2): nothing was lost or torn on the way through the backend.
-    let file = ext4_file(&env.home.path().join("vms/io1/disk0.img"), "/io.bin").unwrap();
-    assert_eq!(file.len(), 8 << 20);
-    let mut rewritten = 0;
-    for (b, block) in file.chunks(4096).enumerate() {
-        let word = |j: usize| u64::from_le_bytes(block[j * 8..j * 8 + 8].try_into().unwrap());
-        let version = word(0) ^ rebound_image::splitmix64((b * 512) as u64);
-        assert!(version == 1 || version == 2, "block {b}: version {version}");
-        for j in 0..512 {
-            assert_eq!(
-                word(j),
-                rebound_image::splitmix64((b * 512 + j) as u64) ^ version,
-                "block {b} word {j}"
-            );
-        }
-        rewritten += usize::from(version == 2);
-    }
-    assert!(rewritten > 0, "no block holds the random writes");
+    let data = std::fs::read(&disk).unwrap();
+    assert_eq!(data.len(), 8 << 20);
+    assert!(
+        check_io_pattern(&data) > 0,
+        "no block holds the random writes"
+    );
+
+    // The same entry again finds the disk as it is; another size is refused in one
+    // line and the disk is left alone.
+    let other = format!(
+        "{},size=16M,cache=host:16M",
+        disk.to_str().unwrap().replace(',', ",,")
+    );
+    let err = env.fails(&["vm", "start", "io2", "--disk", &other, "--no-wait"]);
+    assert!(err.contains("not the 16777216"), "{err}");
+    assert_eq!(std::fs::read(&disk).unwrap(), data);
 }
 
 #[test]

@@ -22,6 +22,12 @@ pub enum DiskError {
     NotRaw(PathBuf),
     #[error("cannot copy {0} to {1}: {2}")]
     Copy(PathBuf, PathBuf, String),
+    #[error("disk {0} is {1} bytes, not the {2} its size= asks for (Rebound neither cuts nor grows an existing disk)")]
+    SizeMismatch(PathBuf, u64, u64),
+    #[error("disk {0}: size= is for raw files, and this one is qcow2")]
+    SizeOfQcow2(PathBuf),
+    #[error("cannot create disk {0}")]
+    Create(PathBuf, #[source] std::io::Error),
     #[error("pmem file {0} is {1} bytes: a virtio-pmem device needs a raw file of a non-zero multiple of 2 MiB (`truncate -s` it)")]
     PmemSize(PathBuf, u64),
 }
@@ -110,6 +116,36 @@ pub fn user_disk(path: &Path) -> Result<Disk, DiskError> {
     let format = detect_format(path)?;
     let path = std::fs::canonicalize(path).map_err(|e| DiskError::Read(path.to_path_buf(), e))?;
     Ok(Disk::file(path, format))
+}
+
+/// A disk of `size` bytes: made as a sparse raw file when missing (never replacing one
+/// made meanwhile), used as is when it exists with that size.
+pub fn sized_disk(path: &Path, size: u64) -> Result<Disk, DiskError> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(f) => {
+            if let Err(e) = f.set_len(size) {
+                let _ = std::fs::remove_file(path);
+                return Err(DiskError::Create(path.to_path_buf(), e));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if detect_format(path)? != DiskFormat::Raw {
+                return Err(DiskError::SizeOfQcow2(path.to_path_buf()));
+            }
+            let have = std::fs::metadata(path)
+                .map_err(|e| DiskError::Read(path.to_path_buf(), e))?
+                .len();
+            if have != size {
+                return Err(DiskError::SizeMismatch(path.to_path_buf(), have, size));
+            }
+        }
+        Err(e) => return Err(DiskError::Create(path.to_path_buf(), e)),
+    }
+    user_disk(path)
 }
 
 /// The size of a file for a virtio-pmem device, MiB: raw, a multiple of 2 MiB (the

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use rebound_api::disk::{DiskOpts, DiskServing};
 use rebound_api::spec::{BootSource, DiskBackend};
 use rebound_api::{Forward, PortForward, ReadySpec, VmSpec};
 use serde::{Deserialize, Serialize};
@@ -36,6 +37,8 @@ pub enum BootError {
     Dir(PathBuf, #[source] std::io::Error),
     #[error("memory {0} MiB does not fit in {1} ({2} MiB in all), where guest RAM lives")]
     MemoryTooLarge(u64, PathBuf, u64),
+    #[error(transparent)]
+    Spec(#[from] rebound_api::SpecError),
 }
 
 impl BootError {
@@ -238,9 +241,15 @@ pub fn resolve(
             )
         }
     };
+    // Each disk with how it is served: the image's follows the VM's settings.
     let mut user_disks = Vec::new();
-    for d in &spec.disks {
-        user_disks.push(disks::user_disk(Path::new(d))?);
+    for d in spec.disk_opts().map_err(BootError::Spec)? {
+        let how = d.serving(spec.disk_backend, spec.disk_cache_mib, spec.disk_direct);
+        let disk = match d.size {
+            Some(n) => disks::sized_disk(Path::new(&d.path), n)?,
+            None => disks::user_disk(Path::new(&d.path))?,
+        };
+        user_disks.push((disk, how));
     }
     let accel = accel::choose(spec.accel, host)?;
     check_ram_fits(&paths.run, spec.memory_mib)?;
@@ -252,42 +261,52 @@ pub fn resolve(
     let dir = paths.vm(&spec.name);
     crate::private::create_dir_all(dir.path())
         .map_err(|e| BootError::Dir(dir.path().to_path_buf(), e))?;
-    let mut all_disks: Vec<Disk> = Vec::new();
-    let ours = spec.disk_backend == DiskBackend::Rebound;
+    let mut all_disks: Vec<(Disk, DiskServing)> = Vec::new();
     if let Some(base) = image_disk {
         let overlay = dir.disk_overlay(0);
         let raw = dir.disk_raw(0);
-        all_disks.push(match (recovery, ours) {
+        let how = DiskOpts {
+            path: String::new(),
+            backend: None,
+            cache: None,
+            size: None,
+        }
+        .serving(spec.disk_backend, spec.disk_cache_mib, spec.disk_direct);
+        let ours = how.backend == DiskBackend::Rebound;
+        let disk = match (recovery, ours) {
             // The service must see its data: the crashed VM's own copy, as it left it.
             (Some(_), false) => disks::existing_overlay(&overlay)?,
             (None, false) => disks::create_overlay(&base, &overlay)?,
             (Some(_), true) => disks::user_disk(&raw)?,
             (None, true) => disks::raw_copy(&base, &raw)?,
-        });
+        };
+        all_disks.push((disk, how));
     }
     all_disks.extend(user_disks);
     let mut backends = Vec::new();
-    if ours {
-        let blk = paths.blk_dir(&spec.name);
-        for (i, d) in all_disks.iter_mut().enumerate() {
-            let BlockBackend::File { path, format, .. } = &d.backend else {
-                continue;
-            };
-            if *format != DiskFormat::Raw {
-                return Err(BootError::Disk(disks::DiskError::NotRaw(path.clone())));
-            }
-            let socket = blk.join(format!("disk{i}.sock"));
-            backends.push(BlkServe {
-                disk: path.clone(),
-                socket: socket.clone(),
-                control: blk.join(format!("disk{i}.ctl")),
-                log: dir.path().join(format!("blk-disk{i}.log")),
-                cache_bytes: spec.disk_cache_mib << 20,
-                queues: spec.cpus as u16,
-                serial: format!("disk{i}"),
-            });
-            d.backend = BlockBackend::VhostUser { socket };
+    let blk = paths.blk_dir(&spec.name);
+    for (i, (d, how)) in all_disks.iter_mut().enumerate() {
+        d.direct = how.direct;
+        if how.backend != DiskBackend::Rebound {
+            continue;
         }
+        let BlockBackend::File { path, format, .. } = &d.backend else {
+            continue;
+        };
+        if *format != DiskFormat::Raw {
+            return Err(BootError::Disk(disks::DiskError::NotRaw(path.clone())));
+        }
+        let socket = blk.join(format!("disk{i}.sock"));
+        backends.push(BlkServe {
+            disk: path.clone(),
+            socket: socket.clone(),
+            control: blk.join(format!("disk{i}.ctl")),
+            log: dir.path().join(format!("blk-disk{i}.log")),
+            cache_bytes: how.cache_bytes,
+            queues: spec.cpus as u16,
+            serial: format!("disk{i}"),
+        });
+        d.backend = BlockBackend::VhostUser { socket };
     }
     let run = paths.run_dir(&spec.name);
     let boot_memory = recovery
@@ -311,10 +330,7 @@ pub fn resolve(
         &forwards,
     );
     command.cpus = spec.cpus;
-    for d in &mut all_disks {
-        d.direct = spec.disk_direct;
-    }
-    command.disks = all_disks;
+    command.disks = all_disks.into_iter().map(|(d, _)| d).collect();
     let mut pmem_mib = 0;
     for p in &spec.pmem {
         let path = PathBuf::from(p);

@@ -97,7 +97,7 @@ fn spec(args: &DiskArgs, name: &str, variant: &str, disk: &str, pass: (&str, u64
     ] {
         s.workload_args.insert(k.into(), v);
     }
-    s.disks = vec![disk.into()];
+    s.disks = vec![rebound_api::disk::entry(disk)];
     match variant {
         "qemu-none" => s.disk_direct = true,
         "qemu-writeback" => {}

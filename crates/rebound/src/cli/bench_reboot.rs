@@ -107,7 +107,7 @@ fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
     s.memory_mib = args.memory;
     s.workload = Some(Workload::Web);
     s.workload_args.insert("data_disk".into(), "vdb".into());
-    s.disks = vec![disk.into()];
+    s.disks = vec![rebound_api::disk::entry(disk)];
     match variant {
         "normal" => s.disk_direct = true,
         "normal-hostcache" => {}

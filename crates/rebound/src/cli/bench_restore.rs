@@ -236,7 +236,7 @@ impl Bench {
                     "{} rebound.workload=memfill,web rebound.memfill={touch}",
                     self.img.append
                 ));
-                s.disks = vec![disk.display().to_string()];
+                s.disks = vec![rebound_api::disk::entry(&disk.display().to_string())];
                 s.ready = Some("http:8080/".into());
                 s.forwards = vec![Forward {
                     host: self.port,

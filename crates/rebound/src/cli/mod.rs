@@ -233,9 +233,13 @@ pub struct StartArgs {
     /// Kernel command line for --kernel.
     #[arg(long, requires = "kernel", allow_hyphen_values = true)]
     pub append: Option<String>,
-    /// Extra disk, used as is (repeatable).
+    /// Extra disk, used as is (repeatable):
+    /// FILE[,backend=qemu|rebound][,cache=host[:SIZE]|page|none][,size=SIZE]. The options
+    /// override --disk-backend, --disk-cache and --disk-direct for this disk;
+    /// cache=host:SIZE serves it with Rebound's backend and a host cache of SIZE; size=
+    /// makes a sparse raw file when FILE does not exist. A comma in FILE is written ",,".
     #[arg(long = "disk")]
-    pub disks: Vec<PathBuf>,
+    pub disks: Vec<String>,
     /// What serves the disks: qemu (its own virtio-blk) or rebound (our vhost-user-blk
     /// backend, a process per disk that sees every request and can cache).
     #[arg(long, default_value = "qemu")]

@@ -299,6 +299,27 @@ fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
         .into_owned())
 }
 
+/// A `--disk` entry with its file made absolute; the file must exist unless `size=`
+/// asks for it to be made.
+fn abs_disk(entry: &str) -> anyhow::Result<String> {
+    let mut d: rebound_api::disk::DiskOpts = entry.parse()?;
+    let p = Path::new(&d.path);
+    d.path = if d.size.is_some() && !p.exists() {
+        let parent = p
+            .parent()
+            .filter(|x| !x.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(parent)
+            .with_context(|| format!("directory of disk {}", p.display()))?;
+        dir.join(p.file_name().context("a disk file name")?)
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        abs_file(p, "disk")?
+    };
+    Ok(d.to_string())
+}
+
 /// A directory the daemon will write into: made absolute, created private if missing.
 fn abs_dir(p: &Path) -> anyhow::Result<String> {
     rebound_vmm::private::create_dir_all(p)
@@ -322,7 +343,7 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     }
     s.append = a.append.clone();
     for d in &a.disks {
-        s.disks.push(abs_file(d, "disk")?);
+        s.disks.push(abs_disk(d)?);
     }
     s.memory_mib = a.memory;
     s.cpus = a.cpus;

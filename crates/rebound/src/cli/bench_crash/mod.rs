@@ -305,7 +305,7 @@ impl Setup {
             args.fill << 20,
             disk_io_mib << 20
         ));
-        s.disks = vec![disk.display().to_string()];
+        s.disks = vec![rebound_api::disk::entry(&disk.display().to_string())];
         s.memory_mib = args.memory;
         s.ready = Some("http:8080/".into());
         s.forwards = vec![Forward {

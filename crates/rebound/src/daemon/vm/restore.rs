@@ -101,11 +101,11 @@ impl Owner {
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
-        if spec.disk_backend == rebound_api::spec::DiskBackend::Rebound {
+        if spec.any_rebound_disk() {
             // Its device state is vhost-user-blk's, which only our backend on raw
             // copies, with shared RAM (an eager restore), can take.
             return Err(OpError::SnapshotInput(
-                "the snapshot's VM had its disks served by --disk-backend rebound: restoring such a snapshot is not supported yet".into(),
+                "the snapshot's VM had disks served by Rebound's backend (--disk-backend rebound or a disk's backend=/cache=host): restoring such a snapshot is not supported yet".into(),
             ));
         }
         let m = snap.manifest().clone();

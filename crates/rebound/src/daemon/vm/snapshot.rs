@@ -263,8 +263,8 @@ impl Owner {
         if rec.spec.kernel.is_none() && overlay.exists() {
             out.push((overlay.clone(), backing_of(&overlay)));
         }
-        for d in &rec.spec.disks {
-            out.push((PathBuf::from(d), None));
+        for d in rec.spec.disk_opts().unwrap_or_default() {
+            out.push((PathBuf::from(d.path), None));
         }
         out
     }

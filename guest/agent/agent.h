@@ -91,6 +91,7 @@ typedef void (*warm_emit_fn)(const char *text, size_t len, int last, void *arg);
 int warm_cachelist(warm_emit_fn emit, void *arg, struct warm_counts *counts);
 /* Reads the pages the list file names (run in a child: it takes a while). */
 void warm_prefetch(const char *list_path, struct warm_counts *counts);
+void warm_prefetch_at(const char *root, const char *list_path, struct warm_counts *counts);
 int warm_path_ok(const char *p);
 int warm_parse_ranges(const char *s, const char **rest, uint64_t (*out)[2], size_t cap);
 

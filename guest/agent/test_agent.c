@@ -4,9 +4,11 @@
 #include "agent.h"
 #include "json.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int failures;
 
@@ -372,9 +374,37 @@ static void test_warm(void)
 	CHECK(parse("{\"cmd\":\"prefetch\",\"files\":7}", &c, err) < 0);
 }
 
+/* The read-back over real files: listed pages of files that exist are read (ranges
+ * past a file's end are clipped), bad lines and missing or escaping paths are not. */
+static void test_prefetch(void)
+{
+	char dir[] = "/tmp/rebound-agent-test-XXXXXX", path[160], list[160];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof(path), "%s/f", dir);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	static char page[4096];
+	for (int i = 0; i < 10; i++)
+		CHECK(write(fd, page, sizeof(page)) == (ssize_t)sizeof(page));
+	close(fd);
+	snprintf(list, sizeof(list), "%s/list", dir);
+	FILE *f = fopen(list, "w");
+	fputs("0+3,5+2 f\n9+5 f\nbad line\n0+1 nope\n0+1 ../f\n", f);
+	fclose(f);
+	struct warm_counts n;
+	warm_prefetch_at(dir, list, &n);
+	CHECK(n.files == 2 && n.missing == 1 && n.skipped == 2);
+	CHECK(n.pages == 3 + 2 + 1 && n.bytes == n.pages * 4096);
+	warm_prefetch_at(dir, "/nonexistent/list", &n);
+	CHECK(n.files == 0 && n.pages == 0);
+	unlink(path);
+	unlink(list);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	test_warm();
+	test_prefetch();
 	test_io();
 	test_json_valid();
 	test_json_malformed();

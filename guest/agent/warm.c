@@ -24,7 +24,8 @@
 
 #define WARM_ROOT "/data"
 #define PAGE 4096u
-#define READ_CHUNK (1u << 20)
+/* One readahead step: the kernel's default window, which it never cuts. */
+#define RA_STEP (128u * 1024)
 
 static struct {
 	char *buf;
@@ -193,53 +194,128 @@ int warm_parse_ranges(const char *s, const char **rest, uint64_t (*out)[2], size
 	}
 }
 
-/* Reads every listed page once; the list is in `list_path`. */
-void warm_prefetch(const char *list_path, struct warm_counts *n)
+/* The list's ranges of one file, clipped to its size now; calls `fn` per range of
+ * pages [first, first + count). */
+typedef void (*range_fn)(int fd, uint64_t first, uint64_t count, void *arg);
+
+/* Walks the list file: for every well-formed line whose file opens, `fn` per range.
+ * Counts files, skipped lines and missing files in `n` when `n` is not NULL. */
+static int each_range(FILE *f, int root, range_fn fn, void *arg, struct warm_counts *n)
 {
-	memset(n, 0, sizeof(*n));
-	FILE *f = fopen(list_path, "re");
-	if (!f)
-		return;
-	char *buf = malloc(READ_CHUNK);
 	static uint64_t ranges[WARM_CHUNK_MAX / 4][2];
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t len;
-	int root = open(WARM_ROOT, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	while (buf && root >= 0 && (len = getline(&line, &cap, f)) > 0) {
+	rewind(f);
+	while ((len = getline(&line, &cap, f)) > 0) {
 		if (line[len - 1] == '\n')
 			line[--len] = '\0';
 		const char *path;
 		int k = warm_parse_ranges(line, &path, ranges, sizeof(ranges) / sizeof(ranges[0]));
 		if (k < 0 || !warm_path_ok(path)) {
-			n->skipped++;
+			if (n)
+				n->skipped++;
 			continue;
 		}
 		int fd = openat(root, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			n->missing++;
+		struct stat st;
+		if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			if (n)
+				n->missing++;
+			if (fd >= 0)
+				close(fd);
 			continue;
 		}
-		n->files++;
+		if (n)
+			n->files++;
+		uint64_t pages = ((uint64_t)st.st_size + PAGE - 1) / PAGE;
 		for (int r = 0; r < k; r++) {
-			uint64_t off = ranges[r][0] * PAGE, end = (ranges[r][0] + ranges[r][1]) * PAGE;
-			while (off < end) {
-				size_t want = end - off < READ_CHUNK ? (size_t)(end - off) : READ_CHUNK;
-				ssize_t got = pread(fd, buf, want, (off_t)off);
-				if (got < 0 && errno == EINTR)
-					continue;
-				if (got <= 0)
-					break; /* the file is shorter now: the rest is gone */
-				n->bytes += (uint64_t)got;
-				off += (uint64_t)got;
-			}
+			uint64_t first = ranges[r][0], end = first + ranges[r][1];
+			if (end > pages)
+				end = pages; /* the file is shorter now: the rest is gone */
+			if (first < end)
+				fn(fd, first, end - first, arg);
 		}
 		close(fd);
 	}
-	n->pages = (n->bytes + PAGE - 1) / PAGE;
+	free(line);
+	return 0;
+}
+
+/* Pass 1: asks the kernel to read the range into the page cache. readahead() queues
+ * the reads and returns, so many are in flight at once and nothing is copied to user
+ * space (under emulation the copy costs as much as the read). The kernel reads at
+ * most its readahead window per call, hence the small steps. */
+static void ra_range(int fd, uint64_t first, uint64_t count, void *arg)
+{
+	(void)arg;
+	for (uint64_t p = first; p < first + count; p += RA_STEP / PAGE) {
+		uint64_t n = first + count - p < RA_STEP / PAGE ? first + count - p : RA_STEP / PAGE;
+		(void)readahead(fd, (off64_t)(p * PAGE), (size_t)(n * PAGE));
+	}
+}
+
+struct settle {
+	char *buf;
+	uint64_t pages;
+};
+
+/* Pass 2: waits for the range to be read and reads what readahead left out (a page
+ * it skipped, or one evicted meanwhile). Reading one byte of a page waits for its
+ * read to end; mincore then shows which pages are in the cache. */
+static void settle_range(int fd, uint64_t first, uint64_t count, void *arg)
+{
+	struct settle *st = arg;
+	size_t len = (size_t)(count * PAGE);
+	void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)(first * PAGE));
+	unsigned char vec[RA_STEP / PAGE];
+	for (uint64_t p = 0; p < count; p += RA_STEP / PAGE) {
+		uint64_t n = count - p < RA_STEP / PAGE ? count - p : RA_STEP / PAGE;
+		off_t last = (off_t)((first + p + n - 1) * PAGE);
+		while (pread(fd, st->buf, 1, last) < 0 && errno == EINTR)
+			;
+		int known = m != MAP_FAILED &&
+			    mincore((char *)m + p * PAGE, (size_t)(n * PAGE), vec) == 0;
+		for (uint64_t i = 0; i < n; i++) {
+			if (known && (vec[i] & 1)) {
+				st->pages++;
+				continue;
+			}
+			ssize_t got;
+			while ((got = pread(fd, st->buf, PAGE, (off_t)((first + p + i) * PAGE))) < 0 &&
+			       errno == EINTR)
+				;
+			if (got > 0)
+				st->pages++;
+		}
+	}
+	if (m != MAP_FAILED)
+		munmap(m, len);
+}
+
+/* Reads every listed page of the files under `root` into the page cache; the list is
+ * in `list_path`. */
+void warm_prefetch_at(const char *root_path, const char *list_path, struct warm_counts *n)
+{
+	memset(n, 0, sizeof(*n));
+	FILE *f = fopen(list_path, "re");
+	if (!f)
+		return;
+	int root = open(root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct settle st = { malloc(PAGE), 0 };
+	if (root >= 0 && st.buf) {
+		each_range(f, root, ra_range, NULL, n);
+		each_range(f, root, settle_range, &st, NULL);
+	}
+	n->pages = st.pages;
+	n->bytes = st.pages * PAGE;
 	if (root >= 0)
 		close(root);
-	free(line);
-	free(buf);
+	free(st.buf);
 	fclose(f);
+}
+
+void warm_prefetch(const char *list_path, struct warm_counts *n)
+{
+	warm_prefetch_at(WARM_ROOT, list_path, n);
 }

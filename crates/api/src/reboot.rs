@@ -42,6 +42,9 @@ pub struct RebootReport {
     /// The guest's cached file pages listed before the reboot.
     pub cached_files: u64,
     pub cached_pages: u64,
+    /// How long listing them took (the guest still serves meanwhile).
+    #[serde(default)]
+    pub list_ms: Option<u64>,
     /// From the request to the rebooted guest's agent being up again; absent for a
     /// guest without the agent (its readiness probe says when it is back).
     #[serde(default)]

@@ -84,6 +84,10 @@ struct Variant {
     read_retries: u64,
     /// From the reboot request to the service answering again.
     reboot_s: f64,
+    /// From the last answer before the outage to the first after it: what clients saw
+    /// (a warm reboot lists the cache first, while the service still answers).
+    #[serde(default)]
+    outage_s: f64,
     /// MB/s over the `--seconds` before the reboot.
     before_mb_s: f64,
     /// MB/s over the first 10 s after the service is back.
@@ -252,6 +256,7 @@ async fn run_variant(
             reads_after_s,
             read_retries: r1 + r2,
             reboot_s: back_at_s - reboot_at_s,
+            outage_s: back_at_s - webload::went_down(&done, reboot_at_s).unwrap_or(reboot_at_s),
             before_mb_s,
             first10_mb_s,
             drop_pct: if before_mb_s > 0.0 {
@@ -355,11 +360,12 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         date
     );
     println!(
-        "{:<18} {:>23} {:>23} {:>9} {:>9} {:>9} {:>7} {:>10}",
+        "{:<18} {:>23} {:>23} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10}",
         "variant",
         "reads before (s)",
         "reads after (s)",
         "reboot s",
+        "outage s",
         "MB/s bef",
         "MB/s 10s",
         "drop %",
@@ -368,11 +374,12 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
     let three = |r: &[f64; 3]| format!("{:.1} / {:.1} / {:.1}", r[0], r[1], r[2]);
     for r in &rows {
         println!(
-            "{:<18} {:>23} {:>23} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>10}",
+            "{:<18} {:>23} {:>23} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>10}",
             r.variant,
             three(&r.reads_before_s),
             three(&r.reads_after_s),
             r.reboot_s,
+            r.outage_s,
             r.before_mb_s,
             r.first10_mb_s,
             r.drop_pct,
@@ -393,11 +400,13 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         for (k, b) in r.reboots.iter().enumerate() {
             if let Some(p) = &b.prefetch {
                 println!(
-                    "warm reboot {}: listed {:.1} MiB, read back {:.1} MiB in {:.2} s",
+                    "warm reboot {}: listed {:.1} MiB in {:.2} s, read back {:.1} MiB in {:.2} s ({:.2} s per 256 MiB)",
                     k + 1,
                     b.cached_pages as f64 / 256.0,
+                    b.list_ms.unwrap_or(0) as f64 / 1000.0,
                     p.bytes as f64 / 1048576.0,
-                    p.ms as f64 / 1000.0
+                    p.ms as f64 / 1000.0,
+                    if p.bytes > 0 { p.ms as f64 / 1000.0 * (256.0 * 1048576.0) / p.bytes as f64 } else { 0.0 }
                 );
             }
             if let Some(w) = &b.cold_reason {

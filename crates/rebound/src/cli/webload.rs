@@ -185,6 +185,23 @@ impl Load {
     }
 }
 
+/// When the service last answered before it went down at or after `t`: the last
+/// success before the first failure after `t` (failures are seen late: a request
+/// times out seconds after the service stopped answering it), never before `t`.
+pub fn went_down(done: &[Done], t: f64) -> Option<f64> {
+    let down = done
+        .iter()
+        .filter(|d| !d.ok && d.t >= t)
+        .map(|d| d.t)
+        .reduce(f64::min)?;
+    Some(
+        done.iter()
+            .filter(|d| d.ok && d.t < down)
+            .map(|d| d.t)
+            .fold(t, f64::max),
+    )
+}
+
 /// MB/s served in each whole second [k, k+1) up to `end`.
 pub fn per_second(done: &[Done], end: f64) -> Vec<f64> {
     let mut v = vec![0.0; end.max(0.0) as usize];
@@ -258,5 +275,9 @@ mod tests {
             .extend([at(7.0, false), at(9.5, true), at(10.0, true)]);
         assert_eq!(load.back_after(2.0), Some(9.5));
         assert_eq!(load.back_after(11.0), None, "not down after 11 s");
+        let done = load.stop();
+        assert_eq!(went_down(&done, 2.0), Some(5.0));
+        assert_eq!(went_down(&done, 5.5), Some(5.5), "never before the reboot");
+        assert_eq!(went_down(&done, 11.0), None);
     }
 }

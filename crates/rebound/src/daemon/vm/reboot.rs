@@ -43,6 +43,7 @@ impl Owner {
             .clone()
             .filter(|a| a.is_connected() && self.vm.record().kernel_release.is_some());
         if req.warm {
+            let t_list = Instant::now();
             match &agent {
                 Some(a) => match a.cachelist().await {
                     Ok(g) => {
@@ -55,6 +56,7 @@ impl Owner {
                         })?;
                         rep.cached_files = list.files;
                         rep.cached_pages = list.pages;
+                        rep.list_ms = Some(t_list.elapsed().as_millis() as u64);
                     }
                     Err(e) => {
                         let _ = std::fs::remove_file(&list_path);

@@ -3,7 +3,7 @@
 //! cache fills and serves, the backend outlives a crashed QEMU so the recovery VM
 //! finds the cache warm, and it stops with the VM.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -397,9 +397,10 @@ fn a_restarted_daemon_keeps_the_backends_and_still_replaces_one_that_dies() {
 }
 
 #[test]
-fn a_vm_on_the_backend_snapshots_its_raw_disk_and_a_restore_is_refused_in_one_line() {
+fn a_vm_on_the_backend_snapshots_its_raw_disk_and_comes_back_on_a_copy_the_backend_serves() {
     let env = Env::new();
-    start_on_backend(&env, "s1", "web", &[]);
+    let img = rebound_image::open(env.home.path(), "default").unwrap();
+    start_on_backend(&env, "s1", "web", &["--disk-cache", "16M"]);
     // QEMU migrates a vhost-user device only with the backend's dirty log
     // (LOG_SHMFD): the snapshot's device state save is a migration.
     let snap = env.home.path().join("snap");
@@ -419,10 +420,33 @@ fn a_vm_on_the_backend_snapshots_its_raw_disk_and_a_restore_is_refused_in_one_li
     let verify = env.ok(&["snapshot", "verify", snap.to_str().unwrap()]);
     assert!(verify.contains("every checksum matches"), "{verify}");
     env.ok(&["vm", "stop", "s1"]);
-    let e = env.fails(&["vm", "restore", snap.to_str().unwrap(), "--name", "s2"]);
+    // The source VM's own disk is wiped: the restore must read the snapshot's copy.
+    let own = env.home.path().join("vms/s1/disk0.img");
+    let len = std::fs::metadata(&own).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&own).unwrap();
+    f.set_len(0).unwrap();
+    f.set_len(len).unwrap();
+
+    // The default (elastic) restore needs private RAM, which the backend cannot
+    // reach: it is eager instead, and says so.
+    let r = common::restore_json(&env, &[snap.to_str().unwrap(), "--name", "s2"]);
+    assert_eq!(r["mode"], "eager", "{r}");
+    assert!(r["notes"].to_string().contains("Rebound's backend"), "{r}");
+    let disks = env.get_ok("GET", "/v1/vms/s2/disks", None);
+    assert_eq!(disks[0]["backend"], "rebound", "{disks}");
+    let copy = env.home.path().join("vms/s2/disk0.img");
+    assert_eq!(disks[0]["file"], copy.to_str().unwrap(), "{disks}");
+    let port = env.host_port("s2", 8080);
+    let (code, body) = http_get(port, "/blob-1m.bin").unwrap();
+    assert_eq!(code, 200);
     assert!(
-        e.contains("--disk-backend rebound") && e.contains("not supported yet"),
-        "{e}"
+        body == ext4_file(&img.disk, "/blob-1m.bin").unwrap(),
+        "the restored guest served another blob"
     );
-    assert!(env.call("GET", "/v1/vms/s2", None).unwrap().0 == 404);
+    let disks = env.get_ok("GET", "/v1/vms/s2/disks", None);
+    let c = &disks[0]["stats"]["cache"];
+    assert!(c["read_bytes"].as_u64().unwrap() >= 1 << 20, "{disks}");
+    env.ok(&["vm", "stop", "s2"]);
+    let verify = env.ok(&["snapshot", "verify", snap.to_str().unwrap()]);
+    assert!(verify.contains("every checksum matches"), "{verify}");
 }

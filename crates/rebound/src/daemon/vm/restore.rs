@@ -101,11 +101,13 @@ impl Owner {
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
-        if spec.any_rebound_disk() {
-            // Its device state is vhost-user-blk's, which only our backend on raw
-            // copies, with shared RAM (an eager restore), can take.
+        // Disks served by Rebound's backend come back on it: their device state is
+        // vhost-user-blk's, and the backend reaches guest RAM only when it is shared,
+        // which a restore has only when it copies the image first (eager).
+        let on_backend = spec.any_rebound_disk();
+        if on_backend && recovering {
             return Err(OpError::SnapshotInput(
-                "the snapshot's VM had disks served by Rebound's backend (--disk-backend rebound or a disk's backend=/cache=host): restoring such a snapshot is not supported yet".into(),
+                "the snapshot's VM had disks served by Rebound's backend: a recovery VM cannot be restored from it yet (boot it: drop --recover-from)".into(),
             ));
         }
         let m = snap.manifest().clone();
@@ -150,6 +152,14 @@ impl Owner {
             ));
             mode = RestoreMode::Lazy;
         }
+        if on_backend && !matches!(mode, RestoreMode::Eager | RestoreMode::Stock) {
+            report.notes.push(format!(
+                "its disks are served by Rebound's backend, which needs the guest's RAM shared: restored eagerly instead of {}",
+                mode.as_str()
+            ));
+            mode = RestoreMode::Eager;
+        }
+        report.mode = mode;
         if mode == RestoreMode::Stock && !snap.path_of("stock.mig").is_file() {
             return Err(OpError::SnapshotInput(
                 "the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`".into(),
@@ -265,6 +275,7 @@ impl Owner {
         res.command.paused = true;
         res.command.disks = match early {
             Some(d) => d,
+            None if on_backend => self.backend_disks(&snap, &mut res)?,
             None => snapshot_disks()?,
         };
 
@@ -718,4 +729,45 @@ fn proc_counters(pid: u32) -> Option<(u64, u64)> {
         .find_map(|l| l.strip_prefix("read_bytes: "))
         .and_then(|v| v.trim().parse().ok())?;
     Some((majflt, read))
+}
+
+impl Owner {
+    /// The disks of a restore whose VM had some served by Rebound's backend: those get
+    /// a raw copy of the snapshot's disk in the VM's directory (reflinked or sparse),
+    /// which their backend serves; the others a copy-on-write overlay, as always.
+    fn backend_disks(
+        &self,
+        snap: &Snapshot,
+        res: &mut rebound_vmm::resolve::Resolved,
+    ) -> Result<Vec<rebound_vmm::qemu::Disk>, OpError> {
+        use rebound_vmm::qemu::BlockBackend;
+        let m = snap.manifest();
+        if m.disks.len() != res.command.disks.len() {
+            return Err(OpError::SnapshotInput(format!(
+                "the snapshot has {} disks but its VM spec gives {}: the manifest does not fit together",
+                m.disks.len(),
+                res.command.disks.len()
+            )));
+        }
+        let boot = |e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e));
+        let mut out = Vec::new();
+        for (i, (d, e)) in res.command.disks.iter().zip(&m.disks).enumerate() {
+            let from = snap.path_of(&e.file);
+            match &d.backend {
+                BlockBackend::VhostUser { socket } => {
+                    let copy = self.vm.dir.disk_raw(i);
+                    rebound_vmm::disks::raw_copy(&from, &copy).map_err(boot)?;
+                    if let Some(b) = res.backends.iter_mut().find(|b| &b.socket == socket) {
+                        b.disk = copy;
+                    }
+                    out.push(d.clone());
+                }
+                _ => out.push(
+                    rebound_vmm::disks::create_overlay(&from, &self.vm.dir.disk_overlay(i))
+                        .map_err(boot)?,
+                ),
+            }
+        }
+        Ok(out)
+    }
 }

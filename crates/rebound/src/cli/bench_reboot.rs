@@ -63,6 +63,10 @@ pub struct RebootArgs {
     /// running.
     #[arg(long, requires = "svg")]
     plot_from: Option<std::path::PathBuf>,
+    /// Reboots under load per variant, each with its own `--seconds` before and after
+    /// (the figures are their means: one window of a network-bound service is noisy).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    reboots: u32,
     /// Variants: normal, normal-hostcache, warm, dax.
     #[arg(long, default_value = "normal,normal-hostcache,warm,dax")]
     variants: String,
@@ -71,6 +75,19 @@ pub struct RebootArgs {
 }
 
 const VARIANTS: [&str; 4] = ["normal", "normal-hostcache", "warm", "dax"];
+
+/// One reboot under load.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+struct Round {
+    reboot_at_s: f64,
+    back_at_s: f64,
+    reboot_s: f64,
+    outage_s: f64,
+    before_mb_s: f64,
+    first10_mb_s: f64,
+    drop_pct: f64,
+    recovery_s: Option<f64>,
+}
 
 /// One variant's results.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -104,6 +121,10 @@ struct Variant {
     back_at_s: f64,
     /// The warm reboots' reports (what was listed and read back).
     reboots: Vec<RebootReport>,
+    /// Each reboot under load (`--reboots`); the figures above are their means
+    /// (`recovery_s`: the slowest, absent if one did not recover).
+    #[serde(default)]
+    rounds: Vec<Round>,
 }
 
 fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
@@ -218,57 +239,94 @@ async fn run_variant(
         .context("the reads after the reboot")?;
 
     say(&format!(
-        "{} s of load, reboot under load, {} s after",
-        args.seconds, args.seconds
+        "{} s of load, reboot under load, {} s after (x{})",
+        args.seconds, args.seconds, args.reboots
     ));
     let load = Load::start(set, args.conns, 0x5eed);
-    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
-    let reboot_at_s = load.now();
-    let r = reboot(c, name, warm).await;
-    // The service is back at the first request answered after it went down (a warm
-    // reboot lists the cache first, with the service still up).
-    let back_at_s = loop {
-        if let Some(t) = load.back_after(reboot_at_s) {
-            break t;
+    let mut times = Vec::new();
+    for k in 0..args.reboots {
+        // The window before each reboot is clean: the previous one's after-window
+        // (with its recovery) is over before it starts.
+        let wait = if k == 0 {
+            args.seconds
+        } else {
+            2 * args.seconds
+        };
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        let reboot_at_s = load.now();
+        let r = reboot(c, name, warm).await;
+        // The service is back at the first request answered after it went down (a
+        // warm reboot lists the cache first, with the service still up).
+        let back_at_s = loop {
+            if let Some(t) = load.back_after(reboot_at_s) {
+                break t;
+            }
+            if load.now() - reboot_at_s > 300.0 {
+                let done = load.stop();
+                let ok = done.iter().filter(|d| d.ok && d.t >= reboot_at_s).count();
+                let failed = done.iter().filter(|d| !d.ok && d.t >= reboot_at_s).count();
+                anyhow::bail!(
+                    "{name}: the service did not come back within 300 s of the reboot ({ok} requests answered and {failed} failed since; the reboot answered {:?})",
+                    r.map(|r| r.reboot_ms).map_err(|e| e.to_string())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        reboots.push(r?);
+        times.push((reboot_at_s, back_at_s));
+        if args.reboots > 1 {
+            say(&format!("reboot {} of {} done", k + 1, args.reboots));
         }
-        if load.now() - reboot_at_s > 300.0 {
-            let done = load.stop();
-            let ok = done.iter().filter(|d| d.ok && d.t >= reboot_at_s).count();
-            let failed = done.iter().filter(|d| !d.ok && d.t >= reboot_at_s).count();
-            anyhow::bail!(
-                "{name}: the service did not come back within 300 s of the reboot ({ok} requests answered and {failed} failed since; the reboot answered {:?})",
-                r.map(|r| r.reboot_ms).map_err(|e| e.to_string())
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    reboots.push(r?);
-    let end = back_at_s + args.seconds as f64;
+    }
+    let end = times.last().expect("at least one reboot").1 + args.seconds as f64;
     tokio::time::sleep(Duration::from_secs_f64((end - load.now()).max(0.0) + 1.0)).await;
     let done = load.stop();
     let series = webload::per_second(&done, end.ceil());
-    let before_mb_s = webload::mean(&series, reboot_at_s - args.seconds as f64, reboot_at_s);
-    let first10_mb_s = webload::mean(&series, back_at_s.ceil(), back_at_s.ceil() + 10.0);
+    let rounds: Vec<Round> = times
+        .iter()
+        .map(|&(reboot_at_s, back_at_s)| {
+            let before_mb_s =
+                webload::mean(&series, reboot_at_s - args.seconds as f64, reboot_at_s);
+            let first10_mb_s = webload::mean(&series, back_at_s.ceil(), back_at_s.ceil() + 10.0);
+            Round {
+                reboot_at_s,
+                back_at_s,
+                reboot_s: back_at_s - reboot_at_s,
+                outage_s: back_at_s - webload::went_down(&done, reboot_at_s).unwrap_or(reboot_at_s),
+                before_mb_s,
+                first10_mb_s,
+                drop_pct: if before_mb_s > 0.0 {
+                    100.0 * (1.0 - first10_mb_s / before_mb_s)
+                } else {
+                    0.0
+                },
+                recovery_s: webload::recovery(&series, back_at_s, before_mb_s, 0.95),
+            }
+        })
+        .collect();
+    let mean = |f: fn(&Round) -> f64| rounds.iter().map(f).sum::<f64>() / rounds.len() as f64;
+    let recovery_s = rounds
+        .iter()
+        .map(|r| r.recovery_s)
+        .collect::<Option<Vec<f64>>>()
+        .map(|v| v.into_iter().fold(0.0, f64::max));
     Ok((
         Variant {
             variant: variant.into(),
             reads_before_s,
             reads_after_s,
             read_retries: r1 + r2,
-            reboot_s: back_at_s - reboot_at_s,
-            outage_s: back_at_s - webload::went_down(&done, reboot_at_s).unwrap_or(reboot_at_s),
-            before_mb_s,
-            first10_mb_s,
-            drop_pct: if before_mb_s > 0.0 {
-                100.0 * (1.0 - first10_mb_s / before_mb_s)
-            } else {
-                0.0
-            },
-            recovery_s: webload::recovery(&series, back_at_s, before_mb_s, 0.95),
+            reboot_s: mean(|r| r.reboot_s),
+            outage_s: mean(|r| r.outage_s),
+            before_mb_s: mean(|r| r.before_mb_s),
+            first10_mb_s: mean(|r| r.first10_mb_s),
+            drop_pct: mean(|r| r.drop_pct),
+            recovery_s,
             series,
-            reboot_at_s,
-            back_at_s,
+            reboot_at_s: rounds[0].reboot_at_s,
+            back_at_s: rounds[0].back_at_s,
             reboots,
+            rounds,
         },
         st,
     ))
@@ -333,7 +391,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
     let meta = json!({
         "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "files": args.files, "file_size": args.file_size, "memory_mib": args.memory,
-        "conns": args.conns, "seconds": args.seconds,
+        "conns": args.conns, "seconds": args.seconds, "reboots": args.reboots,
         "disk_read_mbps": args.disk_read_mbps, "disk_read_iops": args.disk_read_iops,
         "load_before": load_before, "load_after": load_average(),
     });
@@ -550,6 +608,7 @@ mod tests {
             disk_read_mbps: 0,
             disk_read_iops: 0,
             plot_from: None,
+            reboots: 1,
             variants: String::new(),
             out: Default::default(),
         };

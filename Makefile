@@ -34,7 +34,7 @@ test: image lint
 .PHONY: test-debug-kernel
 test-debug-kernel: image
 	scripts/debug-kernel.sh
-	$(CARGO) test --release -p rebound-dump --test backtrace -- --ignored --test-threads=1
+	$(CARGO) test --release -p rebound-dump --test integration backtrace:: -- --ignored --test-threads=1
 
 clean:
 	$(CARGO) clean

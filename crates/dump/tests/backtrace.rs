@@ -24,9 +24,8 @@
 //! (scripts/debug-kernel.sh) and runs this test. Run by hand without it, the
 //! test fails saying how to get it.
 
-mod common;
-#[path = "common/crashed.rs"]
-mod crashed;
+use crate::common;
+use crate::crashed;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -5,9 +5,8 @@
 //! image (built here as the other crates' tests build it), QEMU, crash and
 //! makedumpfile; fails, saying what to install, without them.
 
-mod common;
-#[path = "common/crashed.rs"]
-mod crashed;
+use crate::common;
+use crate::crashed;
 
 use std::path::Path;
 use std::process::Command;

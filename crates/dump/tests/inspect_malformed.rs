@@ -2,7 +2,7 @@
 //! version, oversized fields. Damage in headers is an error naming the
 //! field; missing page data is a readable dump that says what is missing.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

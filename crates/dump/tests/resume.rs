@@ -3,7 +3,7 @@
 //! reads those chunks from the stopped one: the finished dump holds every page of
 //! the guest as it was, in every format.
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 use std::os::unix::io::AsRawFd;
@@ -111,7 +111,12 @@ fn a_stopped_dump_is_finished_from_its_partial_file_and_what_ram_still_holds() {
         };
         let before = held(&ram);
         let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "dump_until_killed", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "resume::dump_until_killed",
+                "--ignored",
+                "--nocapture",
+            ])
             .env("RESUME_RAM", &ram)
             .env("RESUME_TEXT", &text)
             .env("RESUME_OUT", &out)

@@ -3,7 +3,7 @@
 //! Fails, saying how to install it, when crash is missing.
 #![allow(clippy::single_range_in_vec_init)] // ranges of addresses
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! Needs the image `make image` builds (`$REBOUND_HOME/images/default`, with
 //! `vmlinuz`, `initrd.cpio.gz` and `manifest.json`); fails, saying so, without it.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -6,7 +6,7 @@
 //! either these tests fail, saying so. They boot four guests under TCG
 //! (about a minute on a busy 2-core machine).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

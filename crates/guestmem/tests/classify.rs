@@ -11,7 +11,7 @@
 //! QEMU and makedumpfile (`scripts/install-deps.sh`); fails, saying so,
 //! without them.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::io::{Read, Write};

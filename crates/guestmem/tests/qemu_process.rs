@@ -1,7 +1,7 @@
 //! Reading guest RAM through a real QEMU process (`-S`: the guest never
 //! runs, so the only writes to its RAM are the test's).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

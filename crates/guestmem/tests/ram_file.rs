@@ -1,6 +1,6 @@
 //! GuestMemory over real sparse RAM files, on ext4 and on tmpfs (/dev/shm).
 
-mod common;
+use crate::common;
 
 use common::*;
 use rebound_guestmem::vmcoreinfo::encode_note;

@@ -2,7 +2,7 @@
 //! restarted on the same directory: `tend` waits for the backup instead of failing, then
 //! the heap carries on, and the backup's replica ends equal to the heap. Every engine.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! a new primary learns the replica's transaction id with `haheap_committed_tx_id` and
 //! continues after it; a fenced primary gets `HAHEAP_ERR_FENCED`, for good.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

@@ -390,7 +390,7 @@ fn foreign_segfault_still_kills() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "foreign_segfault_still_kills",
+            "engines::foreign_segfault_still_kills",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -488,7 +488,7 @@ fn unprivileged_process_tracks_or_explains() {
     child
         .args([
             "--exact",
-            "unprivileged_process_tracks_or_explains",
+            "engines::unprivileged_process_tracks_or_explains",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -1,7 +1,7 @@
 //! The examples run: the C one built against the header and the static library, the Rust
 //! one through cargo, each with every engine.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! Why a checked-in header plus this test rather than a build.rs: C users and reviewers
 //! see the header without building, a normal `cargo build` does not parse the crate a
 //! second time or write into the source tree, and a drifted header fails here loudly.
-//! Regenerate after changing the ABI: `HAHEAP_BLESS=1 cargo test -p haheap --test header`.
+//! Regenerate after changing the ABI: `HAHEAP_BLESS=1 cargo test -p haheap --test integration header::`.
 
 use std::path::Path;
 
@@ -38,6 +38,6 @@ fn header_matches_the_rust_abi() {
     let checked_in = std::fs::read(&path).unwrap_or_default();
     assert!(
         checked_in == generated,
-        "include/haheap.h is out of date with src/ffi.rs; run HAHEAP_BLESS=1 cargo test -p haheap --test header"
+        "include/haheap.h is out of date with src/ffi.rs; run HAHEAP_BLESS=1 cargo test -p haheap --test integration header::"
     );
 }

@@ -1,6 +1,6 @@
 //! The backup killed with SIGKILL and restarted, against a live primary.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

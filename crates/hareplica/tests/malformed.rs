@@ -1,7 +1,7 @@
 //! Malformed, replayed and out-of-order frames sent over real sockets: refused with a
 //! clear error, the connection closed, and the replica unchanged.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;

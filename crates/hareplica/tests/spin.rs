@@ -1,7 +1,7 @@
 //! Busy-polling client and backup (`spin`, `--spin-us`), fixed or adaptive (the default),
 //! deliver every commit intact.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

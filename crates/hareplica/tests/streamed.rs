@@ -2,7 +2,7 @@
 //! replica equals the primary, also after replaying the log, and a backup that dies
 //! between two parts gets the whole transaction again from a reconnecting primary.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Takeover after the primary dies, promote fencing, and the `rebound-ha` commands.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -37,7 +37,7 @@ fn attach_after_the_primary_is_killed_gives_its_last_acknowledged_state() {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "primary_child",
+                "takeover::primary_child",
                 "--nocapture",
                 "--test-threads",
                 "1",

@@ -2,7 +2,7 @@
 //! second build with the same inputs reuses it and that it is listed. The runtime's boot
 //! tests (`crates/vmm/tests/image_boot.rs`) boot this image under QEMU.
 
-mod common;
+use crate::common;
 
 use common::{agent, ensure_image, image_home};
 

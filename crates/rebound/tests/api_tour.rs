@@ -2,7 +2,7 @@
 //! one VM life and a few short ones; the test fails when an operation of the spec is
 //! never exercised, and when a metric the daemon serves never moved.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

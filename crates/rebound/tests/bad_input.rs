@@ -1,7 +1,7 @@
 //! Bad input: each case ends in one line on stderr starting with `error:`, a
 //! non-zero exit, and nothing saved.
 
-mod common;
+use crate::common;
 
 use common::Env;
 use serde_json::json;

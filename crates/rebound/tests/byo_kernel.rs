@@ -2,7 +2,7 @@
 //! readiness comes from an HTTP probe through a forwarded port, then from a serial
 //! regex.
 
-mod common;
+use crate::common;
 
 use common::{ext4_file, http_get, Env};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! copy serves on the same host port, the dump is a file `crash` reads, the memory
 //! handed over never exceeds the host budget, and the report says what happened.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

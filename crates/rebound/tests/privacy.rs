@@ -4,7 +4,7 @@
 //! tightened when the daemon starts; the same holds for a crash's dump and report.
 //! Forwarded ports listen on loopback only.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;

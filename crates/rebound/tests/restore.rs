@@ -4,7 +4,7 @@
 //! page), two restores of one snapshot are independent VMs, and a restore held
 //! ready starts only when told.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! Restored counters are checked tick by tick against the host's own computation:
 //! a guest that read damaged memory prints another checksum.
 
-mod common;
+use crate::common;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, MetadataExt};

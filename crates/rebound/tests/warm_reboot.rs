@@ -6,7 +6,7 @@
 //! (`REBOUND_WARM_ROUNDS`, default 2 in the suite: one agent reboot, one hard reset;
 //! docs/benchmarks.md records a 20-round run).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;

@@ -2,7 +2,7 @@
 //! data disk's files, VMCOREINFO and a marker are read from the RAM file, `vm crash`
 //! panics the guest with its RAM kept, `vm stop` removes the runtime files.
 
-mod common;
+use crate::common;
 
 use common::{ext4_file, http_get, Env};
 use rebound_guestmem::{GuestMemory, Layout};

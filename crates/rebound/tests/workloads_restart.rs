@@ -2,7 +2,7 @@
 //! one re-attaches: the guests never notice (kv keeps its in-RAM data, the counter
 //! keeps counting, the agent link comes back).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,0 +1,6 @@
+//! Every integration test of this crate in one binary (one link instead of one per
+//! file); each file below is a module, run one with `cargo test -p <crate> --test
+//! integration <file>::`.
+
+mod bench_smoke;
+mod faults;

@@ -1,0 +1,7 @@
+//! Every integration test of this crate in one binary (one link instead of one per
+//! file); each file below is a module, run one with `cargo test -p <crate> --test
+//! integration <file>::`.
+
+mod corruption;
+mod model;
+mod write_profile;

@@ -1,0 +1,18 @@
+//! Every integration test of this crate in one binary (one link instead of one per
+//! file); each file below is a module, run one with `cargo test -p <crate> --test
+//! integration <file>::`.
+
+mod common;
+
+mod api_tour;
+mod bad_input;
+mod blk_backend;
+mod blk_socket;
+mod byo_kernel;
+mod crash_recovery;
+mod privacy;
+mod restore;
+mod restore_faults;
+mod warm_reboot;
+mod web_crash_stop;
+mod workloads_restart;

@@ -24,8 +24,7 @@
 
 #define WARM_ROOT "/data"
 #define PAGE 4096u
-/* One readahead step: the kernel's default window, which it never cuts. */
-#define RA_STEP (128u * 1024)
+#define READ_CHUNK (1u << 20)
 
 static struct {
 	char *buf;
@@ -194,6 +193,11 @@ int warm_parse_ranges(const char *s, const char **rest, uint64_t (*out)[2], size
 	}
 }
 
+struct settle {
+	char *buf;
+	uint64_t pages;
+};
+
 /* The list's ranges of one file, clipped to its size now; calls `fn` per range of
  * pages [first, first + count). */
 typedef void (*range_fn)(int fd, uint64_t first, uint64_t count, void *arg);
@@ -242,55 +246,23 @@ static int each_range(FILE *f, int root, range_fn fn, void *arg, struct warm_cou
 	return 0;
 }
 
-/* Pass 1: asks the kernel to read the range into the page cache. readahead() queues
- * the reads and returns, so many are in flight at once and nothing is copied to user
- * space (under emulation the copy costs as much as the read). The kernel reads at
- * most its readahead window per call, hence the small steps. */
-static void ra_range(int fd, uint64_t first, uint64_t count, void *arg)
-{
-	(void)arg;
-	for (uint64_t p = first; p < first + count; p += RA_STEP / PAGE) {
-		uint64_t n = first + count - p < RA_STEP / PAGE ? first + count - p : RA_STEP / PAGE;
-		(void)readahead(fd, (off64_t)(p * PAGE), (size_t)(n * PAGE));
-	}
-}
-
-struct settle {
-	char *buf;
-	uint64_t pages;
-};
-
-/* Pass 2: waits for the range to be read and reads what readahead left out (a page
- * it skipped, or one evicted meanwhile). Reading one byte of a page waits for its
- * read to end; mincore then shows which pages are in the cache. */
-static void settle_range(int fd, uint64_t first, uint64_t count, void *arg)
+/* Reads the range once, so that it enters the page cache. (readahead(2) queues the
+ * reads without the copy to user space, but measured no faster under emulation, where
+ * the guest kernel's work per page dominates, and much slower beside a busy service.) */
+static void read_range(int fd, uint64_t first, uint64_t count, void *arg)
 {
 	struct settle *st = arg;
-	size_t len = (size_t)(count * PAGE);
-	void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)(first * PAGE));
-	unsigned char vec[RA_STEP / PAGE];
-	for (uint64_t p = 0; p < count; p += RA_STEP / PAGE) {
-		uint64_t n = count - p < RA_STEP / PAGE ? count - p : RA_STEP / PAGE;
-		off_t last = (off_t)((first + p + n - 1) * PAGE);
-		while (pread(fd, st->buf, 1, last) < 0 && errno == EINTR)
-			;
-		int known = m != MAP_FAILED &&
-			    mincore((char *)m + p * PAGE, (size_t)(n * PAGE), vec) == 0;
-		for (uint64_t i = 0; i < n; i++) {
-			if (known && (vec[i] & 1)) {
-				st->pages++;
-				continue;
-			}
-			ssize_t got;
-			while ((got = pread(fd, st->buf, PAGE, (off_t)((first + p + i) * PAGE))) < 0 &&
-			       errno == EINTR)
-				;
-			if (got > 0)
-				st->pages++;
-		}
+	uint64_t off = first * PAGE, end = (first + count) * PAGE;
+	while (off < end) {
+		size_t want = end - off < READ_CHUNK ? (size_t)(end - off) : READ_CHUNK;
+		ssize_t got = pread(fd, st->buf, want, (off_t)off);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break; /* the file is shorter now: the rest is gone */
+		st->pages += ((uint64_t)got + PAGE - 1) / PAGE;
+		off += (uint64_t)got;
 	}
-	if (m != MAP_FAILED)
-		munmap(m, len);
 }
 
 /* Reads every listed page of the files under `root` into the page cache; the list is
@@ -302,11 +274,9 @@ void warm_prefetch_at(const char *root_path, const char *list_path, struct warm_
 	if (!f)
 		return;
 	int root = open(root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct settle st = { malloc(PAGE), 0 };
-	if (root >= 0 && st.buf) {
-		each_range(f, root, ra_range, NULL, n);
-		each_range(f, root, settle_range, &st, NULL);
-	}
+	struct settle st = { malloc(READ_CHUNK), 0 };
+	if (root >= 0 && st.buf)
+		each_range(f, root, read_range, &st, n);
 	n->pages = st.pages;
 	n->bytes = st.pages * PAGE;
 	if (root >= 0)

@@ -408,6 +408,10 @@ static void do_reboot(void)
 	logmsg("reboot requested by the host");
 	flush_out();
 	sync();
+	/* Tells the host the disks are synced: if the kernel then hangs on its way down,
+	 * the host may reset the machine without losing anything. */
+	static const char done[] = "{\"type\":\"rebooting\"}\n";
+	send_line_wait(done, sizeof(done) - 1);
 	reboot(RB_AUTOBOOT);
 	send_error("reboot failed");
 }

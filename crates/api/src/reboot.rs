@@ -37,7 +37,8 @@ pub struct RebootReport {
     pub name: String,
     /// A warm reboot was asked for.
     pub warm: bool,
-    /// `agent` (sync and reboot in the guest) or `reset` (QMP `system_reset`).
+    /// `agent` (sync and reboot in the guest), `reset` (QMP `system_reset`), or
+    /// `agent+reset` (synced, but not back within 45 s of its reboot(2): reset).
     pub how: String,
     /// The guest's cached file pages listed before the reboot.
     pub cached_files: u64,

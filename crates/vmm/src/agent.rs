@@ -76,6 +76,8 @@ pub enum AgentMsg {
         skipped: u64,
     },
     Prefetch(PrefetchDone),
+    /// The guest synced its disks and calls reboot(2) now.
+    Rebooting,
     Error {
         message: String,
     },
@@ -456,6 +458,10 @@ mod tests {
                 paddr: 4096,
                 len: 4
             }
+        );
+        assert_eq!(
+            parse_line(br#"{"type":"rebooting"}"#).unwrap(),
+            AgentMsg::Rebooting
         );
         assert_eq!(
             parse_line(br#"{"type":"memfill","filled_kib":1,"rounds":2,"errors":0}"#).unwrap(),

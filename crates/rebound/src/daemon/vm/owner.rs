@@ -621,7 +621,7 @@ impl Owner {
             // A prefetch whose reboot stopped waiting still says what it read.
             AgentMsg::Prefetch(p) => self.event(EventData::Prefetched(p.report)),
             // Pieces of a list nobody waits for any more.
-            AgentMsg::Cachelist { .. } => {}
+            AgentMsg::Cachelist { .. } | AgentMsg::Rebooting => {}
             // Ticks and heartbeats are frequent; the counter also goes to the serial log.
             AgentMsg::Heartbeat { .. } | AgentMsg::Counter { .. } | AgentMsg::Marker { .. } => {}
         }

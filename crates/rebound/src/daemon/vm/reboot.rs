@@ -24,6 +24,9 @@ use crate::daemon::error::OpError;
 
 /// How long a rebooting guest gets to bring its agent up again.
 const REBOOT_WAIT: Duration = Duration::from_secs(180);
+/// How long a guest that synced and called reboot(2) gets to come back before it is
+/// reset.
+const REBOOT_GRACE: Duration = Duration::from_secs(45);
 /// How long the read-back may take (it runs while the service already serves).
 const PREFETCH_WAIT_S: u64 = 600;
 /// How often a VM started with `--on-crash ... --warm` has its cache listed.
@@ -105,8 +108,40 @@ impl Owner {
             AgentMsg::Ready(i) => i.uptime_ms <= t0.elapsed().as_millis() as u64 + 1000,
             _ => false,
         };
-        self.pump(std::future::pending::<()>(), REBOOT_WAIT, booted)
-            .await?;
+        // A guest kernel can hang on its way down (seen here: a soft lockup in
+        // ksoftirqd while rebooting under network load). Once the agent says it has
+        // synced and calls reboot(2), the guest gets a grace period, then the machine
+        // is reset: nothing unsynced is lost. An agent that does not say so (an older
+        // image) is waited for as long as any reboot.
+        let mut synced = false;
+        self.pump(std::future::pending::<()>(), REBOOT_WAIT, |m| {
+            synced |= matches!(m, AgentMsg::Rebooting);
+            synced || booted(m)
+        })
+        .await?;
+        if synced {
+            match self
+                .pump(std::future::pending::<()>(), REBOOT_GRACE, booted)
+                .await
+            {
+                Err(OpError::Timeout(..)) => {
+                    tracing::warn!(vm = %self.vm.name, "the guest did not come back within {} s of its reboot(2): resetting it", REBOOT_GRACE.as_secs());
+                    let q = self.qmp.as_ref().ok_or(OpError::NoQmp)?;
+                    q.execute("system_reset", None).await?;
+                    rep.how = "agent+reset".into();
+                    self.event(EventData::RebootRequested {
+                        warm: req.warm,
+                        how: rep.how.clone(),
+                        cached_pages: rep.cached_pages,
+                    });
+                    self.pump(std::future::pending::<()>(), REBOOT_WAIT, booted)
+                        .await?;
+                }
+                r => {
+                    r?;
+                }
+            }
+        }
         let after_ms = t0.elapsed().as_millis() as u64;
         rep.reboot_ms = Some(after_ms);
         self.event(EventData::Rebooted { after_ms });

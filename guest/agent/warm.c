@@ -193,95 +193,73 @@ int warm_parse_ranges(const char *s, const char **rest, uint64_t (*out)[2], size
 	}
 }
 
-struct settle {
-	char *buf;
-	uint64_t pages;
-};
-
-/* The list's ranges of one file, clipped to its size now; calls `fn` per range of
- * pages [first, first + count). */
-typedef void (*range_fn)(int fd, uint64_t first, uint64_t count, void *arg);
-
-/* Walks the list file: for every well-formed line whose file opens, `fn` per range.
- * Counts files, skipped lines and missing files in `n` when `n` is not NULL. */
-static int each_range(FILE *f, int root, range_fn fn, void *arg, struct warm_counts *n)
+/* Reads pages [first, first + count) of `fd` once, so that they enter the page cache;
+ * returns how many it read. (readahead(2) queues the reads without the copy to user
+ * space, but measured no faster under emulation, where the guest kernel's work per
+ * page dominates, and much slower beside a busy service.) */
+static uint64_t read_range(int fd, uint64_t first, uint64_t count, char *buf)
 {
-	static uint64_t ranges[WARM_CHUNK_MAX / 4][2];
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t len;
-	rewind(f);
-	while ((len = getline(&line, &cap, f)) > 0) {
-		if (line[len - 1] == '\n')
-			line[--len] = '\0';
-		const char *path;
-		int k = warm_parse_ranges(line, &path, ranges, sizeof(ranges) / sizeof(ranges[0]));
-		if (k < 0 || !warm_path_ok(path)) {
-			if (n)
-				n->skipped++;
-			continue;
-		}
-		int fd = openat(root, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		struct stat st;
-		if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			if (n)
-				n->missing++;
-			if (fd >= 0)
-				close(fd);
-			continue;
-		}
-		if (n)
-			n->files++;
-		uint64_t pages = ((uint64_t)st.st_size + PAGE - 1) / PAGE;
-		for (int r = 0; r < k; r++) {
-			uint64_t first = ranges[r][0], end = first + ranges[r][1];
-			if (end > pages)
-				end = pages; /* the file is shorter now: the rest is gone */
-			if (first < end)
-				fn(fd, first, end - first, arg);
-		}
-		close(fd);
-	}
-	free(line);
-	return 0;
-}
-
-/* Reads the range once, so that it enters the page cache. (readahead(2) queues the
- * reads without the copy to user space, but measured no faster under emulation, where
- * the guest kernel's work per page dominates, and much slower beside a busy service.) */
-static void read_range(int fd, uint64_t first, uint64_t count, void *arg)
-{
-	struct settle *st = arg;
-	uint64_t off = first * PAGE, end = (first + count) * PAGE;
+	uint64_t off = first * PAGE, end = (first + count) * PAGE, pages = 0;
 	while (off < end) {
 		size_t want = end - off < READ_CHUNK ? (size_t)(end - off) : READ_CHUNK;
-		ssize_t got = pread(fd, st->buf, want, (off_t)off);
+		ssize_t got = pread(fd, buf, want, (off_t)off);
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got <= 0)
 			break; /* the file is shorter now: the rest is gone */
-		st->pages += ((uint64_t)got + PAGE - 1) / PAGE;
+		pages += ((uint64_t)got + PAGE - 1) / PAGE;
 		off += (uint64_t)got;
 	}
+	return pages;
 }
 
-/* Reads every listed page of the files under `root` into the page cache; the list is
- * in `list_path`. */
+/* Reads every listed page of the files under `root_path` into the page cache; the
+ * list is in `list_path`. Ranges past a file's end now are left out. */
 void warm_prefetch_at(const char *root_path, const char *list_path, struct warm_counts *n)
 {
 	memset(n, 0, sizeof(*n));
 	FILE *f = fopen(list_path, "re");
 	if (!f)
 		return;
+	static uint64_t ranges[WARM_CHUNK_MAX / 4][2];
+	char *buf = malloc(READ_CHUNK);
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
 	int root = open(root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct settle st = { malloc(READ_CHUNK), 0 };
-	if (root >= 0 && st.buf)
-		each_range(f, root, read_range, &st, n);
-	n->pages = st.pages;
-	n->bytes = st.pages * PAGE;
+	while (buf && root >= 0 && (len = getline(&line, &cap, f)) > 0) {
+		if (line[len - 1] == '\n')
+			line[--len] = '\0';
+		const char *path;
+		int k = warm_parse_ranges(line, &path, ranges, sizeof(ranges) / sizeof(ranges[0]));
+		if (k < 0 || !warm_path_ok(path)) {
+			n->skipped++;
+			continue;
+		}
+		int fd = openat(root, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		struct stat st;
+		if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			n->missing++;
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		n->files++;
+		uint64_t pages = ((uint64_t)st.st_size + PAGE - 1) / PAGE;
+		for (int r = 0; r < k; r++) {
+			uint64_t first = ranges[r][0], end = first + ranges[r][1];
+			if (end > pages)
+				end = pages; /* the file is shorter now: the rest is gone */
+			if (first < end)
+				n->pages += read_range(fd, first, end - first, buf);
+		}
+		close(fd);
+	}
+	n->bytes = n->pages * PAGE;
 	if (root >= 0)
 		close(root);
-	free(st.buf);
+	free(line);
+	free(buf);
 	fclose(f);
 }
 

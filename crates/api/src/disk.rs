@@ -32,8 +32,8 @@ pub enum DiskCache {
     None,
 }
 
-/// A parsed `disks` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed `disks` entry (the default: no file, every choice left to the VM).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DiskOpts {
     pub path: String,
     pub backend: Option<DiskBackend>,

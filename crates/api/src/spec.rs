@@ -383,15 +383,22 @@ impl VmSpec {
         self.disks.iter().map(|d| d.parse()).collect()
     }
 
+    /// How a disk is served: its entry's options over this VM's settings (`None`: the
+    /// image's disk, which follows the VM's).
+    pub fn serving(&self, d: Option<&crate::disk::DiskOpts>) -> crate::disk::DiskServing {
+        d.cloned().unwrap_or_default().serving(
+            self.disk_backend,
+            self.disk_cache_mib,
+            self.disk_direct,
+        )
+    }
+
     /// Whether any disk, the image's included, is served by Rebound's backend.
     pub fn any_rebound_disk(&self) -> bool {
         self.disk_backend == DiskBackend::Rebound
             || self.disk_opts().is_ok_and(|v| {
-                v.iter().any(|d| {
-                    d.serving(self.disk_backend, self.disk_cache_mib, self.disk_direct)
-                        .backend
-                        == DiskBackend::Rebound
-                })
+                v.iter()
+                    .any(|d| self.serving(Some(d)).backend == DiskBackend::Rebound)
             })
     }
 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rebound_api::disk::{DiskOpts, DiskServing};
+use rebound_api::disk::DiskServing;
 use rebound_api::spec::{BootSource, DiskBackend};
 use rebound_api::{Forward, PortForward, ReadySpec, VmSpec};
 use serde::{Deserialize, Serialize};
@@ -244,7 +244,7 @@ pub fn resolve(
     // Each disk with how it is served: the image's follows the VM's settings.
     let mut user_disks = Vec::new();
     for d in spec.disk_opts().map_err(BootError::Spec)? {
-        let how = d.serving(spec.disk_backend, spec.disk_cache_mib, spec.disk_direct);
+        let how = spec.serving(Some(&d));
         let disk = match d.size {
             Some(n) => disks::sized_disk(Path::new(&d.path), n)?,
             None => disks::user_disk(Path::new(&d.path))?,
@@ -265,13 +265,7 @@ pub fn resolve(
     if let Some(base) = image_disk {
         let overlay = dir.disk_overlay(0);
         let raw = dir.disk_raw(0);
-        let how = DiskOpts {
-            path: String::new(),
-            backend: None,
-            cache: None,
-            size: None,
-        }
-        .serving(spec.disk_backend, spec.disk_cache_mib, spec.disk_direct);
+        let how = spec.serving(None);
         let ours = how.backend == DiskBackend::Rebound;
         let disk = match (recovery, ours) {
             // The service must see its data: the crashed VM's own copy, as it left it.

@@ -36,9 +36,9 @@ use serde_json::json;
 
 use super::bench_crash::{boot_filled, host_cpus, host_kernel, load_average, post, remove};
 use super::connect;
+use super::slowdisk::{DiskCheck, SlowDisk};
 use crate::client::Client;
 
-const MB: f64 = 1e6;
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
 const MODES: [&str; 6] = [
@@ -132,15 +132,6 @@ struct Snap {
     ram_data_bytes: u64,
     trace_pages: u64,
     stock: Option<StockSave>,
-}
-
-/// The emulated disk's check: what a direct read in its group achieved.
-#[derive(Debug, Clone, Serialize)]
-struct DiskCheck {
-    device: String,
-    limit_mbps: u32,
-    dd_bytes: u64,
-    dd_mbps: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -500,124 +491,6 @@ async fn kv_fill(port: u16, keys: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The emulated slow disk: a blkio read limit on one block device, holding the
-/// daemon (and so every QEMU and reader it starts) while it lasts.
-struct SlowDisk {
-    group: PathBuf,
-    device: String,
-    pid: u32,
-    /// The daemon's blkio group before, to go back to.
-    was: PathBuf,
-}
-
-const BLKIO: &str = "/sys/fs/cgroup/blkio";
-/// What the emulated disk's check reads.
-const CHECK_BYTES: u64 = 256 << 20;
-
-impl SlowDisk {
-    fn new(on: &Path, mbps: u32, pid: u32) -> anyhow::Result<SlowDisk> {
-        let device = whole_disk(on)?;
-        if !Path::new(BLKIO)
-            .join("blkio.throttle.read_bps_device")
-            .exists()
-        {
-            anyhow::bail!("no cgroup v1 blkio throttling at {BLKIO}: the slow disk cannot be emulated here (use --disks real)");
-        }
-        let group = Path::new(BLKIO).join(format!("rebound-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&group)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", group.display()))?;
-        let rule = format!("{device} {}", mbps as u64 * 1_000_000);
-        std::fs::write(group.join("blkio.throttle.read_bps_device"), &rule)
-            .map_err(|e| anyhow::anyhow!("cannot set the read limit {rule}: {e}"))?;
-        let was = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?
-            .lines()
-            .find_map(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
-                ctl.split(',')
-                    .any(|c| c == "blkio")
-                    .then(|| Path::new(BLKIO).join(path.trim_start_matches('/')))
-            })
-            .unwrap_or_else(|| PathBuf::from(BLKIO));
-        std::fs::write(group.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| anyhow::anyhow!("cannot move the daemon into {}: {e}", group.display()))?;
-        Ok(SlowDisk {
-            group,
-            device,
-            pid,
-            was,
-        })
-    }
-
-    /// Writes a dense file of `CHECK_BYTES` in `dir` (an image's holes would read
-    /// without touching the disk), then reads it with O_DIRECT from inside the
-    /// group: the rate the limit lets through.
-    fn check(&self, dir: &Path, mbps: u32) -> anyhow::Result<DiskCheck> {
-        use std::io::Write;
-        let file = dir.join(".rate-check");
-        {
-            let mut f = std::fs::File::create(&file)?;
-            let block = vec![0x5au8; 1 << 20];
-            for _ in 0..CHECK_BYTES >> 20 {
-                f.write_all(&block)?;
-            }
-            f.sync_all()?;
-        }
-        let procs = self.group.join("cgroup.procs");
-        let t = Instant::now();
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(r#"echo $$ > "$1" && exec dd if="$2" of=/dev/null bs=1M iflag=direct status=none"#)
-            .arg("sh")
-            .arg(&procs)
-            .arg(&file)
-            .output();
-        let secs = t.elapsed().as_secs_f64();
-        let _ = std::fs::remove_file(&file);
-        let out = out?;
-        if !out.status.success() {
-            anyhow::bail!(
-                "dd of {} failed: {}",
-                file.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(DiskCheck {
-            device: self.device.clone(),
-            limit_mbps: mbps,
-            dd_bytes: CHECK_BYTES,
-            dd_mbps: CHECK_BYTES as f64 / secs / MB,
-        })
-    }
-}
-
-impl Drop for SlowDisk {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.was.join("cgroup.procs"), self.pid.to_string());
-        let _ = std::fs::remove_dir(&self.group);
-    }
-}
-
-/// `MAJ:MIN` of the whole disk that holds `path` (throttling rules name disks, not
-/// partitions).
-pub(super) fn whole_disk(path: &Path) -> anyhow::Result<String> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path)?.dev();
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
-    if !sys.exists() {
-        anyhow::bail!(
-            "{} is on device {maj}:{min}, which is not a block device (tmpfs?): it cannot be throttled",
-            path.display()
-        );
-    }
-    if sys.join("partition").exists() {
-        let parent = std::fs::read_to_string(sys.join("../dev"))?;
-        return Ok(parent.trim().to_string());
-    }
-    Ok(format!("{maj}:{min}"))
-}
-
 pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let (w, m, d) = (
         args.workloads.clone(),
@@ -669,7 +542,13 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
             for d in &disks {
                 let slow = match *d {
                     "emulated" => {
-                        let s = SlowDisk::new(&snap, b.args.disk_mbps, daemon_pid)?;
+                        let s = SlowDisk::new(
+                            &format!("rebound-bench-{}", std::process::id()),
+                            &snap,
+                            b.args.disk_mbps as u64 * 1_000_000,
+                            0,
+                        )?;
+                        s.add(daemon_pid)?;
                         let chk = s.check(&b.dir, b.args.disk_mbps)?;
                         b.say(&format!(
                             "emulated disk: {} limited to {} MB/s; dd O_DIRECT read {:.0} MB/s",
@@ -1015,12 +894,5 @@ mod tests {
         assert_eq!(mode_of("stock"), (RestoreMode::Stock, RestOrder::Fafl));
         assert!(pick("idle,bogus", &WORKLOADS, "workload").is_err());
         assert_eq!(pick("kv", &WORKLOADS, "workload").unwrap(), ["kv"]);
-    }
-
-    #[test]
-    fn the_throttled_device_is_the_whole_disk() {
-        // /proc is not on a block device: refused with the reason.
-        let e = whole_disk(Path::new("/proc/self")).unwrap_err().to_string();
-        assert!(e.contains("not a block device"), "{e}");
     }
 }

@@ -1,0 +1,2 @@
+//! Cluster restore planning (HotRestore, section 4): who talks to whom, the restore
+//! dependency graph, and the restore line.

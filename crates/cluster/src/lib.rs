@@ -1,2 +1,4 @@
 //! Cluster restore planning (HotRestore, section 4): who talks to whom, the restore
 //! dependency graph, and the restore line.
+
+pub mod pcap;

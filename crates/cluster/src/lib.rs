@@ -2,3 +2,4 @@
 //! dependency graph, and the restore line.
 
 pub mod pcap;
+pub mod traffic;

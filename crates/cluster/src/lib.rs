@@ -2,4 +2,5 @@
 //! dependency graph, and the restore line.
 
 pub mod pcap;
+pub mod rdg;
 pub mod traffic;

@@ -560,6 +560,7 @@ static void spawn(struct child *ch)
 		case WL_MEMFILL: rc = wl_memfill(&ctx); break;
 		case WL_IO: rc = wl_io(&ctx); break;
 		case WL_COUNTER: rc = wl_counter(&ctx); break;
+		case WL_PEER: rc = wl_peer(&ctx); break;
 		}
 		_exit(rc);
 	}

@@ -24,8 +24,16 @@ int path_segments_ok(const char *p);
 
 /* ---- config.c: kernel command line ---- */
 #define MAX_WORKLOADS 4
-enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO };
+enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO, WL_PEER };
 #define IO_MAX_PHASES 8
+#define PEER_MAX 16 /* rebound.peers entries */
+#define PEER_REQ_BYTES_MAX 65536
+
+/* One IP:PORT of rebound.peers (both in host byte order). */
+struct peer_addr {
+	uint32_t ip;
+	uint16_t port;
+};
 
 struct config {
 	char workload[64]; /* as given, e.g. "web" or "web,kv"; "none" when absent */
@@ -45,6 +53,12 @@ struct config {
 	int io_keep; /* 1: a target already io_size long is used as is, not rewritten first */
 	unsigned io_seconds, io_rounds; /* io_rounds 0: forever */
 	unsigned io_delay_s; /* seconds between ready and the first phase */
+	/* The peer workload (wl_peer.c). */
+	int peer_port; /* listens there for peers and host clients (default 7400) */
+	int npeers;
+	struct peer_addr peers[PEER_MAX]; /* connects to these */
+	unsigned peer_hb_ms, peer_dead_ms, peer_req_ms; /* peer_req_ms 0: no periodic requests */
+	unsigned peer_req_bytes;
 };
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */
@@ -52,6 +66,12 @@ int parse_size(const char *s, uint64_t *out);
 /* Fills cfg from a kernel command line. Bad values are reported into err (one line) and
  * replaced by defaults, so the agent still comes up; returns the number of problems. */
 int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t errlen);
+/* Parses rebound.peers ("IP:PORT,IP:PORT", may be empty) into out[cap]. Returns the
+ * number of peers, or -1 with the reason in why (IPv4 dotted quads only, ports 1-65535,
+ * no duplicates, at most cap entries). */
+int parse_peers(const char *v, struct peer_addr *out, int cap, char *why, size_t whylen);
+/* "a.b.c.d:port" (at most 21 characters plus the NUL). */
+void peer_addr_str(const struct peer_addr *a, char *out, size_t cap);
 int workload_port(const struct config *cfg, enum workload_kind k);
 /* The service port reported in `ready`: the first workload that listens, else 0. */
 int service_port(const struct config *cfg);
@@ -111,6 +131,16 @@ int wl_kv(struct wl_ctx *ctx, int port);
 int wl_memfill(struct wl_ctx *ctx);
 int wl_counter(struct wl_ctx *ctx);
 int wl_io(struct wl_ctx *ctx);
+int wl_peer(struct wl_ctx *ctx);
+/* The peer workload's stateless replies (HB, REQ, anything unknown), exposed for the unit
+ * tests: writes the reply line into out and returns 0, or returns -1 for lines the caller
+ * handles itself (QUERY, STATS). */
+int peer_exec(const char *line, size_t len, char *out, size_t cap);
+/* FNV-1a 64 of a request payload: what a REP carries. */
+uint64_t peer_checksum(const char *p, size_t n);
+/* Counter `name` of protocol `proto` ("Tcp") in /proc/net/snmp's text, found by the name
+ * in the header line above its value line. Returns 0 or -1. */
+int snmp_counter(const char *text, const char *proto, const char *name, uint64_t *out);
 /* The io workload's block pattern and percentile, exposed for the unit tests. */
 void io_fill(void *buf, size_t len, uint64_t offset, uint64_t version);
 uint32_t io_percentile(uint32_t *v, size_t n, unsigned pct);

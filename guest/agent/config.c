@@ -3,6 +3,7 @@
  * ("web,kv,counter"); each runs in its own process. */
 #include "agent.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,10 @@
 #define DEFAULT_MEMFILL (64ULL << 20)
 #define DEFAULT_COUNTER_HZ 10
 #define MAX_SIZE (1ULL << 40)
+#define DEFAULT_PEER_PORT 7400
+/* A word of the command line longer than this is refused, not cut: a cut rebound.peers
+ * would silently lose peers. The kernel's own limit (x86) is 2048 bytes in all. */
+#define WORD_MAX 1024
 
 int parse_size(const char *s, uint64_t *out)
 {
@@ -52,6 +57,7 @@ const char *workload_name(enum workload_kind k)
 	case WL_MEMFILL: return "memfill";
 	case WL_COUNTER: return "counter";
 	case WL_IO: return "io";
+	case WL_PEER: return "peer";
 	}
 	return "?";
 }
@@ -78,6 +84,8 @@ static int parse_workloads(const char *v, struct config *cfg)
 			k = WL_COUNTER;
 		else if (strcmp(tok, "io") == 0)
 			k = WL_IO;
+		else if (strcmp(tok, "peer") == 0)
+			k = WL_PEER;
 		else
 			return -1;
 		for (int i = 0; i < cfg->nworkloads; i++)
@@ -128,16 +136,141 @@ static int set_io_phases(struct config *cfg, const char *v)
 	return 0;
 }
 
-static void problem(char *err, size_t errlen, int *n, const char *param, const char *val)
+/* Parses one dotted-quad IPv4 address of exactly len characters. */
+static int parse_ipv4(const char *s, size_t len, uint32_t *ip)
+{
+	char tmp[16];
+	struct in_addr a;
+	if (len == 0 || len >= sizeof(tmp))
+		return -1;
+	memcpy(tmp, s, len);
+	tmp[len] = '\0';
+	if (inet_pton(AF_INET, tmp, &a) != 1) /* dotted decimal only: no "1.2", no octal */
+		return -1;
+	*ip = ntohl(a.s_addr);
+	return 0;
+}
+
+static int parse_port(const char *s, size_t len, uint16_t *port)
+{
+	unsigned v = 0;
+	if (len == 0 || len > 5)
+		return -1;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -1;
+		v = v * 10 + (unsigned)(s[i] - '0');
+	}
+	if (v < 1 || v > 65535)
+		return -1;
+	*port = (uint16_t)v;
+	return 0;
+}
+
+void peer_addr_str(const struct peer_addr *a, char *out, size_t cap)
+{
+	snprintf(out, cap, "%u.%u.%u.%u:%u", a->ip >> 24, (a->ip >> 16) & 255, (a->ip >> 8) & 255, a->ip & 255,
+		 (unsigned)a->port);
+}
+
+int parse_peers(const char *v, struct peer_addr *out, int cap, char *why, size_t whylen)
+{
+	int n = 0;
+	why[0] = '\0';
+	if (*v == '\0')
+		return 0; /* a pure server */
+	for (const char *p = v;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		const char *colon = memchr(p, ':', len);
+		struct peer_addr a;
+		if (!colon || parse_ipv4(p, (size_t)(colon - p), &a.ip) < 0) {
+			snprintf(why, whylen, "entry %d is not IPv4:PORT", n + 1);
+			return -1;
+		}
+		if (parse_port(colon + 1, len - (size_t)(colon + 1 - p), &a.port) < 0) {
+			snprintf(why, whylen, "entry %d: port not in 1-65535", n + 1);
+			return -1;
+		}
+		for (int i = 0; i < n; i++)
+			if (out[i].ip == a.ip && out[i].port == a.port) {
+				snprintf(why, whylen, "entry %d repeats entry %d", n + 1, i + 1);
+				return -1;
+			}
+		if (n == cap) {
+			snprintf(why, whylen, "more than %d peers", cap);
+			return -1;
+		}
+		out[n++] = a;
+		if (!comma)
+			return n;
+		p = comma + 1;
+	}
+}
+
+static void problem_why(char *err, size_t errlen, int *n, const char *param, const char *val, const char *why)
 {
 	if (*n == 0)
-		snprintf(err, errlen, "bad kernel parameter %s=%.40s (using the default)", param, val);
+		snprintf(err, errlen, "bad kernel parameter %s=%.40s%s%s (using the default)", param, val,
+			 why ? ": " : "", why ? why : "");
 	(*n)++;
+}
+
+static void problem(char *err, size_t errlen, int *n, const char *param, const char *val)
+{
+	problem_why(err, errlen, n, param, val, NULL);
+}
+
+/* The peer workload's parameters; returns 1 when key was one of them. */
+static int parse_peer_key(const char *key, const char *val, struct config *cfg, char *err, size_t errlen,
+			  int *problems)
+{
+	unsigned long u;
+	char why[64];
+	if (strcmp(key, "peers") == 0) {
+		struct peer_addr tmp[PEER_MAX];
+		int n = parse_peers(val, tmp, PEER_MAX, why, sizeof(why));
+		if (n < 0) {
+			cfg->npeers = 0;
+			problem_why(err, errlen, problems, "rebound.peers", val, why);
+		} else {
+			memcpy(cfg->peers, tmp, sizeof(tmp[0]) * (size_t)n);
+			cfg->npeers = n;
+		}
+	} else if (strcmp(key, "peer_port") == 0) {
+		if (parse_uint(val, 1, 65535, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.peer_port", val, "not in 1-65535");
+		else
+			cfg->peer_port = (int)u;
+	} else if (strcmp(key, "peer_hb_ms") == 0) {
+		if (parse_uint(val, 10, 60000, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.peer_hb_ms", val, "not in 10-60000");
+		else
+			cfg->peer_hb_ms = (unsigned)u;
+	} else if (strcmp(key, "peer_dead_ms") == 0) {
+		if (parse_uint(val, 50, 600000, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.peer_dead_ms", val, "not in 50-600000");
+		else
+			cfg->peer_dead_ms = (unsigned)u;
+	} else if (strcmp(key, "peer_req_ms") == 0) {
+		if (parse_uint(val, 0, 60000, &u) < 0 || (u > 0 && u < 10))
+			problem_why(err, errlen, problems, "rebound.peer_req_ms", val, "not 0 or 10-60000");
+		else
+			cfg->peer_req_ms = (unsigned)u;
+	} else if (strcmp(key, "peer_req_bytes") == 0) {
+		if (parse_uint(val, 0, PEER_REQ_BYTES_MAX, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.peer_req_bytes", val, "not in 0-65536");
+		else
+			cfg->peer_req_bytes = (unsigned)u;
+	} else {
+		return 0;
+	}
+	return 1;
 }
 
 int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t errlen)
 {
-	char word[256];
+	char word[WORD_MAX];
 	int problems = 0;
 	const char *p = cmdline;
 	memset(cfg, 0, sizeof(*cfg));
@@ -151,6 +284,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 	cfg->io_direct = 1;
 	cfg->io_seconds = 5;
 	cfg->io_rounds = 1;
+	cfg->peer_port = DEFAULT_PEER_PORT;
+	cfg->peer_hb_ms = 200;
+	cfg->peer_dead_ms = 1000;
+	cfg->peer_req_ms = 100;
+	cfg->peer_req_bytes = 1024;
 	if (errlen)
 		err[0] = '\0';
 
@@ -172,7 +310,11 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 		*eq = '\0';
 		const char *key = word + 8, *val = eq + 1;
 		unsigned long u;
-		if (strcmp(key, "workload") == 0) {
+		if (n + 1 == sizeof(word)) {
+			problem_why(err, errlen, &problems, word, val, "too long");
+		} else if (parse_peer_key(key, val, cfg, err, errlen, &problems)) {
+			/* done */
+		} else if (strcmp(key, "workload") == 0) {
 			struct config tmp = *cfg;
 			if (parse_workloads(val, &tmp) < 0) {
 				problem(err, errlen, &problems, "rebound.workload", val);
@@ -259,10 +401,17 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 	return problems;
 }
 
-/* rebound.port applies to the first listening workload; the others keep their defaults. */
+/* rebound.port applies to the first listening one of web and kv; the others keep their
+ * defaults. peer listens on rebound.peer_port, which its peers also know. */
 int workload_port(const struct config *cfg, enum workload_kind k)
 {
 	int first = 1;
+	if (k == WL_PEER) {
+		for (int i = 0; i < cfg->nworkloads; i++)
+			if (cfg->workloads[i] == WL_PEER)
+				return cfg->peer_port;
+		return 0;
+	}
 	for (int i = 0; i < cfg->nworkloads; i++) {
 		enum workload_kind w = cfg->workloads[i];
 		if (w != WL_WEB && w != WL_KV)
@@ -280,7 +429,7 @@ int workload_port(const struct config *cfg, enum workload_kind k)
 int service_port(const struct config *cfg)
 {
 	for (int i = 0; i < cfg->nworkloads; i++)
-		if (cfg->workloads[i] == WL_WEB || cfg->workloads[i] == WL_KV)
+		if (cfg->workloads[i] == WL_WEB || cfg->workloads[i] == WL_KV || cfg->workloads[i] == WL_PEER)
 			return workload_port(cfg, cfg->workloads[i]);
 	return 0;
 }

@@ -4,10 +4,20 @@
 #include "agent.h"
 #include "json.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int failures;
@@ -401,8 +411,351 @@ static void test_prefetch(void)
 	rmdir(dir);
 }
 
+static void test_peer_config(void)
+{
+	struct config cfg;
+	char err[200], why[64];
+	struct peer_addr pa[PEER_MAX];
+	CHECK(parse_cmdline("rebound.workload=peer", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 1 && cfg.workloads[0] == WL_PEER && cfg.peer_port == 7400 && cfg.npeers == 0);
+	CHECK(cfg.peer_hb_ms == 200 && cfg.peer_dead_ms == 1000 && cfg.peer_req_ms == 100 && cfg.peer_req_bytes == 1024);
+	CHECK(service_port(&cfg) == 7400 && workload_port(&cfg, WL_PEER) == 7400);
+	CHECK(parse_cmdline("rebound.workload=peer,kv rebound.port=9000 rebound.peer_port=7500 "
+			    "rebound.peers=10.77.0.11:7400,10.77.0.12:7401 rebound.peer_hb_ms=50 rebound.peer_dead_ms=300 "
+			    "rebound.peer_req_ms=0 rebound.peer_req_bytes=0",
+			    &cfg, err, sizeof(err)) == 0);
+	CHECK(service_port(&cfg) == 7500 && workload_port(&cfg, WL_KV) == 9000);
+	CHECK(cfg.npeers == 2 && cfg.peers[0].ip == 0x0a4d000b && cfg.peers[0].port == 7400 && cfg.peers[1].port == 7401);
+	CHECK(cfg.peer_hb_ms == 50 && cfg.peer_dead_ms == 300 && cfg.peer_req_ms == 0 && cfg.peer_req_bytes == 0);
+	char name[24];
+	peer_addr_str(&cfg.peers[1], name, sizeof(name));
+	CHECK(strcmp(name, "10.77.0.12:7401") == 0);
+	CHECK(parse_cmdline("rebound.peers=", &cfg, err, sizeof(err)) == 0 && cfg.npeers == 0);
+
+	/* Refused with a reason, and the workload runs without peers. */
+	CHECK(parse_cmdline("rebound.workload=peer rebound.peers=garbage", &cfg, err, sizeof(err)) == 1);
+	CHECK(cfg.npeers == 0 && strstr(err, "rebound.peers=garbage: entry 1 is not IPv4:PORT") != NULL);
+	CHECK(parse_cmdline("rebound.peers=10.0.0.1:7400,10.0.0.2:0", &cfg, err, sizeof(err)) == 1);
+	CHECK(cfg.npeers == 0 && strstr(err, "entry 2: port not in 1-65535") != NULL);
+	CHECK(parse_cmdline("rebound.peer_port=0 rebound.peer_port=65536 rebound.peer_hb_ms=1 rebound.peer_dead_ms=x "
+			    "rebound.peer_req_ms=5 rebound.peer_req_bytes=65537",
+			    &cfg, err, sizeof(err)) == 6);
+	CHECK(strstr(err, "rebound.peer_port=0: not in 1-65535") != NULL);
+	CHECK(cfg.peer_port == 7400 && cfg.peer_hb_ms == 200 && cfg.peer_dead_ms == 1000 && cfg.peer_req_ms == 100 &&
+	      cfg.peer_req_bytes == 1024);
+	static const char *bad[] = { "garbage", "1.2.3.4", "1.2.3.4:", ":80", "1.2.3:80", "1.2.3.4.5:80", "256.1.1.1:80",
+				     "01.2.3.4:80x", "1.2.3.4:99999", "1.2.3.4:-1", "1.2.3.4:80,", ",1.2.3.4:80",
+				     "1.2.3.4:80,,1.2.3.5:80", "1.2.3.4:80,1.2.3.4:80", "1.2.3.4 :80", "[::1]:80" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int n = parse_peers(bad[i], pa, PEER_MAX, why, sizeof(why));
+		if (n >= 0)
+			fprintf(stderr, "accepted peers %s\n", bad[i]);
+		CHECK(n < 0 && why[0] != '\0');
+	}
+	CHECK(parse_peers("1.2.3.4:80,1.2.3.4:81", pa, PEER_MAX, why, sizeof(why)) == 2);
+	CHECK(parse_peers("1.2.3.4:80,1.2.3.4:81,1.2.3.4:82", pa, 2, why, sizeof(why)) < 0 && strstr(why, "more than 2"));
+	/* Too many peers on the command line: 17 entries, refused whole. */
+	char line[1024];
+	size_t n = (size_t)snprintf(line, sizeof(line), "rebound.peers=");
+	for (int i = 0; i <= PEER_MAX; i++)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, "%s10.77.0.%d:7400", i ? "," : "", i + 1);
+	CHECK(parse_cmdline(line, &cfg, err, sizeof(err)) == 1 && cfg.npeers == 0 && strstr(err, "more than 16 peers"));
+	/* 16 of the longest form fit in one word (the old 256-byte word would have cut them). */
+	n = (size_t)snprintf(line, sizeof(line), "rebound.peers=");
+	for (int i = 0; i < PEER_MAX; i++)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, "%s255.255.255.%d:65535", i ? "," : "", 200 + i);
+	CHECK(parse_cmdline(line, &cfg, err, sizeof(err)) == 0 && cfg.npeers == PEER_MAX);
+	/* A word longer than the parser's buffer is refused, not cut. */
+	char huge[1500];
+	memset(huge, '1', sizeof(huge) - 1);
+	memcpy(huge, "rebound.peers=", 14);
+	huge[sizeof(huge) - 1] = '\0';
+	CHECK(parse_cmdline(huge, &cfg, err, sizeof(err)) == 1 && cfg.npeers == 0 && strstr(err, "too long"));
+}
+
+static void peer_reply(const char *in, const char *want)
+{
+	char out[256];
+	CHECK(peer_exec(in, strlen(in), out, sizeof(out)) == 0);
+	if (strcmp(out, want) != 0)
+		fprintf(stderr, "peer %s: got %s", in, out);
+	CHECK(strcmp(out, want) == 0);
+}
+
+static void test_peer_protocol(void)
+{
+	char out[256], want[64];
+	peer_reply("HB 0", "HBACK 0\n");
+	peer_reply("HB 18446744073709551615", "HBACK 18446744073709551615\n");
+	snprintf(want, sizeof(want), "REP 7 %016llx\n", (unsigned long long)peer_checksum("abc", 3));
+	peer_reply("REQ 7 abc", want);
+	CHECK(peer_checksum("abc", 3) == 0xe71fa2190541574bULL); /* FNV-1a 64 of "abc" */
+	snprintf(want, sizeof(want), "REP 8 %016llx\n", (unsigned long long)peer_checksum("", 0));
+	peer_reply("REQ 8 ", want);
+	static const char *bad[] = { "", "HB", "HB ", "HB x", "HB 1 2", "HB 18446744073709551616", "REQ", "REQ 1",
+				     "REQ x y", "hb 1", "HBACK 1", "STAT", "QUERY" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		peer_reply(bad[i], "ERR usage: HB n | REQ id payload | QUERY id | STATS\n");
+	CHECK(peer_exec("STATS", 5, out, sizeof(out)) < 0 && peer_exec("QUERY 1", 7, out, sizeof(out)) < 0);
+
+	const char *snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+			   "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens RetransSegs InErrs\n"
+			   "Tcp: 1 200 120000 -1 42 1234 0\n"
+			   "Udp: InDatagrams RetransSegs\nUdp: 5 6\n";
+	uint64_t v;
+	CHECK(snmp_counter(snmp, "Tcp", "RetransSegs", &v) == 0 && v == 1234);
+	CHECK(snmp_counter(snmp, "Udp", "RetransSegs", &v) == 0 && v == 6);
+	CHECK(snmp_counter(snmp, "Tcp", "InErrs", &v) == 0 && v == 0);
+	CHECK(snmp_counter(snmp, "Tcp", "MaxConn", &v) < 0); /* -1 is no counter */
+	CHECK(snmp_counter(snmp, "Tcp", "Retrans", &v) < 0);
+	CHECK(snmp_counter(snmp, "Icmp", "InMsgs", &v) < 0);
+	CHECK(snmp_counter("Tcp: A RetransSegs\n", "Tcp", "RetransSegs", &v) < 0);
+	CHECK(snmp_counter("Tcp: A RetransSegs\nTcp: 1\n", "Tcp", "RetransSegs", &v) < 0);
+	CHECK(snmp_counter("Tcp: RetransSegs A\nTcp: 9 1", "Tcp", "RetransSegs", &v) == 0 && v == 9);
+	char real[8192];
+	if (read_small_file("/proc/net/snmp", real, sizeof(real)) > 0)
+		CHECK(snmp_counter(real, "Tcp", "RetransSegs", &v) == 0);
+}
+
+/* ---- the peer workload's loop, in forked processes on 127.0.0.1 ---- */
+
+struct node {
+	pid_t pid;
+	int fd; /* its reports (the agent's end of the workload pipe) */
+	int port;
+	char cmdline[512];
+	char buf[16384];
+	size_t len;
+};
+
+static uint64_t test_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+static void node_start(struct node *nd)
+{
+	int fds[2];
+	CHECK(pipe2(fds, O_CLOEXEC) == 0);
+	pid_t parent = getpid();
+	nd->pid = fork();
+	if (nd->pid == 0) {
+		static struct config cfg;
+		char err[200];
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
+		signal(SIGPIPE, SIG_IGN);
+		close(fds[0]);
+		fcntl(fds[1], F_SETFL, O_NONBLOCK);
+		if (parse_cmdline(nd->cmdline, &cfg, err, sizeof(err)) != 0) {
+			fprintf(stderr, "node: %s\n", err);
+			_exit(2);
+		}
+		struct wl_ctx ctx = { &cfg, fds[1] };
+		_exit(wl_peer(&ctx));
+	}
+	close(fds[1]);
+	nd->fd = fds[0];
+	nd->len = 0;
+}
+
+static void node_kill(struct node *nd)
+{
+	if (nd->pid <= 0)
+		return;
+	kill(nd->pid, SIGKILL);
+	waitpid(nd->pid, NULL, 0);
+	close(nd->fd);
+	nd->pid = 0;
+}
+
+/* Waits up to timeout_ms for a line of the node's reports holding every one of the
+ * NULL-terminated strings; copies it into out. Returns 1 if found. */
+static int node_wait(struct node *nd, int timeout_ms, char *out, size_t cap, ...)
+{
+	uint64_t until = test_ms() + (uint64_t)timeout_ms;
+	for (;;) {
+		char *nl;
+		while ((nl = memchr(nd->buf, '\n', nd->len))) {
+			*nl = '\0';
+			int all = 1;
+			va_list ap;
+			va_start(ap, cap);
+			for (const char *s; (s = va_arg(ap, const char *));)
+				all &= strstr(nd->buf, s) != NULL;
+			va_end(ap);
+			if (all) {
+				size_t l = strlen(nd->buf) < cap - 1 ? strlen(nd->buf) : cap - 1;
+				memcpy(out, nd->buf, l);
+				out[l] = '\0';
+			}
+			size_t used = (size_t)(nl + 1 - nd->buf);
+			memmove(nd->buf, nl + 1, nd->len - used);
+			nd->len -= used;
+			if (all)
+				return 1;
+		}
+		uint64_t now = test_ms();
+		if (now >= until)
+			return 0;
+		struct pollfd p = { nd->fd, POLLIN, 0 };
+		if (poll(&p, 1, (int)(until - now)) <= 0)
+			continue;
+		ssize_t n = read(nd->fd, nd->buf + nd->len, sizeof(nd->buf) - 1 - nd->len);
+		if (n <= 0)
+			return 0;
+		nd->len += (size_t)n;
+	}
+}
+
+static uint64_t json_num(const char *line, const char *key)
+{
+	char k[64];
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	const char *p = strstr(line, k);
+	return p ? strtoull(p + strlen(k), NULL, 10) : UINT64_MAX;
+}
+
+/* Sends one line to a node's port and returns its one-line answer in out. */
+static int ask(int port, const char *line, char *out, size_t cap)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { 3, 0 };
+	size_t len = 0;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || write_all(fd, line, strlen(line)) < 0) {
+		close(fd);
+		return -1;
+	}
+	out[0] = '\0';
+	while (len + 1 < cap && !memchr(out, '\n', len)) {
+		ssize_t n = read(fd, out + len, cap - 1 - len);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+		out[len] = '\0';
+	}
+	close(fd);
+	return memchr(out, '\n', len) ? 0 : -1;
+}
+
+/* Three nodes all-to-all with fast timers (heartbeat 50 ms, dead after 400 ms). */
+static void test_peer_cluster(void)
+{
+	struct node nd[4];
+	char line[4096], want[64], name[3][32];
+	int base = 20000 + (int)(getpid() % 15000) * 3;
+	memset(nd, 0, sizeof(nd));
+	for (int i = 0; i < 3; i++) {
+		nd[i].port = base + i;
+		snprintf(name[i], sizeof(name[i]), "\"127.0.0.1:%d\"", nd[i].port);
+	}
+	for (int i = 0; i < 3; i++) {
+		snprintf(nd[i].cmdline, sizeof(nd[i].cmdline),
+			 "rebound.workload=peer rebound.peer_port=%d rebound.peers=127.0.0.1:%d,127.0.0.1:%d "
+			 "rebound.peer_hb_ms=50 rebound.peer_dead_ms=400 rebound.peer_req_ms=50 rebound.peer_req_bytes=700",
+			 nd[i].port, nd[(i + 1) % 3].port, nd[(i + 2) % 3].port);
+		node_start(&nd[i]);
+	}
+	for (int i = 0; i < 3; i++)
+		CHECK(node_wait(&nd[i], 3000, line, sizeof(line), "READY", NULL));
+
+	/* Steady state: everyone connected, requests answered, nobody dead. */
+	for (int i = 0; i < 3; i++) {
+		int ok = node_wait(&nd[i], 3000, line, sizeof(line), "\"type\":\"peer\"", "\"connected\":2", "\"dead\":[]", NULL);
+		if (ok)
+			ok = node_wait(&nd[i], 1500, line, sizeof(line), "\"type\":\"peer\"", NULL);
+		CHECK(ok);
+		if (!ok)
+			continue;
+		CHECK(json_num(line, "peers") == 2 && json_num(line, "connected") == 2 && strstr(line, "\"dead\":[]"));
+		CHECK(json_num(line, "req_answered") > 10 && json_num(line, "req_bad") == 0);
+		CHECK(json_num(line, "hb_acked") > 10 && json_num(line, "declared_dead") == 0);
+		CHECK(json_num(line, "rtt_max_us") < 1000000 && json_num(line, "retrans_segs") != UINT64_MAX);
+	}
+
+	/* A host client's QUERY fans out to both peers; STATS; the peer protocol itself. */
+	CHECK(ask(nd[0].port, "QUERY q1\n", line, sizeof(line)) == 0 && strncmp(line, "RESULT q1 2 ", 12) == 0);
+	CHECK(ask(nd[0].port, "STATS\n", line, sizeof(line)) == 0 && strncmp(line, "{\"type\":\"peer\",\"peers\":2,", 25) == 0);
+	CHECK(ask(nd[1].port, "HB 41\n", line, sizeof(line)) == 0 && strcmp(line, "HBACK 41\n") == 0);
+	CHECK(ask(nd[1].port, "hello\n", line, sizeof(line)) == 0 && strncmp(line, "ERR usage", 9) == 0);
+	CHECK(ask(nd[1].port, "QUERY \n", line, sizeof(line)) == 0 && strncmp(line, "ERR usage", 9) == 0);
+
+	/* Stop node 2 (as a paused VM: its kernel keeps the connections): the others declare it
+	 * dead but keep their connections; it comes back alive when continued, and it does not
+	 * take its own pause for its peers' silence. */
+	kill(nd[2].pid, SIGSTOP);
+	for (int i = 0; i < 2; i++) {
+		int ok = node_wait(&nd[i], 3000, line, sizeof(line), "\"type\":\"peer_event\"", "\"event\":\"dead\"", NULL);
+		CHECK(ok && strstr(line, name[2] + 1));
+		uint64_t silent = json_num(line, "silent_ms");
+		CHECK(silent >= 400 && silent < 1000);
+		snprintf(want, sizeof(want), "\"dead\":[%s]", name[2]);
+		CHECK(node_wait(&nd[i], 1500, line, sizeof(line), "\"type\":\"peer\"", want, NULL));
+		CHECK(json_num(line, "declared_dead") == 1 && json_num(line, "connected") == 2);
+		/* The heartbeats sent after it last spoke time out a little later. */
+		CHECK(node_wait(&nd[i], 1500, line, sizeof(line), "\"type\":\"peer\"", want, NULL));
+		CHECK(json_num(line, "hb_timeouts") >= 1);
+	}
+	usleep(300 * 1000); /* stopped well over peer_dead_ms in all */
+	kill(nd[2].pid, SIGCONT);
+	for (int i = 0; i < 2; i++) {
+		CHECK(node_wait(&nd[i], 2000, line, sizeof(line), "\"type\":\"peer_event\"", "\"event\":\"alive\"", name[2] + 1, NULL));
+		CHECK(json_num(line, "silent_ms") >= 1000);
+	}
+	/* Its first report after the pause (reports are not sent while stopped). */
+	CHECK(node_wait(&nd[2], 3000, line, sizeof(line), "\"type\":\"peer\"", NULL));
+	CHECK(node_wait(&nd[2], 1500, line, sizeof(line), "\"type\":\"peer\"", NULL));
+	CHECK(json_num(line, "declared_dead") == 0 && strstr(line, "\"dead\":[]") && json_num(line, "connected") == 2);
+
+	/* Kill node 2: the others declare it dead about peer_dead_ms after they last heard it. */
+	node_kill(&nd[2]);
+	uint64_t t0 = test_ms();
+	for (int i = 0; i < 2; i++) {
+		int ok = node_wait(&nd[i], 3000, line, sizeof(line), "\"type\":\"peer_event\"", "\"event\":\"dead\"", NULL);
+		CHECK(ok && strstr(line, name[2] + 1));
+		if (i == 0)
+			CHECK(test_ms() - t0 < 1500);
+		uint64_t silent = json_num(line, "silent_ms");
+		CHECK(silent >= 400 && silent < 1000);
+		/* ... and the report that follows says so. */
+		snprintf(want, sizeof(want), "\"dead\":[%s]", name[2]);
+		CHECK(node_wait(&nd[i], 1500, line, sizeof(line), "\"type\":\"peer\"", want, NULL));
+		CHECK(json_num(line, "declared_dead") == 2 && json_num(line, "connected") == 1);
+	}
+	CHECK(ask(nd[0].port, "QUERY q2\n", line, sizeof(line)) == 0 && strncmp(line, "RESULT q2 1 ", 12) == 0);
+
+	/* Restart it: alive again once it answers (reconnect backoff is at most 1 s). */
+	node_start(&nd[2]);
+	CHECK(node_wait(&nd[2], 3000, line, sizeof(line), "READY", NULL));
+	for (int i = 0; i < 2; i++) {
+		CHECK(node_wait(&nd[i], 3000, line, sizeof(line), "\"type\":\"peer_event\"", "\"event\":\"alive\"", name[2] + 1, NULL));
+		CHECK(node_wait(&nd[i], 1500, line, sizeof(line), "\"type\":\"peer\"", "\"dead\":[]", NULL));
+		CHECK(json_num(line, "connected") == 2);
+	}
+	CHECK(node_wait(&nd[2], 3000, line, sizeof(line), "\"type\":\"peer\"", "\"connected\":2", NULL));
+	CHECK(ask(nd[2].port, "QUERY q3\n", line, sizeof(line)) == 0 && strncmp(line, "RESULT q3 2 ", 12) == 0);
+
+	/* A pure server (no peers) answers a QUERY at once. */
+	nd[3].port = base + 3;
+	snprintf(nd[3].cmdline, sizeof(nd[3].cmdline), "rebound.workload=peer rebound.peer_port=%d rebound.peers=", nd[3].port);
+	node_start(&nd[3]);
+	CHECK(node_wait(&nd[3], 3000, line, sizeof(line), "READY", NULL));
+	CHECK(ask(nd[3].port, "QUERY solo\n", line, sizeof(line)) == 0 && strcmp(line, "RESULT solo 0 0\n") == 0);
+	for (int i = 0; i < 4; i++)
+		node_kill(&nd[i]);
+}
+
 int main(void)
 {
+	test_peer_config();
+	test_peer_protocol();
+	test_peer_cluster();
 	test_warm();
 	test_prefetch();
 	test_io();

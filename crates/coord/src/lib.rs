@@ -1,2 +1,42 @@
 //! The cluster restore protocol (HotRestore, section 4.3): a coordinator and one
 //! cohort per host exchange LOAD, LOAD_FIN, START, START_FIN and RESTORE_FIN.
+//!
+//! - [`token`]: the shared cluster token, read from a private file.
+//! - [`wire`]: the authenticated TCP connection (handshake, MACed numbered frames);
+//!   its module doc is the wire format.
+//! - [`msg`]: the messages inside the frames.
+//! - [`cohort`]: the server each host's daemon runs; it drives the host's VMs through
+//!   the [`cohort::CohortVms`] trait and aborts held VMs after `hold_timeout`.
+//! - [`coordinator`]: runs one restore of a [`plan::Plan`] across the cohorts (the
+//!   paper's Checker) and returns a [`report::RestoreReport`].
+//!
+//! A daemon embeds a cohort with [`cohort::spawn_cohort`] on a listener it bound when
+//! told to, and runs a restore with [`coordinator::restore`].
+
+pub mod cohort;
+pub mod coordinator;
+pub mod msg;
+pub mod plan;
+pub mod report;
+pub mod token;
+pub mod wire;
+
+mod tasks;
+
+pub use cohort::{spawn_cohort, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo};
+pub use coordinator::{restore, CoordinatorConfig};
+pub use plan::{Plan, PlanVm};
+pub use report::RestoreReport;
+pub use token::ClusterToken;
+
+/// An error and its sources on one line, `outer: inner: ...`, for log lines.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

@@ -465,7 +465,7 @@ impl Run<'_> {
                 rtt_ns,
             } => {
                 let cr = &mut self.cohorts[cohort];
-                if cr.clock.map_or(true, |(_, best)| rtt_ns < best) {
+                if !matches!(cr.clock, Some((_, best)) if best <= rtt_ns) {
                     cr.clock = Some((offset_ns, rtt_ns));
                 }
             }

@@ -1,7 +1,21 @@
 //! Cluster restore planning (HotRestore, section 4): who talks to whom, the restore
 //! dependency graph, and the restore line.
+//!
+//! - [`pcap`]: QEMU `filter-dump` files → frames (timestamp, MACs, IPv4, TCP flags).
+//! - [`traffic`]: frames of every VM's dump → [`TrafficMatrix`] of dependency packets.
+//! - [`rdg`]: matrix → [`Rdg`] (edges, rings, orphans), DOT and SVG.
+//! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
+//! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
+//!
+//! Everything here is pure computation on files and numbers: no VM is touched.
 
 pub mod line;
 pub mod pcap;
+pub mod plan;
 pub mod rdg;
 pub mod traffic;
+
+pub use line::{Dependency, LineError, LineInput, RestoreLine, VmLoad, VmStart};
+pub use plan::{plan, traffic_from_dumps, DumpFile, Plan, PlanConfig, PlanError};
+pub use rdg::{Rdg, RdgEdge, RdgError};
+pub use traffic::{Endpoints, TrafficBuilder, TrafficError, TrafficMatrix, TrafficStats};

@@ -30,6 +30,13 @@
 //!   or 10 (tried in that order, the common case first) and keeps that choice
 //!   for the whole file: a header is per netdev, so it cannot change mid-file.
 //!
+//! Source lines (QEMU 7.x `net/dump.c`, the file the v8.0 patch "net: Strip
+//! virtio-net header when dumping" changed): the structs at 43-62, the
+//! header's fields at 117-123 (`net_dump_state_init`), the record write at
+//! 64-96 (`dump_receive_iov`: `qemu_clock_get_us(QEMU_CLOCK_VIRTUAL)` at 77,
+//! `caplen = min(size, pcap_caplen)` at 78, the buffer copied from offset 0 at
+//! 87), the filter passing the iov whole at 156, `maxlen = 65536` at 224.
+//!
 //! # What this reader refuses
 //! A file shorter than its header, a magic that is not pcap (pcapng included),
 //! a major version other than 2, a link type other than Ethernet, a record that

@@ -61,6 +61,28 @@ fn lock_path(socket: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// How long a new daemon waits for the lock of one that is exiting.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a daemon answers HTTP on `socket` within a second (a dying one does not).
+fn answers(socket: &Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = StdUnixStream::connect(socket) else {
+        return false;
+    };
+    let t = Some(std::time::Duration::from_secs(1));
+    if s.set_read_timeout(t).is_err() || s.set_write_timeout(t).is_err() {
+        return false;
+    }
+    if s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: rebound\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    matches!(s.read(&mut buf), Ok(n) if n > 0)
+}
+
 /// Runs the daemon in the foreground until shut down.
 pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<(), ServerError> {
     private::restrict_umask();
@@ -77,13 +99,24 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         .write(true)
         .open(&lp)
         .map_err(|e| ServerError::Lock(lp.clone(), e))?;
-    // Held for the daemon's whole life; released by the kernel when it exits.
-    let _lock = match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-        Ok(l) => l,
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-            return Err(ServerError::AlreadyRunning(socket))
+    // Held for the daemon's whole life; released by the kernel when it exits. A
+    // daemon that was just killed holds it until its exit has torn down its memory
+    // (its socket may even accept connections meanwhile), which takes a moment under
+    // load: wait for it while nothing answers on the socket.
+    let mut f = f;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let _lock = loop {
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) => {
+                if std::time::Instant::now() >= deadline || answers(&socket) {
+                    return Err(ServerError::AlreadyRunning(socket));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                f = back;
+            }
+            Err((_, e)) => return Err(ServerError::Lock(lp, e.into())),
         }
-        Err((_, e)) => return Err(ServerError::Lock(lp, e.into())),
     };
     if socket.exists() {
         if StdUnixStream::connect(&socket).is_ok() {

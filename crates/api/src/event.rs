@@ -187,6 +187,22 @@ pub enum EventData {
     WarmCacheCold { reason: String },
     /// The guest read its listed cache pages back after a warm reboot.
     Prefetched(crate::reboot::PrefetchReport),
+    /// A coordinated snapshot saved the guest into `out` and holds it paused until
+    /// `resume` (every VM of the cluster is saved before any runs on).
+    SnapshotHeld { out: String },
+    /// The guest's `peer` workload declared a peer dead (silent `silent_ms` while this
+    /// guest ran) or alive again.
+    Peer(PeerEvent),
+}
+
+/// A change the `peer` workload saw in one of its peers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerEvent {
+    /// `dead` or `alive`.
+    pub event: String,
+    /// `IP:PORT`.
+    pub peer: String,
+    pub silent_ms: u64,
 }
 
 /// One phase of the `io` workload: what the guest measured of its data disk.
@@ -242,6 +258,8 @@ impl EventData {
             EventData::Rebooted { .. } => "rebooted",
             EventData::WarmCacheCold { .. } => "warm_cache_cold",
             EventData::Prefetched(_) => "prefetched",
+            EventData::Peer(_) => "peer",
+            EventData::SnapshotHeld { .. } => "snapshot_held",
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod crash;
 pub mod disk;
 pub mod event;
+pub mod nic;
 pub mod reboot;
 pub mod reply;
 pub mod snapshot;
@@ -20,7 +21,7 @@ pub use crash::{
     Compress, CrashPhase, CrashPolicy, CrashReport, DumpEngine, DumpFormat, DumpRequest,
     DumpResult, IoPolicy, MemoryLimit, MemorySample, OnCrash, PageClass,
 };
-pub use event::{Event, EventData, IoReport, EVENT_LOG_VERSION};
+pub use event::{Event, EventData, IoReport, PeerEvent, EVENT_LOG_VERSION};
 pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
 pub use snapshot::{

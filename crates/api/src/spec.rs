@@ -36,9 +36,9 @@ pub enum SpecError {
     AgentWithoutImage,
     #[error("--workload needs an image with the guest agent")]
     WorkloadWithoutImage,
-    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io or none")]
+    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds or io_rounds")]
+    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds, io_rounds or peers, peer_port, peer_hb_ms, peer_dead_ms, peer_req_ms, peer_req_bytes")]
     WorkloadArg(String),
     #[error("{0}")]
     CrashPolicy(String),
@@ -54,6 +54,21 @@ pub enum SpecError {
     DiskDirectWithBackend,
     #[error("malformed disk {0:?}: {1}")]
     Disk(String, String),
+    #[error("malformed NIC {0:?}: {1}")]
+    Nic(String, String),
+    #[error("{0}")]
+    Nics(String),
+}
+
+/// `IP:PORT,IP:PORT,...` (IPv4, at most 16 peers as the agent takes, no duplicates).
+fn valid_peers(v: &str) -> bool {
+    let all: Vec<&str> = v.split(',').collect();
+    all.len() <= 16
+        && all.iter().all(|p| {
+            p.parse::<std::net::SocketAddrV4>()
+                .is_ok_and(|a| a.port() > 0)
+        })
+        && all.iter().enumerate().all(|(i, p)| !all[..i].contains(p))
 }
 
 /// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
@@ -138,6 +153,10 @@ pub enum Workload {
     /// latency percentiles (`io`, `io_size`, `io_bs`, `io_direct`, `io_seconds`,
     /// `io_rounds`).
     Io,
+    /// Exchanges requests and heartbeats with its peers over a cluster network
+    /// (`peers`, `peer_port`, `peer_hb_ms`, `peer_dead_ms`, `peer_req_ms`,
+    /// `peer_req_bytes`) and answers host clients' `QUERY`.
+    Peer,
     None,
 }
 
@@ -149,6 +168,7 @@ impl Workload {
             Workload::Memfill => "memfill",
             Workload::Counter => "counter",
             Workload::Io => "io",
+            Workload::Peer => "peer",
             Workload::None => "none",
         }
     }
@@ -158,6 +178,7 @@ impl Workload {
         match self {
             Workload::Web => Some(8080),
             Workload::Kv => Some(7070),
+            Workload::Peer => Some(7400),
             _ => None,
         }
     }
@@ -172,6 +193,7 @@ impl FromStr for Workload {
             "memfill" => Workload::Memfill,
             "counter" => Workload::Counter,
             "io" => Workload::Io,
+            "peer" => Workload::Peer,
             "none" => Workload::None,
             _ => return Err(SpecError::Workload(s.to_string())),
         })
@@ -375,6 +397,10 @@ pub struct VmSpec {
     /// host's page cache directly and keeps no copy of its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<String>,
+    /// NICs on host bridges beside the user network, each
+    /// `bridge=BR[,mac=MAC][,ip=IP/PREFIX]` ([`crate::nic`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<String>,
 }
 
 impl VmSpec {
@@ -391,6 +417,23 @@ impl VmSpec {
             self.disk_cache_mib,
             self.disk_direct,
         )
+    }
+
+    /// The `nics` entries parsed (`validate` has checked them).
+    pub fn nic_opts(&self) -> Result<Vec<crate::nic::NicOpts>, SpecError> {
+        self.nics.iter().map(|n| n.parse()).collect()
+    }
+
+    /// Writes the MAC each NIC gets into its entry (one from the VM's name where none
+    /// was given): a snapshot restored under another name keeps its guest's address.
+    pub fn fill_macs(&mut self) -> Result<(), SpecError> {
+        let mut opts = self.nic_opts()?;
+        for (i, n) in opts.iter_mut().enumerate() {
+            n.mac
+                .get_or_insert_with(|| crate::nic::Mac::for_vm(&self.name, i));
+        }
+        self.nics = opts.iter().map(|n| n.to_string()).collect();
+        Ok(())
     }
 
     /// Whether any disk, the image's included, is served by Rebound's backend.
@@ -442,6 +485,7 @@ impl VmSpec {
             disk_cache_mib: 0,
             disk_direct: false,
             pmem: Vec::new(),
+            nics: Vec::new(),
         }
     }
 
@@ -449,7 +493,12 @@ impl VmSpec {
     pub fn service_port(&self) -> Option<u16> {
         let w = self.workload?;
         w.default_port()?;
-        match self.workload_args.get("port") {
+        let key = if w == Workload::Peer {
+            "peer_port"
+        } else {
+            "port"
+        };
+        match self.workload_args.get(key) {
             Some(p) => p.parse().ok(),
             None => w.default_port(),
         }
@@ -524,6 +573,25 @@ impl VmSpec {
         for d in &self.disks {
             d.parse::<crate::disk::DiskOpts>()?;
         }
+        let nics = self.nic_opts()?;
+        if nics.iter().filter(|n| n.ip.is_some()).count() > 1 {
+            return Err(SpecError::Nics(
+                "only one NIC can carry ip=: the guest init configures one cluster address".into(),
+            ));
+        }
+        if nics.len() > 8 {
+            return Err(SpecError::Nics(format!(
+                "{} NICs: at most 8 beside the user network",
+                nics.len()
+            )));
+        }
+        for (i, a) in nics.iter().enumerate() {
+            if let Some(m) = a.mac {
+                if nics[..i].iter().any(|b| b.mac == Some(m)) {
+                    return Err(SpecError::Nics(format!("two NICs have the MAC {m}")));
+                }
+            }
+        }
         for (k, v) in &self.workload_args {
             let ok = match k.as_str() {
                 "memfill" | "disk_io" => parse_memfill(v).is_ok(),
@@ -564,6 +632,14 @@ impl VmSpec {
                         && all.iter().enumerate().all(|(i, w)| !all[..i].contains(w))
                 }
                 "io_rounds" => v.parse::<u32>().is_ok_and(|n| n <= 1_000_000),
+                "peers" => valid_peers(v),
+                "peer_port" => v.parse::<u16>().is_ok_and(|n| n > 0),
+                "peer_hb_ms" => v.parse::<u32>().is_ok_and(|n| (10..=60_000).contains(&n)),
+                "peer_dead_ms" => v.parse::<u32>().is_ok_and(|n| (50..=600_000).contains(&n)),
+                "peer_req_ms" => v
+                    .parse::<u32>()
+                    .is_ok_and(|n| n == 0 || (10..=60_000).contains(&n)),
+                "peer_req_bytes" => v.parse::<u32>().is_ok_and(|n| n <= 65536),
                 _ => return Err(SpecError::WorkloadArg(k.clone())),
             };
             if !ok {

@@ -40,6 +40,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = rebound::cli::before_runtime(&cli) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -78,6 +78,12 @@ pub enum AgentMsg {
     Prefetch(PrefetchDone),
     /// The guest synced its disks and calls reboot(2) now.
     Rebooting,
+    /// The `peer` workload's counters, every second: a host client reads them from
+    /// the guest (`STATS`) when it needs them, so the daemon keeps none.
+    Peer(serde::de::IgnoredAny),
+    /// A peer of the `peer` workload went silent (`dead`) or spoke again (`alive`).
+    #[serde(rename = "peer_event")]
+    PeerEvent(rebound_api::PeerEvent),
     Error {
         message: String,
     },

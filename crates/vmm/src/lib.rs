@@ -21,6 +21,7 @@ pub mod cgroup;
 pub mod disks;
 pub mod events;
 pub mod images;
+pub mod net;
 pub mod paths;
 pub mod private;
 pub mod process;

@@ -576,7 +576,7 @@ fn nic_args(a: &mut Args, i: usize, n: &Nic) {
         }
         NetBackend::Tap { ifname } => {
             format!(
-                "tap,id={id},ifname={},script=no,downscript=no",
+                "tap,id={id},ifname={},script=no,downscript=no,vnet_hdr=off",
                 opt_escape(ifname)
             )
         }

@@ -39,16 +39,22 @@ pub enum BootError {
     MemoryTooLarge(u64, PathBuf, u64),
     #[error(transparent)]
     Spec(#[from] rebound_api::SpecError),
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
 }
 
 impl BootError {
     /// Whether the user's input is at fault (HTTP 400) rather than the host (500).
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, BootError::Qemu(_) | BootError::Dir(..))
-            && !matches!(
-                self,
-                BootError::Disk(DiskError::NoQemuImg | DiskError::Overlay(..))
-            )
+        !matches!(
+            self,
+            BootError::Qemu(_)
+                | BootError::Dir(..)
+                | BootError::Net(crate::net::NetError::NoIp(_) | crate::net::NetError::Ip(..))
+        ) && !matches!(
+            self,
+            BootError::Disk(DiskError::NoQemuImg | DiskError::Overlay(..))
+        )
     }
 }
 
@@ -91,6 +97,15 @@ fn must_exist(p: &str, err: fn(PathBuf) -> BootError) -> Result<PathBuf, BootErr
 /// The kernel command line for one of our images: the image's own plus the workload.
 pub fn image_append(base: &str, spec: &VmSpec) -> String {
     let mut a = base.trim().to_string();
+    // The cluster address for Rebound's init (`validate` allows one NIC with ip=).
+    for (i, n) in spec.nic_opts().unwrap_or_default().iter().enumerate() {
+        if let Some((ip, prefix)) = n.ip {
+            let mac = n
+                .mac
+                .unwrap_or_else(|| rebound_api::nic::Mac::for_vm(&spec.name, i));
+            a.push_str(&format!(" rebound.net={mac}@{ip}/{prefix}"));
+        }
+    }
     let w = spec.workload.map(|w| w.as_str()).unwrap_or("none");
     match spec.workload_args.get("also") {
         Some(also) => a.push_str(&format!(" rebound.workload={w},{also}")),
@@ -325,6 +340,17 @@ pub fn resolve(
     );
     command.cpus = spec.cpus;
     command.disks = all_disks.into_iter().map(|(d, _)| d).collect();
+    for (i, n) in spec.nic_opts()?.iter().enumerate() {
+        let ifname = crate::net::plug(&spec.name, i, &n.bridge)?;
+        let mac = n
+            .mac
+            .unwrap_or_else(|| rebound_api::nic::Mac::for_vm(&spec.name, i));
+        command.nics.push(Nic {
+            backend: NetBackend::Tap { ifname },
+            mac: Some(mac.to_string()),
+            filters: Vec::new(),
+        });
+    }
     let mut pmem_mib = 0;
     for p in &spec.pmem {
         let path = PathBuf::from(p);

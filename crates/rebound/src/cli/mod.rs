@@ -252,6 +252,11 @@ pub struct StartArgs {
     /// ext4 on it with DAX at /data.
     #[arg(long)]
     pub pmem: Vec<PathBuf>,
+    /// A NIC on a bridge of the daemon's network namespace, beside the user network
+    /// (repeatable): `bridge=BR[,mac=MAC][,ip=IP/PREFIX]`; `ip` configures the guest's
+    /// side in Rebound's images. The daemon makes a tap device for it.
+    #[arg(long)]
+    pub nic: Vec<String>,
     /// Host cache per disk of the rebound backend, e.g. 256M (0: none).
     #[arg(long, default_value = "0", value_parser = parse_memory_or_zero)]
     pub disk_cache: u64,
@@ -607,6 +612,10 @@ pub struct DaemonArgs {
     /// Also serve Prometheus metrics over HTTP here, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Run in this network namespace (`ip netns` name): its VMs' NICs plug into its
+    /// bridges, and their forwarded ports listen in it. One daemon per simulated host.
+    #[arg(long)]
+    pub netns: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -775,6 +784,21 @@ fn blk(c: BlkCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What must happen before the async runtime starts its threads: a daemon enters its
+/// network namespace (a namespace is per thread; threads made later inherit it).
+pub fn before_runtime(cli: &Cli) -> anyhow::Result<()> {
+    if let Cmd::Daemon(DaemonArgs {
+        action: None,
+        netns: Some(ns),
+        ..
+    }) = &cli.cmd
+    {
+        rebound_vmm::net::enter_netns(ns)
+            .with_context(|| format!("cannot enter network namespace {ns:?} (root is needed; `ip netns add {ns}` makes one)"))?;
+    }
+    Ok(())
 }
 
 async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {

@@ -402,6 +402,7 @@ pub fn spec_from_args(a: &StartArgs) -> anyhow::Result<VmSpec> {
     for p in &a.pmem {
         s.pmem.push(abs_file(p, "pmem")?);
     }
+    s.nics = a.nic.clone();
     s.validate()?;
     Ok(s)
 }

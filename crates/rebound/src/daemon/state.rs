@@ -111,7 +111,8 @@ impl Daemon {
     }
 
     /// Starts a VM: returns once QEMU runs and QMP answers; readiness comes later.
-    pub async fn start(self: &Arc<Self>, spec: VmSpec) -> Result<VmStatus, OpError> {
+    pub async fn start(self: &Arc<Self>, mut spec: VmSpec) -> Result<VmStatus, OpError> {
+        spec.fill_macs()?;
         let (boot, ready) = spec.validate()?;
         if spec.crash.recover_from.is_some() {
             let s = spec.clone();
@@ -290,6 +291,8 @@ impl Daemon {
         if let Ok(cg) = &self.cgroups {
             cg.remove_vm(name);
         }
+        // Its QEMU has exited by now; a tap it held a moment ago is free.
+        rebound_vmm::net::unplug_all(name, vm.record().spec.nics.len());
         std::fs::remove_dir_all(vm.dir.path())
             .map_err(|e| OpError::Io(format!("cannot remove {}", vm.dir.path().display()), e))?;
         Ok(status)

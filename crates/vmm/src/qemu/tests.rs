@@ -220,7 +220,7 @@ fn networks_and_filters() {
         after(&a, "-netdev"),
         [
             "stream,id=net0,server=off,addr.type=unix,addr.path=/run/sw.sock",
-            "tap,id=net1,ifname=tap0,script=no,downscript=no"
+            "tap,id=net1,ifname=tap0,script=no,downscript=no,vnet_hdr=off"
         ]
     );
     assert!(after(&a, "-device")

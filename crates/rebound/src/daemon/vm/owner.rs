@@ -618,12 +618,16 @@ impl Owner {
             }
             AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
             AgentMsg::Io(r) => self.event(EventData::Io(r)),
+            AgentMsg::PeerEvent(p) => self.event(EventData::Peer(p)),
             // A prefetch whose reboot stopped waiting still says what it read.
             AgentMsg::Prefetch(p) => self.event(EventData::Prefetched(p.report)),
             // Pieces of a list nobody waits for any more.
             AgentMsg::Cachelist { .. } | AgentMsg::Rebooting => {}
             // Ticks and heartbeats are frequent; the counter also goes to the serial log.
-            AgentMsg::Heartbeat { .. } | AgentMsg::Counter { .. } | AgentMsg::Marker { .. } => {}
+            AgentMsg::Heartbeat { .. }
+            | AgentMsg::Counter { .. }
+            | AgentMsg::Marker { .. }
+            | AgentMsg::Peer(_) => {}
         }
     }
 
@@ -858,6 +862,9 @@ impl Owner {
         self.disconnect();
         self.qmp = None;
         self.cleanup_run_dir();
+        // QEMU is gone, so its taps are free; any still held belong to another QEMU.
+        let nics = self.vm.record().spec.nics.len();
+        rebound_vmm::net::unplug_all(&self.vm.name, nics);
         self.vm.update(|r| {
             if let Some(to) = next(r.state, Trigger::Gone) {
                 r.state = to;

@@ -6,6 +6,7 @@
 //! - [`rdg`]: matrix → [`Rdg`] (edges, rings, orphans), DOT and SVG.
 //! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
 //! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
+//! - [`spec`]: `cluster.toml`, the VMs, their hosts and the network, checked.
 //!
 //! Everything here is pure computation on files and numbers: no VM is touched.
 
@@ -13,6 +14,7 @@ pub mod line;
 pub mod pcap;
 pub mod plan;
 pub mod rdg;
+pub mod spec;
 pub mod traffic;
 
 pub use line::{Dependency, LineError, LineInput, RestoreLine, VmLoad, VmStart};

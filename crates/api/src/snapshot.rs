@@ -20,7 +20,21 @@ pub struct SnapshotRequest {
     /// with the cap raised.
     #[serde(default)]
     pub stock: bool,
+    /// A cluster's coordinated snapshot: once saved, the guest stays paused (event
+    /// `snapshot_held`) until `POST /v1/vms/{name}/resume`, or `HOLD_MAX_S` passes, so
+    /// that no guest of the cluster runs on before every one is saved.
+    #[serde(default)]
+    pub hold: bool,
+    /// Also record the frames each bridge NIC receives and sends from the snapshot
+    /// point until the trace ends (`net<i>-rx.pcap`, `net<i>-tx.pcap` in the snapshot
+    /// directory, QEMU's `filter-dump`): who talks to whom after the snapshot point,
+    /// and the frames in flight at it.
+    #[serde(default)]
+    pub netdump: bool,
 }
+
+/// The longest a held snapshot keeps its guest paused waiting for `resume`.
+pub const HOLD_MAX_S: u64 = 120;
 
 pub fn default_trace_s() -> f64 {
     5.0

@@ -273,6 +273,8 @@ impl Bench {
             out: out.display().to_string(),
             trace_s: self.args.trace_s,
             stock: true,
+            hold: false,
+            netdump: false,
         };
         let r: SnapshotResult = post(
             &self.c,

@@ -35,6 +35,8 @@ pub async fn snapshot(
         out: absolute(out)?.display().to_string(),
         trace_s,
         stock,
+        hold: false,
+        netdump: false,
     };
     let path = format!("/v1/vms/{}/snapshot", enc(name));
     let body = serde_json::to_value(&req)?;

@@ -265,9 +265,12 @@ async fn reboot(
 }
 
 async fn resume(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(
-        vm_or_404(&d, &name)?.run_for_status(Job::Resume).await?,
-    ))
+    let vm = vm_or_404(&d, &name)?;
+    // A guest held by a coordinated snapshot goes on through that snapshot's job.
+    if vm.release_hold() {
+        return Ok(Json(vm.status()));
+    }
+    Ok(Json(vm.run_for_status(Job::Resume).await?))
 }
 
 async fn pause(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

@@ -638,6 +638,8 @@ async fn post_boot_snapshot(
         out: out.display().to_string(),
         trace_s: args.trace_s,
         stock: false,
+        hold: false,
+        netdump: false,
     };
     let r: SnapshotResult = post(
         c,

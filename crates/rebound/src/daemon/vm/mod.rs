@@ -104,6 +104,9 @@ pub struct VmHandle {
     /// Bumped on every change; waiters watch it.
     changed: watch::Sender<u64>,
     jobs: mpsc::UnboundedSender<Request>,
+    /// A snapshot holding the guest paused for a cluster's coordinated snapshot waits
+    /// on this; `resume` fires it (the owner is busy with that snapshot meanwhile).
+    hold: Mutex<Option<oneshot::Sender<()>>>,
 }
 
 impl VmHandle {
@@ -125,6 +128,7 @@ impl VmHandle {
             }),
             changed: watch::channel(0).0,
             jobs,
+            hold: Mutex::new(None),
         });
         (h, rx)
     }
@@ -155,6 +159,19 @@ impl VmHandle {
             .map_err(|_| OpError::OwnerGone(self.name.clone()))?;
         rx.await
             .map_err(|_| OpError::OwnerGone(self.name.clone()))?
+    }
+
+    /// Lets a snapshot that holds the guest paused go on; false if none does.
+    pub fn release_hold(&self) -> bool {
+        let tx = self.hold.lock().expect("hold lock").take();
+        tx.is_some_and(|tx| tx.send(()).is_ok())
+    }
+
+    /// Registers the wait of a holding snapshot (owner only).
+    pub(super) fn hold_until_released(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        *self.hold.lock().expect("hold lock") = Some(tx);
+        rx
     }
 
     /// Runs a job that answers with a status.

@@ -96,6 +96,37 @@ impl Owner {
         }
         let saved = self.save_paused(&q, &dir, &ram, size, &rec).await;
         let pause_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+        // The bridge NICs' frames from the snapshot point on: filters added while
+        // the guest is paused see nothing of before it.
+        let dumps = if req.netdump && saved.is_ok() {
+            add_netdumps(&q, dir.path(), rec.spec.nics.len()).await?
+        } else {
+            Vec::new()
+        };
+        let mut hold_note = None;
+        if req.hold && saved.is_ok() {
+            let released = self.vm.hold_until_released();
+            // Callers watch the state: it says paused while held.
+            self.apply(super::machine::Trigger::Stopped);
+            self.event(rebound_api::EventData::SnapshotHeld {
+                out: out.display().to_string(),
+            });
+            let max = Duration::from_secs(rebound_api::snapshot::HOLD_MAX_S);
+            let held = Instant::now();
+            hold_note = Some(match tokio::time::timeout(max, released).await {
+                Ok(_) => format!(
+                    "held paused {:.0} ms after saving, until resumed",
+                    held.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(_) => {
+                    self.vm.release_hold();
+                    format!(
+                        "held paused after saving and never resumed: went on after {} s",
+                        rebound_api::snapshot::HOLD_MAX_S
+                    )
+                }
+            });
+        }
         // The post-snapshot trace is armed while the guest is still paused: its
         // first touches after the snapshot point are what the trace is for.
         let tracing = if req.trace_s > 0.0 && was_running && saved.is_ok() {
@@ -107,10 +138,13 @@ impl Owner {
         };
         if was_running {
             q.execute("cont", None).await?;
+            if req.hold {
+                self.apply(super::machine::Trigger::Resumed);
+            }
         }
         let (ram_block, device_state, disks) = saved?;
         let seconds = t0.elapsed().as_secs_f64();
-        let mut notes = Vec::new();
+        let mut notes: Vec<String> = hold_note.into_iter().collect();
         // The guest's first accesses after the snapshot point, in order.
         let trace = if let Some(h) = tracing {
             match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
@@ -131,6 +165,14 @@ impl Owner {
             }
             None
         };
+        for id in &dumps {
+            if let Err(e) = q
+                .execute("object-del", Some(serde_json::json!({ "id": id })))
+                .await
+            {
+                notes.push(format!("the packet dump {id} could not be stopped: {e}"));
+            }
+        }
         // QEMU's own save for the baseline, after the trace so that it does not
         // disturb it: QEMU 7.2 refuses a second migration from a VM a migration left
         // paused ("postmigrate"), so each stock save gets a pause of its own, and its
@@ -321,6 +363,37 @@ fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, OpError> {
         size: e.size,
         checksum: e.checksum,
     })
+}
+
+/// Starts QEMU's `filter-dump` on each bridge NIC (`net1`..: `net0` is the user
+/// network), received and sent frames in files of their own, `net<i>-rx.pcap` and
+/// `net<i>-tx.pcap` in `dir`; returns the filters' ids.
+async fn add_netdumps(
+    q: &rebound_vmm::qmp::Qmp,
+    dir: &std::path::Path,
+    nics: usize,
+) -> Result<Vec<String>, OpError> {
+    let mut ids = Vec::new();
+    for i in 1..=nics {
+        for queue in ["rx", "tx"] {
+            let id = format!("rbdump-net{i}-{queue}");
+            let file = dir.join(format!("net{i}-{queue}.pcap"));
+            q.execute(
+                "object-add",
+                Some(serde_json::json!({
+                    "qom-type": "filter-dump",
+                    "id": id,
+                    "netdev": format!("net{i}"),
+                    "queue": queue,
+                    "file": file.display().to_string(),
+                })),
+            )
+            .await
+            .map_err(|e| OpError::SnapshotFailed(format!("cannot dump net{i}'s frames: {e}")))?;
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// Has the paused QEMU write its device state (and, without `ignore_shared`, all

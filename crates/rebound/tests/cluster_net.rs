@@ -205,8 +205,7 @@ fn held_snapshot(env: &Env, name: &str, out: &std::path::Path) -> (u16, Value) {
 }
 
 #[test]
-fn a_coordinated_snapshot_holds_every_guest_until_all_are_saved_and_records_who_talks_to_whom()
-{
+fn a_coordinated_snapshot_holds_every_guest_until_all_are_saved_and_records_who_talks_to_whom() {
     let ns = Netns::new("s");
     let env = std::sync::Arc::new(Env::new());
     daemon_in(&env, &ns);

@@ -14,6 +14,7 @@ mod bench_crash;
 mod bench_disk;
 mod bench_reboot;
 mod bench_restore;
+mod cluster;
 mod console;
 mod crash;
 mod image;
@@ -54,6 +55,10 @@ pub enum Cmd {
     /// Snapshot directories: list, inspect, verify (no daemon needed).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Clusters of VMs on several hosts (simulated ones are network namespaces with a
+    /// daemon each): create, start, status, stop, snapshot, rm.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
     /// The block backend: serve a raw disk image to QEMU over vhost-user (the daemon
     /// starts one per disk; operators can run one by hand).
     #[command(subcommand)]
@@ -713,6 +718,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Crash(c) => crash::run(&paths, c).await,
         Cmd::Bench(c) => bench::run(&paths, c).await,
         Cmd::Snapshot(c) => snapshot::run_offline(c),
+        Cmd::Cluster(c) => cluster::run(&paths, c).await,
         Cmd::Blk(c) => blk(c),
     }
 }

@@ -6,10 +6,12 @@
 //! - [`rdg`]: matrix → [`Rdg`] (edges, rings, orphans), DOT and SVG.
 //! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
 //! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
+//! - [`inflight`]: the frames in flight at a consistent cut, from the dumps.
 //! - [`spec`]: `cluster.toml`, the VMs, their hosts and the network, checked.
 //!
 //! Everything here is pure computation on files and numbers: no VM is touched.
 
+pub mod inflight;
 pub mod line;
 pub mod pcap;
 pub mod plan;

@@ -36,6 +36,27 @@ pub enum ClusterCmd {
     /// A consistent snapshot of every VM: all are paused and saved before any runs
     /// on; each bridge NIC's frames are recorded from the snapshot point on.
     Snapshot(SnapshotArgs),
+    /// The restore dependency graph of a cluster snapshot, from the frames recorded
+    /// after its snapshot point: who sends to whom (with counts), rings, orphans, and
+    /// the frames in flight at the cut.
+    Graph(GraphArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GraphArgs {
+    /// A cluster snapshot directory (`rebound cluster snapshot --out`).
+    pub dir: PathBuf,
+    /// Print the graph in Graphviz's DOT language.
+    #[arg(long, conflicts_with = "json")]
+    pub dot: bool,
+    /// Also draw it to this SVG file (with Graphviz's `dot`).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Only edges with at least this many packets.
+    #[arg(long, default_value_t = 1)]
+    pub min_packets: u64,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -194,6 +215,7 @@ pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Stop(a) => stop(paths, a).await,
         ClusterCmd::Rm(a) => rm(paths, a).await,
         ClusterCmd::Snapshot(a) => snapshot(paths, a).await,
+        ClusterCmd::Graph(a) => graph(a),
     }
 }
 
@@ -611,4 +633,117 @@ async fn held(client: &Client, vm: &str, out: &Path) -> bool {
             ev.iter()
                 .any(|e| e["kind"] == "snapshot_held" && e["detail"]["out"] == out.as_str())
         })
+}
+
+/// A cluster snapshot's traffic after the snapshot point, its graph and the frames in
+/// flight at the cut.
+pub struct Traffic {
+    pub rdg: rebound_cluster::Rdg,
+    pub in_flight: Vec<rebound_cluster::inflight::InFlight>,
+}
+
+/// Reads a cluster snapshot's manifest and dumps.
+pub fn traffic(dir: &Path, min_packets: u64) -> anyhow::Result<(Value, Traffic)> {
+    let mpath = dir.join(MANIFEST);
+    let text = std::fs::read(&mpath).with_context(|| {
+        format!(
+            "{} is not a cluster snapshot (no {MANIFEST})",
+            dir.display()
+        )
+    })?;
+    let m: Value = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not valid JSON", mpath.display()))?;
+    if m["format"] != "rebound-cluster-snapshot" {
+        bail!("{} is not a cluster snapshot manifest", mpath.display());
+    }
+    if m["version"] != 1 {
+        bail!(
+            "{} has version {}; this build reads version 1",
+            mpath.display(),
+            m["version"]
+        );
+    }
+    let vms = m["vms"]
+        .as_array()
+        .filter(|v| !v.is_empty())
+        .with_context(|| format!("{} lists no VMs", mpath.display()))?;
+    let mut ep = rebound_cluster::Endpoints::new();
+    let (mut rx, mut tx) = (Vec::new(), Vec::new());
+    for v in vms {
+        let (Some(name), Some(ip), Some(sub)) = (
+            v["vm"].as_str(),
+            v["ip"].as_str().and_then(|i| i.parse().ok()),
+            v["dir"].as_str(),
+        ) else {
+            bail!(
+                "{}: a VM entry lacks its name, address or directory",
+                mpath.display()
+            );
+        };
+        if sub.contains('/') || sub == ".." {
+            bail!(
+                "{}: VM directory {sub:?} is not inside the snapshot",
+                mpath.display()
+            );
+        }
+        ep.add_ipv4(ip, name)?;
+        for (q, list) in [("rx", &mut rx), ("tx", &mut tx)] {
+            list.push(rebound_cluster::DumpFile {
+                vm: name.to_string(),
+                path: dir.join(sub).join(format!("net1-{q}.pcap")),
+            });
+        }
+    }
+    let opts = rebound_cluster::pcap::PcapOptions::default();
+    let mut b = rebound_cluster::TrafficBuilder::new(ep.clone());
+    for d in tx.iter().chain(&rx) {
+        b.add_dump_file(&d.vm, &d.path, opts)
+            .with_context(|| format!("{}", d.path.display()))?;
+    }
+    let (matrix, _) = b.finish();
+    let rdg = rebound_cluster::Rdg::from_matrix(&matrix, min_packets);
+    let in_flight = rebound_cluster::inflight::in_flight(&ep, &rx, &tx, opts)?;
+    Ok((m, Traffic { rdg, in_flight }))
+}
+
+fn graph(a: GraphArgs) -> anyhow::Result<()> {
+    let (_, t) = traffic(&a.dir, a.min_packets)?;
+    if let Some(svg) = &a.svg {
+        std::fs::write(svg, t.rdg.to_svg()?)
+            .with_context(|| format!("cannot write {}", svg.display()))?;
+    }
+    let mut flights: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    for f in &t.in_flight {
+        *flights
+            .entry((f.sender.clone(), f.receiver.clone()))
+            .or_default() += 1;
+    }
+    if a.dot {
+        print!("{}", t.rdg.to_dot());
+    } else if a.json {
+        let fl: Vec<Value> = flights
+            .iter()
+            .map(|((s, r), n)| json!({"sender": s, "receiver": r, "frames": n}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"rdg": t.rdg, "in_flight": fl}))?
+        );
+    } else {
+        println!("edges (sender -> receiver: packets after the snapshot point):");
+        for e in &t.rdg.edges {
+            println!("  {} -> {}: {}", e.sender, e.receiver, e.packets);
+        }
+        for (i, r) in t.rdg.rings.iter().enumerate() {
+            println!("ring {}: {}", i + 1, r.join(", "));
+        }
+        if !t.rdg.orphans.is_empty() {
+            println!("orphans: {}", t.rdg.orphans.join(", "));
+        }
+        println!("in flight at the cut: {} frames", t.in_flight.len());
+        for ((s, r), n) in &flights {
+            println!("  {s} -> {r}: {n}");
+        }
+    }
+    Ok(())
 }

@@ -273,3 +273,147 @@ fn a_coordinated_snapshot_holds_every_guest_until_all_are_saved_and_records_who_
         env.ok(&["snapshot", "verify", out(n).to_str().unwrap()]);
     }
 }
+
+#[test]
+fn a_cluster_on_two_simulated_hosts_starts_snapshots_and_draws_its_graph_then_goes_away() {
+    let env = Env::new();
+    let name = format!("t{}", std::process::id());
+    let file = env.home.path().join("cluster.toml");
+    std::fs::write(
+        &file,
+        r#"
+[network]
+subnet = "10.79.3.0/24"
+topology = "client-server"
+[defaults]
+memory = "160M"
+workload = "peer"
+[[host]]
+name = "h1"
+simulated = true
+[[host]]
+name = "h2"
+simulated = true
+[[vm]]
+name = "client"
+host = "h1"
+[[vm]]
+name = "s1"
+host = "h2"
+[[vm]]
+name = "s2"
+host = "h2"
+"#,
+    )
+    .unwrap();
+    // A bad file changes nothing: one line naming the problem.
+    let bad = env.home.path().join("bad.toml");
+    std::fs::write(&bad, "[network]\nsubnet = \"10.79.3.1/24\"\n").unwrap();
+    let e = env.fails(&["cluster", "create", &name, "--file", bad.to_str().unwrap()]);
+    assert!(e.contains("host bits"), "{e}");
+
+    env.ok(&["cluster", "create", &name, "--file", file.to_str().unwrap()]);
+    let _cleanup = ClusterRm(&env, name.clone());
+    let netns = |h: &str| format!("rb-{name}-{h}");
+    let namespaces = || {
+        String::from_utf8(
+            Command::new("ip")
+                .args(["netns", "list"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+    };
+    assert!(namespaces().contains(&netns("h1")) && namespaces().contains(&netns("h2")));
+    env.ok(&["cluster", "start", &name]);
+    let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", &name, "--json"])).unwrap();
+    for v in st.as_array().unwrap() {
+        assert_eq!(v["state"], "running", "{st}");
+        assert_eq!(v["ready"], true, "{st}");
+    }
+    // From this machine, across the backbone, the client's QUERY reaches both servers
+    // on the other host.
+    common::eventually(
+        Duration::from_secs(60),
+        "the client to reach both servers",
+        || {
+            let r = ask_at("10.79.3.11", "QUERY q")?;
+            r.starts_with("RESULT q 2 ").then_some(())
+        },
+    );
+
+    let snap = env.home.path().join("snap");
+    env.ok(&[
+        "cluster",
+        "snapshot",
+        &name,
+        "--out",
+        snap.to_str().unwrap(),
+        "--trace-s",
+        "3",
+    ]);
+    for v in ["client", "s1", "s2"] {
+        env.ok(&["snapshot", "verify", snap.join(v).to_str().unwrap()]);
+    }
+    // The client sends to both servers, they answer: one ring of three.
+    let g: Value =
+        serde_json::from_str(&env.ok(&["cluster", "graph", snap.to_str().unwrap(), "--json"]))
+            .unwrap();
+    let edges: Vec<(String, String)> = g["rdg"]["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["sender"].as_str().unwrap().to_string(),
+                e["receiver"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for (s, r) in [
+        ("client", "s1"),
+        ("client", "s2"),
+        ("s1", "client"),
+        ("s2", "client"),
+    ] {
+        assert!(edges.contains(&(s.into(), r.into())), "{s}->{r}: {g}");
+    }
+    assert!(!edges.contains(&("s1".into(), "s2".into())), "{g}");
+    let svg = env.home.path().join("g.svg");
+    env.ok(&[
+        "cluster",
+        "graph",
+        snap.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("client"), "{svg}");
+
+    env.ok(&["cluster", "rm", &name]);
+    assert!(!namespaces().contains(&netns("h1")), "{}", namespaces());
+    let e = env.fails(&["cluster", "status", &name]);
+    assert!(e.contains("no cluster"), "{e}");
+}
+
+/// Sends `line` to a guest's peer port at its cluster address.
+fn ask_at(ip: &str, line: &str) -> Option<String> {
+    let addr: std::net::SocketAddr = format!("{ip}:7400").parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("{line}\n").as_bytes()).ok()?;
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    r.read_line(&mut out).ok()?;
+    Some(out.trim().to_string())
+}
+
+/// Removes a cluster (its VMs, daemons and namespaces) even when a test fails.
+struct ClusterRm<'a>(&'a Env, String);
+
+impl Drop for ClusterRm<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cmd(&["cluster", "rm", &self.1]).output();
+    }
+}

@@ -32,6 +32,12 @@
 //! itself, as if the coordinator had sent `ABORT`, and records the reason (see
 //! [`CohortHandle::status`]): VMs are never held paused forever when the
 //! coordinator dies after `LOAD`.
+//!
+//! # API relay
+//!
+//! A cohort started with [`spawn_cohort_with_api`] also answers `API_CALL`s (see
+//! [`crate::relay`]) on the same listener, each in its own task, so a long call does
+//! not hold up the restore messages of its connection.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -46,6 +52,7 @@ use tracing::{debug, info, warn};
 
 use crate::error_chain;
 use crate::msg::{unix_now_ns, LoadVm, Message};
+use crate::relay::CohortApi;
 use crate::tasks::Tasks;
 use crate::token::ClusterToken;
 use crate::wire::{server_handshake, WireError};
@@ -212,6 +219,7 @@ impl RestoreSlot {
 struct Shared {
     token: ClusterToken,
     vms: Arc<dyn CohortVms>,
+    api: Option<Arc<dyn CohortApi>>,
     config: CohortConfig,
     tasks: Tasks,
     restores: Mutex<HashMap<String, RestoreSlot>>,
@@ -233,10 +241,33 @@ pub fn spawn_cohort(
     vms: Arc<dyn CohortVms>,
     config: CohortConfig,
 ) -> std::io::Result<CohortHandle> {
+    spawn(listener, token, vms, None, config)
+}
+
+/// Like [`spawn_cohort`], and also relays calls of the host's API to `api` (see
+/// [`crate::relay`]).
+pub fn spawn_cohort_with_api(
+    listener: TcpListener,
+    token: ClusterToken,
+    vms: Arc<dyn CohortVms>,
+    api: Arc<dyn CohortApi>,
+    config: CohortConfig,
+) -> std::io::Result<CohortHandle> {
+    spawn(listener, token, vms, Some(api), config)
+}
+
+fn spawn(
+    listener: TcpListener,
+    token: ClusterToken,
+    vms: Arc<dyn CohortVms>,
+    api: Option<Arc<dyn CohortApi>>,
+    config: CohortConfig,
+) -> std::io::Result<CohortHandle> {
     let addr = listener.local_addr()?;
     let shared = Arc::new(Shared {
         token,
         vms,
+        api,
         config,
         tasks: Tasks::default(),
         restores: Mutex::new(HashMap::new()),
@@ -342,7 +373,7 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                 break;
             }
         };
-        debug!(%peer, kind = msg.kind(), restore_id = msg.restore_id(), "cohort got");
+        debug!(%peer, kind = msg.kind(), restore_id = msg.restore_id().unwrap_or("-"), "cohort got");
         handle(&shared, msg, &tx).await;
     }
     writer_task.abort();
@@ -405,6 +436,20 @@ async fn handle(shared: &Arc<Shared>, msg: Message, tx: &mpsc::UnboundedSender<M
                 shared.vms.abort(&restore_id, &vm).await;
             }
             let _ = tx.send(ack);
+        }
+        Message::ApiCall {
+            call_id,
+            method,
+            path,
+            body,
+        } => {
+            let (s, tx) = (shared.clone(), tx.clone());
+            shared.tasks.spawn(async move {
+                info!(%method, %path, "relayed API call");
+                let reply =
+                    crate::relay::answer(s.api.as_deref(), call_id, &method, &path, body).await;
+                let _ = tx.send(reply);
+            });
         }
         other => {
             warn!(

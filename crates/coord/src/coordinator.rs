@@ -486,10 +486,10 @@ impl Run<'_> {
     }
 
     fn on_msg(&mut self, c: usize, msg: Message) {
-        if msg.restore_id() != self.plan.restore_id {
+        if msg.restore_id() != Some(self.plan.restore_id.as_str()) {
             debug!(
                 kind = msg.kind(),
-                restore_id = msg.restore_id(),
+                restore_id = msg.restore_id().unwrap_or("-"),
                 "coordinator ignores a message of another restore"
             );
             return;

@@ -7,6 +7,8 @@
 //! - [`msg`]: the messages inside the frames.
 //! - [`cohort`]: the server each host's daemon runs; it drives the host's VMs through
 //!   the [`cohort::CohortVms`] trait and aborts held VMs after `hold_timeout`.
+//! - [`relay`]: one call of a cohort host's own API over the same authenticated
+//!   connection ([`relay::call`]), served through [`relay::CohortApi`].
 //! - [`coordinator`]: runs one restore of a [`plan::Plan`] across the cohorts (the
 //!   paper's Checker) and returns a [`report::RestoreReport`].
 //!
@@ -17,15 +19,19 @@ pub mod cohort;
 pub mod coordinator;
 pub mod msg;
 pub mod plan;
+pub mod relay;
 pub mod report;
 pub mod token;
 pub mod wire;
 
 mod tasks;
 
-pub use cohort::{spawn_cohort, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo};
+pub use cohort::{
+    spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo,
+};
 pub use coordinator::{restore, CoordinatorConfig};
 pub use plan::{Plan, PlanVm};
+pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};
 pub use report::RestoreReport;
 pub use token::ClusterToken;
 

@@ -3,9 +3,12 @@
 //!
 //! Coordinator → cohort: `LOAD`, `START`, `ABORT`, `PING`. Cohort → coordinator:
 //! `LOAD_FIN`, `LOAD_FAILED`, `START_FIN`, `START_FAILED`, `RESTORE_FIN`,
-//! `RESTORE_FAILED`, `ABORT_ACK`, `PONG`. Every message names its restore, and the
-//! cohort's handling of each is idempotent (see [`crate::cohort`]), so the
+//! `RESTORE_FAILED`, `ABORT_ACK`, `PONG`. Every one of these names its restore, and
+//! the cohort's handling of each is idempotent (see [`crate::cohort`]), so the
 //! coordinator recovers a lost message by sending its command again.
+//!
+//! The API relay (not part of a restore, see [`crate::relay`]): `API_CALL` from a
+//! relay client, `API_REPLY` from the cohort, matched by `call_id`.
 
 use serde::{Deserialize, Serialize};
 
@@ -87,11 +90,29 @@ pub enum Message {
         t2_unix_ns: i64,
         t3_unix_ns: i64,
     },
+    /// One call of the cohort host's API, relayed (see [`crate::relay`]).
+    ApiCall {
+        call_id: String,
+        /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE`.
+        method: String,
+        /// The API path with its query, e.g. `/v1/vms/a/wait?for=ready`.
+        path: String,
+        /// The JSON request body, if any.
+        #[serde(default)]
+        body: Option<serde_json::Value>,
+    },
+    /// The answer to an `API_CALL`: the API's HTTP status and JSON body.
+    ApiReply {
+        call_id: String,
+        status: u16,
+        body: serde_json::Value,
+    },
 }
 
 impl Message {
-    pub fn restore_id(&self) -> &str {
-        match self {
+    /// The restore the message is about; `None` for the API relay's messages.
+    pub fn restore_id(&self) -> Option<&str> {
+        Some(match self {
             Message::Load { restore_id, .. }
             | Message::LoadFin { restore_id, .. }
             | Message::LoadFailed { restore_id, .. }
@@ -104,7 +125,8 @@ impl Message {
             | Message::AbortAck { restore_id, .. }
             | Message::Ping { restore_id, .. }
             | Message::Pong { restore_id, .. } => restore_id,
-        }
+            Message::ApiCall { .. } | Message::ApiReply { .. } => return None,
+        })
     }
 
     /// The message's name on the wire, for logs.
@@ -122,6 +144,8 @@ impl Message {
             Message::AbortAck { .. } => "ABORT_ACK",
             Message::Ping { .. } => "PING",
             Message::Pong { .. } => "PONG",
+            Message::ApiCall { .. } => "API_CALL",
+            Message::ApiReply { .. } => "API_REPLY",
         }
     }
 }

@@ -9,4 +9,5 @@ mod common;
 
 mod auth;
 mod faults;
+mod relay;
 mod restore;

@@ -215,6 +215,15 @@ pub struct RestoreReport {
     /// The background loader: pages and seconds, once done.
     pub background_pages: u64,
     pub background_s: Option<f64>,
+    /// From the request to every page of guest memory being in host memory: the
+    /// start for eager and stock, the background loader's end for elastic and
+    /// working-set, the move onto shared RAM (settle) for lazy; `None` until then.
+    /// A cluster restore's RESTORE_FIN waits for it.
+    #[serde(default)]
+    pub memory_loaded_s: Option<f64>,
+    /// Why the background loader stopped early (memory then never fully loads).
+    #[serde(default)]
+    pub background_error: Option<String>,
     /// Where the working set came from (`post-snapshot`, `restore`), or none.
     pub trace_source: Option<String>,
     /// This restore recorded the snapshot's trace (it had none).

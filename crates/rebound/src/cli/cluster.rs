@@ -40,6 +40,15 @@ pub enum ClusterCmd {
     /// after its snapshot point: who sends to whom (with counts), rings, orphans, and
     /// the frames in flight at the cut.
     Graph(GraphArgs),
+    /// Make a new cluster token file (mode 600, 32 random bytes as hex); copy it to
+    /// every host and start each daemon with `--cluster-token FILE`.
+    Token(super::cluster_restore::TokenArgs),
+    /// Restore a plan across hosts' daemons, coordinated by this host's daemon (which
+    /// must run with `--cluster-token`); fails unless every VM is restored.
+    Restore(super::cluster_restore::RestoreArgs),
+    /// One call of another host's daemon API through its cohort's relay (`--listen`);
+    /// prints the JSON answer.
+    Call(super::cluster_restore::CallArgs),
 }
 
 #[derive(Args, Debug)]
@@ -216,6 +225,9 @@ pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Rm(a) => rm(paths, a).await,
         ClusterCmd::Snapshot(a) => snapshot(paths, a).await,
         ClusterCmd::Graph(a) => graph(a),
+        ClusterCmd::Token(a) => super::cluster_restore::token(a),
+        ClusterCmd::Restore(a) => super::cluster_restore::restore(paths, a).await,
+        ClusterCmd::Call(a) => super::cluster_restore::call(a).await,
     }
 }
 

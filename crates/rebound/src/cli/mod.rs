@@ -15,6 +15,7 @@ mod bench_disk;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;
+mod cluster_restore;
 mod console;
 mod crash;
 mod image;
@@ -621,6 +622,29 @@ pub struct DaemonArgs {
     /// bridges, and their forwarded ports listen in it. One daemon per simulated host.
     #[arg(long)]
     pub netns: Option<String>,
+    /// Serve the cohort side of cluster restores (and the API relay) on this TCP
+    /// address, e.g. 10.0.0.5:7411; needs --cluster-token.
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// The cluster token file (mode 600, at least 32 bytes; `rebound cluster
+    /// token FILE` makes one). Alone, it lets this daemon coordinate restores.
+    #[arg(long)]
+    pub cluster_token: Option<PathBuf>,
+    /// Seconds a held VM of a cluster restore waits for word from its coordinator
+    /// before it is dropped.
+    /// [default: 30]
+    #[arg(long, value_parser = parse_seconds)]
+    pub cluster_hold_timeout: Option<f64>,
+}
+
+/// A positive number of seconds, at most a day.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds more than 0 and at most 86400"
+        )),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -811,9 +835,24 @@ async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
     let socket = a.socket.unwrap_or_else(|| paths.socket());
     match a.action {
         None => {
+            if a.listen.is_some() && a.cluster_token.is_none() {
+                anyhow::bail!("--listen needs --cluster-token FILE: the cohort answers only peers that hold the cluster token");
+            }
+            if a.cluster_hold_timeout.is_some() && a.listen.is_none() {
+                anyhow::bail!("--cluster-hold-timeout applies to the cohort: give --listen too");
+            }
+            let hold_timeout = a.cluster_hold_timeout.map_or(
+                rebound_coord::CohortConfig::default().hold_timeout,
+                std::time::Duration::from_secs_f64,
+            );
             let opts = crate::daemon::ServeOptions {
                 socket_group: a.socket_group,
                 metrics_addr: a.metrics_addr,
+                cluster: a.cluster_token.map(|token| crate::daemon::ClusterOptions {
+                    token,
+                    listen: a.listen,
+                    hold_timeout,
+                }),
             };
             Ok(crate::daemon::run(paths.clone(), socket, opts).await?)
         }

@@ -63,6 +63,8 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/restore", get(restore_report))
         .route("/v1/vms/{name}/disks", get(disks))
         .route("/v1/restore", post(restore))
+        .route("/v1/cluster/restore", post(cluster_restore))
+        .route("/v1/cluster/restores/{id}", get(cluster_restore_status))
         .route("/v1/vms/{name}/crashes", get(crashes))
         .route("/v1/vms/{name}/crashes/{id}", get(crash_report))
         .route("/metrics", get(metrics))
@@ -289,6 +291,40 @@ async fn restore(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
     let req: rebound_api::RestoreRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid RestoreRequest: {e}")))?;
     Ok((StatusCode::CREATED, Json(d.restore(req).await?)))
+}
+
+/// Coordinates a cluster restore from here with the daemon's token; answers with
+/// the report once every VM is restored or the restore was aborted.
+async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
+    let c = d.cluster.get().ok_or_else(|| {
+        OpError::BadRequest(
+            "this daemon has no cluster token: start it with --cluster-token FILE".into(),
+        )
+    })?;
+    let req: super::cluster::ClusterRestoreRequest = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid cluster restore request: {e}")))?;
+    let config = req.config.config().map_err(OpError::BadRequest)?;
+    let report = rebound_coord::restore(&req.plan, &c.token, &config)
+        .await
+        .map_err(|e| OpError::BadRequest(chain(&e)))?;
+    Ok(Json(report))
+}
+
+/// A cluster restore as this daemon's cohort saw it.
+async fn cluster_restore_status(
+    State(d): D,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let c = d.cluster.get().filter(|c| c.is_cohort()).ok_or_else(|| {
+        OpError::BadRequest(
+            "this daemon serves no cohort: start it with --listen ADDR:PORT --cluster-token FILE"
+                .into(),
+        )
+    })?;
+    Ok(Json(
+        c.cohort_status(&id)
+            .ok_or(OpError::UnknownClusterRestore(id))?,
+    ))
 }
 
 async fn restore_report(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

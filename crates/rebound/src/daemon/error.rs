@@ -55,12 +55,14 @@ pub enum OpError {
     SnapshotFailed(String),
     #[error("crash report")]
     Report(#[from] super::crashes::ReportError),
+    #[error("this daemon's cohort never heard of cluster restore {0:?}")]
+    UnknownClusterRestore(String),
 }
 
 impl OpError {
     pub fn status(&self) -> StatusCode {
         match self {
-            OpError::UnknownVm(_) => StatusCode::NOT_FOUND,
+            OpError::UnknownVm(_) | OpError::UnknownClusterRestore(_) => StatusCode::NOT_FOUND,
             OpError::Report(super::crashes::ReportError::Unknown(_)) => StatusCode::NOT_FOUND,
             OpError::Report(_) => StatusCode::INTERNAL_SERVER_ERROR,
             OpError::NameInUse(..) | OpError::WrongState(..) | OpError::Unreachable(..) => {

@@ -10,9 +10,12 @@
 //! - [`crashes`]: crash reports read back from disk.
 //! - [`metrics`]: counters and gauges for operators.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
+//! - [`cluster`]: cluster restores across daemons (`rebound-coord`): the cohort over
+//!   TCP, the API relay, the coordinator endpoint.
 //! - [`api`]: HTTP routes.
 
 pub mod api;
+pub mod cluster;
 pub mod crashes;
 pub mod error;
 pub mod guest;
@@ -21,4 +24,5 @@ pub mod server;
 pub mod state;
 pub mod vm;
 
+pub use cluster::ClusterOptions;
 pub use server::{run, ServeOptions, ServerError};

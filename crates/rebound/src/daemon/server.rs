@@ -5,7 +5,9 @@
 //!
 //! Who can reach what: the socket is the daemon user's alone (mode 0600 in a 0700
 //! directory) unless `--socket-group` lets one group of operators in; metrics are
-//! also served on `--metrics-addr` (loopback unless the operator says otherwise).
+//! also served on `--metrics-addr` (loopback unless the operator says otherwise);
+//! the cohort of cluster restores and its API relay listen on `--listen` only with
+//! a cluster token, and answer only peers that prove they hold it.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -28,6 +30,8 @@ pub struct ServeOptions {
     pub socket_group: Option<String>,
     /// Also serve `GET /metrics` over TCP here.
     pub metrics_addr: Option<SocketAddr>,
+    /// Take part in cluster restores (token, and the cohort's TCP address).
+    pub cluster: Option<super::ClusterOptions>,
 }
 
 /// Errors running the daemon.
@@ -53,6 +57,8 @@ pub enum ServerError {
     Tighten(PathBuf, #[source] std::io::Error),
     #[error("serving the API failed")]
     Serve(#[source] std::io::Error),
+    #[error("cannot take part in cluster restores")]
+    Cluster(#[from] super::cluster::ClusterError),
 }
 
 fn lock_path(socket: &Path) -> PathBuf {
@@ -125,6 +131,12 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         // Stale: left by a daemon that died.
         let _ = std::fs::remove_file(&socket);
     }
+    // Before the tightening below: a token file others can read is refused, not
+    // silently fixed.
+    let cluster = match &opts.cluster {
+        Some(c) => Some(super::cluster::Prepared::new(c).await?),
+        None => None,
+    };
     tighten_old_state(&paths)?;
     let gid = match &opts.socket_group {
         Some(g) => Some(group_for_socket(&socket, g)?),
@@ -141,6 +153,10 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
 
     let d = Arc::new(Daemon::new(paths, socket.clone()));
     d.reattach_all().await;
+    if let Some(c) = cluster {
+        let c = c.start(&d)?;
+        let _ = d.cluster.set(c);
+    }
     if let Some(addr) = opts.metrics_addr {
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -180,6 +196,9 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         .with_graceful_shutdown(stop)
         .await;
     let _ = std::fs::remove_file(&socket);
+    if let Some(c) = d.cluster.get() {
+        c.shutdown();
+    }
     if let Ok(cg) = &d.cgroups {
         cg.remove_if_empty();
     }

@@ -25,6 +25,8 @@ pub struct Daemon {
     pub cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
     vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
+    /// The cluster side, when the daemon runs with a cluster token.
+    pub cluster: std::sync::OnceLock<super::cluster::Cluster>,
 }
 
 /// What `wait` can wait for.
@@ -79,6 +81,7 @@ impl Daemon {
             cgroups,
             vms: Mutex::new(HashMap::new()),
             shutdown: tokio::sync::Notify::new(),
+            cluster: std::sync::OnceLock::new(),
         }
     }
 

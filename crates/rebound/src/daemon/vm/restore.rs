@@ -69,7 +69,7 @@ pub struct RestoreJob {
 
 /// A restore between its load and the end of its background loading.
 pub(super) struct Restoring {
-    t0: Instant,
+    pub(super) t0: Instant,
     req: RestoreRequest,
     snap: Arc<Snapshot>,
     /// The image QEMU maps (private), or the shared RAM file (eager, stock).
@@ -384,21 +384,30 @@ impl Owner {
         q.execute("cont", None).await?;
         let started = Instant::now();
         let to_running = r.t0.elapsed().as_secs_f64();
-        self.apply(Trigger::Resumed);
+        // The owner applies the change before QMP's RESUME arrives, which then
+        // changes nothing: the event is written here.
+        if self.apply(Trigger::Resumed) {
+            self.event(rebound_api::EventData::Resumed);
+        }
         let mut report = self.vm.restore_report().unwrap_or_default();
         report.time_to_running_s = Some(to_running);
         report.phase = "watching".into();
+        if matches!(report.mode, RestoreMode::Eager | RestoreMode::Stock) {
+            // Every page was read before the start.
+            report.memory_loaded_s = Some(to_running);
+        }
         self.vm.set_restore_report(Some(report.clone()));
 
         // The background loader.
         let loaded_bytes = Arc::new(AtomicU64::new(0));
         let bg = loader.map(|mut loader| {
-            let (stop, hold, order, vm, bytes) = (
+            let (stop, hold, order, vm, bytes, t0) = (
                 r.stop.clone(),
                 r.hold_rest.clone(),
                 r.req.rest_order,
                 self.vm.clone(),
                 loaded_bytes.clone(),
+                r.t0,
             );
             tokio::task::spawn_blocking(move || {
                 while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
@@ -410,11 +419,20 @@ impl Owner {
                 };
                 let mut show = |done: u64, _total: u64| bytes.store(done, Ordering::Relaxed);
                 let s = loader.load_rest(order, &stop, None, &mut show);
-                if let Ok(s) = &s {
-                    vm.update_restore_report(|rep| {
+                let stopped = stop.load(Ordering::Relaxed);
+                match &s {
+                    Ok(s) => vm.update_restore_report(|rep| {
                         rep.background_pages = s.pages;
                         rep.background_s = Some(s.seconds);
-                    });
+                        if !stopped && rep.memory_loaded_s.is_none() {
+                            rep.memory_loaded_s = Some(t0.elapsed().as_secs_f64());
+                        }
+                    }),
+                    Err(e) => {
+                        let e = crate::daemon::error::chain(e);
+                        tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
+                        vm.update_restore_report(|rep| rep.background_error = Some(e));
+                    }
                 }
                 s
             })
@@ -555,7 +573,9 @@ impl Owner {
         } else {
             let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
             q.execute("cont", None).await?;
-            self.apply(Trigger::Resumed);
+            if self.apply(Trigger::Resumed) {
+                self.event(rebound_api::EventData::Resumed);
+            }
         }
         Ok(self.vm.status())
     }
@@ -572,7 +592,9 @@ impl Owner {
         }
         let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
         q.execute("stop", None).await?;
-        self.apply(Trigger::Stopped);
+        if self.apply(Trigger::Stopped) {
+            self.event(rebound_api::EventData::Paused);
+        }
         Ok(self.vm.status())
     }
 

@@ -183,6 +183,15 @@ impl Owner {
             r.ram_file = run.ram();
             r.ram_private = false;
         });
+        // Every page is now in the shared RAM file (a lazy restore's memory is
+        // complete only from here on).
+        if let Some(t0) = self.restore.as_ref().map(|r| r.t0) {
+            self.vm.update_restore_report(|rep| {
+                if rep.memory_loaded_s.is_none() {
+                    rep.memory_loaded_s = Some(t0.elapsed().as_secs_f64());
+                }
+            });
+        }
         let ready = self.ready.clone();
         self.attach(dq, devents, ready);
         if was_running {

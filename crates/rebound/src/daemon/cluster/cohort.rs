@@ -1,0 +1,199 @@
+//! The daemon's VMs as a cluster restore's cohort drives them
+//! ([`rebound_coord::CohortVms`]), in-process:
+//!
+//! - `load`: a restore of the snapshot in `args` into a new VM named after the plan's
+//!   VM, held paused (`paused: true`); done once the restore report's phase is
+//!   `held`. `args` is `{"dir": absolute snapshot dir, "mode": "elastic" |
+//!   "working-set" | "eager" | "lazy" | "stock", "forwards": [{host, guest}] | null,
+//!   "rest_order", "watch_s"}` (only `dir` is required; unknown keys are refused). The
+//!   plan's `ws_pages` is the elastic working set to load first; 0 leaves the
+//!   daemon's default (half the estimated working set).
+//! - `start`: `vm resume`; the start instant is the VM's own `resumed` event.
+//! - `restored`: waits for the restore report's `memory_loaded_s` (every page in
+//!   host memory: at the start for eager and stock, at the background loader's end
+//!   for elastic and working-set, at the settle onto shared RAM for lazy); fails on
+//!   the loader's `background_error`, a failed report or a VM that stopped.
+//! - `abort`: kills and removes a VM this cohort loaded for that restore and never
+//!   started, and logs why.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use rebound_api::spec::Forward;
+use rebound_api::{EventData, RestOrder, RestoreMode, RestoreRequest, VmState};
+use rebound_coord::{CohortVms, LoadInfo, StartInfo};
+use serde::Deserialize;
+
+use crate::daemon::error::chain;
+use crate::daemon::state::{Daemon, WaitFor};
+use crate::daemon::vm::Job;
+
+/// A `LOAD`'s arguments for one VM.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadArgs {
+    /// Absolute path of the snapshot directory on this host.
+    pub dir: String,
+    #[serde(default)]
+    pub mode: RestoreMode,
+    #[serde(default)]
+    pub rest_order: RestOrder,
+    #[serde(default = "rebound_api::snapshot::default_watch_s")]
+    pub watch_s: f64,
+    #[serde(default)]
+    pub forwards: Option<Vec<Forward>>,
+}
+
+/// The daemon's VMs, for the cohort.
+pub struct DaemonVms {
+    d: Weak<Daemon>,
+    /// (restore id, VM) loaded by this cohort and not started yet.
+    held: Mutex<HashSet<(String, String)>>,
+}
+
+impl DaemonVms {
+    pub fn new(d: &Arc<Daemon>) -> Self {
+        Self {
+            d: Arc::downgrade(d),
+            held: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn daemon(&self) -> Result<Arc<Daemon>, String> {
+        self.d
+            .upgrade()
+            .ok_or_else(|| "the daemon is shutting down".to_string())
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn key(restore_id: &str, vm: &str) -> (String, String) {
+    (restore_id.to_owned(), vm.to_owned())
+}
+
+#[async_trait::async_trait]
+impl CohortVms for DaemonVms {
+    async fn load(
+        &self,
+        restore_id: &str,
+        vm: &str,
+        ws_pages: u64,
+        args: &serde_json::Value,
+    ) -> Result<LoadInfo, String> {
+        let d = self.daemon()?;
+        let a = LoadArgs::deserialize(args)
+            .map_err(|e| format!("the LOAD arguments of VM {vm} are invalid: {e}"))?;
+        let req = RestoreRequest {
+            dir: a.dir,
+            name: vm.to_owned(),
+            mode: a.mode,
+            ws_pages: (ws_pages > 0).then_some(ws_pages),
+            paused: true,
+            rest_order: a.rest_order,
+            watch_s: a.watch_s,
+            forwards: a.forwards,
+        };
+        let t = Instant::now();
+        tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");
+        let report = d.restore(req).await.map_err(|e| chain(&e))?;
+        if report.phase != "held" {
+            return Err(format!(
+                "the restore of VM {vm} ended in phase {} instead of held",
+                report.phase
+            ));
+        }
+        self.held().insert(key(restore_id, vm));
+        Ok(LoadInfo {
+            pages: report.pages_loaded_before_start,
+            load_s: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, String> {
+        let d = self.daemon()?;
+        if !self.held().contains(&key(restore_id, vm)) {
+            return Err(format!(
+                "VM {vm} is not held for cluster restore {restore_id} on this host"
+            ));
+        }
+        let h = d.find(vm).map_err(|e| chain(&e))?;
+        h.run_for_status(Job::Resume).await.map_err(|e| chain(&e))?;
+        self.held().remove(&key(restore_id, vm));
+        // The VM's own `resumed` event, written right after QEMU's `cont`, moved from
+        // the monotonic clock onto the wall clock.
+        let (now_wall, now_mono) = (
+            rebound_coord::msg::unix_now_ns(),
+            rebound_vmm::events::mono_ns(),
+        );
+        let resumed = h.events.read_all().ok().and_then(|evs| {
+            evs.iter()
+                .rev()
+                .find(|e| matches!(e.data, EventData::Resumed))
+                .map(|e| e.mono_ns)
+        });
+        let started_unix_ns = match resumed {
+            Some(m) if m <= now_mono => now_wall - (now_mono - m) as i64,
+            _ => now_wall,
+        };
+        tracing::info!(%restore_id, %vm, "cluster restore: started");
+        Ok(StartInfo { started_unix_ns })
+    }
+
+    async fn restored(&self, restore_id: &str, vm: &str) -> Result<(), String> {
+        let d = self.daemon()?;
+        let h = d.find(vm).map_err(|e| chain(&e))?;
+        let mut changes = h.subscribe();
+        loop {
+            let rep = h.restore_report().unwrap_or_default();
+            if rep.memory_loaded_s.is_some() {
+                tracing::info!(%restore_id, %vm, "cluster restore: memory loaded");
+                return Ok(());
+            }
+            if let Some(e) = rep.background_error {
+                return Err(format!("the background loader failed: {e}"));
+            }
+            if rep.phase == "failed" {
+                return Err(rep
+                    .error
+                    .unwrap_or_else(|| "the restore failed".to_string()));
+            }
+            let st = h.status().state;
+            if st == VmState::Stopped {
+                return Err(format!("VM {vm} stopped before its memory was loaded"));
+            }
+            if changes.changed().await.is_err() {
+                return Err(format!("VM {vm} is gone"));
+            }
+        }
+    }
+
+    async fn abort(&self, restore_id: &str, vm: &str) {
+        if !self.held().remove(&key(restore_id, vm)) {
+            return;
+        }
+        let Ok(d) = self.daemon() else { return };
+        let Some(h) = d.get(vm) else { return };
+        let held = h.restore_report().is_some_and(|r| r.phase == "held");
+        if !held {
+            tracing::warn!(%restore_id, %vm, "cluster restore aborted, but the VM is no longer held: left as it is");
+            return;
+        }
+        let why = "its cluster restore was aborted before it started";
+        let r = async {
+            h.run_for_status(Job::Kill).await?;
+            d.wait(vm, WaitFor::Stopped, Duration::from_secs(10))
+                .await?;
+            d.remove(vm)
+        };
+        match r.await {
+            Ok(_) => tracing::warn!(%restore_id, %vm, "held VM killed and removed: {why}"),
+            Err(e) => {
+                tracing::error!(%restore_id, %vm, "cannot remove the held VM ({why}): {}", chain(&e))
+            }
+        }
+    }
+}

@@ -249,6 +249,21 @@ fn every_operation_and_every_metric() {
     assert!(s["rebound_vm_ready_seconds_count"] >= 1.0, "{text}");
     assert!(text.contains("rebound_vms{state=\"stopped\"} 2"), "{text}");
 
+    // Without a cluster token the cluster endpoints say so, in one line
+    // (`cluster_daemons.rs` runs them for real).
+    let plan = json!({"plan": {"restore_id": "r", "vms": [
+        {"vm": "a", "cohort": "127.0.0.1:1", "ws_pages": 0}]}});
+    let (code, e) = env
+        .call("POST", "/v1/cluster/restore", Some(&plan))
+        .unwrap();
+    assert_eq!(code, 400, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("--cluster-token"),
+        "{e}"
+    );
+    let (code, e) = env.call("GET", "/v1/cluster/restores/r", None).unwrap();
+    assert_eq!(code, 400, "{e}");
+
     let missing = env.api.unexercised();
     assert!(
         missing.is_empty(),

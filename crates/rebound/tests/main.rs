@@ -9,6 +9,7 @@ mod bad_input;
 mod blk_backend;
 mod blk_socket;
 mod byo_kernel;
+mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
 mod privacy;

@@ -83,12 +83,14 @@ impl Mac {
 }
 
 fn fnv(vm: &str, nic: usize) -> u32 {
+    short_hash(&format!("{vm}/{nic}"))
+}
+
+/// FNV-1a of `s`: a short, stable hash for names that must fit an interface name
+/// (15 bytes at most), such as taps, bridges and veths.
+pub fn short_hash(s: &str) -> u32 {
     let mut h: u32 = 0x811c9dc5;
-    for b in vm
-        .bytes()
-        .chain(std::iter::once(b'/'))
-        .chain(nic.to_string().bytes())
-    {
+    for b in s.bytes() {
         h ^= b as u32;
         h = h.wrapping_mul(0x01000193);
     }

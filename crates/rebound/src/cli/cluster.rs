@@ -115,12 +115,7 @@ fn valid_cluster_name(n: &str) -> bool {
 
 /// A short, stable hash for interface names (15 bytes at most).
 fn short(s: &str) -> String {
-    let mut h: u32 = 0x811c9dc5;
-    for b in s.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x01000193);
-    }
-    format!("{h:08x}")
+    format!("{:08x}", rebound_api::nic::short_hash(s))
 }
 
 impl Cluster {

@@ -64,9 +64,14 @@ impl Drop for Netns {
     }
 }
 
-/// Sends `line` to the guest's peer port and returns its first answer line.
+/// Sends `line` to the guest's forwarded peer port and returns its first answer line.
 fn ask(port: u16, line: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    ask_addr(([127, 0, 0, 1], port).into(), line)
+}
+
+/// Sends `line` to `addr` and returns the first answer line.
+fn ask_addr(addr: std::net::SocketAddr, line: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     s.write_all(format!("{line}\n").as_bytes()).ok()?;
     let mut r = BufReader::new(s);
@@ -399,14 +404,7 @@ host = "h2"
 
 /// Sends `line` to a guest's peer port at its cluster address.
 fn ask_at(ip: &str, line: &str) -> Option<String> {
-    let addr: std::net::SocketAddr = format!("{ip}:7400").parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("{line}\n").as_bytes()).ok()?;
-    let mut r = BufReader::new(s);
-    let mut out = String::new();
-    r.read_line(&mut out).ok()?;
-    Some(out.trim().to_string())
+    ask_addr(format!("{ip}:7400").parse().ok()?, line)
 }
 
 /// Removes a cluster (its VMs, daemons and namespaces) even when a test fails.

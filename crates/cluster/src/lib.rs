@@ -6,11 +6,13 @@
 //! - [`rdg`]: matrix → [`Rdg`] (edges, rings, orphans), DOT and SVG.
 //! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
 //! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
+//! - [`disruption`]: start times + edges → each VM's backoff and disruption.
 //! - [`inflight`]: the frames in flight at a consistent cut, from the dumps.
 //! - [`spec`]: `cluster.toml`, the VMs, their hosts and the network, checked.
 //!
 //! Everything here is pure computation on files and numbers: no VM is touched.
 
+pub mod disruption;
 pub mod inflight;
 pub mod line;
 pub mod pcap;
@@ -19,6 +21,7 @@ pub mod rdg;
 pub mod spec;
 pub mod traffic;
 
+pub use disruption::{disruption, Disruption, DisruptionError, VmDisruption};
 pub use line::{Dependency, LineError, LineInput, RestoreLine, VmLoad, VmStart};
 pub use plan::{plan, traffic_from_dumps, DumpFile, Plan, PlanConfig, PlanError};
 pub use rdg::{Rdg, RdgEdge, RdgError};

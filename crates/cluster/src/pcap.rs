@@ -303,6 +303,9 @@ pub struct Ipv4Info {
     pub tcp_flags: Option<TcpFlags>,
     /// Transport payload bytes (TCP/UDP first fragments), else IP payload bytes.
     pub payload_len: u32,
+    /// Source and destination ports (TCP/UDP first fragments).
+    #[serde(default)]
+    pub ports: Option<(u16, u16)>,
 }
 
 fn rd16(b: &[u8], at: usize) -> u16 {
@@ -404,6 +407,7 @@ fn parse_ipv4(
         first_fragment,
         tcp_flags: None,
         payload_len: segment as u32,
+        ports: None,
     };
     if !first_fragment {
         return Ok(info);
@@ -420,6 +424,7 @@ fn parse_ipv4(
             }
             info.tcp_flags = Some(TcpFlags(ip[header + 13]));
             info.payload_len = (segment - tcp_header) as u32;
+            info.ports = Some((rd16(ip, header), rd16(ip, header + 2)));
         }
         IPPROTO_UDP => {
             if ip.len() < header + 6 {
@@ -433,6 +438,7 @@ fn parse_ipv4(
                 });
             }
             info.payload_len = u32::from(len) - 8;
+            info.ports = Some((rd16(ip, header), rd16(ip, header + 2)));
         }
         _ => {}
     }

@@ -19,6 +19,17 @@
 //!
 //! Both ends must be VMs of the cluster: traffic with outside hosts is skipped.
 //!
+//! # Which way a dependency points
+//! A reply does not make the server depend on its client (§5.1: "the dependency
+//! from receiver to sender is compelled, therefore it should be removed"). The
+//! paper tells them apart by logging only the frames in flight at the cut; we
+//! record every frame after the cut (a coordinated pause leaves few in flight), so
+//! we tell them apart by ports: on a TCP connection whose one end is on a service
+//! port (below Linux's ephemeral range, 32768) and the other on an ephemeral one,
+//! the ephemeral end is the client, and every dependency-carrying segment of the
+//! connection, request or reply, makes the client depend on the server. Any other
+//! frame makes its sender depend on its receiver.
+//!
 //! # Who is who
 //! [`Endpoints`] maps MAC addresses and/or IPv4 addresses to VM names. An
 //! endpoint is resolved by IPv4 address first (it survives a router, which
@@ -152,6 +163,20 @@ pub fn is_dependency(frame: &Frame) -> bool {
     }
 }
 
+/// The first port of Linux's ephemeral range (`net.ipv4.ip_local_port_range`).
+pub const EPHEMERAL_MIN: u16 = 32768;
+
+/// Whether a dependency frame is a server's reply on a TCP connection: then its
+/// receiver (the client) depends on its sender, not the other way round.
+pub fn is_reply(frame: &Frame) -> bool {
+    frame.ipv4.as_ref().is_some_and(|ip| {
+        ip.protocol == IPPROTO_TCP
+            && ip
+                .ports
+                .is_some_and(|(s, d)| s < EPHEMERAL_MIN && d >= EPHEMERAL_MIN)
+    })
+}
+
 /// Packets sent from VM to VM.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrafficMatrix {
@@ -274,8 +299,13 @@ impl TrafficBuilder {
         if src != owner {
             return Verdict::ReceiverCopy;
         }
-        let to = self.matrix.counts.entry(src.to_owned()).or_default();
-        *to.entry(dst.to_owned()).or_insert(0) += 1;
+        let (dependent, on) = if is_reply(frame) {
+            (dst, src)
+        } else {
+            (src, dst)
+        };
+        let to = self.matrix.counts.entry(dependent.to_owned()).or_default();
+        *to.entry(on.to_owned()).or_insert(0) += 1;
         Verdict::Counted
     }
 
@@ -339,7 +369,9 @@ impl TrafficBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pcap::tests::{arp_frame, ip, mac, tcp_frame, udp_frame, DumpBuilder};
+    use crate::pcap::tests::{
+        arp_frame, ip, mac, tcp_frame, tcp_frame_ports, udp_frame, DumpBuilder,
+    };
 
     const SYN: u8 = TcpFlags::SYN;
     const ACK: u8 = TcpFlags::ACK;
@@ -356,6 +388,38 @@ mod tests {
 
     fn reader(b: &DumpBuilder) -> PcapReader<&[u8]> {
         PcapReader::new(&b.bytes[..], PcapOptions::default()).unwrap()
+    }
+
+    /// web (1) connects from an ephemeral port to db's (2) service port: its
+    /// requests and db's replies all make web depend on db, never db on web. A
+    /// connection between two service ports, or UDP, keeps the frame's direction.
+    #[test]
+    fn replies_on_a_connection_make_the_client_depend_on_the_server() {
+        let (client, server) = (45000, 7400);
+        let mut dump = DumpBuilder::new();
+        for t in 0..4u64 {
+            dump.record(
+                t * 10,
+                &tcp_frame_ports(1, 2, (client, server), PSH | ACK, 40),
+            );
+            dump.record(
+                t * 10 + 1,
+                &tcp_frame_ports(2, 1, (server, client), PSH | ACK, 40),
+            );
+            dump.record(t * 10 + 2, &tcp_frame_ports(1, 2, (client, server), ACK, 0));
+        }
+        dump.record(50, &tcp_frame_ports(2, 1, (server, 22), PSH | ACK, 10));
+        dump.record(51, &udp_frame(2, 1, 10));
+        let mut b = TrafficBuilder::new(endpoints());
+        b.add_dump("web", reader(&dump)).unwrap();
+        b.add_dump("db", reader(&dump)).unwrap();
+        let (m, _) = b.finish();
+        assert_eq!(m.count("web", "db"), 8, "4 requests and 4 replies");
+        assert_eq!(
+            m.count("db", "web"),
+            2,
+            "service port to service port, and UDP"
+        );
     }
 
     #[test]

@@ -335,7 +335,7 @@ fn daemons_relay_calls_and_restore_a_cluster_in_dependency_order() {
          "args": {"dir": snap_b, "mode": "elastic"}}]}});
     let plan_file = one.home.path().join("ghost-plan.json");
     std::fs::write(&plan_file, plan.to_string()).unwrap();
-    let e = one.fails(&["cluster", "restore", plan_file.to_str().unwrap()]);
+    let e = one.fails(&["cluster", "restore", "--plan", plan_file.to_str().unwrap()]);
     assert!(e.contains(missing.to_str().unwrap()), "{e}");
     assert!(e.contains("ghost"), "{e}");
     let report = one.get_ok(

@@ -136,6 +136,20 @@ pub struct TraceInfo {
     pub wss_snapshot_pages: u64,
 }
 
+impl TraceInfo {
+    /// The elastic working set a restore loads by default: half the paper's
+    /// estimate from the sampled and post-snapshot sizes (weights 0.7 and 0.3).
+    pub fn default_elastic_pages(&self) -> u64 {
+        let wss = crate::trace::estimate_wss(
+            self.wss_sample_pages,
+            self.wss_snapshot_pages,
+            crate::trace::WSS_A,
+            crate::trace::WSS_B,
+        );
+        crate::trace::elastic_pages(wss)
+    }
+}
+
 /// What [`Snapshot::verify`] checked.
 #[derive(Serialize, Debug, Clone, PartialEq)]
 pub struct VerifyReport {

@@ -525,6 +525,10 @@ fn present_runs(pid: u32, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, TraceE
     Ok(runs)
 }
 
+/// The paper's weights of the sampled and the post-snapshot working-set sizes.
+pub const WSS_A: f64 = 0.7;
+pub const WSS_B: f64 = 0.3;
+
 /// The paper's working-set size: `a * WSS_sample + b * WSS_snapshot`; without a
 /// sample, the post-snapshot count alone.
 pub fn estimate_wss(sample: Option<u64>, snapshot: u64, a: f64, b: f64) -> u64 {

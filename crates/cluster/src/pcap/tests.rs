@@ -97,9 +97,21 @@ fn ethernet(src: MacAddr, dst: MacAddr, ethertype: u16, payload: &[u8]) -> Vec<u
 
 /// A TCP segment from host `s` to host `d` (MAC and IP end in that byte).
 pub(crate) fn tcp_frame(s: u8, d: u8, flags: u8, payload: usize) -> Vec<u8> {
-    let mut l4 = vec![
-        0x9c, 0x40, 0x00, 0x50, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0xff, 0xff,
-    ];
+    tcp_frame_ports(s, d, (40000, 80), flags, payload)
+}
+
+/// A TCP segment from host `s` port `ports.0` to host `d` port `ports.1`.
+pub(crate) fn tcp_frame_ports(
+    s: u8,
+    d: u8,
+    ports: (u16, u16),
+    flags: u8,
+    payload: usize,
+) -> Vec<u8> {
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&ports.0.to_be_bytes());
+    l4.extend_from_slice(&ports.1.to_be_bytes());
+    l4.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0xff, 0xff]);
     l4.extend_from_slice(&[0, 0, 0, 0]);
     l4.extend(std::iter::repeat_n(0xab, payload));
     ethernet(

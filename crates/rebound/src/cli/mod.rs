@@ -15,7 +15,6 @@ mod bench_disk;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;
-mod cluster_restore;
 mod console;
 mod crash;
 mod image;

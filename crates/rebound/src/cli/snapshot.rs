@@ -14,7 +14,7 @@ use rebound_vmm::paths::Paths;
 use super::vm::{enc, show_progress};
 use super::{connect, RestoreArgs, SnapshotCmd};
 
-pub(super) fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {

@@ -21,7 +21,7 @@ use rebound_snapshot::Snapshot;
 use rebound_vmm::resolve::Recovery;
 
 use super::owner::Owner;
-use super::restore::{default_elastic_pages, RestoreJob};
+use super::restore::RestoreJob;
 use crate::daemon::error::OpError;
 
 /// Opens the snapshot a VM's crash policy recovers from and checks it can stand in
@@ -113,7 +113,7 @@ impl Owner {
             .manifest()
             .trace
             .as_ref()
-            .map(|t| default_elastic_pages(t).min(free_mib << 8));
+            .map(|t| t.default_elastic_pages().min(free_mib << 8));
         // The crashed VM's image disk is kept for the operator; the snapshot's takes
         // its place.
         let overlay = self.vm.dir.disk_overlay(0);

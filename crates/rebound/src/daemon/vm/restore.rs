@@ -32,21 +32,6 @@ use super::restore_guard::ImageStamp;
 use super::snapshot::{arm_trace, shell_quote, wait_migration};
 use crate::daemon::error::OpError;
 
-/// The paper's weights of the sampled and the post-snapshot working-set sizes.
-const WSS_A: f64 = 0.7;
-const WSS_B: f64 = 0.3;
-
-/// The elastic working set a restore loads by default: half the paper's estimate
-/// from the trace's sampled and post-snapshot sizes.
-pub(super) fn default_elastic_pages(info: &rebound_snapshot::TraceInfo) -> u64 {
-    let wss = rebound_snapshot::estimate_wss(
-        info.wss_sample_pages,
-        info.wss_snapshot_pages,
-        WSS_A,
-        WSS_B,
-    );
-    rebound_snapshot::elastic_pages(wss)
-}
 /// How long a restored guest's service gets to answer before the report says it
 /// did not.
 const RESPONSIVE_WAIT: Duration = Duration::from_secs(60);
@@ -169,7 +154,7 @@ impl Owner {
             (Some(t), RestoreMode::WorkingSet) => t.pages.len(),
             (Some(t), RestoreMode::Elastic) => {
                 let info = m.trace.as_ref().expect("a trace has its info");
-                let n = req.ws_pages.unwrap_or_else(|| default_elastic_pages(info));
+                let n = req.ws_pages.unwrap_or_else(|| info.default_elastic_pages());
                 (n as usize).min(t.pages.len())
             }
             _ => 0,

@@ -20,9 +20,32 @@ pub struct TokenArgs {
 
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
-    /// A JSON file: `{"plan": {"restore_id", "vms": [...]}, "config": {...}}`, or
-    /// the plan alone.
-    pub plan: PathBuf,
+    /// The cluster to restore into (with --from): its VMs must be those of the
+    /// snapshot, on the hosts its file names now.
+    #[arg(required_unless_present = "plan", requires = "from")]
+    pub name: Option<String>,
+    /// A cluster snapshot directory (`rebound cluster snapshot --out`).
+    #[arg(long, conflicts_with = "plan")]
+    pub from: Option<PathBuf>,
+    /// working-set: each VM loads its traced working set and starts when loaded;
+    /// elastic: its elastic working set, starts when loaded; line: elastic working
+    /// sets revised to the restore line, started on it in dependency order.
+    #[arg(long, value_enum, default_value = "line")]
+    pub variant: super::restore::Variant,
+    /// Pages per second every host loads at (default: as the last restore of this
+    /// cluster measured, or probed on the snapshots the first time).
+    #[arg(long)]
+    pub load_rate: Option<f64>,
+    /// Seconds a VM is up before any VM that sends to it starts (the line's margin).
+    #[arg(long, default_value_t = 0.05)]
+    pub margin_s: f64,
+    /// Kill and remove the cluster's VMs that exist before restoring.
+    #[arg(long)]
+    pub replace: bool,
+    /// Restore this plan instead, coordinated by this machine's daemon: a JSON file
+    /// `{"plan": {"restore_id", "vms": [...]}, "config": {...}}`, or the plan alone.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -51,33 +74,55 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rebound cluster restore PLAN`.
+/// `rebound cluster restore NAME --from DIR` or `rebound cluster restore --plan FILE`.
 pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
-    let RestoreArgs { plan, json } = a;
-    {
-        {
-            let text = std::fs::read_to_string(&plan)
-                .with_context(|| format!("cannot read {}", plan.display()))?;
-            let mut body: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", plan.display()))?;
-            if body.get("plan").is_none() {
-                body = serde_json::json!({ "plan": body });
-            }
-            let c = Client::new(&paths.socket());
-            let report: RestoreReport = c
-                .call(hyper::Method::POST, "/v1/cluster/restore", Some(&body))
-                .await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print_report(&report);
-            }
-            match &report.outcome {
-                Outcome::Restored => Ok(()),
-                Outcome::Aborted { reason } => {
-                    anyhow::bail!("cluster restore {} aborted: {reason}", report.restore_id)
-                }
-            }
+    if let (Some(name), Some(from)) = (&a.name, &a.from) {
+        let c = super::Cluster::open(paths, name)?;
+        let from = crate::cli::snapshot::absolute(from)?;
+        let opts = super::restore::RestoreOpts {
+            variant: a.variant,
+            load_rate: a.load_rate,
+            margin_s: a.margin_s,
+            replace: a.replace,
+        };
+        let o = super::restore::restore(&c, &from, &opts).await?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&super::restore::to_json(&o))?
+            );
+        } else {
+            super::restore::print(&o);
+        }
+        return outcome(&o.report);
+    }
+    let Some(plan) = a.plan else {
+        anyhow::bail!("give a cluster and --from DIR, or --plan FILE");
+    };
+    let text = std::fs::read_to_string(&plan)
+        .with_context(|| format!("cannot read {}", plan.display()))?;
+    let mut body: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", plan.display()))?;
+    if body.get("plan").is_none() {
+        body = serde_json::json!({ "plan": body });
+    }
+    let c = Client::new(&paths.socket());
+    let report: RestoreReport = c
+        .call(hyper::Method::POST, "/v1/cluster/restore", Some(&body))
+        .await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    outcome(&report)
+}
+
+fn outcome(report: &RestoreReport) -> anyhow::Result<()> {
+    match &report.outcome {
+        Outcome::Restored => Ok(()),
+        Outcome::Aborted { reason } => {
+            anyhow::bail!("cluster restore {} aborted: {reason}", report.restore_id)
         }
     }
 }
@@ -115,7 +160,7 @@ pub async fn call(a: CallArgs) -> anyhow::Result<()> {
     }
 }
 
-fn print_report(r: &RestoreReport) {
+pub fn print_report(r: &RestoreReport) {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{s:.3}"));
     println!(
         "cluster restore {}: {} in {:.2} s",

@@ -1,0 +1,201 @@
+//! A cluster's hosts as the controller sees them: how it reaches each host's daemon
+//! ([`HostLink`]), and the simulated hosts it sets up and takes down itself.
+//!
+//! A simulated host is a network namespace on this machine with a bridge, joined to
+//! the others by a veth pair on a backbone bridge, and a daemon of its own started
+//! with `--netns`, `--listen` on its cluster address and the cluster's token: the
+//! controller reaches it on its unix socket, the other hosts' daemons (a restore's
+//! coordinator) on TCP. A real host's daemon is reached only through its cohort's
+//! authenticated relay, with the cluster's token.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper::Method;
+use rebound_cluster::spec::HostSpec;
+use rebound_coord::ClusterToken;
+use serde_json::Value;
+
+use super::Cluster;
+use crate::client::Client;
+
+/// One host's daemon.
+#[derive(Clone)]
+pub enum HostLink {
+    /// A simulated host's daemon, on this machine: its unix socket.
+    Socket(Client),
+    /// Another machine's daemon, through its cohort's relay (`--listen`).
+    Relay { addr: String, token: ClusterToken },
+}
+
+impl HostLink {
+    /// One API call; a non-2xx answer is an error with the daemon's own message.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        match self {
+            HostLink::Socket(c) => Ok(c.call::<Value>(method, path, body).await?),
+            HostLink::Relay { addr, token } => {
+                let a =
+                    rebound_coord::relay::call(addr, token, method.as_str(), path, body).await?;
+                if !(200..300).contains(&a.status) {
+                    let msg = a.body["error"]
+                        .as_str()
+                        .map_or_else(|| a.body.to_string(), str::to_string);
+                    bail!("{msg}");
+                }
+                Ok(a.body)
+            }
+        }
+    }
+
+    /// Whether the daemon answers.
+    pub async fn is_up(&self) -> bool {
+        self.call(Method::GET, "/v1/health", None).await.is_ok()
+    }
+}
+
+impl Cluster {
+    /// How the controller reaches host `host`'s daemon.
+    pub fn link(&self, host: &str) -> anyhow::Result<HostLink> {
+        let h = self
+            .spec
+            .host(host)
+            .with_context(|| format!("no host {host:?}"))?;
+        if h.simulated {
+            return Ok(HostLink::Socket(Client::new(
+                &self.host_home(h).join("reboundd.sock"),
+            )));
+        }
+        Ok(HostLink::Relay {
+            addr: h.daemon.to_string(),
+            token: self.token()?,
+        })
+    }
+
+    /// The cluster's token (made by `cluster create`; real hosts' daemons need a
+    /// copy).
+    pub fn token(&self) -> anyhow::Result<ClusterToken> {
+        let path = self.token_path();
+        ClusterToken::from_file(&path).with_context(|| {
+            format!(
+                "the cluster's token {} cannot be used (it is made by `rebound cluster create`)",
+                path.display()
+            )
+        })
+    }
+
+    pub fn token_path(&self) -> std::path::PathBuf {
+        self.dir.join("token")
+    }
+}
+
+/// Namespaces, bridges, backbone, and a daemon per simulated host.
+pub async fn hosts_up(c: &Cluster) -> anyhow::Result<()> {
+    let sims: Vec<&HostSpec> = c.spec.hosts.iter().filter(|h| h.simulated).collect();
+    if sims.is_empty() {
+        return Ok(());
+    }
+    let bb = c.backbone();
+    rebound_vmm::net::backbone_up(&bb, Some(c.spec.backbone_addr()))
+        .context("cannot set up the backbone bridge (root is needed)")?;
+    for h in sims {
+        let sim = rebound_vmm::net::SimHost {
+            netns: c.netns(h),
+            bridge: c.spec.bridge.clone(),
+            addr: Some((*h.daemon.ip(), c.spec.subnet.1)),
+        };
+        let link = format!(
+            "rbv{}",
+            super::short(&format!("{}/{}", c.spec.name, h.name))
+        );
+        rebound_vmm::net::host_up(&sim, &bb, &link)
+            .with_context(|| format!("cannot set up simulated host {:?}", h.name))?;
+        start_host_daemon(c, h).await?;
+    }
+    Ok(())
+}
+
+async fn start_host_daemon(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
+    let home = c.host_home(h);
+    rebound_vmm::private::create_dir_all(&home)?;
+    // The host's daemon boots the same images as this one.
+    let images = home.join("images");
+    if !images.exists() {
+        std::os::unix::fs::symlink(c.paths.home.join("images"), &images)
+            .with_context(|| format!("cannot link {}", images.display()))?;
+    }
+    let client = Client::new(&home.join("reboundd.sock"));
+    if client.is_up().await {
+        return Ok(());
+    }
+    let log = home.join("reboundd.log");
+    let out = rebound_vmm::private::create_file(&log, true)?;
+    let err = out.try_clone()?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["daemon", "--netns", &c.netns(h)])
+        .arg("--listen")
+        .arg(h.daemon.to_string())
+        .arg("--cluster-token")
+        .arg(c.token_path())
+        .env("REBOUND_HOME", &home)
+        .env("REBOUND_RUN", c.host_run(h))
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    rebound_vmm::process::new_session(&mut cmd);
+    let mut child = cmd.spawn().context("cannot start a host's daemon")?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !client.is_up().await {
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!(
+                "the daemon of host {:?} exited ({st}); see {}",
+                h.name,
+                log.display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the daemon of host {:?} did not answer within 15 s; see {}",
+                h.name,
+                log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::thread::spawn(move || child.wait());
+    Ok(())
+}
+
+/// Stops the simulated hosts' daemons and removes their namespaces and the backbone.
+pub async fn hosts_down(c: &Cluster) {
+    for h in c.spec.hosts.iter().filter(|h| h.simulated) {
+        let client = Client::new(&c.host_home(h).join("reboundd.sock"));
+        if client.is_up().await {
+            let _ = client
+                .call::<Value>(Method::POST, "/v1/daemon/shutdown", None)
+                .await;
+        }
+        if let Err(e) = rebound_vmm::net::host_down(&c.netns(h)) {
+            eprintln!("warning: {e}");
+        }
+        let _ = std::fs::remove_dir_all(c.host_run(h));
+    }
+    if let Err(e) = rebound_vmm::net::backbone_down(&c.backbone()) {
+        eprintln!("warning: {e}");
+    }
+}
+
+/// Makes the cluster's token unless it has one (an existing one is kept: real hosts
+/// may hold copies).
+pub fn ensure_token(c: &Cluster) -> anyhow::Result<()> {
+    let p: &Path = &c.token_path();
+    if !p.exists() {
+        ClusterToken::create_file(p)?;
+    }
+    Ok(())
+}

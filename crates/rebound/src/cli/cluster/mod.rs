@@ -1,0 +1,396 @@
+//! `rebound cluster ...`: a cluster of VMs on several hosts, described by a
+//! `cluster.toml` ([`rebound_cluster::spec`]).
+//!
+//! The CLI is the controller: it keeps the cluster's file and state under
+//! `$REBOUND_HOME/clusters/NAME/`, sets up simulated hosts (a network namespace each,
+//! with a bridge joined to the others through a backbone bridge, and a daemon of its
+//! own started with `--netns`), and drives each host's daemon. A simulated host's
+//! daemon is reached on its unix socket (it runs on this machine).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use hyper::Method;
+use rebound_cluster::spec::{ClusterSpec, HostSpec, VmSpec as ClusterVm};
+use rebound_vmm::paths::Paths;
+use serde_json::json;
+
+mod coord;
+mod host;
+mod restore;
+mod snapshot;
+
+use host::{ensure_token, hosts_down, hosts_up, HostLink};
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Record a cluster from its file and set up its simulated hosts (namespaces,
+    /// bridges, one daemon each).
+    Create(CreateArgs),
+    /// Start every VM of the cluster on its host and wait until all are ready.
+    Start(NameArgs),
+    /// Each VM's host, address, state and readiness.
+    Status(NameArgs),
+    /// Stop every VM (the guests power off).
+    Stop(NameArgs),
+    /// Kill and remove every VM, stop the simulated hosts' daemons, remove their
+    /// namespaces and the cluster's state.
+    Rm(NameArgs),
+    /// A consistent snapshot of every VM: all are paused and saved before any runs
+    /// on; each bridge NIC's frames are recorded from the snapshot point on.
+    Snapshot(SnapshotArgs),
+    /// The restore dependency graph of a cluster snapshot, from the frames recorded
+    /// after its snapshot point: who sends to whom (with counts), rings, orphans, and
+    /// the frames in flight at the cut.
+    Graph(GraphArgs),
+    /// Make a new cluster token file (mode 600, 32 random bytes as hex); copy it to
+    /// every host and start each daemon with `--cluster-token FILE`.
+    Token(coord::TokenArgs),
+    /// Restore a plan across hosts' daemons, coordinated by this host's daemon (which
+    /// must run with `--cluster-token`); fails unless every VM is restored.
+    Restore(coord::RestoreArgs),
+    /// One call of another host's daemon API through its cohort's relay (`--listen`);
+    /// prints the JSON answer.
+    Call(coord::CallArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GraphArgs {
+    /// A cluster snapshot directory (`rebound cluster snapshot --out`).
+    pub dir: PathBuf,
+    /// Print the graph in Graphviz's DOT language.
+    #[arg(long, conflicts_with = "json")]
+    pub dot: bool,
+    /// Also draw it to this SVG file (with Graphviz's `dot`).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Only edges with at least this many packets.
+    #[arg(long, default_value_t = 1)]
+    pub min_packets: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    pub name: String,
+    /// The cluster file (`cluster.toml`).
+    #[arg(long)]
+    pub file: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct NameArgs {
+    pub name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    pub name: String,
+    /// The snapshot directory (each VM's snapshot in `DIR/<vm>`, the cluster's
+    /// manifest in `DIR/cluster.json`); it must not exist yet. Hosts must all see it
+    /// at this path.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seconds of post-snapshot trace and packet recording.
+    #[arg(long, default_value_t = 8.0)]
+    pub trace_s: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A cluster's state directory and its checked spec.
+struct Cluster {
+    dir: PathBuf,
+    spec: ClusterSpec,
+    paths: Paths,
+}
+
+fn valid_cluster_name(n: &str) -> bool {
+    (1..=24).contains(&n.len())
+        && n.as_bytes()[0].is_ascii_alphanumeric()
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A short, stable hash for interface names (15 bytes at most).
+fn short(s: &str) -> String {
+    format!("{:08x}", rebound_api::nic::short_hash(s))
+}
+
+impl Cluster {
+    fn dir_of(paths: &Paths, name: &str) -> PathBuf {
+        paths.home.join("clusters").join(name)
+    }
+
+    fn open(paths: &Paths, name: &str) -> anyhow::Result<Cluster> {
+        let dir = Self::dir_of(paths, name);
+        let file = dir.join("cluster.toml");
+        let text = std::fs::read_to_string(&file).map_err(|_| {
+            anyhow::anyhow!(
+                "no cluster {name:?} (rebound cluster create {name} --file cluster.toml)"
+            )
+        })?;
+        let spec = ClusterSpec::parse(&text, name)?;
+        Ok(Cluster {
+            dir,
+            spec,
+            paths: paths.clone(),
+        })
+    }
+
+    fn netns(&self, h: &HostSpec) -> String {
+        format!("rb-{}-{}", self.spec.name, h.name)
+    }
+
+    fn backbone(&self) -> String {
+        format!("rbb{}", short(&self.spec.name))
+    }
+
+    fn host_home(&self, h: &HostSpec) -> PathBuf {
+        self.dir.join("hosts").join(&h.name)
+    }
+
+    fn host_run(&self, h: &HostSpec) -> PathBuf {
+        self.paths
+            .run
+            .join(format!("cluster-{}-{}", self.spec.name, h.name))
+    }
+
+    /// The MAC of a VM's cluster NIC: a function of the cluster and VM names.
+    fn mac(&self, v: &ClusterVm) -> rebound_api::nic::Mac {
+        rebound_api::nic::Mac::for_vm(&format!("{}/{}", self.spec.name, v.name), 0)
+    }
+
+    /// The API spec of one VM of the cluster.
+    fn vm_spec(&self, v: &ClusterVm) -> anyhow::Result<rebound_api::VmSpec> {
+        let mut s = rebound_api::VmSpec::new(&v.name);
+        s.image = Some(v.image.clone().unwrap_or_else(|| "default".into()));
+        if let Some(m) = &v.memory {
+            let bytes = rebound_api::spec::parse_size(m)
+                .with_context(|| format!("VM {:?}: memory {m:?}", v.name))?;
+            s.memory_mib = bytes >> 20;
+        }
+        if let Some(c) = v.cpus {
+            s.cpus = c;
+        }
+        if let Some(w) = &v.workload {
+            s.workload = Some(w.parse()?);
+        }
+        s.workload_args = v.workload_args.clone();
+        if s.workload == Some(rebound_api::Workload::Peer) {
+            let peers: Vec<String> = self
+                .spec
+                .peer_addrs(v)
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            if !peers.is_empty() {
+                s.workload_args.insert("peers".into(), peers.join(","));
+            }
+        }
+        let mac = self.mac(v);
+        s.nics = vec![format!(
+            "bridge={},mac={mac},ip={}/{}",
+            self.spec.bridge, v.ip, self.spec.subnet.1
+        )];
+        s.validate()
+            .with_context(|| format!("VM {:?} of the cluster file", v.name))?;
+        Ok(s)
+    }
+}
+
+pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
+    match c {
+        ClusterCmd::Create(a) => create(paths, a).await,
+        ClusterCmd::Start(a) => start(paths, a).await,
+        ClusterCmd::Status(a) => status(paths, a).await,
+        ClusterCmd::Stop(a) => stop(paths, a).await,
+        ClusterCmd::Rm(a) => rm(paths, a).await,
+        ClusterCmd::Snapshot(a) => snapshot::snapshot(paths, a).await,
+        ClusterCmd::Graph(a) => snapshot::graph(a),
+        ClusterCmd::Token(a) => coord::token(a),
+        ClusterCmd::Restore(a) => coord::restore(paths, a).await,
+        ClusterCmd::Call(a) => coord::call(a).await,
+    }
+}
+
+async fn create(paths: &Paths, a: CreateArgs) -> anyhow::Result<()> {
+    if !valid_cluster_name(&a.name) {
+        bail!(
+            "invalid cluster name {:?}: use 1-24 letters, digits, '-' or '_', starting with a letter or digit",
+            a.name
+        );
+    }
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let spec = ClusterSpec::parse(&text, &a.name)?;
+    for v in &spec.vms {
+        // Every VM's spec must be one the daemons take, before anything is set up.
+        let c = Cluster {
+            dir: PathBuf::new(),
+            spec: spec.clone(),
+            paths: paths.clone(),
+        };
+        c.vm_spec(v)?;
+    }
+    let dir = Cluster::dir_of(paths, &a.name);
+    if dir.join("cluster.toml").exists() {
+        bail!(
+            "cluster {:?} exists already (rebound cluster rm {0} first)",
+            a.name
+        );
+    }
+    rebound_vmm::private::create_dir_all(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::write(dir.join("cluster.toml"), &text)?;
+    let c = Cluster::open(paths, &a.name)?;
+    let r = match ensure_token(&c) {
+        Ok(()) => hosts_up(&c).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = r {
+        // Nothing half made stays behind.
+        hosts_down(&c).await;
+        let _ = std::fs::remove_dir_all(&c.dir);
+        return Err(e);
+    }
+    println!(
+        "cluster {} created: {} hosts, {} VMs on {}/{}",
+        c.spec.name,
+        c.spec.hosts.len(),
+        c.spec.vms.len(),
+        c.spec.subnet.0,
+        c.spec.subnet.1
+    );
+    Ok(())
+}
+
+use super::vm::enc;
+
+async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
+    let c = Cluster::open(paths, &a.name)?;
+    let t0 = Instant::now();
+    let mut started = Vec::new();
+    for v in &c.spec.vms {
+        let client = c.link(&v.host)?;
+        let spec = c.vm_spec(v)?;
+        client
+            .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&spec)?))
+            .await
+            .with_context(|| format!("VM {:?} on host {:?}", v.name, v.host))?;
+        eprintln!("started {} on {} ({})", v.name, v.host, v.ip);
+        started.push((v, client));
+    }
+    for (v, client) in &started {
+        client
+            .call(
+                Method::POST,
+                &format!("/v1/vms/{}/wait?for=ready&timeout_ms=300000", enc(&v.name)),
+                None,
+            )
+            .await
+            .with_context(|| format!("VM {:?} never became ready", v.name))?;
+    }
+    println!(
+        "cluster {}: {} VMs ready in {:.1} s",
+        c.spec.name,
+        started.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn status(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
+    let c = Cluster::open(paths, &a.name)?;
+    let mut rows = Vec::new();
+    for v in &c.spec.vms {
+        let st = match c.link(&v.host) {
+            Ok(cl) => cl
+                .call(Method::GET, &format!("/v1/vms/{}", enc(&v.name)), None)
+                .await
+                .unwrap_or_else(|e| json!({ "state": "unknown", "error": e.to_string() })),
+            Err(e) => json!({ "state": "unknown", "error": e.to_string() }),
+        };
+        rows.push(json!({
+            "vm": v.name,
+            "host": v.host,
+            "ip": v.ip.to_string(),
+            "peers": v.peers,
+            "state": st["state"],
+            "ready": st["ready"],
+            "error": st.get("error"),
+        }));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<8} {:<15} {:<10} {:<6} peers",
+        "vm", "host", "ip", "state", "ready"
+    );
+    for r in rows {
+        println!(
+            "{:<16} {:<8} {:<15} {:<10} {:<6} {}",
+            r["vm"].as_str().unwrap_or(""),
+            r["host"].as_str().unwrap_or(""),
+            r["ip"].as_str().unwrap_or(""),
+            r["state"].as_str().unwrap_or("unknown"),
+            r["ready"]
+                .as_bool()
+                .map_or("-", |b| if b { "yes" } else { "no" }),
+            r["peers"]
+                .as_array()
+                .map(|p| p
+                    .iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn stop(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
+    let c = Cluster::open(paths, &a.name)?;
+    for v in &c.spec.vms {
+        let client = c.link(&v.host)?;
+        match client
+            .call(
+                Method::POST,
+                &format!("/v1/vms/{}/stop", enc(&v.name)),
+                None,
+            )
+            .await
+        {
+            Ok(_) => eprintln!("stopped {}", v.name),
+            Err(e) => eprintln!("{}: {e}", v.name),
+        }
+    }
+    Ok(())
+}
+
+async fn rm(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
+    let c = Cluster::open(paths, &a.name)?;
+    for v in &c.spec.vms {
+        let Ok(client) = c.link(&v.host) else {
+            continue;
+        };
+        if !client.is_up().await {
+            continue;
+        }
+        restore::remove_vm(&client, &v.name).await?;
+    }
+    hosts_down(&c).await;
+    std::fs::remove_dir_all(&c.dir)
+        .with_context(|| format!("cannot remove {}", c.dir.display()))?;
+    println!("cluster {} removed", c.spec.name);
+    Ok(())
+}

@@ -78,6 +78,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Restore(args) => super::bench_restore::run(paths, args).await,
         BenchCmd::Disk(args) => super::bench_disk::run(paths, args).await,
         BenchCmd::Reboot(args) => super::bench_reboot::run(paths, args).await,
+        BenchCmd::Cluster(args) => super::bench_cluster::run(paths, args).await,
         BenchCmd::Boot {
             runs,
             memory,

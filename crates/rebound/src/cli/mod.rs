@@ -10,6 +10,7 @@ use crate::client::Client;
 use rebound_vmm::paths::Paths;
 
 mod bench;
+mod bench_cluster;
 mod bench_crash;
 mod bench_disk;
 mod bench_reboot;
@@ -722,6 +723,11 @@ pub enum BenchCmd {
     /// and warm (`vm reboot --warm`): reads of the file set before and after, and
     /// throughput per second across a reboot under load (CacheMind figures 3-5).
     Reboot(bench_reboot::RebootArgs),
+    /// A cluster of `peer` guests on simulated hosts, under each topology, snapshotted
+    /// and restored three ways side by side (working set, elastic without and with
+    /// the restore line): restore latency, backoff, disruption, retransmissions,
+    /// heartbeat false alarms and a host client's worst request (HotRestore 6.2).
+    Cluster(bench_cluster::ClusterArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {

@@ -19,8 +19,8 @@ use serde_json::json;
 
 mod coord;
 mod host;
-mod restore;
-mod snapshot;
+pub(crate) mod restore;
+pub(crate) mod snapshot;
 
 use host::{ensure_token, hosts_down, hosts_up, HostLink};
 
@@ -105,9 +105,9 @@ pub struct SnapshotArgs {
 }
 
 /// A cluster's state directory and its checked spec.
-struct Cluster {
-    dir: PathBuf,
-    spec: ClusterSpec,
+pub(crate) struct Cluster {
+    pub(crate) dir: PathBuf,
+    pub(crate) spec: ClusterSpec,
     paths: Paths,
 }
 
@@ -221,45 +221,9 @@ pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
 }
 
 async fn create(paths: &Paths, a: CreateArgs) -> anyhow::Result<()> {
-    if !valid_cluster_name(&a.name) {
-        bail!(
-            "invalid cluster name {:?}: use 1-24 letters, digits, '-' or '_', starting with a letter or digit",
-            a.name
-        );
-    }
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
-    let spec = ClusterSpec::parse(&text, &a.name)?;
-    for v in &spec.vms {
-        // Every VM's spec must be one the daemons take, before anything is set up.
-        let c = Cluster {
-            dir: PathBuf::new(),
-            spec: spec.clone(),
-            paths: paths.clone(),
-        };
-        c.vm_spec(v)?;
-    }
-    let dir = Cluster::dir_of(paths, &a.name);
-    if dir.join("cluster.toml").exists() {
-        bail!(
-            "cluster {:?} exists already (rebound cluster rm {0} first)",
-            a.name
-        );
-    }
-    rebound_vmm::private::create_dir_all(&dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    std::fs::write(dir.join("cluster.toml"), &text)?;
-    let c = Cluster::open(paths, &a.name)?;
-    let r = match ensure_token(&c) {
-        Ok(()) => hosts_up(&c).await,
-        Err(e) => Err(e),
-    };
-    if let Err(e) = r {
-        // Nothing half made stays behind.
-        hosts_down(&c).await;
-        let _ = std::fs::remove_dir_all(&c.dir);
-        return Err(e);
-    }
+    let c = create_cluster(paths, &a.name, &text).await?;
     println!(
         "cluster {} created: {} hosts, {} VMs on {}/{}",
         c.spec.name,
@@ -271,11 +235,68 @@ async fn create(paths: &Paths, a: CreateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Records a cluster from its file's text and sets up its simulated hosts; nothing
+/// half made stays behind on failure.
+pub(crate) async fn create_cluster(
+    paths: &Paths,
+    name: &str,
+    text: &str,
+) -> anyhow::Result<Cluster> {
+    let a = (name, text);
+    if !valid_cluster_name(name) {
+        bail!(
+            "invalid cluster name {name:?}: use 1-24 letters, digits, '-' or '_', starting with a letter or digit"
+        );
+    }
+    let (name, text) = a;
+    let spec = ClusterSpec::parse(text, name)?;
+    for v in &spec.vms {
+        // Every VM's spec must be one the daemons take, before anything is set up.
+        let c = Cluster {
+            dir: PathBuf::new(),
+            spec: spec.clone(),
+            paths: paths.clone(),
+        };
+        c.vm_spec(v)?;
+    }
+    let dir = Cluster::dir_of(paths, name);
+    if dir.join("cluster.toml").exists() {
+        bail!("cluster {name:?} exists already (rebound cluster rm {name} first)");
+    }
+    rebound_vmm::private::create_dir_all(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::write(dir.join("cluster.toml"), text)?;
+    let c = Cluster::open(paths, name)?;
+    let r = match ensure_token(&c) {
+        Ok(()) => hosts_up(&c).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = r {
+        // Nothing half made stays behind.
+        hosts_down(&c).await;
+        let _ = std::fs::remove_dir_all(&c.dir);
+        return Err(e);
+    }
+    Ok(c)
+}
+
 use super::vm::enc;
 
 async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
     let c = Cluster::open(paths, &a.name)?;
     let t0 = Instant::now();
+    start_vms(&c).await?;
+    println!(
+        "cluster {}: {} VMs ready in {:.1} s",
+        c.spec.name,
+        c.spec.vms.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Starts every VM of the cluster on its host and waits until all are ready.
+pub(crate) async fn start_vms(c: &Cluster) -> anyhow::Result<()> {
     let mut started = Vec::new();
     for v in &c.spec.vms {
         let client = c.link(&v.host)?;
@@ -297,12 +318,6 @@ async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("VM {:?} never became ready", v.name))?;
     }
-    println!(
-        "cluster {}: {} VMs ready in {:.1} s",
-        c.spec.name,
-        started.len(),
-        t0.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 
@@ -379,6 +394,13 @@ async fn stop(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
 
 async fn rm(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
     let c = Cluster::open(paths, &a.name)?;
+    rm_cluster(&c).await?;
+    Ok(())
+}
+
+/// Kills and removes every VM, stops the simulated hosts' daemons, removes their
+/// namespaces and the cluster's state.
+pub(crate) async fn rm_cluster(c: &Cluster) -> anyhow::Result<()> {
     for v in &c.spec.vms {
         let Ok(client) = c.link(&v.host) else {
             continue;
@@ -388,9 +410,8 @@ async fn rm(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
         }
         restore::remove_vm(&client, &v.name).await?;
     }
-    hosts_down(&c).await;
+    hosts_down(c).await;
     std::fs::remove_dir_all(&c.dir)
         .with_context(|| format!("cannot remove {}", c.dir.display()))?;
-    println!("cluster {} removed", c.spec.name);
     Ok(())
 }

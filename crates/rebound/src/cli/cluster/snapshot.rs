@@ -120,13 +120,30 @@ impl Manifest {
 pub async fn snapshot(paths: &Paths, a: SnapshotArgs) -> anyhow::Result<()> {
     let c = Cluster::open(paths, &a.name)?;
     let out = crate::cli::snapshot::absolute(&a.out)?;
+    let manifest = take(&c, &out, a.trace_s).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&manifest)?);
+    } else {
+        println!(
+            "cluster {} snapshotted into {}: {} VMs, all held {:.2} s after the request",
+            c.spec.name,
+            out.display(),
+            c.spec.vms.len(),
+            manifest.all_held_after_s
+        );
+    }
+    Ok(())
+}
+
+/// A consistent snapshot of every VM of `c` into the new directory `out`.
+pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Result<Manifest> {
     if out.exists() {
         bail!(
             "{} exists already: a snapshot directory must be new",
             out.display()
         );
     }
-    rebound_vmm::private::create_dir_all(&out)?;
+    rebound_vmm::private::create_dir_all(out)?;
     let t0 = Instant::now();
     // Every VM is saved and held paused; the requests answer once each is resumed
     // and its trace is done.
@@ -135,7 +152,7 @@ pub async fn snapshot(paths: &Paths, a: SnapshotArgs) -> anyhow::Result<()> {
         let client = c.link(&v.host)?;
         let body = json!({
             "out": out.join(&v.name).display().to_string(),
-            "trace_s": a.trace_s,
+            "trace_s": trace_s,
             "hold": true,
             "netdump": true,
         });
@@ -211,18 +228,7 @@ pub async fn snapshot(paths: &Paths, a: SnapshotArgs) -> anyhow::Result<()> {
     let tmp = out.join(format!("{MANIFEST}.tmp"));
     std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)?;
     std::fs::rename(&tmp, out.join(MANIFEST))?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&manifest)?);
-    } else {
-        println!(
-            "cluster {} snapshotted into {}: {} VMs, all held {:.2} s after the request",
-            c.spec.name,
-            out.display(),
-            c.spec.vms.len(),
-            held_s
-        );
-    }
-    Ok(())
+    Ok(manifest)
 }
 
 /// Resumes every VM (held or not): nothing is left paused.

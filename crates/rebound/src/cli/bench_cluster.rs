@@ -1,0 +1,755 @@
+//! `rebound bench cluster`: HotRestore section 6.2 on simulated hosts. A cluster of
+//! `peer` guests (8 by default, on 2 simulated hosts) under each topology is
+//! snapshotted once, then restored three ways side by side from the same snapshot:
+//! each VM's whole working set on its own (`working-set`), elastic working sets
+//! without a restore line (`elastic`), and elastic working sets revised to the restore
+//! line and started on it (`line`).
+//!
+//! Per VM and variant: restore latency (its start after the restore began), backoff
+//! (start-time difference to the VMs it sends to, the paper's approximation),
+//! disruption (their sum), the guest's own TCP retransmissions and heartbeat false
+//! alarms (peers it declared dead, all of which were alive: from the guest's `STATS`,
+//! after the restore against before the snapshot) and the worst latency of a host
+//! client's `QUERY` (each a request to all the guest's peers) sent after the VM
+//! started.
+//!
+//! Working sets differ between VMs, as in the paper: each guest also runs `memfill`
+//! over its own amount of memory (`--touch-mib`). Every restore reads its snapshot
+//! cold (the page cache dropped) through each host's own emulated slow disk (a
+//! block-I/O control group holding that host's daemon and its QEMUs), unless
+//! `--disk-read-mbps 0`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use hyper::Method;
+use rebound_cluster::spec::PEER_PORT;
+use rebound_vmm::paths::Paths;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::bench::BenchOut;
+use super::bench_crash::{host_cpus, host_kernel, load_average};
+use super::cluster::restore::{Outcome, RestoreOpts, Variant};
+use super::cluster::Cluster;
+use super::slowdisk::SlowDisk;
+
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    /// VMs in each cluster.
+    #[arg(long, default_value_t = 8)]
+    vms: usize,
+    /// Simulated hosts the VMs are spread over (round robin).
+    #[arg(long, default_value_t = 2)]
+    hosts: usize,
+    /// Guest memory, e.g. 224M (a bare number is MiB).
+    #[arg(long, default_value = "224M", value_parser = super::parse_memory)]
+    memory: u64,
+    /// Topologies: client-server (distcc-like), all-to-all (Elasticsearch-like), ring.
+    #[arg(long, default_value = "client-server,all-to-all,ring")]
+    topologies: String,
+    /// Variants, in the order they run: working-set, elastic, line.
+    #[arg(long, default_value = "working-set,elastic,line")]
+    variants: String,
+    /// MiB each VM's memfill touches every second, one value per VM (cycled).
+    #[arg(long, default_value = "8,40,16,56,24,48,12,32")]
+    touch_mib: String,
+    /// Seconds of post-snapshot trace and packet recording.
+    #[arg(long, default_value_t = 6.0)]
+    trace_s: f64,
+    /// Seconds the guests run after the last one started before their counters are
+    /// read.
+    #[arg(long, default_value_t = 6.0)]
+    settle_s: f64,
+    /// Read limit of each host's emulated disk, MB/s (0: the real disk, cold).
+    #[arg(long, default_value_t = 40)]
+    disk_read_mbps: u32,
+    #[command(flatten)]
+    out: BenchOut,
+}
+
+/// One VM in one restore.
+#[derive(Debug, Clone, Serialize)]
+struct VmRow {
+    vm: String,
+    host: String,
+    touch_mib: u64,
+    ws_pages: u64,
+    restore_latency_s: f64,
+    backoff_s: f64,
+    disruption_s: f64,
+    retransmits: u64,
+    false_alarms: u64,
+    /// The host client's worst QUERY latency among those sent after the VM started.
+    worst_request_s: Option<f64>,
+    /// QUERYs sent after it started that were not answered within the timeout.
+    unanswered: u64,
+}
+
+/// The figures of one restore (or, for `normal`, of as long a run without one).
+#[derive(Debug, Clone, Serialize)]
+struct Summary {
+    max_backoff_s: f64,
+    avg_backoff_s: f64,
+    avg_disruption_s: f64,
+    retransmits: u64,
+    false_alarms: u64,
+    worst_request_s: f64,
+    start_spread_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Run {
+    variant: Variant,
+    vms: Vec<VmRow>,
+    summary: Summary,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Serialize)]
+struct TopologyResult {
+    topology: String,
+    /// The guests' accelerator.
+    accel: String,
+    edges: Vec<(String, String, u64)>,
+    rings: Vec<Vec<String>>,
+    /// The guests' retransmissions and false alarms over `settle_s` of normal running.
+    normal_retransmits: u64,
+    normal_false_alarms: u64,
+    runs: Vec<Run>,
+}
+
+/// A guest's counters, from its `STATS` line.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    retrans: u64,
+    dead: u64,
+}
+
+fn ask(addr: SocketAddr, line: &str, timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
+    request(&mut s, line, timeout)
+}
+
+/// Sends one line on a connection and reads the answer line.
+fn request(s: &mut TcpStream, line: &str, timeout: Duration) -> std::io::Result<String> {
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut out = String::new();
+    BufReader::new(s).read_line(&mut out)?;
+    if out.is_empty() {
+        return Err(std::io::Error::other("closed"));
+    }
+    Ok(out)
+}
+
+fn counters(ip: Ipv4Addr) -> anyhow::Result<Counters> {
+    let addr = SocketAddr::from((ip, PEER_PORT));
+    let mut last = None;
+    for _ in 0..20 {
+        match ask(addr, "STATS", Duration::from_secs(3)) {
+            Ok(l) => {
+                let v: Value = serde_json::from_str(l.trim())
+                    .with_context(|| format!("{ip}: STATS answered {l:?}"))?;
+                return Ok(Counters {
+                    retrans: v["retrans_segs"].as_u64().unwrap_or(0),
+                    dead: v["declared_dead"].as_u64().unwrap_or(0),
+                });
+            }
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    anyhow::bail!("{ip} does not answer STATS: {last:?}")
+}
+
+/// One QUERY: when it was sent (unix ns) and its latency (`None`: no answer).
+type Sample = (i64, Option<f64>);
+
+/// A host client asking every guest `QUERY` in turn, one at a time per guest.
+struct Client {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<BTreeMap<String, Vec<Sample>>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Client {
+    fn start(vms: &[(String, Ipv4Addr)]) -> Client {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples: Arc<Mutex<BTreeMap<String, Vec<Sample>>>> = Default::default();
+        let threads = vms
+            .iter()
+            .cloned()
+            .map(|(vm, ip)| {
+                let (stop, samples) = (stop.clone(), samples.clone());
+                std::thread::spawn(move || {
+                    let addr = SocketAddr::from((ip, PEER_PORT));
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        // A guest that is not there (loading, or not yet answering
+                        // ARP) takes no request: only connected requests count.
+                        let Ok(mut conn) =
+                            TcpStream::connect_timeout(&addr, Duration::from_millis(300))
+                        else {
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        };
+                        let sent = rebound_coord::msg::unix_now_ns();
+                        let t = Instant::now();
+                        let lat =
+                            request(&mut conn, &format!("QUERY b{n}"), Duration::from_secs(5))
+                                .ok()
+                                .filter(|l| l.starts_with("RESULT"))
+                                .map(|_| t.elapsed().as_secs_f64());
+                        samples
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(vm.clone())
+                            .or_default()
+                            .push((sent, lat));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                })
+            })
+            .collect();
+        Client {
+            stop,
+            samples,
+            threads,
+        }
+    }
+
+    fn finish(self) -> BTreeMap<String, Vec<Sample>> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.samples.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--{what}: {x:?} is not valid"))
+        })
+        .collect()
+}
+
+fn cluster_file(a: &ClusterArgs, topology: &str, subnet: u8, touch: &[u64]) -> String {
+    let mut t = format!(
+        "[network]\nsubnet = \"10.86.{subnet}.0/24\"\ntopology = \"{topology}\"\n[defaults]\nmemory = \"{}M\"\nworkload = \"peer\"\n",
+        a.memory
+    );
+    for h in 0..a.hosts {
+        t += &format!("[[host]]\nname = \"h{}\"\nsimulated = true\n", h + 1);
+    }
+    for i in 0..a.vms {
+        t += &format!(
+            "[[vm]]\nname = \"vm{}\"\nhost = \"h{}\"\n[vm.workload_args]\nalso = \"memfill\"\nmemfill = \"{}M\"\n",
+            i + 1,
+            i % a.hosts + 1,
+            touch[i % touch.len()]
+        );
+    }
+    t
+}
+
+/// Drops every file of each VM snapshot from the page cache.
+fn cold(dir: &Path) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            cold(&p)?;
+        } else {
+            rebound_snapshot::drop_page_cache(&p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every guest answers a QUERY with all its peers.
+fn wait_connected(c: &Cluster, timeout: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    for v in &c.spec.vms {
+        let addr = SocketAddr::from((v.ip, PEER_PORT));
+        loop {
+            let ok = ask(addr, "QUERY w", Duration::from_secs(3))
+                .is_ok_and(|l| l.split_whitespace().nth(2) == Some(&v.peers.len().to_string()));
+            if ok {
+                break;
+            }
+            if t.elapsed() > timeout {
+                anyhow::bail!("VM {} does not reach all its peers", v.name);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    Ok(())
+}
+
+fn all_counters(c: &Cluster) -> anyhow::Result<BTreeMap<String, Counters>> {
+    c.spec
+        .vms
+        .iter()
+        .map(|v| Ok((v.name.clone(), counters(v.ip)?)))
+        .collect()
+}
+
+async fn daemon_pids(c: &Cluster) -> anyhow::Result<Vec<(String, u32)>> {
+    let mut out = Vec::new();
+    for h in &c.spec.hosts {
+        let v = c
+            .link(&h.name)?
+            .call(Method::GET, "/v1/health", None)
+            .await?;
+        let pid = v["pid"].as_u64().context("health without pid")? as u32;
+        out.push((h.name.clone(), pid));
+    }
+    Ok(out)
+}
+
+fn summarize(vms: &[VmRow], o: &Outcome) -> Summary {
+    let d = o.disruption.as_ref();
+    Summary {
+        max_backoff_s: d.map_or(f64::NAN, |d| d.max_backoff_s),
+        avg_backoff_s: d.map_or(f64::NAN, |d| d.avg_backoff_s),
+        avg_disruption_s: d.map_or(f64::NAN, |d| d.avg_disruption_s),
+        start_spread_s: d.map_or(f64::NAN, |d| d.start_spread_s),
+        retransmits: vms.iter().map(|v| v.retransmits).sum(),
+        false_alarms: vms.iter().map(|v| v.false_alarms).sum(),
+        worst_request_s: vms
+            .iter()
+            .filter_map(|v| v.worst_request_s)
+            .fold(0.0, f64::max),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn one_restore(
+    c: &Cluster,
+    snap: &Path,
+    variant: Variant,
+    a: &ClusterArgs,
+    before: &BTreeMap<String, Counters>,
+    touch: &BTreeMap<String, u64>,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<Run> {
+    cold(snap)?;
+    let disks = if a.disk_read_mbps > 0 {
+        let mut v = Vec::new();
+        for (h, pid) in daemon_pids(c).await? {
+            let d = SlowDisk::new(
+                &format!("rebound-bench-cluster-{}-{h}", std::process::id()),
+                snap,
+                a.disk_read_mbps as u64 * 1_000_000,
+                0,
+            )?;
+            d.add(pid)?;
+            v.push(d);
+        }
+        v
+    } else {
+        Vec::new()
+    };
+    let vms: Vec<(String, Ipv4Addr)> = c.spec.vms.iter().map(|v| (v.name.clone(), v.ip)).collect();
+    let client = Client::start(&vms);
+    let opts = RestoreOpts {
+        variant,
+        load_rate: None,
+        margin_s: 0.05,
+        replace: true,
+    };
+    let r = super::cluster::restore::restore(c, snap, &opts).await;
+    let o = match r {
+        Ok(o) => o,
+        Err(e) => {
+            client.finish();
+            return Err(e);
+        }
+    };
+    tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
+    let samples = client.finish();
+    drop(disks);
+    let after = all_counters(c)?;
+    let began = o.report.began_unix_ns;
+    let mut rows = Vec::new();
+    for v in &c.spec.vms {
+        let d = o
+            .disruption
+            .as_ref()
+            .and_then(|d| d.vms.iter().find(|x| x.vm == v.name));
+        let start_ns = d.map(|d| began + (d.start_s * 1e9) as i64);
+        let after_start: Vec<&Sample> = samples
+            .get(&v.name)
+            .map(|s| {
+                s.iter()
+                    .filter(|(t, _)| start_ns.is_some_and(|st| *t >= st))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (b, f) = (before[&v.name], after[&v.name]);
+        rows.push(VmRow {
+            vm: v.name.clone(),
+            host: v.host.clone(),
+            touch_mib: touch[&v.name],
+            ws_pages: o
+                .plan
+                .vms
+                .iter()
+                .find(|p| p.vm == v.name)
+                .map_or(0, |p| p.ws_pages),
+            restore_latency_s: d.map_or(f64::NAN, |d| d.start_s),
+            backoff_s: d.map_or(f64::NAN, |d| d.backoff_s),
+            disruption_s: d.map_or(f64::NAN, |d| d.disruption_s),
+            retransmits: f.retrans.saturating_sub(b.retrans),
+            false_alarms: f.dead.saturating_sub(b.dead),
+            worst_request_s: after_start
+                .iter()
+                .map(|(_, l)| l.unwrap_or(5.0))
+                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x)))),
+            unanswered: after_start.iter().filter(|(_, l)| l.is_none()).count() as u64,
+        });
+    }
+    let summary = summarize(&rows, &o);
+    say(&format!(
+        "  {:<12} backoff max {:.3} s avg {:.3} s, disruption avg {:.3} s, retransmits {}, false alarms {}, worst request {:.3} s",
+        variant.as_str(),
+        summary.max_backoff_s,
+        summary.avg_backoff_s,
+        summary.avg_disruption_s,
+        summary.retransmits,
+        summary.false_alarms,
+        summary.worst_request_s
+    ));
+    Ok(Run {
+        variant,
+        vms: rows,
+        summary,
+        outcome: o,
+    })
+}
+
+async fn one_topology(
+    paths: &Paths,
+    a: &ClusterArgs,
+    topology: &str,
+    k: usize,
+    variants: &[Variant],
+    scratch: &Path,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<TopologyResult> {
+    let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
+    let name = format!("bc{}{k}", std::process::id() % 100_000);
+    let text = cluster_file(a, topology, 10 + k as u8, &touch);
+    let c = super::cluster::create_cluster(paths, &name, &text).await?;
+    let r = async {
+        say(&format!("{topology}: starting {} VMs on {} hosts", a.vms, a.hosts));
+        super::cluster::start_vms(&c).await?;
+        wait_connected(&c, Duration::from_secs(120))?;
+        let first = &c.spec.vms[0];
+        let st = c
+            .link(&first.host)?
+            .call(
+                Method::GET,
+                &format!("/v1/vms/{}", super::vm::enc(&first.name)),
+                None,
+            )
+            .await?;
+        let accel = st["accel"].as_str().unwrap_or("unknown").to_string();
+        // Normal running, as long as a restore is watched: what noise looks like.
+        let n0 = all_counters(&c)?;
+        tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
+        let before = all_counters(&c)?;
+        let (normal_retransmits, normal_false_alarms) = n0.iter().fold((0, 0), |(r, d), (vm, c0)| {
+            let c1 = before[vm];
+            (
+                r + c1.retrans.saturating_sub(c0.retrans),
+                d + c1.dead.saturating_sub(c0.dead),
+            )
+        });
+        let snap = scratch.join(format!("{topology}-snap"));
+        let _ = std::fs::remove_dir_all(&snap);
+        super::cluster::snapshot::take(&c, &snap, a.trace_s).await?;
+        let (_, traffic) = super::cluster::snapshot::traffic(&snap, 1)?;
+        say(&format!(
+            "{topology}: snapshot taken; {} edges, {} rings; over {:.0} s of normal running: {normal_retransmits} retransmits, {normal_false_alarms} false alarms",
+            traffic.rdg.edges.len(),
+            traffic.rdg.rings.len(),
+            a.settle_s
+        ));
+        let touch_of: BTreeMap<String, u64> = c
+            .spec
+            .vms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.name.clone(), touch[i % touch.len()]))
+            .collect();
+        let mut runs = Vec::new();
+        for &v in variants {
+            runs.push(one_restore(&c, &snap, v, a, &before, &touch_of, say).await?);
+        }
+        let _ = std::fs::remove_dir_all(&snap);
+        Ok::<_, anyhow::Error>(TopologyResult {
+            topology: topology.to_string(),
+            accel,
+            edges: traffic
+                .rdg
+                .edges
+                .iter()
+                .map(|e| (e.sender.clone(), e.receiver.clone(), e.packets))
+                .collect(),
+            rings: traffic.rdg.rings.clone(),
+            normal_retransmits,
+            normal_false_alarms,
+            runs,
+        })
+    }
+    .await;
+    if let Err(e) = super::cluster::rm_cluster(&c).await {
+        say(&format!("warning: cannot remove cluster {name}: {e}"));
+    }
+    r
+}
+
+pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
+    if a.vms < 2 || a.hosts < 1 || a.hosts > 8 || a.vms > 32 {
+        anyhow::bail!("--vms must be 2 to 32 and --hosts 1 to 8");
+    }
+    let topologies: Vec<String> = parse_list(&a.topologies, "topologies")?;
+    for t in &topologies {
+        if !["client-server", "all-to-all", "ring"].contains(&t.as_str()) {
+            anyhow::bail!("--topologies: {t:?} is not client-server, all-to-all or ring");
+        }
+    }
+    let variants: Vec<Variant> = a
+        .variants
+        .split(',')
+        .map(|v| {
+            <Variant as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
+                anyhow::anyhow!("--variants: {v:?} is not working-set, elastic or line")
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
+    if touch.is_empty() || touch.iter().any(|&t| t + 96 > a.memory) {
+        anyhow::bail!("--touch-mib: give MiB values that leave the guest at least 96 MiB");
+    }
+    super::connect(paths).await?;
+    let scratch = a.out.scratch("cluster")?;
+    let json_out = a.out.json;
+    let say = move |s: &str| {
+        if json_out {
+            eprintln!("{s}");
+        } else {
+            println!("{s}");
+        }
+    };
+    let t0 = Instant::now();
+    let mut results = Vec::new();
+    for (k, t) in topologies.iter().enumerate() {
+        results.push(one_topology(paths, &a, t, k, &variants, &scratch, &say).await?);
+    }
+    if a.out.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    let per_variant: BTreeMap<&str, Summary> = variants
+        .iter()
+        .map(|v| {
+            let sums: Vec<&Summary> = results
+                .iter()
+                .flat_map(|r| {
+                    r.runs
+                        .iter()
+                        .filter(|x| x.variant == *v)
+                        .map(|x| &x.summary)
+                })
+                .collect();
+            let n = sums.len().max(1) as f64;
+            (
+                v.as_str(),
+                Summary {
+                    max_backoff_s: sums.iter().map(|s| s.max_backoff_s).fold(0.0, f64::max),
+                    avg_backoff_s: sums.iter().map(|s| s.avg_backoff_s).sum::<f64>() / n,
+                    avg_disruption_s: sums.iter().map(|s| s.avg_disruption_s).sum::<f64>() / n,
+                    retransmits: sums.iter().map(|s| s.retransmits).sum(),
+                    false_alarms: sums.iter().map(|s| s.false_alarms).sum(),
+                    worst_request_s: sums.iter().map(|s| s.worst_request_s).fold(0.0, f64::max),
+                    start_spread_s: sums.iter().map(|s| s.start_spread_s).fold(0.0, f64::max),
+                },
+            )
+        })
+        .collect();
+    let goals = match (per_variant.get("line"), per_variant.get("working-set")) {
+        (Some(l), Some(w)) => json!({
+            "max_backoff_at_most_50ms": l.max_backoff_s <= 0.05,
+            "disruption_at_most_half_of_working_set": l.avg_disruption_s <= 0.5 * w.avg_disruption_s,
+            "disruption_ratio_line_to_working_set": l.avg_disruption_s / w.avg_disruption_s,
+            "zero_false_alarms_with_line": l.false_alarms == 0,
+        }),
+        _ => Value::Null,
+    };
+    let accel: Vec<&str> = results.iter().map(|r| r.accel.as_str()).collect();
+    let doc = json!({
+        "bench": "cluster",
+        "accelerator": accel,
+        "host": { "cpus": host_cpus(), "kernel": host_kernel(), "load_average_after": load_average() },
+        "vms": a.vms, "hosts": a.hosts, "memory_mib": a.memory,
+        "disk_read_mbps": a.disk_read_mbps,
+        "seconds": t0.elapsed().as_secs_f64(),
+        "variants": per_variant,
+        "goals": goals,
+        "topologies": results,
+    });
+    if let Some(svg) = &a.out.svg {
+        std::fs::write(svg, draw(&results, &variants))
+            .with_context(|| format!("cannot write {}", svg.display()))?;
+    }
+    if a.out.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "{:<12} {:>14} {:>14} {:>17} {:>11} {:>12} {:>15}",
+            "variant",
+            "max_backoff_s",
+            "avg_backoff_s",
+            "avg_disruption_s",
+            "retransmits",
+            "false_alarms",
+            "worst_request_s"
+        );
+        for (v, s) in &per_variant {
+            println!(
+                "{:<12} {:>14.3} {:>14.3} {:>17.3} {:>11} {:>12} {:>15.3}",
+                v,
+                s.max_backoff_s,
+                s.avg_backoff_s,
+                s.avg_disruption_s,
+                s.retransmits,
+                s.false_alarms,
+                s.worst_request_s
+            );
+        }
+        println!("goals: {goals}");
+    }
+    Ok(())
+}
+
+/// Figure 7 of the paper, per topology: each VM's restore latency (grey) and backoff
+/// (red), one bar per variant.
+fn draw(results: &[TopologyResult], variants: &[Variant]) -> String {
+    let rows: usize = results
+        .first()
+        .map_or(0, |r| r.runs.first().map_or(0, |x| x.vms.len()));
+    let bar = 9.0;
+    let group = bar * variants.len() as f64 + 6.0;
+    let panel_h = group * rows as f64 + 40.0;
+    let (left, panel_w) = (60.0, 330.0);
+    let w = (left + panel_w * results.len() as f64 + 20.0)
+        .max(left + 170.0 * (variants.len() + 1) as f64);
+    let h = panel_h + 60.0;
+    let max = results
+        .iter()
+        .flat_map(|r| {
+            r.runs
+                .iter()
+                .flat_map(|x| x.vms.iter().map(|v| v.disruption_s))
+        })
+        .filter(|x| x.is_finite())
+        .fold(0.1, f64::max);
+    let colors = ["#444", "#888", "#bbb"];
+    let mut s = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11">
+<rect width="100%" height="100%" fill="white"/>
+"##
+    );
+    for (p, r) in results.iter().enumerate() {
+        let x0 = left + panel_w * p as f64;
+        let scale = (panel_w - 40.0) / max;
+        s += &format!(
+            "<text x=\"{:.0}\" y=\"16\" font-weight=\"bold\">{}</text>\n",
+            x0, r.topology
+        );
+        for (i, vm) in r
+            .runs
+            .first()
+            .map(|x| &x.vms[..])
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+        {
+            let y = 30.0 + group * i as f64;
+            if p == 0 {
+                s += &format!(
+                    "<text x=\"8\" y=\"{:.0}\">{}</text>\n",
+                    y + group / 2.0,
+                    vm.vm
+                );
+            }
+            for (j, run) in r.runs.iter().enumerate() {
+                let Some(v) = run.vms.get(i) else { continue };
+                if !v.restore_latency_s.is_finite() {
+                    continue;
+                }
+                let yb = y + bar * j as f64;
+                let lw = v.restore_latency_s * scale;
+                let bw = v.backoff_s.max(0.0) * scale;
+                s += &format!(
+                    "<rect x=\"{x0:.1}\" y=\"{yb:.1}\" width=\"{lw:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{} {}: restore {:.3} s</title></rect>\n",
+                    bar - 1.0,
+                    colors[j % colors.len()],
+                    vm.vm,
+                    run.variant.as_str(),
+                    v.restore_latency_s
+                );
+                if bw > 0.0 {
+                    s += &format!(
+                        "<rect x=\"{:.1}\" y=\"{yb:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"#d62728\"><title>backoff {:.3} s</title></rect>\n",
+                        x0 + lw,
+                        bar - 1.0,
+                        v.backoff_s
+                    );
+                }
+            }
+        }
+        let yb = 30.0 + group * rows as f64 + 12.0;
+        s += &format!(
+            "<line x1=\"{x0:.0}\" y1=\"{:.0}\" x2=\"{:.0}\" y2=\"{:.0}\" stroke=\"black\"/>\n<text x=\"{x0:.0}\" y=\"{:.0}\">0</text><text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{max:.2} s</text>\n",
+            yb - 8.0,
+            x0 + panel_w - 40.0,
+            yb - 8.0,
+            yb + 4.0,
+            x0 + panel_w - 40.0,
+            yb + 4.0
+        );
+    }
+    let ly = panel_h + 35.0;
+    for (j, v) in variants.iter().enumerate() {
+        let lx = left + 170.0 * j as f64;
+        s += &format!(
+            "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"9\" fill=\"{}\"/><text x=\"{:.0}\" y=\"{ly:.0}\">{} restore latency</text>\n",
+            ly - 8.0,
+            colors[j % colors.len()],
+            lx + 16.0,
+            v.as_str()
+        );
+    }
+    let lx = left + 170.0 * variants.len() as f64;
+    s += &format!(
+        "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"9\" fill=\"#d62728\"/><text x=\"{:.0}\" y=\"{ly:.0}\">backoff</text>\n</svg>\n",
+        ly - 8.0,
+        lx + 16.0
+    );
+    s
+}

@@ -361,7 +361,8 @@ host = "h2"
     for v in ["client", "s1", "s2"] {
         env.ok(&["snapshot", "verify", snap.join(v).to_str().unwrap()]);
     }
-    // The client sends to both servers, they answer: one ring of three.
+    // The client sends to both servers over its own connections: it depends on them,
+    // their replies do not make them depend on it.
     let g: Value =
         serde_json::from_str(&env.ok(&["cluster", "graph", snap.to_str().unwrap(), "--json"]))
             .unwrap();
@@ -376,15 +377,14 @@ host = "h2"
             )
         })
         .collect();
-    for (s, r) in [
-        ("client", "s1"),
-        ("client", "s2"),
-        ("s1", "client"),
-        ("s2", "client"),
-    ] {
-        assert!(edges.contains(&(s.into(), r.into())), "{s}->{r}: {g}");
-    }
-    assert!(!edges.contains(&("s1".into(), "s2".into())), "{g}");
+    assert_eq!(
+        edges,
+        vec![
+            ("client".into(), "s1".into()),
+            ("client".into(), "s2".into())
+        ],
+        "{g}"
+    );
     let svg = env.home.path().join("g.svg");
     env.ok(&[
         "cluster",
@@ -396,10 +396,201 @@ host = "h2"
     let svg = std::fs::read_to_string(svg).unwrap();
     assert!(svg.contains("<svg") && svg.contains("client"), "{svg}");
 
+    restore_faults_before_anything_is_touched(&env, &name, &snap);
+    // Restored on the restore line: the servers start before the client that sends to
+    // them, and the client reaches both again.
+    let snap_s = snap.to_str().unwrap();
+    let e = env.fails(&["cluster", "restore", &name, "--from", snap_s]);
+    assert!(e.contains("--replace"), "{e}");
+    let out: Value = serde_json::from_str(&env.ok(&[
+        "cluster",
+        "restore",
+        &name,
+        "--from",
+        snap_s,
+        "--variant",
+        "line",
+        "--replace",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(out["report"]["outcome"]["result"], "restored", "{out}");
+    let start = |vm: &str| report_vm(&out, vm)["start_s"].as_f64().unwrap();
+    assert!(
+        start("s1") <= start("client") && start("s2") <= start("client"),
+        "{out}"
+    );
+    assert_eq!(
+        out["disruption"]["vms"].as_array().unwrap().len(),
+        3,
+        "{out}"
+    );
+    common::eventually(
+        Duration::from_secs(60),
+        "the restored client to reach both servers",
+        || {
+            let r = ask_at("10.79.3.11", "QUERY r")?;
+            r.starts_with("RESULT r 2 ").then_some(())
+        },
+    );
+
+    a_cohort_host_dying_mid_restore_aborts_its_peers(&env, &name, &snap);
+
     env.ok(&["cluster", "rm", &name]);
     assert!(!namespaces().contains(&netns("h1")), "{}", namespaces());
     let e = env.fails(&["cluster", "status", &name]);
     assert!(e.contains("no cluster"), "{e}");
+}
+
+/// One VM's entry in a `cluster restore --json` report.
+fn report_vm<'a>(out: &'a Value, vm: &str) -> &'a Value {
+    out["report"]["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["vm"] == vm)
+        .unwrap_or_else(|| panic!("no VM {vm} in {out}"))
+}
+
+/// A cluster snapshot that does not match the cluster, or whose constraints cannot be
+/// met, is refused in one line before any VM is touched.
+fn restore_faults_before_anything_is_touched(env: &Env, name: &str, snap: &std::path::Path) {
+    let manifest = snap.join("cluster.json");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    let snap_s = snap.to_str().unwrap();
+    let restore = || env.fails(&["cluster", "restore", name, "--from", snap_s, "--replace"]);
+    let mut m: Value = serde_json::from_str(&original).unwrap();
+    // s1's entry points at s2's snapshot.
+    for v in m["vms"].as_array_mut().unwrap() {
+        if v["vm"] == "s1" {
+            v["dir"] = "s2".into();
+        }
+    }
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let e = restore();
+    assert!(e.contains("not of VM \"s1\""), "{e}");
+    // A snapshot directory that is not there.
+    let mut m: Value = serde_json::from_str(&original).unwrap();
+    m["vms"][1]["dir"] = "gone".into();
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let e = restore();
+    assert!(
+        e.contains("the snapshot of VM") && e.contains("gone"),
+        "{e}"
+    );
+    // A VM the cluster does not have.
+    let mut m: Value = serde_json::from_str(&original).unwrap();
+    let mut ghost = m["vms"][0].clone();
+    ghost["vm"] = "ghost".into();
+    m["vms"].as_array_mut().unwrap().push(ghost);
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let e = restore();
+    assert!(e.contains("\"ghost\""), "{e}");
+    for bad in [
+        "",
+        "{",
+        "{\"format\": \"rebound-cluster-snapshot\", \"version\": 9}",
+    ] {
+        std::fs::write(&manifest, bad).unwrap();
+        let e = restore();
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+    }
+    std::fs::write(&manifest, &original).unwrap();
+    // Loading every page would take microseconds at this rate, yet a server must be up
+    // a whole margin before the client: no restore line exists.
+    let e = env.fails(&[
+        "cluster",
+        "restore",
+        name,
+        "--from",
+        snap_s,
+        "--replace",
+        "--load-rate",
+        "1e9",
+        "--margin-s",
+        "0.5",
+    ]);
+    assert!(
+        e.contains("No restore line exists") && e.contains("client"),
+        "{e}"
+    );
+    // Nothing was touched: every VM still runs.
+    let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", name, "--json"])).unwrap();
+    for v in st.as_array().unwrap() {
+        assert_eq!(v["state"], "running", "{st}");
+    }
+}
+
+/// The daemon of the servers' host is killed while the cluster restores: the
+/// coordinator gives up on it, reports its VMs as unknown and aborts the client, which
+/// waits for them and is removed from its host; the cluster can still be removed.
+fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap: &std::path::Path) {
+    let host = |h: &str| {
+        rebound::client::Client::new(
+            &env.home
+                .path()
+                .join("clusters")
+                .join(name)
+                .join("hosts")
+                .join(h)
+                .join("reboundd.sock"),
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let get = |h: &str, path: &str| -> Option<Value> {
+        rt.block_on(host(h).call(hyper::Method::GET, path, None))
+            .ok()
+    };
+    let pid = get("h2", "/v1/health").unwrap()["pid"].as_u64().unwrap();
+    let child = env
+        .cmd(&[
+            "cluster",
+            "restore",
+            name,
+            "--from",
+            snap.to_str().unwrap(),
+            "--variant",
+            "line",
+            "--replace",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the servers' host has removed s1 (--replace) and is loading it again, its
+    // daemon dies.
+    common::eventually(Duration::from_secs(60), "s1 to be replaced", || {
+        get("h2", "/v1/vms/s1").is_none().then_some(())
+    });
+    common::eventually(Duration::from_secs(60), "h2 to load s1 again", || {
+        get("h2", "/v1/vms/s1").map(|_| ())
+    });
+    let k = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(k.success());
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !o.status.success(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    assert_eq!(out["report"]["outcome"]["result"], "aborted", "{out}");
+    let state = |vm: &str| report_vm(&out, vm)["state"].as_str().unwrap().to_string();
+    assert_eq!(state("client"), "aborted", "{out}");
+    assert_eq!(state("s1"), "unknown", "{out}");
+    assert_eq!(state("s2"), "unknown", "{out}");
+    let r = get("h1", "/v1/vms/client");
+    assert!(r.is_none(), "the aborted client is still on h1: {r:?}");
 }
 
 /// Sends `line` to a guest's peer port at its cluster address.

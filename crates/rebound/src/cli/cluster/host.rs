@@ -120,6 +120,15 @@ pub async fn hosts_up(c: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts the daemon of every simulated host whose daemon does not answer (one that
+/// died is started again and takes its VMs back).
+pub async fn daemons_up(c: &Cluster) -> anyhow::Result<()> {
+    for h in c.spec.hosts.iter().filter(|h| h.simulated) {
+        start_host_daemon(c, h).await?;
+    }
+    Ok(())
+}
+
 async fn start_host_daemon(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     let home = c.host_home(h);
     rebound_vmm::private::create_dir_all(&home)?;

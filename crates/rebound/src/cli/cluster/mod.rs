@@ -22,7 +22,7 @@ mod host;
 pub(crate) mod restore;
 pub(crate) mod snapshot;
 
-use host::{ensure_token, hosts_down, hosts_up, HostLink};
+use host::{daemons_up, ensure_token, hosts_down, hosts_up, HostLink};
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCmd {
@@ -297,6 +297,7 @@ async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
 
 /// Starts every VM of the cluster on its host and waits until all are ready.
 pub(crate) async fn start_vms(c: &Cluster) -> anyhow::Result<()> {
+    daemons_up(c).await?;
     let mut started = Vec::new();
     for v in &c.spec.vms {
         let client = c.link(&v.host)?;
@@ -401,6 +402,10 @@ async fn rm(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
 /// Kills and removes every VM, stops the simulated hosts' daemons, removes their
 /// namespaces and the cluster's state.
 pub(crate) async fn rm_cluster(c: &Cluster) -> anyhow::Result<()> {
+    // A host whose daemon died still has its VMs: its daemon takes them back first.
+    if let Err(e) = daemons_up(c).await {
+        eprintln!("warning: {e:#}");
+    }
     for v in &c.spec.vms {
         let Ok(client) = c.link(&v.host) else {
             continue;

@@ -371,8 +371,10 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
     if !(opts.margin_s >= 0.0 && opts.margin_s < 60.0) {
         bail!("--margin-s must be 0 or more seconds (and under 60)");
     }
-    let (m, traffic) = super::snapshot::traffic(from, 1)?;
+    // The snapshots are checked against the cluster before their dumps are read.
+    let m = Manifest::read(from)?;
     let mut figs = figures(c, &m, from)?;
+    let (_, traffic) = super::snapshot::traffic(from, 1)?;
     let rate_source = rates(c, &mut figs, opts.load_rate)?;
     let edges = traffic.rdg.edges.clone();
     let replay = super::snapshot::replay_files(from, &m);

@@ -273,6 +273,22 @@ fn a_coordinated_snapshot_holds_every_guest_until_all_are_saved_and_records_who_
     let (m, _) = b.finish();
     assert!(m.count("s1", "s2") > 5, "{m:?}");
     assert!(m.count("s2", "s1") > 5, "{m:?}");
+    // Each file holds the direction its name says, from the guest's side: the
+    // guest's own MAC is the source of every frame it sent and of none it received.
+    for n in ["s1", "s2"] {
+        let mac = rebound_api::nic::Mac::for_vm(n, 0).0;
+        for (q, own) in [("rx", false), ("tx", true)] {
+            let f = out(n).join(format!("net1-{q}.pcap"));
+            let frames: Vec<_> = rebound_cluster::pcap::PcapReader::open(&f, Default::default())
+                .unwrap()
+                .map(|r| r.unwrap().data)
+                .collect();
+            assert!(!frames.is_empty(), "{}", f.display());
+            for d in &frames {
+                assert_eq!(d[6..12] == mac, own, "{}: {d:02x?}", f.display());
+            }
+        }
+    }
     // Each snapshot is whole: the offline checker agrees.
     for n in ["s1", "s2"] {
         env.ok(&["snapshot", "verify", out(n).to_str().unwrap()]);

@@ -366,8 +366,15 @@ fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, OpError> {
 }
 
 /// Starts QEMU's `filter-dump` on each bridge NIC (`net1`..: `net0` is the user
-/// network), received and sent frames in files of their own, `net<i>-rx.pcap` and
-/// `net<i>-tx.pcap` in `dir`; returns the filters' ids.
+/// network), the frames the guest received and sent in files of their own,
+/// `net<i>-rx.pcap` and `net<i>-tx.pcap` in `dir`; returns the filters' ids.
+///
+/// QEMU names a filter's queue from the netdev's side, not the guest's: `rx` holds
+/// what the netdev (the tap) receives, which is what the guest sent, and `tx` what
+/// the netdev sends, which is what the guest receives (`qapi/net.json`'s
+/// `NetFilterDirection`; `qemu_send_packet_async_with_flags` runs the sender's `tx`
+/// filters, then the peer's `rx` ones). Checked on QEMU 7.2: the guest's own frames,
+/// with its MAC as their source, are in the `rx` queue's dump.
 async fn add_netdumps(
     q: &rebound_vmm::qmp::Qmp,
     dir: &std::path::Path,
@@ -375,9 +382,10 @@ async fn add_netdumps(
 ) -> Result<Vec<String>, OpError> {
     let mut ids = Vec::new();
     for i in 1..=nics {
-        for queue in ["rx", "tx"] {
-            let id = format!("rbdump-net{i}-{queue}");
-            let file = dir.join(format!("net{i}-{queue}.pcap"));
+        // (the guest's direction, the netdev's queue)
+        for (guest, queue) in [("rx", "tx"), ("tx", "rx")] {
+            let id = format!("rbdump-net{i}-{guest}");
+            let file = dir.join(format!("net{i}-{guest}.pcap"));
             q.execute(
                 "object-add",
                 Some(serde_json::json!({

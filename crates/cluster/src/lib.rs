@@ -7,7 +7,10 @@
 //! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
 //! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
 //! - [`disruption`]: start times + edges → each VM's backoff and disruption.
-//! - [`inflight`]: the frames in flight at a consistent cut, from the dumps.
+//! - [`inflight`]: the frames in flight at a consistent cut, from the dumps, and
+//!   one VM's of them written to a pcap file to replay.
+//! - [`replay`]: a replay file read back within QEMU's limits, framed for its
+//!   `filter-redirector`.
 //! - [`spec`]: `cluster.toml`, the VMs, their hosts and the network, checked.
 //!
 //! Everything here is pure computation on files and numbers: no VM is touched.
@@ -18,6 +21,7 @@ pub mod line;
 pub mod pcap;
 pub mod plan;
 pub mod rdg;
+pub mod replay;
 pub mod spec;
 pub mod traffic;
 

@@ -1,6 +1,7 @@
 //! Reader for the packet dumps QEMU's `-object filter-dump,id=F,netdev=N,file=P`
 //! writes, decoded just far enough (Ethernet → IPv4 → TCP/UDP) to tell who sent
-//! a dependency-carrying packet to whom.
+//! a dependency-carrying packet to whom; and [`write_pcap`], a writer of the same
+//! format (the frames a restore replays, `crate::replay`).
 //!
 //! Why: the restore dependency graph (HotRestore §4.1) is built from the packets
 //! the VMs exchanged around the snapshot. QEMU already records them; we only
@@ -53,7 +54,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, Read, Write};
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::str::FromStr;
@@ -712,6 +713,42 @@ impl<R: Read> Iterator for Frames<R> {
         let wire = (record.orig_len as usize).saturating_sub(skip);
         Some(Frame::parse(record.timestamp_us, &record.data[skip..], wire).map_err(bad))
     }
+}
+
+/// Writes a pcap file the way QEMU's `filter-dump` does (the header's fields as in
+/// `net_dump_state_init`, native byte order, link type Ethernet), one record per
+/// `(timestamp in µs, frame)`, every frame whole. The snaplen is QEMU's 65536, or
+/// the largest frame if that is larger; a frame the reader would refuse (above
+/// [`MAX_RECORD_LEN`]) is refused here too.
+pub fn write_pcap<W: Write>(mut out: W, records: &[(u64, &[u8])]) -> io::Result<()> {
+    let largest = records.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
+    if largest > MAX_RECORD_LEN as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a frame of {largest} bytes is larger than pcap's limit of {MAX_RECORD_LEN}"),
+        ));
+    }
+    let snaplen = (largest as u32).max(65536);
+    let mut h = Vec::with_capacity(FILE_HEADER_LEN);
+    h.extend_from_slice(&PCAP_MAGIC_US.to_ne_bytes());
+    h.extend_from_slice(&2u16.to_ne_bytes());
+    h.extend_from_slice(&4u16.to_ne_bytes());
+    h.extend_from_slice(&0u32.to_ne_bytes()); // thiszone
+    h.extend_from_slice(&0u32.to_ne_bytes()); // sigfigs
+    h.extend_from_slice(&snaplen.to_ne_bytes());
+    h.extend_from_slice(&LINKTYPE_ETHERNET.to_ne_bytes());
+    out.write_all(&h)?;
+    for (ts, data) in records {
+        let secs = u32::try_from(ts / 1_000_000).unwrap_or(u32::MAX);
+        let len = data.len() as u32;
+        let mut r = Vec::with_capacity(RECORD_HEADER_LEN + data.len());
+        for v in [secs, (ts % 1_000_000) as u32, len, len] {
+            r.extend_from_slice(&v.to_ne_bytes());
+        }
+        r.extend_from_slice(data);
+        out.write_all(&r)?;
+    }
+    out.flush()
 }
 
 #[cfg(test)]

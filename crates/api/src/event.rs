@@ -193,6 +193,9 @@ pub enum EventData {
     /// The guest's `peer` workload declared a peer dead (silent `silent_ms` while this
     /// guest ran) or alive again.
     Peer(PeerEvent),
+    /// A restore held paused handed `frames` frames (`bytes` bytes) to QEMU for the
+    /// guest on bridge NIC `nic` (`net<nic>`); the guest receives them when it runs.
+    FramesReplayed { nic: u32, frames: u64, bytes: u64 },
 }
 
 /// A change the `peer` workload saw in one of its peers.
@@ -260,6 +263,7 @@ impl EventData {
             EventData::Prefetched(_) => "prefetched",
             EventData::Peer(_) => "peer",
             EventData::SnapshotHeld { .. } => "snapshot_held",
+            EventData::FramesReplayed { .. } => "frames_replayed",
         }
     }
 

@@ -25,8 +25,8 @@ pub use event::{Event, EventData, IoReport, PeerEvent, EVENT_LOG_VERSION};
 pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
 pub use reply::{ErrorBody, Health, MarkerReply, VmcoreinfoReply};
 pub use snapshot::{
-    RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult,
-    StockSave,
+    ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
+    SnapshotRequest, SnapshotResult, StockSave,
 };
 pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};
 pub use status::{Accel, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

@@ -172,6 +172,32 @@ pub struct RestoreRequest {
     /// snapshot's VM may still hold its own.
     #[serde(default)]
     pub forwards: Option<Vec<crate::spec::Forward>>,
+    /// Frames to deliver to the guest on its bridge NICs before it runs, such as the
+    /// frames in flight to it at a cluster snapshot's cut; only with `paused` (they
+    /// wait in QEMU's network queue and reach the guest when `vm resume` starts it).
+    #[serde(default)]
+    pub replay: Option<Vec<ReplayNic>>,
+}
+
+/// One bridge NIC's frames to replay into a restored guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayNic {
+    /// The bridge NIC: 1 for the VM spec's first `nics` entry (QEMU's netdev `net1`;
+    /// `net0` is the user network).
+    pub nic: u32,
+    /// Absolute path of a pcap file (link type Ethernet, as QEMU's `filter-dump` and
+    /// `rebound_cluster::inflight::write_replay` write) of whole frames, delivered in
+    /// file order.
+    pub pcap: String,
+}
+
+/// The frames a restore delivered on one bridge NIC before the guest ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayedFrames {
+    pub nic: u32,
+    pub frames: u64,
+    pub bytes: u64,
 }
 
 pub fn default_watch_s() -> f64 {
@@ -224,6 +250,9 @@ pub struct RestoreReport {
     /// Why the background loader stopped early (memory then never fully loads).
     #[serde(default)]
     pub background_error: Option<String>,
+    /// The frames `replay` delivered, per bridge NIC, before the guest ran.
+    #[serde(default)]
+    pub replayed_frames: Vec<ReplayedFrames>,
     /// Where the working set came from (`post-snapshot`, `restore`), or none.
     pub trace_source: Option<String>,
     /// This restore recorded the snapshot's trace (it had none).

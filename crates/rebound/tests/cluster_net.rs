@@ -12,10 +12,10 @@ use serde_json::Value;
 use crate::common::{self, Env};
 
 /// A network namespace with a bridge `br0`; removed (with its taps) when dropped.
-struct Netns(String);
+pub(crate) struct Netns(pub(crate) String);
 
 impl Netns {
-    fn new(tag: &str) -> Netns {
+    pub(crate) fn new(tag: &str) -> Netns {
         let name = format!("rbt{tag}{}", std::process::id());
         let ip = |args: &[&str]| {
             let o = Command::new("ip").args(args).output().expect("run ip");
@@ -34,7 +34,7 @@ impl Netns {
     }
 
     /// Runs `f` on a thread inside the namespace (where the VMs' forwards listen).
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+    pub(crate) fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let ns = self.0.clone();
         std::thread::spawn(move || {
             rebound_vmm::net::enter_netns(&ns).expect("enter the namespace");
@@ -81,7 +81,7 @@ fn ask_addr(addr: std::net::SocketAddr, line: &str) -> Option<String> {
 }
 
 /// A daemon in the namespace, for `env`; it serves before this returns.
-fn daemon_in(env: &Env, ns: &Netns) {
+pub(crate) fn daemon_in(env: &Env, ns: &Netns) {
     let mut child = env
         .cmd(&["daemon", "--netns", &ns.0])
         .stdout(Stdio::null())
@@ -97,7 +97,7 @@ fn daemon_in(env: &Env, ns: &Netns) {
     });
 }
 
-fn stopped(env: &Env, name: &str) {
+pub(crate) fn stopped(env: &Env, name: &str) {
     env.get_ok(
         "POST",
         &format!("/v1/vms/{name}/wait?for=stopped&timeout_ms=20000"),

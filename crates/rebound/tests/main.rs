@@ -13,6 +13,7 @@ mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
 mod privacy;
+mod replay;
 mod restore;
 mod restore_faults;
 mod warm_reboot;

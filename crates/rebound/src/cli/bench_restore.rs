@@ -324,6 +324,7 @@ impl Bench {
                     .into_iter()
                     .collect(),
             ),
+            replay: None,
         };
         let load = (workload == "kv").then(|| self.kv_load());
         let t0 = Instant::now();

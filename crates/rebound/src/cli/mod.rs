@@ -683,9 +683,35 @@ pub struct RestoreArgs {
     /// default: a free host port each).
     #[arg(long = "forward")]
     pub forwards: Vec<rebound_api::spec::Forward>,
+    /// NIC=FILE (with --paused; repeatable): hand the frames of pcap FILE to the guest
+    /// on bridge NIC NIC (1 or net1 for the first --nic) before it runs, such as the
+    /// frames in flight to it at a cluster snapshot's cut.
+    #[arg(long = "replay", value_parser = parse_replay)]
+    pub replay: Vec<rebound_api::ReplayNic>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `NIC=FILE`: `1=/x.pcap` or `net1=/x.pcap`.
+fn parse_replay(s: &str) -> Result<rebound_api::ReplayNic, String> {
+    let (nic, file) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NIC=FILE (1=frames.pcap)"))?;
+    let n = nic.strip_prefix("net").unwrap_or(nic);
+    let nic = n
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{nic:?} is not a bridge NIC: 1, 2, ... or net1, net2, ..."))?;
+    if file.is_empty() {
+        return Err(format!("{s:?} names no file"));
+    }
+    let pcap = snapshot::absolute(std::path::Path::new(file))
+        .map_err(|e| e.to_string())?
+        .display()
+        .to_string();
+    Ok(rebound_api::ReplayNic { nic, pcap })
 }
 
 #[derive(Subcommand, Debug)]

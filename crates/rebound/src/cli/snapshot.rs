@@ -92,6 +92,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         rest_order: a.rest_order,
         watch_s: a.watch_s,
         forwards: (!a.forwards.is_empty()).then(|| a.forwards.clone()),
+        replay: (!a.replay.is_empty()).then(|| a.replay.clone()),
     };
     let body = serde_json::to_value(&req)?;
     let call = {
@@ -138,6 +139,12 @@ pub fn report_text(r: &RestoreReport) -> String {
         },
         r.accel.as_deref().unwrap_or("?")
     );
+    for f in &r.replayed_frames {
+        o += &format!(
+            "  replayed on net{}: {} frames ({} bytes), queued for the guest before it ran\n",
+            f.nic, f.frames, f.bytes
+        );
+    }
     if r.phase == "held" {
         o += &format!(
             "  held ready: {} pages ({} MiB) loaded in {:.2} s; `rebound vm resume {}` starts it\n",

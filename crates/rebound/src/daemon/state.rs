@@ -178,6 +178,8 @@ impl Daemon {
             }
         }
         let (boot, ready) = spec.validate()?;
+        // Frames to replay are read and checked before anything starts.
+        let replay = super::vm::replay::load(&req, &spec).await?;
         let job = super::vm::restore::RestoreJob {
             spec,
             boot,
@@ -186,6 +188,7 @@ impl Daemon {
             snap,
             recovery: None,
             hold_rest: false,
+            replay,
         };
         let spec = job.spec.clone();
         self.launch(&spec, |tx| Init::Restore(Box::new(job), tx))

@@ -5,9 +5,12 @@
 //!   VM, held paused (`paused: true`); done once the restore report's phase is
 //!   `held`. `args` is `{"dir": absolute snapshot dir, "mode": "elastic" |
 //!   "working-set" | "eager" | "lazy" | "stock", "forwards": [{host, guest}] | null,
-//!   "rest_order", "watch_s"}` (only `dir` is required; unknown keys are refused). The
-//!   plan's `ws_pages` is the elastic working set to load first; 0 leaves the
-//!   daemon's default (half the estimated working set).
+//!   "rest_order", "watch_s", "replay": [{nic, pcap}] | null}` (only `dir` is
+//!   required; unknown keys are refused). The plan's `ws_pages` is the elastic working
+//!   set to load first; 0 leaves the daemon's default (half the estimated working
+//!   set). `replay` names, per bridge NIC, a pcap file on this host of frames to hand
+//!   to the guest before it starts: the frames in flight to it at the snapshot's cut
+//!   (`rebound_cluster::inflight::write_replay`).
 //! - `start`: `vm resume`; the start instant is the VM's own `resumed` event.
 //! - `restored`: waits for the restore report's `memory_loaded_s` (every page in
 //!   host memory: at the start for eager and stock, at the background loader's end
@@ -21,7 +24,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rebound_api::spec::Forward;
-use rebound_api::{EventData, RestOrder, RestoreMode, RestoreRequest, VmState};
+use rebound_api::{EventData, ReplayNic, RestOrder, RestoreMode, RestoreRequest, VmState};
 use rebound_coord::{CohortVms, LoadInfo, StartInfo};
 use serde::Deserialize;
 
@@ -43,6 +46,9 @@ pub struct LoadArgs {
     pub watch_s: f64,
     #[serde(default)]
     pub forwards: Option<Vec<Forward>>,
+    /// Frames to replay into the guest before it starts (`RestoreRequest::replay`).
+    #[serde(default)]
+    pub replay: Option<Vec<ReplayNic>>,
 }
 
 /// The daemon's VMs, for the cohort.
@@ -96,6 +102,7 @@ impl CohortVms for DaemonVms {
             rest_order: a.rest_order,
             watch_s: a.watch_s,
             forwards: a.forwards,
+            replay: a.replay,
         };
         let t = Instant::now();
         tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");
@@ -194,6 +201,40 @@ impl CohortVms for DaemonVms {
             Err(e) => {
                 tracing::error!(%restore_id, %vm, "cannot remove the held VM ({why}): {}", chain(&e))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_args_carry_the_frames_to_replay_and_refuse_unknown_keys() {
+        let a = LoadArgs::deserialize(serde_json::json!({
+            "dir": "/snaps/c1/s1",
+            "replay": [{"nic": 1, "pcap": "/snaps/c1/s1/net1-replay.pcap"}],
+        }))
+        .unwrap();
+        assert_eq!(
+            a.replay,
+            Some(vec![ReplayNic {
+                nic: 1,
+                pcap: "/snaps/c1/s1/net1-replay.pcap".into()
+            }])
+        );
+        assert_eq!(
+            LoadArgs::deserialize(serde_json::json!({"dir": "/s"}))
+                .unwrap()
+                .replay,
+            None
+        );
+        for bad in [
+            serde_json::json!({"dir": "/s", "replay_pcap": "/x"}),
+            serde_json::json!({"dir": "/s", "replay": [{"nic": 1, "pcap": "/x", "queue": "tx"}]}),
+            serde_json::json!({"dir": "/s", "replay": [{"nic": 1}]}),
+        ] {
+            assert!(LoadArgs::deserialize(&bad).is_err(), "{bad}");
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod machine;
 mod owner;
 mod reboot;
 mod recover_restore;
+pub mod replay;
 pub mod restore;
 mod restore_guard;
 mod settle;

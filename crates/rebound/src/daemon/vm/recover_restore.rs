@@ -143,6 +143,7 @@ impl Owner {
                 rest_order: RestOrder::Fafl,
                 watch_s: rebound_api::snapshot::default_watch_s(),
                 forwards: None,
+                replay: None,
             },
             snap,
             recovery: Some(Recovery {
@@ -150,6 +151,7 @@ impl Owner {
                 boot_memory_mib: None,
             }),
             hold_rest: dumping,
+            replay: Vec::new(),
         };
         let r = self.restore(job).await?;
         Ok(format!(

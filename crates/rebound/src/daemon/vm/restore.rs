@@ -50,6 +50,8 @@ pub struct RestoreJob {
     /// The background loader waits until this is cleared (a crash's dump still
     /// holds the memory budget).
     pub hold_rest: bool,
+    /// Frames to hand to the guest's bridge NICs before it runs (`req.replay`, read).
+    pub replay: Vec<super::replay::ReplayFrames>,
 }
 
 /// A restore between its load and the end of its background loading.
@@ -83,6 +85,7 @@ impl Owner {
             snap,
             recovery,
             hold_rest,
+            replay,
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
@@ -300,6 +303,17 @@ impl Owner {
         wait_migration(&q, "loading the device state").await?;
         if let Some(what) = stamp.as_ref().and_then(ImageStamp::change) {
             return Err(OpError::SnapshotInput(what));
+        }
+        // The guest's device state is loaded and it has not run: frames handed to its
+        // NICs now are the first it receives when it does.
+        for r in &replay {
+            let done = super::replay::deliver(&q, self.vm.run.path(), r).await?;
+            self.event(rebound_api::EventData::FramesReplayed {
+                nic: done.nic,
+                frames: done.frames,
+                bytes: done.bytes,
+            });
+            report.replayed_frames.push(done);
         }
         self.apply(Trigger::Restored);
         let had_trace = trace.is_some();

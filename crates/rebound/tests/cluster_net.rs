@@ -558,6 +558,9 @@ fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap:
             .ok()
     };
     let pid = get("h2", "/v1/health").unwrap()["pid"].as_u64().unwrap();
+    let old_s1 = get("h2", "/v1/vms/s1").unwrap()["qemu_pid"]
+        .as_u64()
+        .unwrap();
     let child = env
         .cmd(&[
             "cluster",
@@ -574,13 +577,11 @@ fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap:
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Once the servers' host has removed s1 (--replace) and is loading it again, its
-    // daemon dies.
-    common::eventually(Duration::from_secs(60), "s1 to be replaced", || {
-        get("h2", "/v1/vms/s1").is_none().then_some(())
-    });
-    common::eventually(Duration::from_secs(60), "h2 to load s1 again", || {
-        get("h2", "/v1/vms/s1").map(|_| ())
+    // Once the servers' host is loading a new s1 (a new QEMU: --replace removed the old
+    // one), its daemon dies.
+    common::eventually(Duration::from_secs(60), "h2 to load a new s1", || {
+        let pid = get("h2", "/v1/vms/s1")?["qemu_pid"].as_u64()?;
+        (pid != old_s1).then_some(())
     });
     let k = Command::new("kill")
         .args(["-KILL", &pid.to_string()])

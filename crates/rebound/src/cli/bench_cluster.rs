@@ -150,11 +150,16 @@ fn request(s: &mut TcpStream, line: &str, timeout: Duration) -> std::io::Result<
     Ok(out)
 }
 
+/// A guest's counters; a guest still busy loading its memory from the slow disk
+/// gets a minute.
 fn counters(ip: Ipv4Addr) -> anyhow::Result<Counters> {
     let addr = SocketAddr::from((ip, PEER_PORT));
     let mut last = None;
-    for _ in 0..20 {
-        match ask(addr, "STATS", Duration::from_secs(3)) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(60) {
+        let r = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            .and_then(|mut s| request(&mut s, "STATS", Duration::from_secs(5)));
+        match r {
             Ok(l) => {
                 let v: Value = serde_json::from_str(l.trim())
                     .with_context(|| format!("{ip}: STATS answered {l:?}"))?;
@@ -517,6 +522,16 @@ async fn one_topology(
         })
     }
     .await;
+    if r.is_err() {
+        // The hosts' daemon logs go with the cluster: keep them for the post-mortem.
+        for h in &c.spec.hosts {
+            let log = c.dir.join("hosts").join(&h.name).join("reboundd.log");
+            let keep = scratch.join(format!("{topology}-{}-reboundd.log", h.name));
+            if std::fs::copy(&log, &keep).is_ok() {
+                say(&format!("kept {}", keep.display()));
+            }
+        }
+    }
     if let Err(e) = super::cluster::rm_cluster(&c).await {
         say(&format!("warning: cannot remove cluster {name}: {e}"));
     }

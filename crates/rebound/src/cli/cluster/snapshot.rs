@@ -216,7 +216,7 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
             in_flight: 0,
         });
     }
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
         cluster: c.spec.clone(),
@@ -224,6 +224,16 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
         all_held_after_s: held_s,
         vms,
     };
+    // The frames in flight at the cut, kept per receiver for the restore to replay.
+    let t = traffic_of(out, &manifest, 1)?;
+    for v in &mut manifest.vms {
+        let path = out.join(&v.dir).join(INFLIGHT);
+        v.in_flight = rebound_cluster::inflight::write_replay(&t.in_flight, &v.vm, &path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if v.in_flight == 0 {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
     // Written whole, then renamed: a cluster snapshot without its manifest is not one.
     let tmp = out.join(format!("{MANIFEST}.tmp"));
     std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)?;
@@ -270,6 +280,12 @@ pub struct Traffic {
 /// Reads a cluster snapshot's manifest and dumps.
 pub fn traffic(dir: &Path, min_packets: u64) -> anyhow::Result<(Manifest, Traffic)> {
     let m = Manifest::read(dir)?;
+    let t = traffic_of(dir, &m, min_packets)?;
+    Ok((m, t))
+}
+
+/// The dumps of the cluster snapshot in `dir` whose manifest is `m`.
+fn traffic_of(dir: &Path, m: &Manifest, min_packets: u64) -> anyhow::Result<Traffic> {
     let mut ep = rebound_cluster::Endpoints::new();
     let (mut rx, mut tx) = (Vec::new(), Vec::new());
     for v in &m.vms {
@@ -290,7 +306,7 @@ pub fn traffic(dir: &Path, min_packets: u64) -> anyhow::Result<(Manifest, Traffi
     let (matrix, _) = b.finish();
     let rdg = rebound_cluster::Rdg::from_matrix(&matrix, min_packets);
     let in_flight = rebound_cluster::inflight::in_flight(&ep, &rx, &tx, opts)?;
-    Ok((m, Traffic { rdg, in_flight }))
+    Ok(Traffic { rdg, in_flight })
 }
 
 pub fn graph(a: GraphArgs) -> anyhow::Result<()> {

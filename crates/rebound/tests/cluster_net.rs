@@ -561,7 +561,7 @@ fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap:
     let old_s1 = get("h2", "/v1/vms/s1").unwrap()["qemu_pid"]
         .as_u64()
         .unwrap();
-    let child = env
+    let mut child = env
         .cmd(&[
             "cluster",
             "restore",
@@ -578,11 +578,35 @@ fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap:
         .spawn()
         .unwrap();
     // Once the servers' host is loading a new s1 (a new QEMU: --replace removed the old
-    // one), its daemon dies.
-    common::eventually(Duration::from_secs(60), "h2 to load a new s1", || {
-        let pid = get("h2", "/v1/vms/s1")?["qemu_pid"].as_u64()?;
-        (pid != old_s1).then_some(())
-    });
+    // one), its daemon dies. Polled fast: the client cannot start before the servers,
+    // but the servers load in well under a second.
+    let t0 = std::time::Instant::now();
+    loop {
+        let new_s1 = get("h2", "/v1/vms/s1")
+            .and_then(|v| v["qemu_pid"].as_u64())
+            .is_some_and(|p| p != old_s1);
+        if new_s1 {
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "the restore ended before h2 loaded a new s1: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        if t0.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "h2 did not load a new s1 within 90 s; the restore said: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let k = Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()

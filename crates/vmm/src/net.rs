@@ -128,12 +128,22 @@ pub struct SimHost {
     pub addr: Option<(std::net::Ipv4Addr, u8)>,
 }
 
+/// A fixed, locally administered MAC for a bridge. Why: a bridge without one takes the
+/// lowest MAC of its ports, so plugging or removing a tap (each VM's restore does)
+/// can change it, and the address on the bridge (a host's daemon) becomes unreachable
+/// until its neighbours' ARP entries expire. A MAC set by hand never changes.
+fn bridge_mac(seed: &str) -> String {
+    let h = rebound_api::nic::short_hash(seed).to_be_bytes();
+    format!("02:52:{:02x}:{:02x}:{:02x}:{:02x}", h[0], h[1], h[2], h[3])
+}
+
 /// Creates the backbone bridge (in the caller's namespace) if missing, with the
 /// address the host side uses to reach the network (optional).
 pub fn backbone_up(name: &str, addr: Option<(std::net::Ipv4Addr, u8)>) -> Result<(), NetError> {
     if !exists(name) {
         ip(&["link", "add", name, "type", "bridge"])?;
     }
+    ip(&["link", "set", "dev", name, "address", &bridge_mac(name)])?;
     if let Some((a, p)) = addr {
         let cidr = format!("{a}/{p}");
         if !ip(&["-o", "addr", "show", "dev", name])?.contains(&format!(" {cidr} ")) {
@@ -158,6 +168,8 @@ pub fn host_up(h: &SimHost, backbone: &str, link: &str) -> Result<(), NetError> 
     if ip(&["-n", n, "link", "show", &h.bridge]).is_err() {
         ip(&["-n", n, "link", "add", &h.bridge, "type", "bridge"])?;
     }
+    let mac = bridge_mac(&format!("{n}/{}", h.bridge));
+    ip(&["-n", n, "link", "set", "dev", &h.bridge, "address", &mac])?;
     ip(&["-n", n, "link", "set", &h.bridge, "up"])?;
     if let Some((a, p)) = h.addr {
         let cidr = format!("{a}/{p}");

@@ -171,6 +171,16 @@ struct Rates {
     hosts: BTreeMap<String, (f64, String)>,
 }
 
+impl Rates {
+    /// The rates recorded for cluster `c` (none if the file is missing or unreadable).
+    fn load(c: &Cluster) -> Rates {
+        std::fs::read(c.dir.join(RATES))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// Reads working-set pages of one snapshot in trace order, for at most 0.5 s or
 /// 16,384 pages: pages per second.
 fn probe_rate(dir: &Path) -> anyhow::Result<f64> {
@@ -203,10 +213,7 @@ fn rates(
     figs: &mut [VmFigures],
     given: Option<f64>,
 ) -> anyhow::Result<BTreeMap<String, String>> {
-    let recorded: Rates = std::fs::read(c.dir.join(RATES))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let recorded = Rates::load(c);
     let mut source = BTreeMap::new();
     let mut per_host: BTreeMap<String, f64> = BTreeMap::new();
     for f in figs.iter() {
@@ -236,10 +243,7 @@ fn rates(
 /// Records each host's load rate as this restore measured it (pages over load time,
 /// QEMU's start included, summed over the host's VMs).
 fn record_rates(c: &Cluster, figs: &[VmFigures], r: &RestoreReport) {
-    let mut recorded: Rates = std::fs::read(c.dir.join(RATES))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let mut recorded = Rates::load(c);
     let mut sums: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
     for v in &r.vms {
         let (Some(p), Some(s), Some(f)) = (v.pages, v.load_s, figs.iter().find(|f| f.vm == v.vm))
@@ -374,7 +378,7 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
     // The snapshots are checked against the cluster before their dumps are read.
     let m = Manifest::read(from)?;
     let mut figs = figures(c, &m, from)?;
-    let (_, traffic) = super::snapshot::traffic(from, 1)?;
+    let traffic = super::snapshot::traffic_of(from, &m, 1)?;
     let rate_source = rates(c, &mut figs, opts.load_rate)?;
     let edges = traffic.rdg.edges.clone();
     let replay = super::snapshot::replay_files(from, &m);
@@ -382,16 +386,17 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
     // The names must be free on their hosts.
     for f in &figs {
         let link = c.link(&f.host)?;
+        if opts.replace {
+            remove_vm(&link, &f.vm).await?;
+            continue;
+        }
         let path = format!("/v1/vms/{}", enc(&f.vm));
         if link.call(Method::GET, &path, None).await.is_ok() {
-            if !opts.replace {
-                bail!(
-                    "VM {:?} exists on host {:?}: pass --replace to kill and remove the cluster's VMs first",
-                    f.vm,
-                    f.host
-                );
-            }
-            remove_vm(&link, &f.vm).await?;
+            bail!(
+                "VM {:?} exists on host {:?}: pass --replace to kill and remove the cluster's VMs first",
+                f.vm,
+                f.host
+            );
         }
     }
     let coordinator = c.link(&c.spec.hosts[0].name)?;

@@ -285,7 +285,7 @@ pub fn traffic(dir: &Path, min_packets: u64) -> anyhow::Result<(Manifest, Traffi
 }
 
 /// The dumps of the cluster snapshot in `dir` whose manifest is `m`.
-fn traffic_of(dir: &Path, m: &Manifest, min_packets: u64) -> anyhow::Result<Traffic> {
+pub(crate) fn traffic_of(dir: &Path, m: &Manifest, min_packets: u64) -> anyhow::Result<Traffic> {
     let mut ep = rebound_cluster::Endpoints::new();
     let (mut rx, mut tx) = (Vec::new(), Vec::new());
     for v in &m.vms {

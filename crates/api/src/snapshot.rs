@@ -216,6 +216,9 @@ pub struct RestoreReport {
     pub phase: String,
     /// From the request to the guest's vCPUs running.
     pub time_to_running_s: Option<f64>,
+    /// When QEMU started the vCPUs (its `RESUME` stamp), Unix ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_ns: Option<i64>,
     /// From the request to the guest's service answering (the workload's port, or
     /// the VM's readiness probe).
     pub time_to_responsive_s: Option<f64>,

@@ -268,7 +268,23 @@ fn a_held_restore_replays_frames_that_the_guest_answers_once_it_runs() {
                 .starts_with("replay")),
         "the replay socket is left"
     );
+    let unix_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64
+    };
+    let before = unix_ns();
     env.ok(&["vm", "resume", "r2"]);
+    let after = unix_ns();
+    // The start instant is QEMU's own stamp of the resume, between our two readings.
+    let (code, rep) = env.call("GET", "/v1/vms/r2/restore", None).unwrap();
+    assert_eq!(code, 200, "{rep}");
+    let started = rep["started_unix_ns"].as_i64().unwrap_or_default();
+    assert!(
+        (before..=after).contains(&started),
+        "started_unix_ns {started} is not within the resume ({before}..{after}): {rep}"
+    );
     // Running: it received the three requests, in order, and answers each.
     let seqs = echo_replies(&sock, &payload, Duration::from_secs(30), 3);
     assert_eq!(seqs, [1, 2, 3], "the guest's echo replies");

@@ -39,18 +39,23 @@ pub enum QmpError {
 pub struct QmpEvent {
     pub event: String,
     pub data: Value,
+    /// QEMU's own wall-clock stamp of the event, Unix nanoseconds.
+    pub unix_ns: Option<i64>,
 }
 
 /// A negotiated session and its event stream.
 pub type QmpSession = (Arc<Qmp>, mpsc::UnboundedReceiver<QmpEvent>);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, QmpError>>>>>;
+/// Each event's latest QEMU stamp, by name.
+type Stamps = Arc<Mutex<HashMap<String, i64>>>;
 
 /// A connected, negotiated QMP session.
 pub struct Qmp {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     next_id: AtomicU64,
+    stamps: Stamps,
 }
 
 /// One parsed QMP message.
@@ -59,7 +64,7 @@ enum Message {
     Greeting,
     Return(u64, Value),
     Error(u64, String),
-    Event(String, Value),
+    Event(String, Value, Option<i64>),
     /// Well-formed JSON we do not use (e.g. a reply without our id).
     Other,
 }
@@ -72,9 +77,19 @@ fn parse(line: &str) -> Result<Message, String> {
     }
     if let Some(ev) = obj.get("event") {
         let name = ev.as_str().ok_or("event name is not a string")?;
+        // `{"seconds": s, "microseconds": us}` from QEMU's g_get_real_time().
+        let ts = obj.get("timestamp");
+        let part = |k: &str| ts.and_then(|t| t.get(k)).and_then(Value::as_i64);
+        let unix_ns = match (part("seconds"), part("microseconds")) {
+            (Some(s), Some(us)) if s >= 0 => s
+                .checked_mul(1_000_000_000)
+                .and_then(|n| n.checked_add(us.checked_mul(1000)?)),
+            _ => None,
+        };
         return Ok(Message::Event(
             name.to_string(),
             obj.get("data").cloned().unwrap_or(Value::Null),
+            unix_ns,
         ));
     }
     let Some(id) = obj.get("id").and_then(Value::as_u64) else {
@@ -115,12 +130,14 @@ impl Qmp {
         }
         let pending: Pending = Arc::default();
         let (tx, rx) = mpsc::unbounded_channel();
+        let stamps: Stamps = Arc::default();
         let qmp = Arc::new(Qmp {
             writer: tokio::sync::Mutex::new(w),
             pending: pending.clone(),
             next_id: AtomicU64::new(1),
+            stamps: stamps.clone(),
         });
-        tokio::spawn(reader(lines, pending, tx));
+        tokio::spawn(reader(lines, pending, tx, stamps));
         qmp.execute("qmp_capabilities", None).await?;
         Ok((qmp, rx))
     }
@@ -160,6 +177,17 @@ impl Qmp {
         }
     }
 
+    /// QEMU's stamp of the latest `event` seen (Unix ns). QEMU sends a command's
+    /// events before its reply, so after `cont` returns, `RESUME` is the moment the
+    /// vCPUs were started, on QEMU's clock rather than ours.
+    pub fn last_event_unix_ns(&self, event: &str) -> Option<i64> {
+        self.stamps
+            .lock()
+            .expect("qmp stamps lock")
+            .get(event)
+            .copied()
+    }
+
     /// `query-status` → QEMU's run state string (e.g. `running`, `paused`, `guest-panicked`).
     pub async fn run_state(&self) -> Result<String, QmpError> {
         let v = self.execute("query-status", None).await?;
@@ -188,6 +216,7 @@ async fn reader(
     mut lines: BufReader<tokio::net::unix::OwnedReadHalf>,
     pending: Pending,
     events: mpsc::UnboundedSender<QmpEvent>,
+    stamps: Stamps,
 ) {
     let mut buf = String::new();
     let mut bad = crate::ratelimit::RateLimit::new(5, Duration::from_secs(60));
@@ -208,8 +237,18 @@ async fn reader(
                     let _ = tx.send(Err(QmpError::Command(String::new(), desc)));
                 }
             }
-            Ok(Message::Event(event, data)) => {
-                let _ = events.send(QmpEvent { event, data });
+            Ok(Message::Event(event, data, unix_ns)) => {
+                if let Some(t) = unix_ns {
+                    stamps
+                        .lock()
+                        .expect("qmp stamps lock")
+                        .insert(event.clone(), t);
+                }
+                let _ = events.send(QmpEvent {
+                    event,
+                    data,
+                    unix_ns,
+                });
             }
             Ok(Message::Greeting | Message::Other) => {}
             Err(e) => {
@@ -247,7 +286,22 @@ mod tests {
         );
         assert_eq!(
             parse(r#"{"timestamp":{"seconds":1,"microseconds":2},"event":"STOP"}"#),
-            Ok(Message::Event("STOP".into(), Value::Null))
+            Ok(Message::Event(
+                "STOP".into(),
+                Value::Null,
+                Some(1_000_002_000)
+            ))
+        );
+        // A stamp missing or out of range is no stamp, not an error.
+        assert_eq!(
+            parse(r#"{"event":"RESUME","timestamp":{"seconds":-1,"microseconds":0}}"#),
+            Ok(Message::Event("RESUME".into(), Value::Null, None))
+        );
+        assert_eq!(
+            parse(
+                r#"{"event":"RESUME","timestamp":{"seconds":9223372036854775807,"microseconds":0}}"#
+            ),
+            Ok(Message::Event("RESUME".into(), Value::Null, None))
         );
         assert_eq!(parse(r#"{"return":{}}"#), Ok(Message::Other));
     }

@@ -91,6 +91,22 @@ struct VmRow {
     worst_request_s: Option<f64>,
     /// QUERYs sent after it started that were not answered within the timeout.
     unanswered: u64,
+    /// Each peer this VM declared dead after the restore began.
+    alarms: Vec<Alarm>,
+}
+
+/// One false alarm: when a VM declared `peer` dead, and whether that peer had been
+/// running longer than the silence (a stall after its start, not the start order).
+#[derive(Debug, Clone, Serialize)]
+struct Alarm {
+    peer: String,
+    /// Seconds after the restore began.
+    at_s: f64,
+    silent_ms: u64,
+    /// The peer's start, seconds after the restore began.
+    peer_start_s: f64,
+    /// The peer ran the whole silence: it went quiet after its start.
+    after_peer_start: bool,
 }
 
 /// The figures of one restore (or, for `normal`, of as long a run without one).
@@ -101,6 +117,8 @@ struct Summary {
     avg_disruption_s: f64,
     retransmits: u64,
     false_alarms: u64,
+    /// Those of `false_alarms` about a peer that had run longer than the silence.
+    false_alarms_after_peer_start: u64,
     worst_request_s: f64,
     start_spread_s: f64,
 }
@@ -325,6 +343,61 @@ async fn daemon_pids(c: &Cluster) -> anyhow::Result<Vec<(String, u32)>> {
     Ok(out)
 }
 
+/// Each VM's `dead` verdicts since the restore began, from its events, with the
+/// declared peer's start (the hosts' wall clocks: one machine's here).
+async fn alarms(c: &Cluster, o: &Outcome) -> BTreeMap<String, Vec<Alarm>> {
+    let began = o.report.began_unix_ns;
+    let start_of = |vm: &str| {
+        o.disruption
+            .as_ref()
+            .and_then(|d| d.vms.iter().find(|x| x.vm == vm))
+            .map(|d| d.start_s)
+    };
+    let mut out = BTreeMap::new();
+    for v in &c.spec.vms {
+        let evs = match c.link(&v.host) {
+            Ok(l) => l
+                .call(Method::GET, &format!("/v1/vms/{}/events", v.name), None)
+                .await
+                .ok(),
+            Err(_) => None,
+        };
+        let evs: Vec<rebound_api::Event> = evs
+            .and_then(|e| serde_json::from_value(e).ok())
+            .unwrap_or_default();
+        let mut list = Vec::new();
+        for e in evs {
+            let rebound_api::EventData::Peer(p) = &e.data else {
+                continue;
+            };
+            let Ok(wall) = chrono::DateTime::parse_from_rfc3339(&e.wall) else {
+                continue;
+            };
+            let at_s = (wall.timestamp_nanos_opt().unwrap_or(0) - began) as f64 / 1e9;
+            if p.event != "dead" || at_s < 0.0 {
+                continue;
+            }
+            let ip = p.peer.split(':').next().unwrap_or_default();
+            let peer = c
+                .spec
+                .vms
+                .iter()
+                .find(|x| x.ip.to_string() == ip)
+                .map_or(p.peer.clone(), |x| x.name.clone());
+            let peer_start_s = start_of(&peer).unwrap_or(f64::NAN);
+            list.push(Alarm {
+                after_peer_start: at_s - peer_start_s > p.silent_ms as f64 / 1e3,
+                peer,
+                at_s,
+                silent_ms: p.silent_ms,
+                peer_start_s,
+            });
+        }
+        out.insert(v.name.clone(), list);
+    }
+    out
+}
+
 fn summarize(vms: &[VmRow], o: &Outcome) -> Summary {
     let d = o.disruption.as_ref();
     Summary {
@@ -334,6 +407,11 @@ fn summarize(vms: &[VmRow], o: &Outcome) -> Summary {
         start_spread_s: d.map_or(f64::NAN, |d| d.start_spread_s),
         retransmits: vms.iter().map(|v| v.retransmits).sum(),
         false_alarms: vms.iter().map(|v| v.false_alarms).sum(),
+        false_alarms_after_peer_start: vms
+            .iter()
+            .flat_map(|v| &v.alarms)
+            .filter(|a| a.after_peer_start)
+            .count() as u64,
         worst_request_s: vms
             .iter()
             .filter_map(|v| v.worst_request_s)
@@ -389,6 +467,7 @@ async fn one_restore(
     drop(disks);
     let after = all_counters(c)?;
     let began = o.report.began_unix_ns;
+    let alarms = alarms(c, &o).await;
     let mut rows = Vec::new();
     for v in &c.spec.vms {
         let d = o
@@ -425,17 +504,19 @@ async fn one_restore(
                 .map(|(_, l)| l.unwrap_or(5.0))
                 .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x)))),
             unanswered: after_start.iter().filter(|(_, l)| l.is_none()).count() as u64,
+            alarms: alarms.get(&v.name).cloned().unwrap_or_default(),
         });
     }
     let summary = summarize(&rows, &o);
     say(&format!(
-        "  {:<12} backoff max {:.3} s avg {:.3} s, disruption avg {:.3} s, retransmits {}, false alarms {}, worst request {:.3} s",
+        "  {:<12} backoff max {:.3} s avg {:.3} s, disruption avg {:.3} s, retransmits {}, false alarms {} ({} about a peer running longer than the silence), worst request {:.3} s",
         variant.as_str(),
         summary.max_backoff_s,
         summary.avg_backoff_s,
         summary.avg_disruption_s,
         summary.retransmits,
         summary.false_alarms,
+        summary.false_alarms_after_peer_start,
         summary.worst_request_s
     ));
     Ok(Run {
@@ -600,6 +681,10 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
                     avg_disruption_s: sums.iter().map(|s| s.avg_disruption_s).sum::<f64>() / n,
                     retransmits: sums.iter().map(|s| s.retransmits).sum(),
                     false_alarms: sums.iter().map(|s| s.false_alarms).sum(),
+                    false_alarms_after_peer_start: sums
+                        .iter()
+                        .map(|s| s.false_alarms_after_peer_start)
+                        .sum(),
                     worst_request_s: sums.iter().map(|s| s.worst_request_s).fold(0.0, f64::max),
                     start_spread_s: sums.iter().map(|s| s.start_spread_s).fold(0.0, f64::max),
                 },

@@ -130,8 +130,12 @@ impl CohortVms for DaemonVms {
         let h = d.find(vm).map_err(|e| chain(&e))?;
         h.run_for_status(Job::Resume).await.map_err(|e| chain(&e))?;
         self.held().remove(&key(restore_id, vm));
-        // The VM's own `resumed` event, written right after QEMU's `cont`, moved from
-        // the monotonic clock onto the wall clock.
+        // QEMU's own stamp of the start; else the VM's `resumed` event, written right
+        // after QEMU's `cont` returned, moved from the monotonic clock onto the wall clock.
+        if let Some(t) = h.restore_report().and_then(|r| r.started_unix_ns) {
+            tracing::info!(%restore_id, %vm, "cluster restore: started");
+            return Ok(StartInfo { started_unix_ns: t });
+        }
         let (now_wall, now_mono) = (
             rebound_coord::msg::unix_now_ns(),
             rebound_vmm::events::mono_ns(),

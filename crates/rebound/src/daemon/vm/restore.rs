@@ -73,6 +73,32 @@ pub(super) struct Restoring {
     /// How QEMU was started, for the second QEMU a settle starts.
     pub(super) qemu: PathBuf,
     pub(super) command: rebound_vmm::qemu::QemuCommand,
+    /// A held restore's trace, armed at its hold so that its start is a bare `cont`.
+    armed: Option<ArmedTrace>,
+}
+
+/// A trace task armed before the guest's first instruction.
+struct ArmedTrace {
+    task: tokio::task::JoinHandle<Result<Trace, String>>,
+    stop: Arc<AtomicBool>,
+    /// Begins the trace's window (held restores only).
+    go: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl ArmedTrace {
+    async fn arm(pid: u32, ram: PathBuf, size: u64, watch_s: f64, held: bool) -> ArmedTrace {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (go, rx) = match held {
+            true => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let max = Duration::from_secs_f64(watch_s.max(0.1));
+        let task = arm_trace(pid, ram, size, max, stop.clone(), false, rx).await;
+        ArmedTrace { task, stop, go }
+    }
 }
 
 impl Owner {
@@ -317,6 +343,14 @@ impl Owner {
         }
         self.apply(Trigger::Restored);
         let had_trace = trace.is_some();
+        // Held: the trace is armed now, so that the start on a cluster's line is
+        // `cont` alone (arming reads the whole page table: milliseconds per VM).
+        let armed = match (req.paused, self.vm.record().qemu_pid) {
+            (true, Some(pid)) => {
+                Some(ArmedTrace::arm(pid, ram.clone(), size, req.watch_s, true).await)
+            }
+            _ => None,
+        };
         self.restore = Some(Restoring {
             t0,
             req: req.clone(),
@@ -331,6 +365,7 @@ impl Owner {
             hold_rest: Arc::new(AtomicBool::new(hold_rest)),
             qemu,
             command,
+            armed,
         });
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {
@@ -355,6 +390,7 @@ impl Owner {
             return Err(OpError::Internal("no restore under way".into()));
         };
         let loader = r.loader.take();
+        let armed = r.armed.take();
         let r = Watch {
             t0: r.t0,
             req: r.req.clone(),
@@ -368,21 +404,22 @@ impl Owner {
         };
         // Watch from before the first instruction (the tracer armed before `cont`):
         // the first touches are the ones the trace is for.
-        let tracing_stop = Arc::new(AtomicBool::new(false));
-        let trace_task = arm_trace(
-            pid,
-            r.ram.clone(),
-            r.size,
-            Duration::from_secs_f64(r.req.watch_s.max(0.1)),
-            tracing_stop.clone(),
-            false,
-        )
-        .await;
+        let armed = match armed {
+            Some(a) => a,
+            None => ArmedTrace::arm(pid, r.ram.clone(), r.size, r.req.watch_s, false).await,
+        };
+        let (trace_task, tracing_stop) = (armed.task, armed.stop);
         let probe = self.responsive_probe();
         let before = proc_counters(pid);
+        if let Some(go) = armed.go {
+            let _ = go.send(());
+        }
+        let resumed_before = q.last_event_unix_ns("RESUME");
         q.execute("cont", None).await?;
         let started = Instant::now();
         let to_running = r.t0.elapsed().as_secs_f64();
+        let after = q.last_event_unix_ns("RESUME");
+        let resumed = after.filter(|_| after != resumed_before);
         // The owner applies the change before QMP's RESUME arrives, which then
         // changes nothing: the event is written here.
         if self.apply(Trigger::Resumed) {
@@ -390,6 +427,7 @@ impl Owner {
         }
         let mut report = self.vm.restore_report().unwrap_or_default();
         report.time_to_running_s = Some(to_running);
+        report.started_unix_ns = resumed;
         report.phase = "watching".into();
         if matches!(report.mode, RestoreMode::Eager | RestoreMode::Stock) {
             // Every page was read before the start.

@@ -132,7 +132,7 @@ impl Owner {
         let tracing = if req.trace_s > 0.0 && was_running && saved.is_ok() {
             let max = Duration::from_secs_f64(req.trace_s);
             let never = Arc::new(AtomicBool::new(false));
-            Some(arm_trace(pid, ram.clone(), size, max, never, true).await)
+            Some(arm_trace(pid, ram.clone(), size, max, never, true, None).await)
         } else {
             None
         };
@@ -499,9 +499,18 @@ pub(super) async fn record_trace(
     trace_blocking(pid, file, size, window, never, unmap, None).await
 }
 
+/// How a trace task says it is armed and, for a restore held ready, waits for the
+/// start before its window begins.
+struct Arming {
+    armed: tokio::sync::oneshot::Sender<()>,
+    go: Option<std::sync::mpsc::Receiver<()>>,
+}
+
 /// A trace task, returned once the tracer is armed (pages unmapped when asked, the
 /// page table's present pages taken as the baseline): start the guest after this,
-/// or its first touches are part of the baseline and never recorded.
+/// or its first touches are part of the baseline and never recorded. With `go`, the
+/// window of `max` begins when `go` receives (a held restore arms at its hold, so
+/// its start is a bare `cont`); a dropped sender ends the task with an error.
 pub(super) async fn arm_trace(
     pid: u32,
     file: PathBuf,
@@ -509,9 +518,11 @@ pub(super) async fn arm_trace(
     max: Duration,
     stop: Arc<AtomicBool>,
     unmap: bool,
+    go: Option<std::sync::mpsc::Receiver<()>>,
 ) -> tokio::task::JoinHandle<Result<rebound_snapshot::Trace, String>> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let h = tokio::spawn(trace_blocking(pid, file, size, max, stop, unmap, Some(tx)));
+    let (armed, rx) = tokio::sync::oneshot::channel();
+    let arming = Some(Arming { armed, go });
+    let h = tokio::spawn(trace_blocking(pid, file, size, max, stop, unmap, arming));
     // An error before arming drops the sender: the handle then holds the error.
     let _ = rx.await;
     h
@@ -524,7 +535,7 @@ async fn trace_blocking(
     max: Duration,
     stop: Arc<AtomicBool>,
     unmap: bool,
-    armed: Option<tokio::sync::oneshot::Sender<()>>,
+    arming: Option<Arming>,
 ) -> Result<rebound_snapshot::Trace, String> {
     tokio::task::spawn_blocking(move || {
         let target = rebound_guestmem::MapTarget::inode_of(&file).map_err(|e| e.to_string())?;
@@ -537,8 +548,12 @@ async fn trace_blocking(
         }
         let mut tracer = rebound_snapshot::PagemapTracer::new(pid, vec![(0, m.start, size)])
             .map_err(|e| e.to_string())?;
-        if let Some(a) = armed {
-            let _ = a.send(());
+        if let Some(a) = arming {
+            let _ = a.armed.send(());
+            if let Some(go) = a.go {
+                go.recv()
+                    .map_err(|_| "the held restore ended before its start".to_string())?;
+            }
         }
         let end = Instant::now() + max;
         while Instant::now() < end && !stop.load(Ordering::Relaxed) {

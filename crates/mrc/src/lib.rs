@@ -13,6 +13,7 @@
 //! - [`lru_sim`]: a plain LRU simulator to check curves against.
 //! - [`alloc`]: memory allocation between VMs from their curves (section 4.2).
 
+pub mod alloc;
 pub mod curve;
 mod hash;
 pub mod histogram;

@@ -79,6 +79,11 @@ pub struct Shards {
     threshold: u64,
     accesses: u64,
     adjust: bool,
+    /// What one sampled access adds to the stored counts. Rescaling every
+    /// stored count each time the rate drops would cost a pass over the
+    /// histogram per drop; instead later accesses weigh more, by the
+    /// inverse factor, and [`Profiler::histogram`] scales once.
+    weight: f64,
     /// For the fixed-size variant: the bound and the sampled blocks by
     /// hash, highest first (the next to leave).
     limit: Option<(usize, BinaryHeap<(u64, u64)>)>,
@@ -93,6 +98,7 @@ impl Shards {
             threshold: threshold(rate)?,
             accesses: 0,
             adjust: true,
+            weight: 1.0,
             limit: None,
         })
     }
@@ -147,7 +153,7 @@ impl Shards {
                 by_hash.pop();
                 self.stack.remove(block);
             }
-            self.histogram.scale(top as f64 / self.threshold as f64);
+            self.weight *= self.threshold as f64 / top as f64;
             self.threshold = top;
         }
     }
@@ -163,7 +169,7 @@ impl Profiler for Shards {
         let distance = self.stack.access(block);
         let rate = self.rate();
         let scaled = distance.map(|d| ((d as f64 / rate).round() as u64).max(1));
-        self.histogram.add(scaled, 1.0);
+        self.histogram.add(scaled, self.weight);
         if let (None, Some((_, by_hash))) = (distance, &mut self.limit) {
             by_hash.push((h, block));
             self.shrink();
@@ -173,6 +179,9 @@ impl Profiler for Shards {
     fn histogram(&self) -> Histogram {
         let mut h = self.histogram.clone();
         h.set_accesses(self.accesses);
+        if self.weight != 1.0 {
+            h.scale(1.0 / self.weight);
+        }
         let sampled = h.total();
         // With nothing sampled there is nothing to adjust: the histogram
         // stays empty and a curve of it is refused.

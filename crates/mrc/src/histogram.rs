@@ -10,8 +10,19 @@
 //!
 //! Counts are `f64` because SHARDS weighs and rescales them; the exact
 //! profiler's counts stay whole numbers (exact up to 2^53).
+//!
+//! Buckets are a dense vector, so at most [`MAX_BUCKETS`] of them are kept;
+//! larger distances are counted together as `beyond`. A cache no larger
+//! than the last bucket's end is still counted exactly; beyond that,
+//! those accesses count as misses (an upper bound). Without the cap a
+//! scaled SHARDS distance at a tiny rate could ask for gigabytes of
+//! buckets; a stream over more pages than the cap wants wider buckets.
 
 use serde::{Deserialize, Serialize};
+
+/// Most buckets a histogram keeps: 2^24, 128 MiB of counts, pages of 4 KiB
+/// up to 64 GiB at one page a bucket.
+pub const MAX_BUCKETS: usize = 1 << 24;
 
 /// Accesses counted by stack distance, in buckets of `width` blocks:
 /// bucket `i` holds the distances `i * width + 1 ..= (i + 1) * width`.
@@ -19,6 +30,8 @@ use serde::{Deserialize, Serialize};
 pub struct Histogram {
     width: u64,
     buckets: Vec<f64>,
+    /// Finite distances past the last bucket that may be kept.
+    beyond: f64,
     cold: f64,
     /// The accesses of the traced stream that the counts stand for; with
     /// sampling the counts are a scaled-down sample of these.
@@ -31,6 +44,7 @@ impl Histogram {
         Histogram {
             width: width.max(1),
             buckets: Vec::new(),
+            beyond: 0.0,
             cold: 0.0,
             accesses: 0,
         }
@@ -42,6 +56,10 @@ impl Histogram {
             None => self.cold += weight,
             Some(d) => {
                 let i = usize::try_from((d.max(1) - 1) / self.width).unwrap_or(usize::MAX);
+                if i >= MAX_BUCKETS {
+                    self.beyond += weight;
+                    return;
+                }
                 if i >= self.buckets.len() {
                     self.buckets.resize(i + 1, 0.0);
                 }
@@ -57,6 +75,7 @@ impl Histogram {
     /// Multiplies every count by `factor` (SHARDS' rescaling when its rate drops).
     pub(crate) fn scale(&mut self, factor: f64) {
         self.cold *= factor;
+        self.beyond *= factor;
         self.buckets.iter_mut().for_each(|c| *c *= factor);
     }
 
@@ -68,6 +87,11 @@ impl Histogram {
     /// Counts of the finite distances, bucket by bucket.
     pub fn buckets(&self) -> &[f64] {
         &self.buckets
+    }
+
+    /// Count of finite distances too large for [`MAX_BUCKETS`] buckets.
+    pub fn beyond(&self) -> f64 {
+        self.beyond
     }
 
     /// Count of cold misses (infinite distance).
@@ -82,7 +106,7 @@ impl Histogram {
 
     /// Sum of all counts, finite and cold: the denominator of miss ratios.
     pub fn total(&self) -> f64 {
-        self.cold + self.buckets.iter().sum::<f64>()
+        self.cold + self.beyond + self.buckets.iter().sum::<f64>()
     }
 
     /// Largest finite distance that may have been counted (the end of the
@@ -118,5 +142,15 @@ mod tests {
         assert_eq!(h.max_distance(), 12);
         h.scale(0.5);
         assert_eq!(h.total(), 3.0);
+    }
+
+    #[test]
+    fn huge_distances_do_not_grow_the_buckets() {
+        let mut h = Histogram::new(1);
+        h.add(Some(u64::MAX), 1.0);
+        h.add(Some(MAX_BUCKETS as u64 + 1), 1.0);
+        assert!(h.buckets().is_empty());
+        assert_eq!(h.beyond(), 2.0);
+        assert_eq!(h.total(), 2.0);
     }
 }

@@ -23,7 +23,7 @@ mod esx;
 mod isolated;
 
 pub use esx::{esx_idle_tax, EsxAllocation, EsxParams, DEFAULT_IDLE_TOLERANCE, DEFAULT_TAX_RATE};
-pub use isolated::{isolated_sharing, isolated_sharing_with, Method};
+pub use isolated::{isolated_sharing, isolated_sharing_with, Method, EXHAUSTIVE_MAX_VMS};
 
 use crate::curve::MissRatioCurve;
 

@@ -7,9 +7,11 @@
 //! the histogram, all computed in one pass. Points are `step` blocks apart
 //! (the histogram's bucket width; 1 gives every size). A size between two
 //! points is answered with the point below it: misses never grow with the
-//! size, so that answer is an upper bound, and exact at the points. Beyond
-//! the last point the last value is returned, again an upper bound (and
-//! exact when the last point is past the histogram's largest distance).
+//! size, so that answer is an upper bound, and exact at the points. The
+//! points end at the requested maximum, or earlier where the histogram's
+//! distances end, since the curve is flat from there. Beyond the last point
+//! the last value is returned: exact in the second case, an upper bound in
+//! the first.
 //!
 //! [`offset`] turns a curve traced by the hypervisor below a guest's direct
 //! memory into the guest's own curve (paper sections 3.4 and 4.1).
@@ -79,18 +81,20 @@ impl From<MissRatioCurve> for CurveRepr {
 }
 
 impl MissRatioCurve {
-    /// The curve of `histogram` at sizes `0, w, 2w, ...` up to `max_size`,
-    /// `w` being the histogram's bucket width.
+    /// The curve of `histogram` at sizes `0, w, 2w, ...` up to `max_size`
+    /// (or the histogram's end), `w` being the histogram's bucket width.
     pub fn from_histogram(histogram: &Histogram, max_size: u64) -> Result<Self, CurveError> {
         let total = histogram.total();
         if histogram.accesses() == 0 || total.is_nan() || total <= 0.0 {
             return Err(CurveError::EmptyHistogram);
         }
         let step = histogram.width();
+        let buckets = histogram.buckets();
+        // Size buckets.len() * step already hits every counted distance.
         let points = usize::try_from(max_size / step)
             .unwrap_or(usize::MAX)
-            .saturating_add(1);
-        let buckets = histogram.buckets();
+            .min(buckets.len())
+            + 1;
         // Misses at size j*step: cold plus buckets j.. (suffix sums).
         let mut suffix = vec![0.0; buckets.len() + 1];
         for i in (0..buckets.len()).rev() {
@@ -102,10 +106,11 @@ impl MissRatioCurve {
         let mut last = f64::INFINITY;
         let misses = (0..points)
             .map(|j| {
-                let beyond = suffix.get(j).copied().unwrap_or(0.0);
+                let farther = suffix[j];
                 // SHARDS' first-bucket adjustment can push a ratio slightly
                 // outside [0, 1]; clamp, and keep the curve non-increasing.
-                let m = ((histogram.cold() + beyond) * scale).clamp(0.0, accesses);
+                let misses = histogram.cold() + histogram.beyond() + farther;
+                let m = (misses * scale).clamp(0.0, accesses);
                 last = last.min(m);
                 last
             })

@@ -13,6 +13,30 @@
 //! - [`lru_sim`]: a plain LRU simulator to check curves against.
 //! - [`alloc`]: memory allocation between VMs from their curves (section 4.2).
 //!
+//! ```
+//! use rebound_mrc::alloc::{isolated_sharing, Params, Vm};
+//! use rebound_mrc::{lru_sim, ExclusiveTracer, MissRatioCurve};
+//!
+//! // A guest with 2 pages of direct memory loops over 4 pages; below it the
+//! // hypervisor sees its misses and evictions.
+//! let trace: Vec<u64> = (0..4).cycle().take(40).collect();
+//! let mut tracer = ExclusiveTracer::new();
+//! for event in lru_sim::guest_events(&trace, 2) {
+//!     tracer.record(event);
+//! }
+//! let host = MissRatioCurve::from_histogram(&tracer.histogram(), 8)?;
+//! let guest = host.shifted(2, Some(trace.len() as u64))?;
+//! assert_eq!(guest.miss_ratio(3)?, 1.0); // a loop of 4 misses 3 pages
+//! assert_eq!(guest.misses(4)?, 4.0); // 4 pages: only the first touches
+//!
+//! // Two such guests, 8 pages between them, misses may grow by 10% at most.
+//! let vms = [Vm::new(&guest, 4), Vm::new(&guest, 4)];
+//! let params = Params { total: 8, unit: 1, bound: 0.1 };
+//! let got = isolated_sharing(&vms, &params)?;
+//! assert_eq!(got.vms[0].size, 4);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Throughput
 //!
 //! Measured 2026-11-27 on this project's 2-core development machine, a

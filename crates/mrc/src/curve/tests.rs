@@ -18,7 +18,7 @@ fn assert_exact_at_every_size(trace: &[u64]) {
 #[test]
 fn exact_curve_matches_simulation_sequential_loop() {
     // A loop of 200 blocks misses every cache smaller than the loop.
-    let trace = testutil::sequential(200, 3_000);
+    let trace = testutil::sequential(200, 2_000);
     assert_exact_at_every_size(&trace);
     let curve = MissRatioCurve::from_histogram(&stack::histogram(trace), 300).unwrap();
     assert_eq!(curve.miss_ratio(199).unwrap(), 1.0);
@@ -27,19 +27,19 @@ fn exact_curve_matches_simulation_sequential_loop() {
 
 #[test]
 fn exact_curve_matches_simulation_uniform() {
-    let trace = testutil::uniform(1, 250, 3_000);
+    let trace = testutil::uniform(1, 250, 2_000);
     assert_exact_at_every_size(&trace);
 }
 
 #[test]
 fn exact_curve_matches_simulation_zipf() {
-    let trace = testutil::zipf(2, 400, 0.9, 3_000);
+    let trace = testutil::zipf(2, 300, 0.9, 2_000);
     assert_exact_at_every_size(&trace);
 }
 
 #[test]
 fn exact_curve_matches_simulation_classes() {
-    let trace = testutil::classes(3, 2_500);
+    let trace = testutil::classes(3, 2_000);
     assert_exact_at_every_size(&trace);
 }
 
@@ -155,9 +155,9 @@ fn assert_shift_exact(trace: &[u64], direct: u64, host_max: u64) {
 
 #[test]
 fn shifted_curve_matches_simulation() {
-    assert_shift_exact(&testutil::zipf(5, 400, 0.9, 3_000), 40, 400);
-    assert_shift_exact(&testutil::classes(6, 2_500), 15, 620);
-    assert_shift_exact(&testutil::uniform(7, 300, 2_500), 100, 220);
+    assert_shift_exact(&testutil::zipf(5, 300, 0.9, 2_000), 40, 280);
+    assert_shift_exact(&testutil::classes(6, 2_000), 15, 620);
+    assert_shift_exact(&testutil::uniform(7, 300, 2_000), 100, 210);
     assert_shift_exact(&testutil::sequential(120, 1_000), 60, 80);
 }
 

@@ -32,7 +32,6 @@ pub struct BlkBackend {
     dev: Arc<Device>,
     config: BlkConfig,
     event_idx: AtomicBool,
-    mem: std::sync::RwLock<Option<Mem>>,
     exits: Vec<(std::sync::Mutex<Option<EventConsumer>>, EventNotifier)>,
 }
 
@@ -49,14 +48,13 @@ impl BlkBackend {
             dev,
             config,
             event_idx: AtomicBool::new(false),
-            mem: std::sync::RwLock::new(None),
             exits,
         })
     }
 
     /// Answers every request waiting in `vring`.
     fn drain(&self, vring: &VringRwLock<Mem>) -> std::io::Result<()> {
-        let Some(mem) = self.mem.read().expect("mem lock").clone() else {
+        let Some(mem) = self.dev.mem.read().expect("mem lock").clone() else {
             return Ok(());
         };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
@@ -139,7 +137,7 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn update_memory(&self, mem: Mem) -> std::io::Result<()> {
-        *self.mem.write().expect("mem lock") = Some(mem);
+        *self.dev.mem.write().expect("mem lock") = Some(mem);
         Ok(())
     }
 

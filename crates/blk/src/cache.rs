@@ -73,6 +73,9 @@ pub struct Cache {
     log: Mutex<Option<Log>>,
     /// Whether a log is open: accesses skip the log's lock when none is.
     recording: AtomicBool,
+    /// Exclusive of the guest's memory (Hcache): reads and writes admit nothing, a hit
+    /// moves the block out, and only evicted pages come in ([`Cache::admit_evicted`]).
+    exclusive: bool,
 }
 
 /// The generations of a run of blocks when a read of them began.
@@ -101,23 +104,38 @@ impl Cache {
             n: Counters::default(),
             log: Mutex::new(None),
             recording: AtomicBool::new(false),
+            exclusive: false,
         }
+    }
+
+    /// An exclusive cache of at most `bytes`: it holds what the guest evicted and
+    /// nothing the guest holds.
+    pub fn new_exclusive(bytes: u64) -> Cache {
+        Cache {
+            exclusive: true,
+            ..Cache::new(bytes)
+        }
+    }
+
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
     }
 
     fn gen(&self, block: u64) -> &AtomicU64 {
         &self.gens[(block as usize) % STRIPES]
     }
 
-    /// Copies block `block` into `out` if it is cached (counting a hit or a miss).
+    /// Copies block `block` into `out` if it is cached (counting a hit or a miss). An
+    /// exclusive cache lets the block go: the guest holds it now.
     pub fn get(&self, block: u64, out: &mut [u8]) -> bool {
-        let hit = self.capacity > 0
-            && match self.lru.lock().expect("cache lock").get(&block) {
-                Some(b) => {
-                    out.copy_from_slice(b);
-                    true
-                }
-                None => false,
-            };
+        let hit = self.capacity > 0 && {
+            let mut lru = self.lru.lock().expect("cache lock");
+            let mut copy = |b: &[u8]| out.copy_from_slice(b);
+            match self.exclusive {
+                true => lru.pop(&block).map(|b| copy(&b)).is_some(),
+                false => lru.get(&block).map(|b| copy(b)).is_some(),
+            }
+        };
         let c = if hit { &self.n.hits } else { &self.n.misses };
         c.fetch_add(1, Ordering::Relaxed);
         self.record(block, if hit { 'h' } else { 'm' });
@@ -140,7 +158,7 @@ impl Cache {
         self.n
             .read_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        if self.capacity == 0 {
+        if self.capacity == 0 || self.exclusive {
             return;
         }
         let mut lru = self.lru.lock().expect("cache lock");
@@ -190,7 +208,7 @@ impl Cache {
             let gen = self.gen(b);
             let alone = gen.load(Ordering::Acquire) == *g;
             match data {
-                Some(d) if alone && self.capacity > 0 => self.insert(
+                Some(d) if alone && self.capacity > 0 && !self.exclusive => self.insert(
                     &mut lru,
                     b,
                     &d[i * BLOCK as usize..(i + 1) * BLOCK as usize],
@@ -203,6 +221,32 @@ impl Cache {
             }
             gen.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// The generation of `block` now: an I/O records it with the mapping it makes, and
+    /// an eviction is admitted only while it is unchanged.
+    pub fn gen_of(&self, block: u64) -> u64 {
+        self.gen(block).load(Ordering::Acquire)
+    }
+
+    /// Exclusive caching: a page the guest evicted, checked against its mapping
+    /// ([`PageMap::evicted`](crate::exclusive::PageMap::evicted)), enters the cache if
+    /// no write to its block began since the I/O that mapped it. Checked under the
+    /// cache's lock, which a write's start also takes: the write then drops it.
+    pub fn admit_evicted(
+        &self,
+        e: &crate::exclusive::Evicted,
+    ) -> Result<(), crate::exclusive::Refusal> {
+        if self.capacity == 0 {
+            return Ok(());
+        }
+        let mut lru = self.lru.lock().expect("cache lock");
+        if self.gen(e.block).load(Ordering::Acquire) != e.gen {
+            self.n.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(crate::exclusive::Refusal::WrittenSince);
+        }
+        self.insert(&mut lru, e.block, &e.data);
+        Ok(())
     }
 
     /// Records every access to `path` from now on (replacing any earlier log), or
@@ -326,6 +370,42 @@ mod tests {
         z.end_read(&t, &block(1));
         assert!(!z.get(0, &mut block(0)));
         assert_eq!(z.stats().admissions, 0);
+    }
+
+    #[test]
+    fn an_evicted_page_is_admitted_unless_a_write_began_and_a_take_moves_it_out() {
+        use crate::exclusive::{PageMap, Refusal};
+        let c = Cache::new_exclusive(4 * BLOCK);
+        let mut m = PageMap::new();
+        // Reads and writes admit nothing.
+        let t = c.begin_read(8, 1);
+        c.end_read(&t, &block(8));
+        let w = c.begin_write(7, 1);
+        c.end_write(&w, Some(&block(7)), BLOCK);
+        assert_eq!(c.stats().held_bytes, 0);
+        m.on_io(3, 8, &block(8), c.gen_of(8));
+        let e = m.evicted(3, |p| {
+            p.copy_from_slice(&block(8));
+            true
+        });
+        let e = e.unwrap();
+        c.admit_evicted(&e).unwrap();
+        let mut out = block(0);
+        assert!(c.get(8, &mut out));
+        assert_eq!(out, block(8));
+        assert!(!c.get(8, &mut out), "exclusive: the hit left the cache");
+        // A write to the block begins between the check of the page and the admission.
+        m.on_io(4, 9, &block(9), c.gen_of(9));
+        let e = m
+            .evicted(4, |p| {
+                p.copy_from_slice(&block(9));
+                true
+            })
+            .unwrap();
+        let w = c.begin_write(9, 1);
+        assert_eq!(c.admit_evicted(&e), Err(Refusal::WrittenSince));
+        c.end_write(&w, None, BLOCK);
+        assert!(!c.get(9, &mut out));
     }
 
     #[test]

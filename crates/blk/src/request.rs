@@ -16,6 +16,7 @@ use vm_memory::{ByteValued, GuestMemory};
 use crate::cache::{Cache, BLOCK};
 use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
 use crate::disk::{AlignedBuf, Disk};
+use crate::exclusive::{pages_of, PageMap, Refusal, PAGE};
 
 /// The request header (virtio 1.2, 5.2.6).
 #[repr(C)]
@@ -50,6 +51,56 @@ pub struct Device {
     pub cache: Cache,
     /// Answer to `GET_ID` (up to 20 bytes; the guest's `serial`).
     pub serial: Vec<u8>,
+    /// With an exclusive cache: which guest page holds which block.
+    pub pages: Option<std::sync::Mutex<PageMap>>,
+    /// The guest's memory as the current vhost-user connection mapped it (notices are
+    /// checked against it).
+    pub mem: std::sync::RwLock<Option<crate::backend::Mem>>,
+    /// What became of eviction notices.
+    pub notices: crate::exclusive::NoticeStats,
+}
+
+/// The guest buffers of a request's data, as (guest physical address, length) runs.
+struct Buffers {
+    readable: Vec<(u64, u64)>,
+    writable: Vec<(u64, u64)>,
+}
+
+impl Buffers {
+    fn of<T>(chain: &DescriptorChain<T>) -> Buffers
+    where
+        T: Deref + Clone,
+        T::Target: GuestMemory + Sized,
+    {
+        let (mut readable, mut writable) = (Vec::new(), Vec::new());
+        for d in chain.clone() {
+            let run = (d.addr().0, d.len() as u64);
+            match d.is_write_only() {
+                true => writable.push(run),
+                false => readable.push(run),
+            }
+        }
+        Buffers { readable, writable }
+    }
+
+    /// `len` bytes of `runs` after the first `skip`.
+    fn window(runs: &[(u64, u64)], mut skip: u64, mut len: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for &(a, l) in runs {
+            if len == 0 {
+                break;
+            }
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let take = (l - skip).min(len);
+            out.push((a + skip, take));
+            len -= take;
+            skip = 0;
+        }
+        out
+    }
 }
 
 /// Why a request failed (its status is `IOERR` or `UNSUPP`).
@@ -85,8 +136,9 @@ impl Device {
         let Ok(mut status) = data.split_at(total - 1) else {
             return 0;
         };
+        let bufs = self.pages.is_some().then(|| Buffers::of(&chain));
         let r = match reader.read_obj::<Header>() {
-            Ok(h) => self.run(h, &mut reader, &mut data),
+            Ok(h) => self.run(h, &mut reader, &mut data, bufs.as_ref()),
             Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
         };
         let code = match &r {
@@ -113,14 +165,19 @@ impl Device {
         h: Header,
         reader: &mut R,
         data: &mut W,
+        bufs: Option<&Buffers>,
     ) -> Result<usize, Failed> {
         match h.kind {
             VIRTIO_BLK_T_IN => {
                 let len = data.available();
                 let off = self.range(h.sector, len)?;
+                let gens = self.gens(off, len as u64);
                 with_buf(len, |buf| {
                     self.read(buf, off).map_err(Failed::Io)?;
-                    data.write_all(buf).map_err(Failed::Io)
+                    data.write_all(buf).map_err(Failed::Io)?;
+                    let runs = bufs.map(|b| Buffers::window(&b.writable, 0, len as u64));
+                    self.map_pages(runs, off, buf, &gens, 0);
+                    Ok(())
                 })?;
                 Ok(len)
             }
@@ -130,9 +187,17 @@ impl Device {
                 }
                 let len = reader.available();
                 let off = self.range(h.sector, len)?;
+                let gens = self.gens(off, len as u64);
                 with_buf(len, |buf| {
                     reader.read_exact(buf).map_err(Failed::Io)?;
-                    self.write(buf, off).map_err(Failed::Io)
+                    let r = self.write(buf, off).map_err(Failed::Io);
+                    let runs = bufs.map(|b| Buffers::window(&b.readable, 16, len as u64));
+                    match &r {
+                        // This write's own two steps of the generation.
+                        Ok(()) => self.map_pages(runs, off, buf, &gens, 2),
+                        Err(_) => self.forget(off, len as u64),
+                    }
+                    r
                 })?;
                 Ok(0)
             }
@@ -160,12 +225,115 @@ impl Device {
                     let len = s.num_sectors as usize * SECTOR as usize;
                     let off = self.range(s.sector, len)?;
                     let unmap = h.kind == VIRTIO_BLK_T_DISCARD || s.flags & 1 != 0;
-                    self.zero(off, len as u64, unmap).map_err(Failed::Io)?;
+                    let r = self.zero(off, len as u64, unmap).map_err(Failed::Io);
+                    self.forget(off, len as u64);
+                    r?;
                 }
                 Ok(0)
             }
             k => Err(Failed::Unsupported(k)),
         }
+    }
+
+    /// With an exclusive cache, the generations of the blocks under `off..off + len`
+    /// before an I/O moves them.
+    fn gens(&self, off: u64, len: u64) -> Vec<u64> {
+        match self.pages {
+            Some(_) if len > 0 => {
+                let first = off / BLOCK;
+                (first..(off + len).div_ceil(BLOCK))
+                    .map(|b| self.cache.gen_of(b))
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// After data moved between the guest buffers `runs` and the disk at `off`: each
+    /// whole, aligned block now maps its page, provided no write but this request's own
+    /// (`own` steps of the generation: 2 for a write, 0 for a read) began meanwhile;
+    /// every other block touched loses its mapping.
+    fn map_pages(
+        &self,
+        runs: Option<Vec<(u64, u64)>>,
+        off: u64,
+        data: &[u8],
+        before: &[u64],
+        own: u64,
+    ) {
+        let (Some(pages), Some(runs)) = (&self.pages, runs) else {
+            return;
+        };
+        let (whole, partial) = pages_of(&runs, off);
+        let first = off / BLOCK;
+        let mut map = pages.lock().expect("page map lock");
+        for (pfn, block) in whole {
+            let now = self.cache.gen_of(block);
+            let then = before.get((block - first) as usize).copied();
+            if then.map(|g| g.wrapping_add(own)) != Some(now) {
+                map.forget_block(block);
+                continue;
+            }
+            let at = (block * BLOCK - off) as usize;
+            map.on_io(pfn, block, &data[at..at + BLOCK as usize], now);
+        }
+        for block in partial {
+            map.forget_block(block);
+        }
+    }
+
+    /// Blocks under `off..off + len` lose their mappings (discarded, zeroed, a failed
+    /// write).
+    fn forget(&self, off: u64, len: u64) {
+        let Some(pages) = &self.pages else { return };
+        let mut map = pages.lock().expect("page map lock");
+        for b in off / BLOCK..(off + len).div_ceil(BLOCK) {
+            map.forget_block(b);
+        }
+    }
+
+    /// An eviction notice from the guest for page `pfn`, checked against `mem`:
+    /// admitted into the exclusive cache if every check of [`PageMap::evicted`] and
+    /// [`Cache::admit_evicted`] passes.
+    pub fn evicted_in<M: GuestMemory>(&self, pfn: u64, mem: &M) -> Result<(), Refusal> {
+        let Some(pages) = &self.pages else {
+            return Err(Refusal::NoMapping);
+        };
+        let read = |out: &mut [u8]| {
+            pfn.checked_mul(PAGE).is_some_and(|a| {
+                vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(a)).is_ok()
+            })
+        };
+        let r = pages
+            .lock()
+            .expect("page map lock")
+            .evicted(pfn, read)
+            .and_then(|e| self.cache.admit_evicted(&e));
+        self.notices.count(r);
+        r
+    }
+
+    /// An eviction notice, checked against the guest memory of the current connection.
+    pub fn evicted(&self, pfn: u64) -> Result<(), Refusal> {
+        use vm_memory::GuestAddressSpace;
+        let mem = self.mem.read().expect("mem lock").clone();
+        match mem {
+            Some(m) => self.evicted_in(pfn, &*m.memory()),
+            None => {
+                self.notices.count(Err(Refusal::Unreadable));
+                Err(Refusal::Unreadable)
+            }
+        }
+    }
+
+    /// A release notice: the page no longer holds file data.
+    pub fn released(&self, pfn: u64) {
+        if let Some(pages) = &self.pages {
+            pages.lock().expect("page map lock").release(pfn);
+        }
+        self.notices
+            .released
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The byte offset of `len` bytes at `sector`, checked against the disk and the
@@ -331,6 +499,9 @@ mod tests {
         let dev = Device {
             disk: Disk::open(&path, false, false).unwrap(),
             cache: Cache::new(cache),
+            pages: None,
+            mem: Default::default(),
+            notices: Default::default(),
             serial: b"disk0".to_vec(),
         };
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
@@ -369,6 +540,76 @@ mod tests {
 
     fn status() -> RawDescriptor {
         d(STATUS, 1, W)
+    }
+
+    #[test]
+    fn exclusive_an_evicted_page_comes_back_from_the_host_and_nothing_stale_is_served() {
+        let mut r = rig(1 << 20);
+        r.dev.cache = Cache::new_exclusive(1 << 20);
+        r.dev.pages = Some(Default::default());
+        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, &r.mem);
+        // Read blocks 2 and 3 into two guest pages: mapped, nothing cached yet.
+        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
+        assert_eq!(r.dev.cache.stats().held_bytes, 0);
+        // The guest evicts both: admitted, copied from its memory.
+        assert_eq!(evict(&r, DATA), Ok(()));
+        assert_eq!(evict(&r, DATA + 4096), Ok(()));
+        assert_eq!(r.dev.cache.stats().held_bytes, 8192);
+        // A repeated notice finds nothing.
+        assert_eq!(evict(&r, DATA), Err(Refusal::NoMapping));
+        // The guest reuses the page, then reads block 2 again elsewhere: a host hit.
+        r.mem
+            .write_slice(&[0x77; 4096], GuestAddress(DATA))
+            .unwrap();
+        let other = DATA + 0x10000;
+        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(other, 4096, W), status()]);
+        let mut got = vec![0u8; 4096];
+        r.mem.read_slice(&mut got, GuestAddress(other)).unwrap();
+        assert!(got.iter().all(|b| *b == 2));
+        let s = r.dev.cache.stats();
+        assert_eq!(
+            (s.hits, s.held_bytes),
+            (1, 4096),
+            "the hit moved block 2 back to the guest"
+        );
+        // Block 3 is overwritten from another page: the host copy goes, and the page
+        // that read it before can no longer pass for it.
+        r.mem
+            .write_slice(&[0xcd; 4096], GuestAddress(other))
+            .unwrap();
+        r.run(VIRTIO_BLK_T_OUT, 24, &[hdr(), d(other, 4096, 0), status()]);
+        assert_eq!(r.dev.cache.stats().held_bytes, 0);
+        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(DATA, 4096, W), status()]);
+        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+        assert!(
+            got.iter().all(|b| *b == 0xcd),
+            "the write, not the evicted copy"
+        );
+        // The page that read block 3 is scribbled on before its eviction: refused.
+        r.mem
+            .write_slice(&[0x01; 4096], GuestAddress(DATA))
+            .unwrap();
+        assert_eq!(evict(&r, DATA), Err(Refusal::ContentChanged));
+        // A discard forgets what the write mapped.
+        let seg = Segment {
+            sector: 24,
+            num_sectors: 8,
+            flags: 0,
+        };
+        r.mem.write_obj(seg, GuestAddress(DATA + 0x20000)).unwrap();
+        r.run(
+            VIRTIO_BLK_T_DISCARD,
+            0,
+            &[hdr(), d(DATA + 0x20000, 16, 0), status()],
+        );
+        assert_eq!(evict(&r, other), Err(Refusal::NoMapping));
+        assert_eq!(
+            r.dev
+                .notices
+                .admitted
+                .load(std::sync::atomic::Ordering::Relaxed),
+            2
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,8 @@ pub struct Options {
     pub direct: bool,
     /// Host cache bytes (0: none).
     pub cache_bytes: u64,
+    /// The cache is exclusive of the guest's memory: filled only by eviction notices.
+    pub exclusive: bool,
     pub queues: u16,
     /// The guest-visible serial (`GET_ID`).
     pub serial: String,
@@ -54,7 +57,17 @@ pub enum Control {
     Record {
         path: Option<PathBuf>,
     },
+    /// Eviction and release notices of guest pages (exclusive cache only).
+    Notices {
+        #[serde(default)]
+        evicted: Vec<u64>,
+        #[serde(default)]
+        released: Vec<u64>,
+    },
 }
+
+/// The most notices one control request may carry.
+pub const MAX_NOTICES: usize = 65536;
 
 /// What `stats` answers.
 #[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
@@ -65,6 +78,11 @@ pub struct Stats {
     pub queues: u16,
     pub connections: u64,
     pub cache: CacheStats,
+    pub exclusive: bool,
+    /// Eviction notices admitted, and refused by reason; release notices.
+    pub notices_admitted: u64,
+    pub notices_refused: std::collections::BTreeMap<crate::exclusive::Refusal, u64>,
+    pub notices_released: u64,
 }
 
 /// Serves until the process is killed (or the listener fails).
@@ -75,8 +93,14 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
     let disk = Disk::open(&o.disk, o.readonly, o.direct)?;
     let dev = Arc::new(Device {
         disk,
-        cache: Cache::new(o.cache_bytes),
+        cache: match o.exclusive {
+            true => Cache::new_exclusive(o.cache_bytes),
+            false => Cache::new(o.cache_bytes),
+        },
         serial: o.serial.as_bytes().to_vec(),
+        pages: o.exclusive.then(Default::default),
+        mem: Default::default(),
+        notices: Default::default(),
     });
     let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if let Some(c) = &o.control {
@@ -95,8 +119,13 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
             GuestMemoryAtomic::new(GuestMemoryMmap::<crate::backend::Bitmap>::new()),
         )
         .map_err(|e| ServeError::Daemon(e.to_string()))?;
+        // A connection maps a guest memory of its own: what pages held is void.
+        if let Some(p) = &dev.pages {
+            p.lock().expect("page map lock").clear();
+        }
         // One connection: QEMU's, until it goes (quits, or restarts the link).
         let r = daemon.serve(&o.socket);
+        *dev.mem.write().expect("mem lock") = None;
         connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = dev.cache.flush_log();
         if let Err(e) = r {
@@ -126,8 +155,13 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     queues: o.queues,
                     connections: conns.load(std::sync::atomic::Ordering::Relaxed),
                     cache: dev.cache.stats(),
+                    exclusive: dev.pages.is_some(),
+                    notices_admitted: dev.notices.admitted.load(Relaxed),
+                    notices_refused: dev.notices.refused(),
+                    notices_released: dev.notices.released.load(Relaxed),
                 })
                 .unwrap_or_default(),
+                Ok(Control::Notices { evicted, released }) => notices(dev, &evicted, &released),
                 Ok(Control::Record { path }) => match dev.cache.record_to(path.as_deref()) {
                     Ok(()) => serde_json::json!({"ok": true}),
                     Err(e) => serde_json::json!({"error": e.to_string()}),
@@ -139,6 +173,29 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
             }
         }
     }
+}
+
+/// A batch of notices: releases first (a page released and then evicted again holds
+/// other data), then evictions; the answer counts what each came to.
+fn notices(dev: &Device, evicted: &[u64], released: &[u64]) -> serde_json::Value {
+    if dev.pages.is_none() {
+        return serde_json::json!({"error": "this disk's cache is not exclusive: notices are not taken"});
+    }
+    if evicted.len() + released.len() > MAX_NOTICES {
+        return serde_json::json!({"error": format!("more than {MAX_NOTICES} notices in one request")});
+    }
+    for &p in released {
+        dev.released(p);
+    }
+    let mut refused = std::collections::BTreeMap::new();
+    let mut admitted = 0u64;
+    for &p in evicted {
+        match dev.evicted(p) {
+            Ok(()) => admitted += 1,
+            Err(why) => *refused.entry(why).or_insert(0u64) += 1,
+        }
+    }
+    serde_json::json!({"admitted": admitted, "refused": refused, "released": released.len()})
 }
 
 /// One control request from another process: the answer, as JSON.

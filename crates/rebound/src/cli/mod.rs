@@ -103,6 +103,10 @@ pub struct BlkServeArgs {
     /// Host cache size (e.g. 256M; 0: no cache).
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     pub cache: u64,
+    /// Make the cache exclusive of the guest's memory: it admits only pages the guest
+    /// evicted (notices on the control socket) that provably still equal their block.
+    #[arg(long, requires = "control")]
+    pub exclusive: bool,
     /// Virtqueues (one thread each).
     #[arg(long, default_value_t = 1)]
     pub queues: u16,
@@ -787,6 +791,7 @@ fn blk(c: BlkCmd) -> anyhow::Result<()> {
             readonly: a.readonly,
             direct: !a.buffered,
             cache_bytes: a.cache,
+            exclusive: a.exclusive,
             queues: a.queues,
             serial: a.serial,
         })?),

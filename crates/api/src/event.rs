@@ -196,6 +196,13 @@ pub enum EventData {
     /// A restore held paused handed `frames` frames (`bytes` bytes) to QEMU for the
     /// guest on bridge NIC `nic` (`net<nic>`); the guest receives them when it runs.
     FramesReplayed { nic: u32, frames: u64, bytes: u64 },
+    /// `vm memory --host-cache`: the guest now has `guest_mib`, its disks' host caches
+    /// `host_cache_bytes` in all, exclusive of the guest's memory or not.
+    HostCache {
+        guest_mib: u64,
+        host_cache_bytes: u64,
+        exclusive: bool,
+    },
 }
 
 /// A change the `peer` workload saw in one of its peers.
@@ -264,6 +271,7 @@ impl EventData {
             EventData::Peer(_) => "peer",
             EventData::SnapshotHeld { .. } => "snapshot_held",
             EventData::FramesReplayed { .. } => "frames_replayed",
+            EventData::HostCache { .. } => "host_cache",
         }
     }
 

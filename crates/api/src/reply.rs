@@ -33,3 +33,20 @@ pub struct VmcoreinfoReply {
     pub osrelease: String,
     pub entries: BTreeMap<String, String>,
 }
+
+/// `POST /v1/vms/{name}/memory`: what moved between the guest and its host caches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostCacheReport {
+    pub guest_mib_before: u64,
+    /// The guest's memory now (its balloon's size).
+    pub guest_mib: u64,
+    /// Host cache of the VM's Rebound-served disks, in all.
+    pub host_cache_bytes: u64,
+    pub per_disk_bytes: u64,
+    pub disks: u64,
+    /// The caches hold only what the guest evicts.
+    pub exclusive: bool,
+    /// Seconds until the guest had given (or taken back) the memory.
+    pub balloon_s: f64,
+    pub notes: Vec<String>,
+}

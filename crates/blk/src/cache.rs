@@ -16,7 +16,7 @@
 use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -67,7 +67,8 @@ struct Log {
 
 pub struct Cache {
     lru: Mutex<lru::LruCache<u64, Box<[u8]>>>,
-    capacity: usize,
+    /// Blocks; 0: nothing is cached.
+    capacity: AtomicUsize,
     gens: Box<[AtomicU64]>,
     n: Counters,
     log: Mutex<Option<Log>>,
@@ -75,7 +76,7 @@ pub struct Cache {
     recording: AtomicBool,
     /// Exclusive of the guest's memory (Hcache): reads and writes admit nothing, a hit
     /// moves the block out, and only evicted pages come in ([`Cache::admit_evicted`]).
-    exclusive: bool,
+    exclusive: AtomicBool,
 }
 
 /// The generations of a run of blocks when a read of them began.
@@ -99,26 +100,48 @@ impl Cache {
             lru: Mutex::new(lru::LruCache::new(
                 NonZeroUsize::new(capacity.max(1)).expect("non-zero"),
             )),
-            capacity,
+            capacity: AtomicUsize::new(capacity),
             gens: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             n: Counters::default(),
             log: Mutex::new(None),
             recording: AtomicBool::new(false),
-            exclusive: false,
+            exclusive: AtomicBool::new(false),
         }
     }
 
     /// An exclusive cache of at most `bytes`: it holds what the guest evicted and
     /// nothing the guest holds.
     pub fn new_exclusive(bytes: u64) -> Cache {
-        Cache {
-            exclusive: true,
-            ..Cache::new(bytes)
-        }
+        let c = Cache::new(bytes);
+        c.exclusive.store(true, Ordering::Release);
+        c
     }
 
     pub fn is_exclusive(&self) -> bool {
-        self.exclusive
+        self.exclusive.load(Ordering::Acquire)
+    }
+
+    fn cap(&self) -> usize {
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    /// Changes the size and the mode while the guest runs: blocks beyond the new size
+    /// go (least recently used first, counted as evictions). What stays is equal to the
+    /// disk in either mode; a block the guest also holds leaves an exclusive cache at
+    /// its next hit.
+    pub fn reconfigure(&self, bytes: u64, exclusive: bool) {
+        let capacity = (bytes / BLOCK) as usize;
+        let mut lru = self.lru.lock().expect("cache lock");
+        let before = lru.len();
+        lru.resize(NonZeroUsize::new(capacity.max(1)).expect("non-zero"));
+        if capacity == 0 {
+            lru.clear();
+        }
+        self.n
+            .evictions
+            .fetch_add(before.saturating_sub(lru.len()) as u64, Ordering::Relaxed);
+        self.capacity.store(capacity, Ordering::Release);
+        self.exclusive.store(exclusive, Ordering::Release);
     }
 
     fn gen(&self, block: u64) -> &AtomicU64 {
@@ -128,10 +151,10 @@ impl Cache {
     /// Copies block `block` into `out` if it is cached (counting a hit or a miss). An
     /// exclusive cache lets the block go: the guest holds it now.
     pub fn get(&self, block: u64, out: &mut [u8]) -> bool {
-        let hit = self.capacity > 0 && {
+        let hit = self.cap() > 0 && {
             let mut lru = self.lru.lock().expect("cache lock");
             let mut copy = |b: &[u8]| out.copy_from_slice(b);
-            match self.exclusive {
+            match self.is_exclusive() {
                 true => lru.pop(&block).map(|b| copy(&b)).is_some(),
                 false => lru.get(&block).map(|b| copy(b)).is_some(),
             }
@@ -158,7 +181,7 @@ impl Cache {
         self.n
             .read_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        if self.capacity == 0 || self.exclusive {
+        if self.cap() == 0 || self.is_exclusive() {
             return;
         }
         let mut lru = self.lru.lock().expect("cache lock");
@@ -208,7 +231,7 @@ impl Cache {
             let gen = self.gen(b);
             let alone = gen.load(Ordering::Acquire) == *g;
             match data {
-                Some(d) if alone && self.capacity > 0 && !self.exclusive => self.insert(
+                Some(d) if alone && self.cap() > 0 && !self.is_exclusive() => self.insert(
                     &mut lru,
                     b,
                     &d[i * BLOCK as usize..(i + 1) * BLOCK as usize],
@@ -237,7 +260,7 @@ impl Cache {
         &self,
         e: &crate::exclusive::Evicted,
     ) -> Result<(), crate::exclusive::Refusal> {
-        if self.capacity == 0 {
+        if self.cap() == 0 {
             return Ok(());
         }
         let mut lru = self.lru.lock().expect("cache lock");
@@ -294,8 +317,8 @@ impl Cache {
         let n = &self.n;
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CacheStats {
-            capacity_bytes: self.capacity as u64 * BLOCK,
-            held_bytes: if self.capacity == 0 { 0 } else { held * BLOCK },
+            capacity_bytes: self.cap() as u64 * BLOCK,
+            held_bytes: if self.cap() == 0 { 0 } else { held * BLOCK },
             hits: l(&n.hits),
             misses: l(&n.misses),
             admissions: l(&n.admissions),
@@ -370,6 +393,18 @@ mod tests {
         z.end_read(&t, &block(1));
         assert!(!z.get(0, &mut block(0)));
         assert_eq!(z.stats().admissions, 0);
+        // Shrunk at run time: the least recently used block goes; grown, it admits.
+        c.reconfigure(BLOCK, false);
+        let s = c.stats();
+        assert_eq!(
+            (s.evictions, s.held_bytes, s.capacity_bytes),
+            (2, BLOCK, BLOCK)
+        );
+        assert!(c.get(2, &mut block(0)) && !c.get(1, &mut block(0)));
+        z.reconfigure(2 * BLOCK, false);
+        let t = z.begin_read(0, 1);
+        z.end_read(&t, &block(1));
+        assert!(z.get(0, &mut block(0)));
     }
 
     #[test]

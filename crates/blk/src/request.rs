@@ -51,8 +51,8 @@ pub struct Device {
     pub cache: Cache,
     /// Answer to `GET_ID` (up to 20 bytes; the guest's `serial`).
     pub serial: Vec<u8>,
-    /// With an exclusive cache: which guest page holds which block.
-    pub pages: Option<std::sync::Mutex<PageMap>>,
+    /// Which guest page holds which block: kept while the cache is exclusive.
+    pub pages: std::sync::Mutex<PageMap>,
     /// The guest's memory as the current vhost-user connection mapped it (notices are
     /// checked against it).
     pub mem: std::sync::RwLock<Option<crate::backend::Mem>>,
@@ -136,7 +136,7 @@ impl Device {
         let Ok(mut status) = data.split_at(total - 1) else {
             return 0;
         };
-        let bufs = self.pages.is_some().then(|| Buffers::of(&chain));
+        let bufs = self.cache.is_exclusive().then(|| Buffers::of(&chain));
         let r = match reader.read_obj::<Header>() {
             Ok(h) => self.run(h, &mut reader, &mut data, bufs.as_ref()),
             Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
@@ -235,10 +235,24 @@ impl Device {
         }
     }
 
+    /// The page map, while the cache is exclusive.
+    fn tracking(&self) -> Option<&std::sync::Mutex<PageMap>> {
+        self.cache.is_exclusive().then_some(&self.pages)
+    }
+
+    /// Changes the host cache's size and mode (a mode change forgets every mapping:
+    /// they were not kept, or will not be used).
+    pub fn reconfigure(&self, bytes: u64, exclusive: bool) {
+        if exclusive != self.cache.is_exclusive() {
+            self.pages.lock().expect("page map lock").clear();
+        }
+        self.cache.reconfigure(bytes, exclusive);
+    }
+
     /// With an exclusive cache, the generations of the blocks under `off..off + len`
     /// before an I/O moves them.
     fn gens(&self, off: u64, len: u64) -> Vec<u64> {
-        match self.pages {
+        match self.tracking() {
             Some(_) if len > 0 => {
                 let first = off / BLOCK;
                 (first..(off + len).div_ceil(BLOCK))
@@ -261,7 +275,7 @@ impl Device {
         before: &[u64],
         own: u64,
     ) {
-        let (Some(pages), Some(runs)) = (&self.pages, runs) else {
+        let (Some(pages), Some(runs)) = (self.tracking(), runs) else {
             return;
         };
         let (whole, partial) = pages_of(&runs, off);
@@ -285,7 +299,7 @@ impl Device {
     /// Blocks under `off..off + len` lose their mappings (discarded, zeroed, a failed
     /// write).
     fn forget(&self, off: u64, len: u64) {
-        let Some(pages) = &self.pages else { return };
+        let Some(pages) = self.tracking() else { return };
         let mut map = pages.lock().expect("page map lock");
         for b in off / BLOCK..(off + len).div_ceil(BLOCK) {
             map.forget_block(b);
@@ -296,7 +310,8 @@ impl Device {
     /// admitted into the exclusive cache if every check of [`PageMap::evicted`] and
     /// [`Cache::admit_evicted`] passes.
     pub fn evicted_in<M: GuestMemory>(&self, pfn: u64, mem: &M) -> Result<(), Refusal> {
-        let Some(pages) = &self.pages else {
+        let Some(pages) = self.tracking() else {
+            self.notices.count(Err(Refusal::NoMapping));
             return Err(Refusal::NoMapping);
         };
         let read = |out: &mut [u8]| {
@@ -328,7 +343,7 @@ impl Device {
 
     /// A release notice: the page no longer holds file data.
     pub fn released(&self, pfn: u64) {
-        if let Some(pages) = &self.pages {
+        if let Some(pages) = self.tracking() {
             pages.lock().expect("page map lock").release(pfn);
         }
         self.notices
@@ -499,7 +514,7 @@ mod tests {
         let dev = Device {
             disk: Disk::open(&path, false, false).unwrap(),
             cache: Cache::new(cache),
-            pages: None,
+            pages: Default::default(),
             mem: Default::default(),
             notices: Default::default(),
             serial: b"disk0".to_vec(),
@@ -544,9 +559,8 @@ mod tests {
 
     #[test]
     fn exclusive_an_evicted_page_comes_back_from_the_host_and_nothing_stale_is_served() {
-        let mut r = rig(1 << 20);
-        r.dev.cache = Cache::new_exclusive(1 << 20);
-        r.dev.pages = Some(Default::default());
+        let r = rig(1 << 20);
+        r.dev.reconfigure(1 << 20, true);
         let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, &r.mem);
         // Read blocks 2 and 3 into two guest pages: mapped, nothing cached yet.
         r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);

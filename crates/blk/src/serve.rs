@@ -57,6 +57,11 @@ pub enum Control {
     Record {
         path: Option<PathBuf>,
     },
+    /// Resize the host cache and choose its mode, while the guest runs.
+    Cache {
+        bytes: u64,
+        exclusive: bool,
+    },
     /// Eviction and release notices of guest pages (exclusive cache only).
     Notices {
         #[serde(default)]
@@ -98,7 +103,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
             false => Cache::new(o.cache_bytes),
         },
         serial: o.serial.as_bytes().to_vec(),
-        pages: o.exclusive.then(Default::default),
+        pages: Default::default(),
         mem: Default::default(),
         notices: Default::default(),
     });
@@ -120,9 +125,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         )
         .map_err(|e| ServeError::Daemon(e.to_string()))?;
         // A connection maps a guest memory of its own: what pages held is void.
-        if let Some(p) = &dev.pages {
-            p.lock().expect("page map lock").clear();
-        }
+        dev.pages.lock().expect("page map lock").clear();
         // One connection: QEMU's, until it goes (quits, or restarts the link).
         let r = daemon.serve(&o.socket);
         *dev.mem.write().expect("mem lock") = None;
@@ -155,13 +158,17 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     queues: o.queues,
                     connections: conns.load(std::sync::atomic::Ordering::Relaxed),
                     cache: dev.cache.stats(),
-                    exclusive: dev.pages.is_some(),
+                    exclusive: dev.cache.is_exclusive(),
                     notices_admitted: dev.notices.admitted.load(Relaxed),
                     notices_refused: dev.notices.refused(),
                     notices_released: dev.notices.released.load(Relaxed),
                 })
                 .unwrap_or_default(),
                 Ok(Control::Notices { evicted, released }) => notices(dev, &evicted, &released),
+                Ok(Control::Cache { bytes, exclusive }) => {
+                    dev.reconfigure(bytes, exclusive);
+                    serde_json::json!({"ok": true, "cache": dev.cache.stats()})
+                }
                 Ok(Control::Record { path }) => match dev.cache.record_to(path.as_deref()) {
                     Ok(()) => serde_json::json!({"ok": true}),
                     Err(e) => serde_json::json!({"error": e.to_string()}),
@@ -178,7 +185,7 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
 /// A batch of notices: releases first (a page released and then evicted again holds
 /// other data), then evictions; the answer counts what each came to.
 fn notices(dev: &Device, evicted: &[u64], released: &[u64]) -> serde_json::Value {
-    if dev.pages.is_none() {
+    if !dev.cache.is_exclusive() {
         return serde_json::json!({"error": "this disk's cache is not exclusive: notices are not taken"});
     }
     if evicted.len() + released.len() > MAX_NOTICES {

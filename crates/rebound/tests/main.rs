@@ -12,6 +12,7 @@ mod byo_kernel;
 mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
+mod host_cache;
 mod privacy;
 mod replay;
 mod restore;

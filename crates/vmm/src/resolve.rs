@@ -77,6 +77,9 @@ pub struct BlkServe {
     pub control: PathBuf,
     pub log: PathBuf,
     pub cache_bytes: u64,
+    /// The cache holds only what the guest evicts (`vm memory --host-cache`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
     pub queues: u16,
     pub serial: String,
 }
@@ -312,6 +315,7 @@ pub fn resolve(
             control: blk.join(format!("disk{i}.ctl")),
             log: dir.path().join(format!("blk-disk{i}.log")),
             cache_bytes: how.cache_bytes,
+            exclusive: false,
             queues: spec.cpus as u16,
             serial: format!("disk{i}"),
         });

@@ -559,6 +559,18 @@ pub enum VmCmd {
         #[arg(long)]
         hang: bool,
     },
+    /// Move memory from the guest (its balloon) to exclusive host caches of its disks
+    /// served by Rebound's backend, keeping the sum; `--host-cache 0` gives it back.
+    Memory {
+        /// The VM's name.
+        name: String,
+        /// Host cache to make, taken from the guest (e.g. 64M; 0: all back to the guest).
+        #[arg(long, value_parser = parse_bytes)]
+        host_cache: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Have the guest write HEX bytes into a page; prints its guest physical address.
     Marker {
         /// The VM's name.

@@ -143,6 +143,37 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        VmCmd::Memory {
+            name,
+            host_cache,
+            json: as_json,
+        } => {
+            let c = connect(paths).await?;
+            let v: rebound_api::HostCacheReport = c
+                .call(
+                    Method::POST,
+                    &format!("/v1/vms/{}/memory", enc(&name)),
+                    Some(&json!({"host_cache_bytes": host_cache})),
+                )
+                .await?;
+            if as_json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!(
+                    "{name}: guest {} -> {} MiB in {:.2} s; host cache {} MiB over {} disk(s){}",
+                    v.guest_mib_before,
+                    v.guest_mib,
+                    v.balloon_s,
+                    v.host_cache_bytes >> 20,
+                    v.disks,
+                    if v.exclusive { ", exclusive" } else { "" }
+                );
+                for n in &v.notes {
+                    println!("note: {n}");
+                }
+            }
+            Ok(())
+        }
         VmCmd::Marker {
             name,
             hex,

@@ -62,6 +62,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/reboot", post(reboot))
         .route("/v1/vms/{name}/restore", get(restore_report))
         .route("/v1/vms/{name}/disks", get(disks))
+        .route("/v1/vms/{name}/memory", post(memory))
         .route("/v1/restore", post(restore))
         .route("/v1/cluster/restore", post(cluster_restore))
         .route("/v1/cluster/restores/{id}", get(cluster_restore_status))
@@ -181,20 +182,47 @@ async fn crash(
     Ok((StatusCode::ACCEPTED, Json(s)))
 }
 
+/// Field `key` of a JSON request body, converted; else a one-line bad request saying
+/// what it must be.
+fn body_field<T>(
+    body: &[u8],
+    key: &str,
+    what: &str,
+    conv: impl FnOnce(&serde_json::Value) -> Option<T>,
+) -> Result<T, OpError> {
+    let v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?;
+    v.get(key)
+        .and_then(conv)
+        .ok_or_else(|| OpError::BadRequest(format!("{key} ({what}) is required")))
+}
+
+async fn memory(
+    State(d): D,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let vm = vm_or_404(&d, &name)?;
+    let bytes = body_field(&body, "host_cache_bytes", "a non-negative integer", |v| {
+        v.as_u64()
+    })?;
+    match vm.run(Job::HostCache(bytes)).await? {
+        Done::HostCache(r) => Ok(Json(*r)),
+        _ => Err(OpError::Internal("memory job answered something else".into()).into()),
+    }
+}
+
 async fn marker(
     State(d): D,
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let vm = vm_or_404(&d, &name)?;
-    let v: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?;
-    let hex = v
-        .get("value_hex")
-        .and_then(|h| h.as_str())
-        .ok_or_else(|| OpError::BadRequest("value_hex (string) is required".into()))?;
-    guest::check_marker_hex(hex)?;
-    match vm.run(Job::Marker(hex.to_string())).await? {
+    let hex = body_field(&body, "value_hex", "string", |v| {
+        v.as_str().map(str::to_string)
+    })?;
+    guest::check_marker_hex(&hex)?;
+    match vm.run(Job::Marker(hex)).await? {
         Done::Marker(m) => Ok(Json(m)),
         _ => Err(OpError::Internal("marker job answered something else".into()).into()),
     }

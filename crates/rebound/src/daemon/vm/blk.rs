@@ -213,6 +213,7 @@ fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
         .arg(s.queues.to_string())
         .arg("--serial")
         .arg(&s.serial)
+        .args(s.exclusive.then_some("--exclusive"))
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(err)

@@ -10,6 +10,7 @@ mod crash;
 mod dump;
 mod dump_now;
 pub mod machine;
+mod memory;
 mod owner;
 mod reboot;
 mod recover_restore;
@@ -55,6 +56,8 @@ pub enum Job {
     Settle,
     /// Reboot the guest, cold or warm.
     Reboot(rebound_api::RebootRequest),
+    /// Move this many bytes of the guest's memory to its disks' exclusive host caches.
+    HostCache(u64),
 }
 
 impl Job {
@@ -70,6 +73,7 @@ impl Job {
             Job::Pause => "pause",
             Job::Settle => "settle",
             Job::Reboot(_) => "reboot",
+            Job::HostCache(_) => "memory",
         }
     }
 }
@@ -82,6 +86,7 @@ pub enum Done {
     Dump(Box<rebound_api::DumpResult>),
     Snapshot(Box<rebound_api::SnapshotResult>),
     Reboot(Box<rebound_api::RebootReport>),
+    HostCache(Box<rebound_api::HostCacheReport>),
 }
 
 type Request = (Job, oneshot::Sender<Result<Done, OpError>>);
@@ -179,9 +184,11 @@ impl VmHandle {
     pub async fn run_for_status(&self, job: Job) -> Result<VmStatus, OpError> {
         match self.run(job).await? {
             Done::Status(s) => Ok(*s),
-            Done::Marker(_) | Done::Dump(_) | Done::Snapshot(_) | Done::Reboot(_) => {
-                Ok(self.status())
-            }
+            Done::Marker(_)
+            | Done::Dump(_)
+            | Done::Snapshot(_)
+            | Done::Reboot(_)
+            | Done::HostCache(_) => Ok(self.status()),
         }
     }
 

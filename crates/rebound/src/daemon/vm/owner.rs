@@ -700,6 +700,10 @@ impl Owner {
             Job::Pause => self.pause().await.map(|s| Done::Status(Box::new(s))),
             Job::Settle => self.settle().await.map(|s| Done::Status(Box::new(s))),
             Job::Reboot(req) => self.reboot(req).await.map(|r| Done::Reboot(Box::new(r))),
+            Job::HostCache(bytes) => self
+                .host_cache(bytes)
+                .await
+                .map(|r| Done::HostCache(Box::new(r))),
         }
     }
 

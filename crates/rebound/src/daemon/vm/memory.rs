@@ -1,0 +1,179 @@
+//! `vm memory --host-cache SIZE` (Hcache): memory moves from the guest to an exclusive
+//! host cache of its disks, X + Y constant. The balloon takes Y from the guest (only
+//! if the guest can give it: what it cannot reclaim, MemTotal − MemAvailable as its
+//! balloon driver reports, plus a margin, stays), then each disk served by Rebound's
+//! backend gets its share of Y as a cache that holds only what the guest evicts.
+//! `--host-cache 0` gives it all back. The setting lasts until the VM stops.
+
+use std::time::{Duration, Instant};
+
+use rebound_api::HostCacheReport;
+use serde_json::{json, Value};
+
+use super::owner::Owner;
+use crate::daemon::error::OpError;
+
+const MIB: u64 = 1 << 20;
+/// The least a guest keeps, whatever it reports.
+const GUEST_MIN: u64 = 64 * MIB;
+/// Kept above what the guest says it cannot reclaim.
+const NEED_MARGIN: u64 = 32 * MIB;
+/// How long the guest gets to give the memory back.
+const BALLOON_WAIT: Duration = Duration::from_secs(20);
+const BALLOON_PATH: &str = "/machine/peripheral/balloon0";
+
+impl Owner {
+    pub(super) async fn host_cache(&mut self, bytes: u64) -> Result<HostCacheReport, OpError> {
+        self.require_running("memory moves only while the guest runs")?;
+        let rec = self.vm.record();
+        let total = rec.spec.memory_mib * MIB;
+        let y = bytes / MIB * MIB;
+        if rec.blk.is_empty() {
+            return Err(OpError::BadRequest(format!(
+                "VM {} has no disk served by Rebound's backend (disk_backend = \"rebound\"): there is no host cache to move memory to",
+                self.vm.name
+            )));
+        }
+        if y > total.saturating_sub(GUEST_MIN) {
+            return Err(OpError::BadRequest(format!(
+                "--host-cache {} MiB would leave the guest {} MiB of its {} MiB; it keeps at least {} MiB",
+                y / MIB,
+                total.saturating_sub(y) / MIB,
+                total / MIB,
+                GUEST_MIN / MIB
+            )));
+        }
+        let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+        let t = Instant::now();
+        let before = balloon_actual(&q).await?;
+        let mut notes = Vec::new();
+        let mut guarded = "";
+        let target = total - y;
+        if target < before {
+            match guest_need(&q).await {
+                Some(need) if target < need + NEED_MARGIN => {
+                    return Err(OpError::BadRequest(format!(
+                        "the guest cannot give {} MiB: it needs about {} MiB (MemTotal - MemAvailable + {} MiB) and would keep {} MiB; nothing was moved",
+                        (before - target) / MIB,
+                        (need + NEED_MARGIN).div_ceil(MIB),
+                        NEED_MARGIN / MIB,
+                        target / MIB
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    guarded = " (its balloon driver reported no memory statistics to check first)";
+                    notes.push(
+                        "the guest's balloon driver reports no memory statistics: only the 64 MiB floor guarded this".to_string(),
+                    )
+                }
+            }
+        }
+        q.execute("balloon", Some(json!({"value": target}))).await?;
+        let end = Instant::now() + BALLOON_WAIT;
+        let mut actual = balloon_actual(&q).await?;
+        while actual.abs_diff(target) >= MIB && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            actual = balloon_actual(&q).await?;
+        }
+        if actual.abs_diff(target) >= MIB {
+            let _ = q.execute("balloon", Some(json!({"value": before}))).await;
+            return Err(OpError::BadRequest(format!(
+                "the guest cannot give {} MiB{guarded}: it came down only to {} MiB of the {} MiB asked within {} s, so its balloon is back to {} MiB and nothing was moved",
+                (before - target) / MIB,
+                actual / MIB,
+                target / MIB,
+                BALLOON_WAIT.as_secs(),
+                before / MIB
+            )));
+        }
+        let balloon_s = t.elapsed().as_secs_f64();
+        // Each disk's share; with none moved, the caches go back to what the spec says.
+        let n = rec.blk.len() as u64;
+        let spec_cache = rec.spec.disk_cache_mib * MIB;
+        let (per_disk, exclusive) = match y {
+            0 => (spec_cache, false),
+            _ => (y / n, true),
+        };
+        let controls: Vec<_> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
+        let answers = tokio::task::spawn_blocking(move || {
+            controls
+                .iter()
+                .map(|c| {
+                    let req = json!({"op": "cache", "bytes": per_disk, "exclusive": exclusive});
+                    rebound_blk::serve::ask(c, &req)
+                        .map_err(|e| format!("{}: {e}", c.display()))
+                        .and_then(|v| match v.get("error") {
+                            Some(e) => Err(format!("{}: {e}", c.display())),
+                            None => Ok(v),
+                        })
+                })
+                .collect::<Vec<Result<Value, String>>>()
+        })
+        .await
+        .map_err(|e| OpError::Internal(e.to_string()))?;
+        if let Some(e) = answers.iter().find_map(|a| a.as_ref().err()) {
+            // Memory the guest gave and no cache to hold it: give it back.
+            let _ = q.execute("balloon", Some(json!({"value": before}))).await;
+            return Err(OpError::Internal(format!(
+                "a disk backend refused its cache ({e}): the guest's balloon is back to {} MiB",
+                before / MIB
+            )));
+        }
+        self.vm.update(|r| {
+            for p in &mut r.blk {
+                p.serve.cache_bytes = per_disk;
+                p.serve.exclusive = exclusive;
+            }
+        });
+        self.event(rebound_api::EventData::HostCache {
+            guest_mib: actual / MIB,
+            host_cache_bytes: per_disk * n,
+            exclusive,
+        });
+        Ok(HostCacheReport {
+            guest_mib_before: before / MIB,
+            guest_mib: actual / MIB,
+            host_cache_bytes: per_disk * n,
+            per_disk_bytes: per_disk,
+            disks: n,
+            exclusive,
+            balloon_s,
+            notes,
+        })
+    }
+}
+
+/// The guest's memory as the balloon has it, bytes.
+async fn balloon_actual(q: &rebound_vmm::qmp::Qmp) -> Result<u64, OpError> {
+    let v = q.execute("query-balloon", None).await?;
+    v.get("actual")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| OpError::Internal(format!("query-balloon answered {v}")))
+}
+
+/// What the guest cannot give back (total − available), from its balloon driver's
+/// statistics; `None` if it reports none within 5 s (a guest busy under TCG answers
+/// its first request late).
+async fn guest_need(q: &rebound_vmm::qmp::Qmp) -> Option<u64> {
+    let set = json!({"path": BALLOON_PATH, "property": "guest-stats-polling-interval", "value": 1});
+    if let Err(e) = q.execute("qom-set", Some(set)).await {
+        tracing::info!("no balloon statistics: {e}");
+        return None;
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        let get = json!({"path": BALLOON_PATH, "property": "guest-stats"});
+        if let Ok(v) = q.execute("qom-get", Some(get)).await {
+            tracing::debug!("balloon statistics: {v}");
+            let stat = |k: &str| v["stats"][k].as_i64().filter(|x| *x >= 0);
+            if let (Some(total), Some(avail)) =
+                (stat("stat-total-memory"), stat("stat-available-memory"))
+            {
+                return Some((total - avail).max(0) as u64);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    None
+}

@@ -27,12 +27,7 @@ lint: deps
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # Every test: lint, unit tests, and integration tests that boot real guests under QEMU.
-# One build serves both the image and the tests: the test build resolves features with
-# the dev-dependencies, so a separate `build` first would compile most crates twice.
-# `cargo test` puts the `rebound` binary where `image` expects it.
-test: deps agent lint
-	$(CARGO) test --release --workspace --no-run
-	$(REBOUND) image build default
+test: image lint
 	$(CARGO) test --release --workspace -- --test-threads=2
 
 # The panic backtrace in `crash` with the guest kernel's debug symbols (fetches ~860 MB once).

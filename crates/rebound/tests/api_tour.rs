@@ -109,6 +109,22 @@ fn every_operation_and_every_metric() {
         disks[0]["file"].as_str().unwrap().ends_with("disk0.qcow2"),
         "{disks}"
     );
+    // So there is no host cache to move its memory to (tests/host_cache.rs moves some).
+    let (code, e) = env
+        .call(
+            "POST",
+            "/v1/vms/t1/memory",
+            Some(&json!({"host_cache_bytes": 16 << 20})),
+        )
+        .unwrap();
+    assert_eq!(code, 400, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("no disk served by Rebound"),
+        "{e}"
+    );
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
     // A dump of the running guest, now: paused for it, resumed after, private.

@@ -59,7 +59,8 @@ struct Counters {
 }
 
 /// The access log: one line per block access, `t_ns,block,kind` with kind `h` (a read
-/// served by the cache), `m` (a read from the file) or `w` (a write or discard).
+/// served by the cache), `m` (a read from the file), `w` (a write or discard) or `e`
+/// (exclusive cache: the guest evicted the page holding the block).
 struct Log {
     t0: Instant,
     out: std::io::BufWriter<std::fs::File>,
@@ -302,6 +303,11 @@ impl Cache {
                 self.n.recorded.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Logs that the guest evicted its copy of `block` (exclusive caching).
+    pub fn record_eviction(&self, block: u64) {
+        self.record(block, 'e');
     }
 
     /// Writes out what the access log has buffered.

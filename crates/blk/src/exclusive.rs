@@ -138,6 +138,12 @@ impl PageMap {
         self.p2s.get(&pfn)
     }
 
+    /// The block page `pfn` holds, when P2S and S2P agree on it.
+    pub fn holds(&self, pfn: u64) -> Option<u64> {
+        let m = self.p2s.get(&pfn)?;
+        (self.s2p.get(&m.block) == Some(&pfn)).then_some(m.block)
+    }
+
     /// Every mapping goes (a new connection maps a new guest memory).
     pub fn clear(&mut self) {
         self.p2s.clear();

@@ -319,11 +319,16 @@ impl Device {
                 vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(a)).is_ok()
             })
         };
-        let r = pages
-            .lock()
-            .expect("page map lock")
-            .evicted(pfn, read)
-            .and_then(|e| self.cache.admit_evicted(&e));
+        let r = {
+            let mut map = pages.lock().expect("page map lock");
+            // The guest let go of the block this page held (admitted or not): the
+            // access log's eviction, which the miss-ratio curve below the guest needs.
+            if let Some(block) = map.holds(pfn) {
+                self.cache.record_eviction(block);
+            }
+            map.evicted(pfn, read)
+        }
+        .and_then(|e| self.cache.admit_evicted(&e));
         self.notices.count(r);
         r
     }
@@ -624,6 +629,20 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             2
         );
+        // With the access log on, each eviction of a held block is an `e` line.
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.csv");
+        r.dev.cache.record_to(Some(&log)).unwrap();
+        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
+        assert_eq!(evict(&r, DATA), Ok(()));
+        assert_eq!(evict(&r, DATA), Err(Refusal::NoMapping));
+        r.dev.cache.record_to(None).unwrap();
+        let kinds: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').skip(1).collect::<Vec<_>>().join(","))
+            .collect();
+        assert_eq!(kinds, ["0,m", "0,e"]);
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub enum BlkCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Record every block access of a running backend to FILE (`t_ns,block,h|m|w`
+    /// Record every block access of a running backend to FILE (`t_ns,block,h|m|w|e`
     /// lines), or stop recording with `--stop`.
     Record {
         /// The backend's control socket.

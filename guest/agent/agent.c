@@ -150,6 +150,16 @@ static void send_ready(void)
 	} else {
 		jb_raw(&b, "null");
 	}
+	jb_raw(&b, ",\"evict_ring\":");
+	if (f.evict_ring_bytes) {
+		jb_raw(&b, "{\"gpa\":");
+		jb_u64(&b, f.evict_ring_gpa);
+		jb_raw(&b, ",\"bytes\":");
+		jb_u64(&b, f.evict_ring_bytes);
+		jb_raw(&b, "}");
+	} else {
+		jb_raw(&b, "null");
+	}
 	jb_raw(&b, ",\"workload\":");
 	jb_str(&b, cfg.workload);
 	jb_raw(&b, ",\"service_port\":");

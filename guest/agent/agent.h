@@ -83,8 +83,13 @@ struct sysinfo_facts {
 	int has_vmcoreinfo;
 	uint64_t vmcoreinfo_paddr;
 	uint64_t vmcoreinfo_size;
+	/* The eviction-notice ring of guest/evict (0 bytes: the module is not loaded). */
+	uint64_t evict_ring_gpa;
+	uint64_t evict_ring_bytes;
 };
 void sysinfo_collect(struct sysinfo_facts *f);
+/* A module parameter's text ("123\n"): a decimal number. */
+int parse_param_u64(const char *text, uint64_t *v);
 int parse_vmcoreinfo(const char *text, uint64_t *paddr, uint64_t *size);
 int parse_meminfo(const char *text, const char *field, uint64_t *kib);
 

@@ -39,6 +39,35 @@ int parse_meminfo(const char *text, const char *field, uint64_t *kib)
 	return -1;
 }
 
+int parse_param_u64(const char *text, uint64_t *v)
+{
+	char extra;
+	unsigned long long x;
+	if (strchr(text, '-') || sscanf(text, "%llu %c", &x, &extra) != 1)
+		return -1;
+	*v = x;
+	return 0;
+}
+
+/* The ring's address and size, as rebound_evict publishes them; none when the module is
+ * absent or says nothing sensible (a ring is at least a page, at most 4 MiB). */
+static void evict_ring(struct sysinfo_facts *f)
+{
+	const char *dir = "/sys/module/rebound_evict/parameters/";
+	char path[128], buf[64];
+	uint64_t gpa, bytes;
+	snprintf(path, sizeof(path), "%sring_gpa", dir);
+	if (read_small_file(path, buf, sizeof(buf)) <= 0 || parse_param_u64(buf, &gpa) < 0)
+		return;
+	snprintf(path, sizeof(path), "%sring_bytes", dir);
+	if (read_small_file(path, buf, sizeof(buf)) <= 0 || parse_param_u64(buf, &bytes) < 0)
+		return;
+	if (bytes < 4096 || bytes > (4u << 20) || gpa % 4096)
+		return;
+	f->evict_ring_gpa = gpa;
+	f->evict_ring_bytes = bytes;
+}
+
 void sysinfo_collect(struct sysinfo_facts *f)
 {
 	struct utsname u;
@@ -51,4 +80,5 @@ void sysinfo_collect(struct sysinfo_facts *f)
 	if (read_small_file("/sys/kernel/vmcoreinfo", buf, sizeof(buf)) > 0 &&
 	    parse_vmcoreinfo(buf, &f->vmcoreinfo_paddr, &f->vmcoreinfo_size) == 0)
 		f->has_vmcoreinfo = 1;
+	evict_ring(f);
 }

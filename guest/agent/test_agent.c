@@ -301,6 +301,12 @@ static void test_proc_formats(void)
 	CHECK(parse_vmcoreinfo("10 -5", &a, &s) < 0);
 	CHECK(parse_vmcoreinfo("10 10 extra", &a, &s) < 0);
 	CHECK(parse_vmcoreinfo("10 ffffffff", &a, &s) < 0);
+	CHECK(parse_param_u64("123145302310912\n", &a) == 0 && a == 123145302310912ULL);
+	CHECK(parse_param_u64("0\n", &a) == 0 && a == 0);
+	CHECK(parse_param_u64("", &a) < 0);
+	CHECK(parse_param_u64("-1\n", &a) < 0);
+	CHECK(parse_param_u64("12 x", &a) < 0);
+	CHECK(parse_param_u64("0x10", &a) < 0);
 	const char *mi = "MemTotal:         210740 kB\nMemFree: 1 kB\nMemAvailable:     180000 kB\n";
 	CHECK(parse_meminfo(mi, "MemTotal", &a) == 0 && a == 210740);
 	CHECK(parse_meminfo(mi, "MemAvailable", &a) == 0 && a == 180000);

@@ -19,6 +19,8 @@
 //!   memory sections).
 //! - [`buddy`]: the guest kernel's free pages (buddy blocks), read from its
 //!   `struct page`s, so dumps can leave them out.
+//! - [`evict_ring`]: the guest's eviction-notice ring (`guest/evict`), read
+//!   by guest physical address for the exclusive host cache.
 //! - [`classify`]: every page frame sorted as makedumpfile's dump levels
 //!   sort them (zero, cache, private cache, user, free, kernel), and the
 //!   pages a dump at a given level leaves out.
@@ -27,6 +29,7 @@
 
 pub mod buddy;
 pub mod classify;
+pub mod evict_ring;
 pub mod layout;
 pub mod maps;
 pub mod memmap;

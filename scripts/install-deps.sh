@@ -3,7 +3,8 @@
 # Rust itself must already be there (rustup's stable toolchain); crates come from crates.io.
 set -euo pipefail
 PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod e2fsprogs makedumpfile crash
-      xz-utils gcc make libc6-dev curl ca-certificates python3 graphviz iproute2)
+      xz-utils gcc make libc6-dev curl ca-certificates python3 graphviz iproute2
+      gcc-12 libelf1)   # gcc-12 + libelf1: the guest's eviction-notice module (kbuild's objtool)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,8 +14,12 @@
  *  - the page lies wholly past i_size (truncate sets i_size before it drops pages);
  *  - the folio is dirty or under writeback (its bytes are not the disk's).
  * Everything else is "evicted" (reclaim, drop_caches, fadvise, invalidation before
- * direct I/O): the host still checks each evicted page's content against a hash of
- * its block, so calling a release an eviction can cost a refusal, never wrong data.
+ * direct I/O, and hole punching, which the tracepoint cannot tell apart). The host
+ * still checks each evicted page's content against a hash of its block, and a block
+ * freed by a punch is written before it holds other data (that write invalidates the
+ * host's copy), so calling a release an eviction can cost a refusal or a wasted cache
+ * slot, never wrong data. (The dirty test rarely fires: truncation cancels the dirty
+ * bit before it deletes the folio, which is why the i_size test is there.)
  * Pages of filesystems without a block device (tmpfs, ramfs, proc) are skipped.
  *
  * The probe runs under the mapping's i_pages lock with IRQs off, possibly on several

@@ -29,4 +29,4 @@ pub use snapshot::{
     SnapshotRequest, SnapshotResult, StockSave,
 };
 pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};
-pub use status::{Accel, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};
+pub use status::{Accel, EvictRingAddr, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

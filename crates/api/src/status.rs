@@ -104,6 +104,13 @@ pub struct VmcoreinfoAddr {
     pub size: u64,
 }
 
+/// Where the guest's eviction-notice ring is (module `rebound_evict`, `guest/evict`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictRingAddr {
+    pub gpa: u64,
+    pub bytes: u64,
+}
+
 /// Facts the guest agent reports once the workload serves (`docs/agent-protocol.md`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReadyInfo {
@@ -113,6 +120,10 @@ pub struct ReadyInfo {
     pub mem_total_kib: u64,
     #[serde(default)]
     pub vmcoreinfo: Option<VmcoreinfoAddr>,
+    /// The eviction-notice ring; none when the guest has no such module (an older
+    /// agent does not say: also none).
+    #[serde(default)]
+    pub evict_ring: Option<EvictRingAddr>,
     #[serde(default)]
     pub workload: Option<String>,
     #[serde(default)]

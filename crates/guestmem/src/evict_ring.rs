@@ -243,11 +243,14 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
+    /// A guest writer acting on the ring's bytes.
+    type Writer = Box<dyn FnMut(&mut Vec<u8>)>;
+
     /// Guest memory as a byte vector at GPA 0, with a hook run between reads (a
     /// writer racing the reader).
     struct Mem {
         bytes: RefCell<Vec<u8>>,
-        between: RefCell<Option<Box<dyn FnMut(&mut Vec<u8>)>>>,
+        between: RefCell<Option<Writer>>,
         reads: RefCell<u32>,
     }
 

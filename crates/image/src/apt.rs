@@ -159,7 +159,8 @@ impl<'a> Apt<'a> {
     }
 
     /// Version, architecture, checksum and dependencies of the candidate versions of
-    /// `names`, in one apt-cache run (each run parses all package lists: ~1 s).
+    /// `names` (or of the version `name=version` pins), in one apt-cache run (each run
+    /// parses all package lists: ~1 s).
     pub fn show(
         &mut self,
         names: &[&str],
@@ -170,7 +171,16 @@ impl<'a> Apt<'a> {
         let text = self
             .query(&args, progress)
             .ok_or_else(|| AptError::Unknown(names.join(" ")))?;
-        names.iter().map(|n| parse_show(n, &text)).collect()
+        names
+            .iter()
+            .map(|n| {
+                let p = parse_show(n.split('=').next().unwrap_or(n), &text)?;
+                match n.split_once('=') {
+                    Some((_, v)) if v != p.version => Err(AptError::Unknown(n.to_string())),
+                    _ => Ok(p),
+                }
+            })
+            .collect()
     }
 
     /// The package's .deb in `cache`, downloaded unless a copy with the right checksum is

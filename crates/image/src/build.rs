@@ -11,8 +11,8 @@ use crate::apt::{parse_depends, Apt, AptError, Package};
 use crate::manifest::{FileEntry, Manifest, PackageEntry, FORMAT, VERSION};
 use crate::tools::Tools;
 use crate::{
-    check_name, datadisk, images_dir, initramfs, kcache, open, BuildOptions, Error, Image,
-    DEFAULT_APPEND,
+    check_name, datadisk, evictmod, images_dir, initramfs, kcache, open, BuildOptions, Error,
+    Image, DEFAULT_APPEND,
 };
 
 /// Bumped whenever the builder's output changes for the same inputs.
@@ -55,7 +55,7 @@ fn check_agent(path: &Path) -> Result<Vec<u8>, Error> {
     Ok(data)
 }
 
-fn inputs_hash(kernel: &Package, busybox: &Package, agent: &[u8]) -> String {
+fn inputs_hash(kernel: &Package, busybox: &Package, agent: &[u8], headers: &[Package]) -> String {
     let mut h = Sha256::new();
     h.update(format!("rebound-image builder {BUILDER_VERSION}\n"));
     for p in [kernel, busybox] {
@@ -68,7 +68,44 @@ fn inputs_hash(kernel: &Package, busybox: &Package, agent: &[u8]) -> String {
     h.update(format!("init {}\n", hex::encode(Sha256::digest(INIT))));
     h.update(format!("modules {}\n", initramfs::MODULES.join(",")));
     h.update(format!("append {DEFAULT_APPEND}\n"));
+    h.update(format!("evict module {}\n", evictmod::key(headers)));
     hex::encode(h.finalize())
+}
+
+/// The kernel package and the module's header packages at exactly the kernel's version.
+/// The meta package's `Depends: linux-image-X (= V)` gives V, so one apt-cache run
+/// usually answers both; a second one pins the headers when it did not.
+fn resolve_kernel(
+    apt: &mut Apt,
+    kname: &str,
+    depends: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Package, Vec<Package>), Error> {
+    let heads = evictmod::header_packages(kname)?;
+    let pins = |v: &str| heads.iter().map(|h| format!("{h}={v}")).collect::<Vec<_>>();
+    let mut names = vec![kname.to_string()];
+    if let Some(v) = parse_depends_version(depends, kname) {
+        names.extend(pins(&v));
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut pkgs = apt.show(&names, progress)?;
+    let mut headers = pkgs.split_off(1);
+    let kpkg = pkgs.pop().expect("one package per name");
+    if headers.iter().any(|h| h.version != kpkg.version) || headers.is_empty() {
+        let p = pins(&kpkg.version);
+        headers = apt.show(&p.iter().map(String::as_str).collect::<Vec<_>>(), progress)?;
+    }
+    Ok((kpkg, headers))
+}
+
+/// V of `name (= V)` in a `Depends:` field.
+fn parse_depends_version(depends: &str, name: &str) -> Option<String> {
+    depends.split([',', '|']).find_map(|d| {
+        let d = d.trim();
+        let rest = d.strip_prefix(name)?.trim_start();
+        let v = rest.strip_prefix("(=")?.strip_suffix(')')?.trim();
+        (!v.is_empty()).then(|| v.to_string())
+    })
 }
 
 /// An exclusive lock on `images/.NAME.lock` for the duration of a build; closing the file
@@ -123,11 +160,8 @@ pub fn build(
         .expect("one package per name");
     let kname = parse_depends(&meta.depends, "linux-image-")
         .ok_or(AptError::NoKernelDep(KERNEL_META.to_string()))?;
-    let [kpkg]: [Package; 1] = apt
-        .show(&[&kname], progress)?
-        .try_into()
-        .expect("one package per name");
-    let hash = inputs_hash(&kpkg, &bpkg, &agent);
+    let (kpkg, headers) = resolve_kernel(&mut apt, &kname, &meta.depends, progress)?;
+    let hash = inputs_hash(&kpkg, &bpkg, &agent, &headers);
 
     if !opts.force {
         match open(home, name) {
@@ -148,6 +182,7 @@ pub fn build(
     let kparts = kcache::prepare(&tools, &mut apt, &kpkg, home, BUILDER_VERSION, progress)?;
     let release = kparts.release.clone();
     let bdeb = apt.fetch(&bpkg, &home.join("cache/debs"), progress)?;
+    let ko = evictmod::build(&tools, &mut apt, &headers, home, progress)?;
 
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".build-{name}-"))
@@ -173,6 +208,7 @@ pub fn build(
         busybox: &broot.join("bin/busybox"),
         agent: &agent_path,
         init: INIT,
+        evict_module: Some(&ko),
     };
     initramfs::populate(&inputs, &root)?;
     initramfs::archive(&tools, &root, &out.join("initrd.cpio.gz"))?;
@@ -214,7 +250,8 @@ pub fn build(
         built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         builder_version: BUILDER_VERSION,
         packages: [&kpkg, &bpkg]
-            .iter()
+            .into_iter()
+            .chain(&headers)
             .map(|p| PackageEntry {
                 name: p.name.clone(),
                 version: p.version.clone(),
@@ -286,6 +323,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("make -C guest/agent"), "{e}");
+    }
+
+    #[test]
+    fn the_kernel_version_comes_from_the_meta_package() {
+        let d = "linux-image-6.1.0-56-amd64 (= 6.1.192-2), foo";
+        assert_eq!(
+            parse_depends_version(d, "linux-image-6.1.0-56-amd64").as_deref(),
+            Some("6.1.192-2")
+        );
+        assert_eq!(
+            parse_depends_version("linux-image-x", "linux-image-x"),
+            None
+        );
+        assert_eq!(parse_depends_version(d, "foo"), None);
     }
 
     #[test]

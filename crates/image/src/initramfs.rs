@@ -66,6 +66,8 @@ pub struct Inputs<'a> {
     pub busybox: &'a Path,
     pub agent: &'a Path,
     pub init: &'a str,
+    /// The eviction-notice module (`guest/evict`), put at [`crate::evictmod::KO_PATH`].
+    pub evict_module: Option<&'a Path>,
 }
 
 fn copy_exec(from: &Path, to: &Path) -> Result<(), InitramfsError> {
@@ -73,7 +75,6 @@ fn copy_exec(from: &Path, to: &Path) -> Result<(), InitramfsError> {
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).map_err(io(to))
 }
 
-/// Builds the tree under `root`; returns the module files included.
 /// Builds the tree under `root`.
 pub fn populate(inp: &Inputs, root: &Path) -> Result<(), InitramfsError> {
     for d in [
@@ -106,6 +107,12 @@ pub fn populate(inp: &Inputs, root: &Path) -> Result<(), InitramfsError> {
     std::fs::write(&init, inp.init).map_err(io(&init))?;
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).map_err(io(&init))?;
     copy_exec(inp.agent, &root.join("sbin/rebound-agent"))?;
+    if let Some(ko) = inp.evict_module {
+        let to = root.join(crate::evictmod::KO_PATH);
+        let dir = to.parent().unwrap_or(root);
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::copy(ko, &to).map_err(io(ko))?;
+    }
     copy_tree(&inp.modules_root.join("lib"), &root.join("lib"))
 }
 

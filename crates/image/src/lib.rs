@@ -14,6 +14,7 @@
 mod apt;
 mod build;
 pub(crate) mod datadisk;
+pub mod evictmod;
 mod initramfs;
 mod kcache;
 mod kernel;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 pub use apt::AptError;
 pub use build::build;
 pub use datadisk::{blob, counter_checksum, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE};
+pub use evictmod::EvictModuleError;
 pub use initramfs::{InitramfsError, MODULES};
 pub use kcache::KernelCacheError;
 pub use kernel::KernelError;
@@ -76,6 +78,8 @@ pub enum Error {
     KernelCache(#[from] KernelCacheError),
     #[error(transparent)]
     DataDisk(#[from] DataDiskError),
+    #[error(transparent)]
+    EvictModule(#[from] EvictModuleError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
 }

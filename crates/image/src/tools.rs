@@ -31,6 +31,9 @@ pub const REQUIRED: &[(&str, &str)] = &[
     ("cpio", "cpio"),
     ("mke2fs", "e2fsprogs"),
     ("xz", "xz-utils"),
+    // The eviction-notice module, built with the compiler Debian built the kernel with.
+    ("make", "make"),
+    ("gcc-12", "gcc-12"),
 ];
 
 /// Absolute paths of the required tools, or the first one missing.

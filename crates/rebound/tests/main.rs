@@ -13,6 +13,7 @@ mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
 mod host_cache;
+mod evict;
 mod privacy;
 mod replay;
 mod restore;

@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn parses_protocol_messages() {
-        let r = parse_line(br#"{"type":"ready","agent_version":1,"kernel_release":"6.1.0-28-amd64","mem_total_kib":200000,"vmcoreinfo":{"paddr":123,"size":4096},"workload":"web","service_port":8080,"uptime_ms":1500}"#).unwrap();
+        let r = parse_line(br#"{"type":"ready","agent_version":1,"kernel_release":"6.1.0-28-amd64","mem_total_kib":200000,"vmcoreinfo":{"paddr":123,"size":4096},"evict_ring":{"gpa":8388608,"bytes":1048576},"workload":"web","service_port":8080,"uptime_ms":1500}"#).unwrap();
         match r {
             AgentMsg::Ready(i) => {
                 assert_eq!(i.kernel_release, "6.1.0-28-amd64");
@@ -446,6 +446,13 @@ mod tests {
                     })
                 );
                 assert_eq!(i.service_port, Some(8080));
+                assert_eq!(
+                    i.evict_ring,
+                    Some(rebound_api::EvictRingAddr {
+                        gpa: 8 << 20,
+                        bytes: 1 << 20
+                    })
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -454,6 +461,7 @@ mod tests {
             r,
             AgentMsg::Ready(ReadyInfo {
                 vmcoreinfo: None,
+                evict_ring: None,
                 ..
             })
         ));

@@ -63,6 +63,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/restore", get(restore_report))
         .route("/v1/vms/{name}/disks", get(disks))
         .route("/v1/vms/{name}/memory", post(memory))
+        .route("/v1/vms/{name}/evict", get(evict))
         .route("/v1/restore", post(restore))
         .route("/v1/cluster/restore", post(cluster_restore))
         .route("/v1/cluster/restores/{id}", get(cluster_restore_status))
@@ -394,6 +395,12 @@ async fn disks(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResp
     .await
     .map_err(|e| ApiError(OpError::Internal(e.to_string())))?;
     Ok(Json(out))
+}
+
+/// Eviction notices from the guest to the disk backends: where the ring is (or that
+/// the guest has none) and what was read, lost, forwarded and answered.
+async fn evict(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(vm_or_404(&d, &name)?.evict_stats()))
 }
 
 async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

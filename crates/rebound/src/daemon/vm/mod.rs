@@ -9,6 +9,7 @@ mod blk;
 mod crash;
 mod dump;
 mod dump_now;
+pub mod evict;
 pub mod machine;
 mod memory;
 mod owner;
@@ -113,6 +114,8 @@ pub struct VmHandle {
     /// A snapshot holding the guest paused for a cluster's coordinated snapshot waits
     /// on this; `resume` fires it (the owner is busy with that snapshot meanwhile).
     hold: Mutex<Option<oneshot::Sender<()>>>,
+    /// The eviction-notice forwarder (`evict.rs`).
+    evict: Mutex<evict::EvictSlot>,
 }
 
 impl VmHandle {
@@ -135,6 +138,7 @@ impl VmHandle {
             changed: watch::channel(0).0,
             jobs,
             hold: Mutex::new(None),
+            evict: Mutex::new(evict::EvictSlot::new()),
         });
         (h, rx)
     }

@@ -574,6 +574,7 @@ impl Owner {
         }
         match m {
             AgentMsg::Ready(info) => {
+                self.vm.evict_ring(info.evict_ring);
                 let first = self.vm.update(|r| {
                     let first = r.kernel_release.is_none();
                     r.kernel_release = Some(info.kernel_release.clone());

@@ -1,0 +1,177 @@
+//! Eviction notices end to end: the guest's module `rebound_evict` reports every
+//! page-cache page it lets go of, the daemon reads the ring from the RAM file and
+//! forwards the notices to the disk's backend in exclusive mode, which admits the
+//! evicted pages that still hold their blocks; the guest's next reads of those blocks
+//! hit the host cache, and every byte the guest serves equals the file's.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{eventually, http_get, Env};
+use serde_json::Value;
+
+/// Files of the data set: more than a 256 MiB guest has free.
+const FILES: u64 = 48;
+const FILE_BYTES: u64 = 4 << 20;
+
+/// Byte content of file `i`: splitmix64 words, never a zero block (`mke2fs -d` would
+/// leave zero blocks sparse, and the guest would read no I/O for them).
+fn file_data(i: u64) -> Vec<u8> {
+    (0..FILE_BYTES / 8)
+        .flat_map(|w| (rebound_image::splitmix64(i << 32 | w) | 1).to_le_bytes())
+        .collect()
+}
+
+/// An ext4 image (4 KiB blocks) holding `f00.bin`.. with [`file_data`].
+fn make_disk(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("set");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..FILES {
+        std::fs::write(src.join(format!("f{i:02}.bin")), file_data(i)).unwrap();
+    }
+    let img = dir.join("set.ext4");
+    let out = std::process::Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-b", "4096", "-d"])
+        .arg(&src)
+        .arg(&img)
+        .arg("320M")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&src).unwrap();
+    img
+}
+
+fn evict(env: &Env, name: &str) -> Value {
+    env.get_ok("GET", &format!("/v1/vms/{name}/evict"), None)
+}
+
+fn disk_stats(env: &Env, name: &str) -> Value {
+    let d = env.get_ok("GET", &format!("/v1/vms/{name}/disks"), None);
+    d.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["backend"] == "rebound")
+        .map(|d| d["stats"].clone())
+        .unwrap_or_else(|| panic!("no disk on Rebound's backend: {d}"))
+}
+
+/// Reads every file through the guest's web service and checks each byte.
+fn read_all(port: u16) {
+    for i in 0..FILES {
+        let (code, body) = http_get(port, &format!("/f{i:02}.bin")).unwrap();
+        assert_eq!(code, 200, "f{i:02}.bin");
+        assert!(
+            body == file_data(i),
+            "f{i:02}.bin differs from the file written"
+        );
+    }
+}
+
+fn start(env: &Env, name: &str, disk: &Path, extra: &[&str]) {
+    let entry = format!(
+        "{},cache=host:256M",
+        disk.to_str().unwrap().replace(',', ",,")
+    );
+    let mut args = vec![
+        "vm",
+        "start",
+        name,
+        "--workload",
+        "web",
+        "--memory",
+        "256M",
+        "--disk",
+        &entry,
+        "--workload-arg",
+        "data_disk=vdb",
+    ];
+    args.extend_from_slice(extra);
+    env.ok(&args);
+}
+
+#[test]
+fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
+    let mut env = Env::new();
+    env.set_env("REBOUND_BLK_EXCLUSIVE", "1");
+    let disk = make_disk(env.home.path());
+    start(&env, "ev1", &disk, &[]);
+    let port = env.host_port("ev1", 8080);
+    let e = evict(&env, "ev1");
+    assert_eq!(e["state"], "forwarding", "{e}");
+    assert!(
+        e["ring"]["gpa"].as_u64().unwrap().is_multiple_of(4096),
+        "{e}"
+    );
+
+    // The first pass reads 192 MiB through a guest with less free: it evicts the
+    // earlier files' pages while it reads the later ones.
+    let t0 = std::time::Instant::now();
+    read_all(port);
+    let pass1 = t0.elapsed();
+    let e = eventually(Duration::from_secs(30), "admitted notices", || {
+        let e = evict(&env, "ev1");
+        (e["admitted"].as_u64().unwrap() > 0).then_some(e)
+    });
+    let s = disk_stats(&env, "ev1");
+    eprintln!("after pass 1 ({pass1:?}): evict {e}\nbackend {s}");
+    assert_eq!(e["state"], "forwarding", "{e}");
+    assert!(e["evicted"].as_u64().unwrap() > 1000, "{e}");
+    assert_eq!(e["backend_errors"], 0, "{e}");
+    assert!(s["exclusive"] == true, "{s}");
+    assert!(s["notices_admitted"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["cache"]["held_bytes"].as_u64().unwrap() > 0, "{s}");
+    let hits0 = s["cache"]["hits"].as_u64().unwrap();
+
+    // The second pass finds the first files evicted from the guest and in the host
+    // cache: hits, with the same bytes.
+    let t1 = std::time::Instant::now();
+    read_all(port);
+    let pass2 = t1.elapsed();
+    let s2 = disk_stats(&env, "ev1");
+    let e2 = evict(&env, "ev1");
+    eprintln!("after pass 2 ({pass2:?}): evict {e2}\nbackend {s2}");
+    assert!(
+        s2["cache"]["hits"].as_u64().unwrap() > hits0 + 1000,
+        "the second pass did not hit the host cache: {s} -> {s2}"
+    );
+    let serial = std::fs::read_to_string(env.run.path().join("ev1/serial.log")).unwrap();
+    for bad in ["I/O error", "EXT4-fs error", "Buffer I/O", "BUG", "Oops"] {
+        assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
+    }
+    env.ok(&["vm", "stop", "ev1"]);
+    assert_eq!(evict(&env, "ev1")["state"], "stopped");
+}
+
+#[test]
+fn a_guest_without_the_module_is_said_to_send_no_notices() {
+    let mut env = Env::new();
+    env.set_env("REBOUND_BLK_EXCLUSIVE", "1");
+    let disk = make_disk(env.home.path());
+    // The image's init leaves the module out with rebound.evict=0, as a kernel without
+    // it would.
+    start(&env, "ev0", &disk, &["--workload-arg", "evict=0"]);
+    let e = evict(&env, "ev0");
+    assert_eq!(e["state"], "absent", "{e}");
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no eviction-notice module"),
+        "{e}"
+    );
+    assert!(e["ring"].is_null(), "{e}");
+    let port = env.host_port("ev0", 8080);
+    let (code, body) = http_get(port, "/f00.bin").unwrap();
+    assert_eq!(code, 200);
+    assert!(body == file_data(0));
+    let s = disk_stats(&env, "ev0");
+    assert_eq!(s["notices_admitted"], 0, "{s}");
+    env.ok(&["vm", "stop", "ev0"]);
+}

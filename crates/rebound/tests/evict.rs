@@ -98,10 +98,12 @@ fn start(env: &Env, name: &str, disk: &Path, extra: &[&str]) {
 
 #[test]
 fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
-    let mut env = Env::new();
-    env.set_env("REBOUND_BLK_EXCLUSIVE", "1");
+    let env = Env::new();
     let disk = make_disk(env.home.path());
     start(&env, "ev1", &disk, &[]);
+    // 96 MiB of the guest's 256 become the exclusive host cache of its disk on
+    // Rebound's backend.
+    env.ok(&["vm", "memory", "ev1", "--host-cache", "96M"]);
     let port = env.host_port("ev1", 8080);
     let e = evict(&env, "ev1");
     assert_eq!(e["state"], "forwarding", "{e}");
@@ -151,12 +153,12 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
 
 #[test]
 fn a_guest_without_the_module_is_said_to_send_no_notices() {
-    let mut env = Env::new();
-    env.set_env("REBOUND_BLK_EXCLUSIVE", "1");
+    let env = Env::new();
     let disk = make_disk(env.home.path());
     // The image's init leaves the module out with rebound.evict=0, as a kernel without
     // it would.
     start(&env, "ev0", &disk, &["--workload-arg", "evict=0"]);
+    env.ok(&["vm", "memory", "ev0", "--host-cache", "64M"]);
     let e = evict(&env, "ev0");
     assert_eq!(e["state"], "absent", "{e}");
     assert!(

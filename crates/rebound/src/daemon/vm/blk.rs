@@ -199,14 +199,9 @@ fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
     let err = log
         .try_clone()
         .map_err(|e| io("cannot create the log", e))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("blk").arg("serve");
-    // Temporary, for the eviction-notice tests until a VM can ask for an exclusive
-    // cache itself: every backend this daemon starts is exclusive.
-    if std::env::var_os("REBOUND_BLK_EXCLUSIVE").is_some_and(|v| v == "1") {
-        cmd.arg("--exclusive");
-    }
-    let mut child = cmd
+    let mut child = std::process::Command::new(exe)
+        .arg("blk")
+        .arg("serve")
         .arg("--disk")
         .arg(&s.disk)
         .arg("--socket")

@@ -177,3 +177,120 @@ fn a_guest_without_the_module_is_said_to_send_no_notices() {
     assert_eq!(s["notices_admitted"], 0, "{s}");
     env.ok(&["vm", "stop", "ev0"]);
 }
+
+/// `/init` of a guest that deletes one file, truncates another and drops the clean
+/// cache, then powers off (the RAM file keeps the ring).
+const RELEASE_INIT: &str = r#"#!/bin/sh
+export PATH=/sbin:/bin:/usr/sbin:/usr/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
+for m in virtio_pci virtio_blk crc32c_generic ext4; do modprobe $m; done
+insmod /lib/rebound/rebound_evict.ko
+mkdir -p /data; mount -t ext4 /dev/vda /data
+echo "RING $(cat /sys/module/rebound_evict/parameters/ring_gpa) $(cat /sys/module/rebound_evict/parameters/ring_bytes)"
+cat /data/f00.bin /data/f01.bin /data/f02.bin > /dev/null
+sync
+rm /data/f00.bin
+truncate -s 1M /data/f01.bin
+sync
+echo 1 > /proc/sys/vm/drop_caches
+echo "EVICT-TEST-DONE"
+poweroff -f
+"#;
+
+fn sh(cmd: &str, dir: &Path) {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The image kernel with the module tells releases from evictions: a deleted file's
+/// pages and a truncated file's pages past the new end come as `released`, pages
+/// dropped from a file still there as `evicted`, each exactly once, read by the host's
+/// ring reader from the RAM file.
+#[test]
+fn deleted_and_truncated_pages_come_released_and_dropped_ones_evicted() {
+    let img = rebound_image::open(common::image_home(), "default").unwrap();
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    sh(
+        &format!("zcat {} | cpio -id --quiet", img.initrd.display()),
+        &root,
+    );
+    std::fs::write(root.join("init"), RELEASE_INIT).unwrap();
+    sh(
+        "find . | cpio -o -H newc -R 0:0 --quiet | gzip -1 > ../initrd.gz",
+        &root,
+    );
+    let set = dir.path().join("set");
+    std::fs::create_dir_all(&set).unwrap();
+    for i in 0..3 {
+        std::fs::write(set.join(format!("f{i:02}.bin")), file_data(i)).unwrap();
+    }
+    sh("mke2fs -q -t ext4 -b 4096 -d set disk.ext4 64M", dir.path());
+    let ram = dir.path().join("ram");
+    let out = std::process::Command::new("timeout")
+        .arg("300")
+        .arg("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-m", "256M", "-object"])
+        .arg(format!(
+            "memory-backend-file,id=ram,size=256M,mem-path={},share=on",
+            ram.display()
+        ))
+        .args(["-machine", "pc,memory-backend=ram", "-kernel"])
+        .arg(&img.kernel)
+        .args(["-initrd"])
+        .arg(dir.path().join("initrd.gz"))
+        .args(["-append", &img.append, "-drive"])
+        .arg(format!(
+            "file={},format=raw,if=virtio",
+            dir.path().join("disk.ext4").display()
+        ))
+        .args([
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
+        .output()
+        .unwrap();
+    let serial = String::from_utf8_lossy(&out.stdout);
+    assert!(serial.contains("EVICT-TEST-DONE"), "{serial}");
+    let ring: Vec<u64> = serial
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("RING "))
+        .unwrap_or_else(|| panic!("no ring announced: {serial}"))
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect();
+    use rebound_guestmem::{evict_ring::RingReader, GuestMemory, Layout};
+    let mem = GuestMemory::open_ram_file(&ram, Layout::pc(256 << 20).unwrap()).unwrap();
+    let b = RingReader::open(&mem, ring[0], ring[1])
+        .unwrap()
+        .from_start()
+        .poll(&mem)
+        .unwrap();
+    eprintln!(
+        "evicted {} released {} lost {}",
+        b.evicted.len(),
+        b.released.len(),
+        b.lost
+    );
+    assert_eq!((b.lost, b.invalid), (0, 0));
+    // 1024 pages deleted + 768 truncated away; a few metadata pages may join them.
+    assert!((1792..1800).contains(&b.released.len()), "{b:?}");
+    // The truncated file's first 256 pages and the third file's 1024.
+    assert!(b.evicted.len() >= 1280, "{}", b.evicted.len());
+    let unique: std::collections::BTreeSet<_> = b.released.iter().collect();
+    assert_eq!(unique.len(), b.released.len(), "a page released twice");
+}

@@ -86,7 +86,7 @@ fn start(env: &Env, name: &str, disk: &Path, extra: &[&str]) {
         "--workload",
         "web",
         "--memory",
-        "256M",
+        "384M",
         "--disk",
         &entry,
         "--workload-arg",
@@ -101,9 +101,10 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
     let env = Env::new();
     let disk = make_disk(env.home.path());
     start(&env, "ev1", &disk, &[]);
-    // 96 MiB of the guest's 256 become the exclusive host cache of its disk on
-    // Rebound's backend.
-    env.ok(&["vm", "memory", "ev1", "--host-cache", "96M"]);
+    // 128 MiB of the guest's 384 become the exclusive host cache of its disk on
+    // Rebound's backend: the guest keeps 256 MiB, less than the files, and the two
+    // together hold them all (a loop over more than both would never hit, in LRU).
+    env.ok(&["vm", "memory", "ev1", "--host-cache", "128M"]);
     let port = env.host_port("ev1", 8080);
     let e = evict(&env, "ev1");
     assert_eq!(e["state"], "forwarding", "{e}");

@@ -2,8 +2,8 @@
 //! Hcache section 3.3). The guest's module `rebound_evict` writes one notice per page
 //! it lets go of into a ring in guest memory; the agent says where (`ready.evict_ring`).
 //! A thread per VM reads the ring from the RAM file every [`POLL`] and sends what it
-//! found, as one `notices` control request, to every disk Rebound's backend serves for
-//! the VM: only the backend whose I/O put a block in that page has a mapping for it, the
+//! found, as one `notices` control request, to every disk of the VM whose host cache
+//! is exclusive (`vm memory --host-cache`): only the backend whose I/O put a block in that page has a mapping for it, the
 //! others answer `no_mapping` (so refusals of that kind grow with the number of disks).
 //!
 //! Counters (`GET /v1/vms/{name}/evict`): notices read, lost (overwritten in the ring
@@ -179,7 +179,14 @@ fn forward(
                 continue;
             }
         };
-        let controls: Vec<_> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
+        // Only disks whose cache is exclusive (`vm memory --host-cache`) take notices;
+        // until one is, they are read and counted as unforwarded.
+        let controls: Vec<_> = rec
+            .blk
+            .iter()
+            .filter(|p| p.serve.exclusive)
+            .map(|p| p.serve.control.clone())
+            .collect();
         let answers = send(&batch, &controls);
         account(&stats, &batch, controls.len(), answers);
     }

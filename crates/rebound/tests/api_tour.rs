@@ -125,6 +125,11 @@ fn every_operation_and_every_metric() {
             .contains("no disk served by Rebound"),
         "{e}"
     );
+    // Our image's guest has the eviction-notice module: the daemon reads its ring, with
+    // no exclusive cache to give the notices to (tests/evict.rs gives them one).
+    let ev = env.get_ok("GET", "/v1/vms/t1/evict", None);
+    assert_eq!(ev["state"], "forwarding", "{ev}");
+    assert_eq!(ev["forwarded"], 0, "{ev}");
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
     // A dump of the running guest, now: paused for it, resumed after, private.

@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 
 pub use apt::AptError;
 pub use build::build;
-pub use datadisk::{blob, counter_checksum, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE};
+pub use datadisk::{
+    blob, counter_checksum, mkfs_from_dir, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE,
+};
 pub use evictmod::EvictModuleError;
 pub use initramfs::{InitramfsError, MODULES};
 pub use kcache::KernelCacheError;

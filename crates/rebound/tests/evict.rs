@@ -32,18 +32,8 @@ fn make_disk(dir: &Path) -> std::path::PathBuf {
         std::fs::write(src.join(format!("f{i:02}.bin")), file_data(i)).unwrap();
     }
     let img = dir.join("set.ext4");
-    let out = std::process::Command::new("mke2fs")
-        .args(["-q", "-t", "ext4", "-b", "4096", "-d"])
-        .arg(&src)
-        .arg(&img)
-        .arg("320M")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let tools = rebound_image::Tools::check().unwrap();
+    rebound_image::mkfs_from_dir(&tools, "evict-set", &src, &img, "320M").unwrap();
     std::fs::remove_dir_all(&src).unwrap();
     img
 }

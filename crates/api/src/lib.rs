@@ -23,7 +23,9 @@ pub use crash::{
 };
 pub use event::{Event, EventData, IoReport, PeerEvent, EVENT_LOG_VERSION};
 pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
-pub use reply::{ErrorBody, Health, HostCacheReport, MarkerReply, VmcoreinfoReply};
+pub use reply::{
+    DiskMrc, ErrorBody, Health, HostCacheReport, MarkerReply, MrcPoint, MrcReport, VmcoreinfoReply,
+};
 pub use snapshot::{
     ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
     SnapshotRequest, SnapshotResult, StockSave,

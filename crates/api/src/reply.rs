@@ -50,3 +50,46 @@ pub struct HostCacheReport {
     pub balloon_s: f64,
     pub notes: Vec<String>,
 }
+
+/// `GET /v1/vms/{name}/mrc`: the guest's miss-ratio curve, traced below its memory by
+/// the exclusive host cache of each Rebound-served disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MrcReport {
+    /// The guest's memory now (X): the spec's memory less the host caches.
+    pub guest_bytes: u64,
+    /// The VM's allocation X + Y: guest memory plus its exclusive host caches.
+    pub allocation_bytes: u64,
+    pub disks: Vec<DiskMrc>,
+}
+
+/// One disk's part of [`MrcReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskMrc {
+    pub id: String,
+    pub host_cache_bytes: u64,
+    /// Fraction of the disk's blocks traced (1: exact; below: SHARDS sampling).
+    pub rate: f64,
+    /// Reads that missed the guest since tracing began (host-cache hits and disk reads).
+    pub misses: u64,
+    /// Blocks the guest evicted and has not read back.
+    pub evicted_blocks: u64,
+    /// Blocks reported evicted twice without a read between (lost or reordered
+    /// notices: the curve is then approximate).
+    pub inconsistent_blocks: u64,
+    /// The guest's misses at each memory size from X up; empty before the first miss.
+    pub points: Vec<MrcPoint>,
+    /// Why there is no curve, when there is none.
+    pub detail: Option<String>,
+}
+
+/// A point of a miss-ratio curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MrcPoint {
+    /// Guest memory size.
+    pub bytes: u64,
+    /// Reads that would have missed a guest of this size.
+    pub misses: f64,
+    /// `misses` over the misses at the VM's allocation X + Y (the paper's figure 11
+    /// ratio); `None` when there were none there.
+    pub vs_allocation: Option<f64>,
+}

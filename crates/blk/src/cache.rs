@@ -78,6 +78,8 @@ pub struct Cache {
     /// Exclusive of the guest's memory (Hcache): reads and writes admit nothing, a hit
     /// moves the block out, and only evicted pages come in ([`Cache::admit_evicted`]).
     exclusive: AtomicBool,
+    /// The miss-ratio curve below the guest, traced while the cache is exclusive.
+    pub tracer: crate::curve::CurveTracer,
 }
 
 /// The generations of a run of blocks when a read of them began.
@@ -107,6 +109,7 @@ impl Cache {
             log: Mutex::new(None),
             recording: AtomicBool::new(false),
             exclusive: AtomicBool::new(false),
+            tracer: Default::default(),
         }
     }
 
@@ -114,7 +117,7 @@ impl Cache {
     /// nothing the guest holds.
     pub fn new_exclusive(bytes: u64) -> Cache {
         let c = Cache::new(bytes);
-        c.exclusive.store(true, Ordering::Release);
+        c.reconfigure(bytes, true);
         c
     }
 
@@ -142,7 +145,17 @@ impl Cache {
             .evictions
             .fetch_add(before.saturating_sub(lru.len()) as u64, Ordering::Relaxed);
         self.capacity.store(capacity, Ordering::Release);
-        self.exclusive.store(exclusive, Ordering::Release);
+        let was = self.exclusive.swap(exclusive, Ordering::AcqRel);
+        // Only an exclusive cache sees every guest miss and eviction: the curve is
+        // traced from the moment it becomes one, and stops with it.
+        match (was, exclusive) {
+            (false, true) => self
+                .tracer
+                .start(crate::curve::TraceConfig::default())
+                .expect("the default trace config is valid"),
+            (true, false) => self.tracer.stop(),
+            _ => {}
+        }
     }
 
     fn gen(&self, block: u64) -> &AtomicU64 {
@@ -293,6 +306,7 @@ impl Cache {
     }
 
     fn record(&self, block: u64, kind: char) {
+        self.tracer.feed(block, kind);
         if !self.recording.load(Ordering::Acquire) {
             return;
         }

@@ -5,6 +5,8 @@
 //! - [`request`]: one request, from descriptor chain to status byte, checked;
 //! - [`cache`]: the host cache, which admits only blocks provably equal to the disk,
 //!   and the access log the miss-ratio curves are computed from;
+//! - [`curve`]: the guest's miss-ratio curve, traced from the misses and evictions an
+//!   exclusive cache sees;
 //! - [`exclusive`]: which guest page holds which block (P2S, S2P) and the checks an
 //!   eviction notice passes before the evicted page enters the cache;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
@@ -14,6 +16,7 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
+pub mod curve;
 pub mod disk;
 pub mod exclusive;
 pub mod request;

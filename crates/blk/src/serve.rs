@@ -69,6 +69,14 @@ pub enum Control {
         #[serde(default)]
         released: Vec<u64>,
     },
+    /// The miss-ratio curve traced below the guest (exclusive cache only), up to
+    /// `max_bytes` of host-side size; `restart` then starts it afresh with `config`.
+    Curve {
+        #[serde(default)]
+        max_bytes: Option<u64>,
+        #[serde(default)]
+        restart: Option<crate::curve::TraceConfig>,
+    },
 }
 
 /// The most notices one control request may carry.
@@ -169,6 +177,7 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     dev.reconfigure(bytes, exclusive);
                     serde_json::json!({"ok": true, "cache": dev.cache.stats()})
                 }
+                Ok(Control::Curve { max_bytes, restart }) => curve(dev, max_bytes, restart),
                 Ok(Control::Record { path }) => match dev.cache.record_to(path.as_deref()) {
                     Ok(()) => serde_json::json!({"ok": true}),
                     Err(e) => serde_json::json!({"error": e.to_string()}),
@@ -203,6 +212,23 @@ fn notices(dev: &Device, evicted: &[u64], released: &[u64]) -> serde_json::Value
         }
     }
     serde_json::json!({"admitted": admitted, "refused": refused, "released": released.len()})
+}
+
+fn curve(
+    dev: &Device,
+    max_bytes: Option<u64>,
+    restart: Option<crate::curve::TraceConfig>,
+) -> serde_json::Value {
+    let t = &dev.cache.tracer;
+    let Some(report) = t.report(max_bytes) else {
+        return serde_json::json!({"error": "this disk's cache is not exclusive: no curve is traced"});
+    };
+    if let Some(c) = restart {
+        if let Err(e) = t.start(c) {
+            return serde_json::json!({"error": e.to_string()});
+        }
+    }
+    serde_json::to_value(report).unwrap_or_default()
 }
 
 /// One control request from another process: the answer, as JSON.

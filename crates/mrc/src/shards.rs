@@ -54,7 +54,7 @@ pub enum ShardsError {
 }
 
 /// The threshold `T` for a rate.
-fn threshold(rate: f64) -> Result<u64, ShardsError> {
+pub(crate) fn threshold(rate: f64) -> Result<u64, ShardsError> {
     if !(rate > 0.0 && rate <= 1.0) {
         return Err(ShardsError::BadRate(rate));
     }
@@ -67,7 +67,7 @@ fn threshold(rate: f64) -> Result<u64, ShardsError> {
 }
 
 /// `hash(block) mod P`.
-fn spatial_hash(block: u64) -> u64 {
+pub(crate) fn spatial_hash(block: u64) -> u64 {
     block_hash(block) % MODULUS
 }
 

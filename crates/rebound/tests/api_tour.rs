@@ -130,6 +130,18 @@ fn every_operation_and_every_metric() {
     let ev = env.get_ok("GET", "/v1/vms/t1/evict", None);
     assert_eq!(ev["state"], "forwarding", "{ev}");
     assert_eq!(ev["forwarded"], 0, "{ev}");
+    // Nor a curve, which only an exclusive cache traces (tests/host_cache.rs has one).
+    for (method, body) in [("GET", None), ("POST", Some(json!({"rate": 0.5})))] {
+        let (code, e) = env.call(method, "/v1/vms/t1/mrc", body.as_ref()).unwrap();
+        assert_eq!(code, 400, "{method} {e}");
+        assert!(
+            e["error"]
+                .as_str()
+                .unwrap()
+                .contains("no exclusive host cache"),
+            "{e}"
+        );
+    }
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
     // A dump of the running guest, now: paused for it, resumed after, private.

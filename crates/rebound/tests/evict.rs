@@ -95,6 +95,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
     // Rebound's backend: the guest keeps 256 MiB, less than the files, and the two
     // together hold them all (a loop over more than both would never hit, in LRU).
     env.ok(&["vm", "memory", "ev1", "--host-cache", "128M"]);
+    let s0 = disk_stats(&env, "ev1");
     let port = env.host_port("ev1", 8080);
     let e = evict(&env, "ev1");
     assert_eq!(e["state"], "forwarding", "{e}");
@@ -138,8 +139,61 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
     for bad in ["I/O error", "EXT4-fs error", "Buffer I/O", "BUG", "Oops"] {
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }
+    check_curve(&env, &s0, &s2);
     env.ok(&["vm", "stop", "ev1"]);
     assert_eq!(evict(&env, "ev1")["state"], "stopped");
+}
+
+/// `vm mrc`: the curve the backend traced since the cache became exclusive starts at
+/// the guest's 256 MiB with every read that reached the disk, and at the VM's 384 MiB
+/// predicts the reads the host cache did not serve (an LRU of the evicted pages, which
+/// is what the exclusive cache is, but for pages it refused).
+fn check_curve(env: &Env, s0: &Value, s2: &Value) {
+    let reads = |s: &Value| {
+        let c = &s["cache"];
+        (c["hits"].as_u64().unwrap(), c["misses"].as_u64().unwrap())
+    };
+    let ((h0, m0), (h2, m2)) = (reads(s0), reads(s2));
+    let r: Value = serde_json::from_str(&env.ok(&["vm", "mrc", "ev1", "--json"])).unwrap();
+    assert_eq!(r["guest_bytes"], 256 << 20, "{r}");
+    assert_eq!(r["allocation_bytes"], 384 << 20, "{r}");
+    let d = &r["disks"][0];
+    let traced = d["misses"].as_u64().unwrap();
+    assert!(
+        traced >= (h2 + m2) - (h0 + m0) && traced <= h2 + m2,
+        "traced {traced} misses; the backend served {} reads since the cache became exclusive, {} in all",
+        (h2 + m2) - (h0 + m0),
+        h2 + m2
+    );
+    let points = d["points"].as_array().unwrap();
+    // A size's misses are those of the last point at or below it (the curve is a
+    // step function; it ends in a plateau at 4 times the allocation).
+    let at = |bytes: u64| {
+        points
+            .iter()
+            .rfind(|p| p["bytes"].as_u64().unwrap() <= bytes)
+            .unwrap_or_else(|| panic!("no point at or below {bytes}: {d}"))["misses"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(points.last().unwrap()["bytes"], 4 * (384 << 20), "{d}");
+    assert_eq!(at(256 << 20), traced as f64, "{d}");
+    let predicted = at(384 << 20);
+    let actual = (m2 - m0) as f64;
+    eprintln!("at 384 MiB: predicted {predicted} disk reads, actual {actual}");
+    assert!(
+        (predicted - actual).abs() <= 0.1 * traced as f64,
+        "predicted {predicted} reads from the disk with the 128 MiB host cache, {actual} were"
+    );
+    assert!(
+        points
+            .windows(2)
+            .all(|w| w[1]["misses"].as_f64() <= w[0]["misses"].as_f64()),
+        "{d}"
+    );
+    let svg = env.home.path().join("ev1-mrc.svg");
+    env.ok(&["vm", "mrc", "ev1", "--svg", svg.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
 }
 
 #[test]

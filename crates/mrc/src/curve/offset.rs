@@ -37,6 +37,7 @@
 
 use crate::hash::BlockMap;
 use crate::histogram::Histogram;
+use crate::shards::{spatial_hash, threshold, ShardsError, MODULUS};
 use crate::stack::StackDistance;
 
 use super::MissRatioCurve;
@@ -57,6 +58,9 @@ pub enum GuestEvent {
     Miss(u64),
     /// The guest evicted this page from its direct memory.
     Evict(u64),
+    /// The page is back in the guest without a miss (the guest overwrote its
+    /// block whole): it leaves the evicted pages uncounted.
+    Returned(u64),
 }
 
 /// Ranks each guest miss among the pages the guest has evicted and not yet
@@ -70,6 +74,9 @@ pub struct ExclusiveTracer {
     /// Pages evicted more than once without a miss in between: a sign that
     /// the events arrive out of order or some are lost.
     doubled: BlockMap<()>,
+    /// SHARDS' spatial sampling: only pages hashing below this are traced
+    /// (`MODULUS`: every page).
+    threshold: u64,
 }
 
 impl Default for ExclusiveTracer {
@@ -91,7 +98,27 @@ impl ExclusiveTracer {
             histogram: Histogram::new(width),
             misses: 0,
             doubled: BlockMap::default(),
+            threshold: MODULUS,
         }
+    }
+
+    /// A tracer that follows only a fraction `rate` of the pages, chosen by
+    /// hash as SHARDS does (see [`crate::shards`]): a sampled page's rank
+    /// among the sampled evicted pages, scaled by `1 / rate`, stands for its
+    /// rank among all of them. Memory is about `rate` of the exact tracer's.
+    pub fn sampled(rate: f64, width: u64) -> Result<Self, ShardsError> {
+        let mut t = Self::with_bucket_width(width);
+        t.threshold = threshold(rate)?;
+        Ok(t)
+    }
+
+    /// The fraction of pages traced (1 unless [`ExclusiveTracer::sampled`]).
+    pub fn rate(&self) -> f64 {
+        self.threshold as f64 / MODULUS as f64
+    }
+
+    fn traced(&self, page: u64) -> bool {
+        self.threshold == MODULUS || spatial_hash(page) < self.threshold
     }
 
     /// Records one event.
@@ -99,6 +126,7 @@ impl ExclusiveTracer {
         match event {
             GuestEvent::Miss(page) => self.miss(page),
             GuestEvent::Evict(page) => self.evict(page),
+            GuestEvent::Returned(page) => self.returned(page),
         }
     }
 
@@ -106,14 +134,36 @@ impl ExclusiveTracer {
     /// never evicted is a cold miss) and take it off, as it is back in the
     /// guest.
     pub fn miss(&mut self, page: u64) {
+        self.misses += 1;
+        if !self.traced(page) {
+            return;
+        }
         let rank = self.evicted.remove(page);
         self.doubled.remove(&page);
+        let rate = self.rate();
+        let rank = rank.map(|k| ((k as f64 / rate).round() as u64).max(1));
         self.histogram.add(rank, 1.0);
-        self.misses += 1;
+    }
+
+    /// `page` came back into the guest without a miss: it is no longer among
+    /// the evicted pages, and counts for nothing.
+    pub fn returned(&mut self, page: u64) {
+        if self.traced(page) {
+            self.evicted.remove(page);
+            self.doubled.remove(&page);
+        }
+    }
+
+    /// Pages the tracer holds as evicted (sampled ones only, when sampling).
+    pub fn evicted_pages(&self) -> usize {
+        self.evicted.len()
     }
 
     /// The guest evicted `page`: it becomes the most recently evicted.
     pub fn evict(&mut self, page: u64) {
+        if !self.traced(page) {
+            return;
+        }
         if self.evicted.access(page).is_some() {
             self.doubled.insert(page, ());
         }

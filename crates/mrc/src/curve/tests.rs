@@ -201,3 +201,52 @@ fn tracer_flags_double_evictions() {
     t.miss(1);
     assert_eq!(t.inconsistent_pages(), 0);
 }
+
+/// Mean absolute error in miss ratio between the sampled tracer's guest curve
+/// and the guest's simulated LRU, over sizes `direct..=direct + host_max`.
+fn sampled_tracer_mae(trace: &[u64], direct: u64, host_max: u64, rate: f64) -> f64 {
+    let mut tracer = ExclusiveTracer::sampled(rate, 1).unwrap();
+    lru_sim::guest_events(trace, direct)
+        .into_iter()
+        .for_each(|e| tracer.record(e));
+    let host = MissRatioCurve::from_histogram(&tracer.histogram(), host_max).unwrap();
+    let guest = host.shifted(direct, Some(trace.len() as u64)).unwrap();
+    // The exact curve of the whole stream (equal to LRU simulation at every size, as
+    // the tests above check), instead of one simulation per size.
+    let exact =
+        MissRatioCurve::from_histogram(&stack::histogram(trace.iter().copied()), direct + host_max)
+            .unwrap();
+    let errs: Vec<f64> = (0..=host_max)
+        .map(|s| {
+            let size = direct + s;
+            (guest.miss_ratio(size).unwrap() - exact.miss_ratio(size).unwrap()).abs()
+        })
+        .collect();
+    errs.iter().sum::<f64>() / errs.len() as f64
+}
+
+#[test]
+fn sampled_tracer_is_close_to_simulation() {
+    // 20,000 pages, so a 10% sample still holds 2,000 of them.
+    let trace = testutil::zipf(11, 20_000, 0.8, 200_000);
+    let mae = sampled_tracer_mae(&trace, 2_000, 12_000, 0.1);
+    assert!(mae < 0.01, "MAE {mae}");
+    // Rate 1 is the exact tracer.
+    assert!(sampled_tracer_mae(&trace[..20_000], 500, 3_000, 1.0) == 0.0);
+    assert!(ExclusiveTracer::sampled(0.0, 1).is_err());
+    assert!(ExclusiveTracer::sampled(1.5, 1).is_err());
+}
+
+#[test]
+fn returned_pages_leave_the_evicted_stack_uncounted() {
+    let mut t = ExclusiveTracer::new();
+    t.evict(1);
+    t.evict(2);
+    t.returned(1);
+    assert_eq!(t.evicted_pages(), 1);
+    t.miss(2);
+    let h = t.histogram();
+    // 2 was the only evicted page left: rank 1, and one miss in all.
+    assert_eq!(h.accesses(), 1);
+    assert_eq!(h.buckets()[0], 1.0);
+}

@@ -571,6 +571,31 @@ pub enum VmCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The guest's miss-ratio curve: how many of its reads would miss at each memory
+    /// size, traced below its memory by the exclusive host cache (`vm memory
+    /// --host-cache`) from the reads that reach its disks and the pages it evicts.
+    Mrc {
+        /// The VM's name.
+        name: String,
+        /// Start tracing afresh (what was traced so far is dropped).
+        #[arg(long)]
+        restart: bool,
+        /// With --restart: fraction of blocks traced (SHARDS sampling; 1: exact).
+        #[arg(long, requires = "restart")]
+        rate: Option<f64>,
+        /// With --restart: distance between two points of the curve (e.g. 256K).
+        #[arg(long, requires = "restart", value_parser = parse_bytes)]
+        step: Option<u64>,
+        /// Largest guest memory size shown (default: 4 times the VM's allocation).
+        #[arg(long, value_parser = parse_bytes)]
+        max: Option<u64>,
+        /// Draw the curve into FILE (SVG).
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Have the guest write HEX bytes into a page; prints its guest physical address.
     Marker {
         /// The VM's name.

@@ -7,6 +7,26 @@ use rebound_api::CrashReport;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+type Chart<'a> = ChartContext<
+    'a,
+    SVGBackend<'a>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A labelled vertical line at `x`.
+fn mark(chart: &mut Chart<'_>, x: f64, y_max: f64, label: String) -> anyhow::Result<()> {
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(x, 0.0), (x, y_max)],
+        BLACK.mix(0.3),
+    )))?;
+    chart.draw_series(std::iter::once(Text::new(
+        label,
+        (x, y_max * 0.97),
+        ("sans-serif", 12),
+    )))?;
+    Ok(())
+}
+
 /// Both VMs' memory and the dump's progress over time, events marked (as Vicover's
 /// figures of memory during recovery).
 pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
@@ -87,21 +107,82 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
     for s in r.timeline.iter().filter(|s| s.event.is_some()) {
-        chart.draw_series(std::iter::once(PathElement::new(
-            vec![(s.t_s, 0.0), (s.t_s, y_max)],
-            BLACK.mix(0.3),
-        )))?;
-        chart.draw_series(std::iter::once(Text::new(
+        mark(
+            &mut chart,
+            s.t_s,
+            y_max,
             s.event.clone().unwrap_or_default(),
-            (s.t_s, y_max * 0.97),
-            ("sans-serif", 12),
-        )))?;
+        )?;
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(SeriesLabelPosition::MiddleRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Each disk's miss-ratio curve: misses against guest memory, with the guest's
+/// memory X and its allocation X + Y marked (as the paper's figure 11).
+pub fn mrc(name: &str, r: &rebound_api::MrcReport, out: &Path) -> anyhow::Result<()> {
+    let drawn: Vec<_> = r.disks.iter().filter(|d| !d.points.is_empty()).collect();
+    if drawn.is_empty() {
+        anyhow::bail!("{name} has no curve to plot yet: no read has missed the guest");
+    }
+    let x_max = drawn
+        .iter()
+        .flat_map(|d| d.points.iter().map(|p| p.bytes))
+        .max()
+        .unwrap_or(1) as f64
+        / MIB;
+    let y_max = drawn
+        .iter()
+        .flat_map(|d| d.points.iter().map(|p| p.misses))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(out, (900, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = format!(
+        "{name}: reads that miss guest memory (guest {} MiB, allocation {} MiB)",
+        r.guest_bytes >> 20,
+        r.allocation_bytes >> 20
+    );
+    let x0 = r.guest_bytes as f64 / MIB;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..x_max.max(x0 + 1.0), 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("guest memory (MiB)")
+        .y_desc("misses (4 KiB reads)")
+        .draw()?;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN];
+    for (i, d) in drawn.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(
+                d.points.iter().map(|p| (p.bytes as f64 / MIB, p.misses)),
+                color.stroke_width(2),
+            ))?
+            .label(format!("{} ({} misses traced)", d.id, d.misses))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    for (x, label) in [
+        (x0, "guest memory X"),
+        (r.allocation_bytes as f64 / MIB, "allocation X+Y"),
+    ] {
+        mark(&mut chart, x, y_max, label.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
         .draw()?;
     root.present()?;
     Ok(())

@@ -174,6 +174,27 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        VmCmd::Mrc {
+            name,
+            restart,
+            rate,
+            step,
+            max,
+            svg,
+            json: as_json,
+        } => {
+            mrc(
+                paths,
+                &name,
+                restart,
+                rate,
+                step,
+                max,
+                svg.as_deref(),
+                as_json,
+            )
+            .await
+        }
         VmCmd::Marker {
             name,
             hex,
@@ -574,6 +595,95 @@ async fn reboot(
     }
     if let Some(why) = &r.cold_reason {
         println!("  cold: {why}");
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)] // one per flag of `vm mrc`
+async fn mrc(
+    paths: &Paths,
+    name: &str,
+    restart: bool,
+    rate: Option<f64>,
+    step: Option<u64>,
+    max: Option<u64>,
+    svg: Option<&std::path::Path>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let c = connect(paths).await?;
+    let path = format!("/v1/vms/{}/mrc", enc(name));
+    if restart {
+        let mut body = json!({});
+        if let Some(r) = rate {
+            body["rate"] = json!(r);
+        }
+        if let Some(s) = step {
+            body["step_bytes"] = json!(s);
+        }
+        let v: serde_json::Value = c.call(Method::POST, &path, Some(&body)).await?;
+        if as_json {
+            println!("{v}");
+        } else {
+            println!(
+                "{name}: tracing afresh on {} disk(s), rate {}, a point every {} KiB",
+                v["disks"],
+                v["rate"],
+                v["step_bytes"].as_u64().unwrap_or(0) >> 10
+            );
+        }
+        return Ok(());
+    }
+    let q = max.map(|m| format!("?max_bytes={m}")).unwrap_or_default();
+    let r: rebound_api::MrcReport = c.call(Method::GET, &format!("{path}{q}"), None).await?;
+    if let Some(f) = svg {
+        super::plot::mrc(name, &r, f)?;
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{name}: guest {} MiB, allocation {} MiB",
+        r.guest_bytes >> 20,
+        r.allocation_bytes >> 20
+    );
+    for d in &r.disks {
+        println!(
+            "{}: {} misses traced, {} blocks held as evicted{}{}",
+            d.id,
+            d.misses,
+            d.evicted_blocks,
+            if d.rate < 1.0 {
+                format!(", sampled at {}", d.rate)
+            } else {
+                String::new()
+            },
+            if d.inconsistent_blocks > 0 {
+                format!(
+                    ", {} inconsistent (lost or reordered notices)",
+                    d.inconsistent_blocks
+                )
+            } else {
+                String::new()
+            }
+        );
+        if let Some(why) = &d.detail {
+            println!("  {why}");
+        }
+        // About a dozen rows: the curve's shape, not every point.
+        let every = d.points.len().div_ceil(12).max(1);
+        for (i, p) in d.points.iter().enumerate() {
+            if i % every == 0 || i + 1 == d.points.len() {
+                println!(
+                    "  {:>8} MiB  {:>10.0} misses{}",
+                    p.bytes >> 20,
+                    p.misses,
+                    p.vs_allocation
+                        .map(|v| format!("  {v:.3} of the allocation's"))
+                        .unwrap_or_default()
+                );
+            }
+        }
     }
     Ok(())
 }

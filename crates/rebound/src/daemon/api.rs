@@ -64,6 +64,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/disks", get(disks))
         .route("/v1/vms/{name}/memory", post(memory))
         .route("/v1/vms/{name}/evict", get(evict))
+        .route("/v1/vms/{name}/mrc", get(mrc).post(mrc_restart))
         .route("/v1/restore", post(restore))
         .route("/v1/cluster/restore", post(cluster_restore))
         .route("/v1/cluster/restores/{id}", get(cluster_restore_status))
@@ -401,6 +402,60 @@ async fn disks(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResp
 /// the guest has none) and what was read, lost, forwarded and answered.
 async fn evict(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
     Ok(Json(vm_or_404(&d, &name)?.evict_stats()))
+}
+
+/// The guest's miss-ratio curve, from its disks' exclusive host caches.
+async fn mrc(
+    State(d): D,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let rec = vm_or_404(&d, &name)?.record();
+    let max = match q.get("max_bytes") {
+        Some(t) => Some(t.parse::<u64>().map_err(|_| {
+            OpError::BadRequest(format!("max_bytes {t:?} is not a number of bytes"))
+        })?),
+        None => None,
+    };
+    let r = tokio::task::spawn_blocking(move || super::mrc::report(&name, &rec, max))
+        .await
+        .map_err(|e| ApiError(OpError::Internal(e.to_string())))??;
+    Ok(Json(r))
+}
+
+/// Traces the curve afresh: `{"rate": R, "step_bytes": N}`, both optional.
+async fn mrc_restart(
+    State(d): D,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let rec = vm_or_404(&d, &name)?.record();
+    let v: serde_json::Value = match body.is_empty() {
+        true => json!({}),
+        false => serde_json::from_slice(&body)
+            .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?,
+    };
+    let mut config = rebound_blk::curve::TraceConfig::default();
+    if let Some(r) = v.get("rate") {
+        config.rate = r.as_f64().ok_or_else(|| {
+            OpError::BadRequest("rate (a number in (0, 1]) is not a number".into())
+        })?;
+    }
+    if let Some(s) = v.get("step_bytes") {
+        let s = s
+            .as_u64()
+            .filter(|s| s % 4096 == 0 && *s > 0)
+            .ok_or_else(|| {
+                OpError::BadRequest("step_bytes must be a positive multiple of 4096".into())
+            })?;
+        config.step_blocks = s / 4096;
+    }
+    let n = tokio::task::spawn_blocking(move || super::mrc::restart(&name, &rec, config))
+        .await
+        .map_err(|e| ApiError(OpError::Internal(e.to_string())))??;
+    Ok(Json(
+        json!({"disks": n, "rate": config.rate, "step_bytes": config.step_blocks * 4096}),
+    ))
 }
 
 async fn crashes(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {

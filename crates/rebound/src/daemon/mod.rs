@@ -20,6 +20,7 @@ pub mod crashes;
 pub mod error;
 pub mod guest;
 pub mod metrics;
+pub mod mrc;
 pub mod server;
 pub mod state;
 pub mod vm;

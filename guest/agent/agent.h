@@ -26,6 +26,8 @@ int path_segments_ok(const char *p);
 #define MAX_WORKLOADS 4
 enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO, WL_PEER };
 #define IO_MAX_PHASES 8
+#define FILES_MAX 100000 /* f00000..f99999 */
+enum files_pattern { FP_SEQ, FP_RANDOM, FP_ZIPF, FP_CLASS };
 #define PEER_MAX 16 /* rebound.peers entries */
 #define PEER_REQ_BYTES_MAX 65536
 
@@ -53,6 +55,16 @@ struct config {
 	int io_keep; /* 1: a target already io_size long is used as is, not rewritten first */
 	unsigned io_seconds, io_rounds; /* io_rounds 0: forever */
 	unsigned io_delay_s; /* seconds between ready and the first phase */
+	/* Its file-set mode (wl_files.c), on when io_files > 0. */
+	unsigned io_files;
+	uint64_t io_file_size;
+	char io_dir[64]; /* under /data (default /data/files) */
+	int io_pattern; /* enum files_pattern */
+	double io_zipf; /* alpha */
+	unsigned io_class_p, io_class_q; /* P% of the files get Q% of the requests */
+	uint64_t io_seed;
+	double io_write_ratio;
+	unsigned io_requests; /* per round */
 	/* The peer workload (wl_peer.c). */
 	int peer_port; /* listens there for peers and host clients (default 7400) */
 	int npeers;
@@ -63,6 +75,10 @@ struct config {
 
 /* Parses "64M", "1G", "4096", "512K" (binary units). Returns 0 or -1 (bad or > 1 TiB). */
 int parse_size(const char *s, uint64_t *out);
+/* Parses a plain decimal ("0.25", "1", "1.5": digits, at most one point, no sign or
+ * exponent) within [lo, hi]. Returns 0 or -1. */
+int parse_decimal(const char *s, double lo, double hi, double *out);
+const char *files_pattern_name(int p);
 /* Fills cfg from a kernel command line. Bad values are reported into err (one line) and
  * replaced by defaults, so the agent still comes up; returns the number of problems. */
 int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t errlen);
@@ -136,6 +152,7 @@ int wl_kv(struct wl_ctx *ctx, int port);
 int wl_memfill(struct wl_ctx *ctx);
 int wl_counter(struct wl_ctx *ctx);
 int wl_io(struct wl_ctx *ctx);
+int wl_files(struct wl_ctx *ctx); /* wl_io with rebound.io_files set */
 int wl_peer(struct wl_ctx *ctx);
 /* The peer workload's stateless replies (HB, REQ, anything unknown), exposed for the unit
  * tests: writes the reply line into out and returns 0, or returns -1 for lines the caller
@@ -156,5 +173,36 @@ void kv_exec(char *line, char *out, size_t cap);
 uint64_t counter_checksum(const uint64_t *w, size_t n);
 void counter_step(uint64_t *w, uint64_t seq); /* 0.0.0.0:port, SO_REUSEADDR; -1 on error */
 const char *workload_name(enum workload_kind k);
+
+/* ---- wl_files.c: the io workload's file-set mode, exposed for the unit tests ----
+ * Block b (1 KiB) of file k at version v: word 0 = FILES_MAGIC << 48 | v, word j (1-127)
+ * = splitmix64((k << 32) + b * 128 + j) ^ v. */
+#define FILES_MAGIC 0x5242ULL
+#define FILES_BLOCK 1024
+#define FILES_VERSION_MASK ((1ULL << 48) - 1)
+enum files_check { FC_OK, FC_STALE, FC_MISPLACED, FC_GARBAGE };
+void files_fill_block(uint64_t *w, uint64_t file, uint64_t block, uint64_t version);
+/* FC_OK when w is block `block` of `file` at `version`; else FC_STALE (a valid word 0 of
+ * another version), FC_MISPLACED (word 0 right, the rest not this block's) or
+ * FC_GARBAGE (word 0 no signature). *found gets word 0. */
+enum files_check files_check_block(const uint64_t *w, uint64_t file, uint64_t block, uint64_t version,
+				   uint64_t *found);
+const char *files_check_name(enum files_check c);
+/* Request n's k-th random number (k < 4): splitmix64(splitmix64(seed) ^ (4n + k)). */
+uint64_t files_draw(uint64_t seed, uint64_t n, unsigned k);
+struct files_sampler {
+	int pattern;
+	uint32_t n;
+	uint64_t seed;
+	uint32_t *perm; /* zipf: rank -> file; class: the hot files first */
+	double *cdf; /* zipf: P(rank <= i) */
+	uint32_t hot; /* class: how many files are hot */
+	double hot_share, write_ratio;
+};
+/* Returns 0, or -1 when out of memory. */
+int files_sampler_init(struct files_sampler *s, const struct config *cfg);
+void files_sampler_free(struct files_sampler *s);
+/* The file request n (0-based, counted across rounds) accesses; *write: 1 for a write. */
+uint32_t files_pick(const struct files_sampler *s, uint64_t n, int *write);
 
 #endif

@@ -49,6 +49,37 @@ int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
+int parse_decimal(const char *s, double lo, double hi, double *out)
+{
+	int digits = 0, points = 0;
+	for (const char *p = s; *p; p++) {
+		if (*p >= '0' && *p <= '9')
+			digits++;
+		else if (*p == '.' && points++ == 0)
+			continue;
+		else
+			return -1;
+	}
+	if (digits == 0 || digits > 20)
+		return -1;
+	double v = strtod(s, NULL);
+	if (!(v >= lo && v <= hi))
+		return -1;
+	*out = v;
+	return 0;
+}
+
+const char *files_pattern_name(int p)
+{
+	switch (p) {
+	case FP_SEQ: return "seq";
+	case FP_RANDOM: return "random";
+	case FP_ZIPF: return "zipf";
+	case FP_CLASS: return "class";
+	}
+	return "?";
+}
+
 const char *workload_name(enum workload_kind k)
 {
 	switch (k) {
@@ -221,6 +252,110 @@ static void problem(char *err, size_t errlen, int *n, const char *param, const c
 	problem_why(err, errlen, n, param, val, NULL);
 }
 
+/* io_dir: /data/NAME[/NAME...], names of [A-Za-z0-9._-] that are not "." or "..": the
+ * path goes into messages and must stay under the data disk. */
+static int io_dir_ok(const char *v, size_t cap)
+{
+	size_t n = strlen(v);
+	if (strncmp(v, "/data/", 6) != 0 || n == 6 || n >= cap || v[n - 1] == '/' || !path_segments_ok(v + 6))
+		return 0;
+	for (const char *p = v; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+		      *p == '.' || *p == '_' || *p == '-' || *p == '/'))
+			return 0;
+	return 1;
+}
+
+/* Decimal digits only, at most 2^64 - 1. */
+static int parse_u64(const char *s, uint64_t *out)
+{
+	uint64_t v = 0;
+	if (*s == '\0')
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return -1;
+		unsigned d = (unsigned)(*s - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			return -1;
+		v = v * 10 + d;
+	}
+	*out = v;
+	return 0;
+}
+
+/* "P:Q", both 1-99. */
+static int parse_class(const char *v, unsigned *p, unsigned *q)
+{
+	char tmp[16];
+	unsigned long a, b;
+	const char *colon = strchr(v, ':');
+	if (!colon || (size_t)(colon - v) >= sizeof(tmp))
+		return -1;
+	memcpy(tmp, v, (size_t)(colon - v));
+	tmp[colon - v] = '\0';
+	if (parse_uint(tmp, 1, 99, &a) < 0 || parse_uint(colon + 1, 1, 99, &b) < 0)
+		return -1;
+	*p = (unsigned)a;
+	*q = (unsigned)b;
+	return 0;
+}
+
+/* The io workload's file-set parameters; returns 1 when key was one of them. */
+static int parse_files_key(const char *key, const char *val, struct config *cfg, char *err, size_t errlen,
+			   int *problems)
+{
+	unsigned long u;
+	uint64_t v;
+	if (strcmp(key, "io_files") == 0) {
+		if (parse_uint(val, 0, FILES_MAX, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.io_files", val, "not in 0-100000");
+		else
+			cfg->io_files = (unsigned)u;
+	} else if (strcmp(key, "io_file_size") == 0) {
+		if (parse_size(val, &v) < 0 || v < 4096 || v % 4096 || v > (1ULL << 30))
+			problem_why(err, errlen, problems, "rebound.io_file_size", val, "not 4K-1G in whole 4 KiB");
+		else
+			cfg->io_file_size = v;
+	} else if (strcmp(key, "io_dir") == 0) {
+		if (!io_dir_ok(val, sizeof(cfg->io_dir)))
+			problem_why(err, errlen, problems, "rebound.io_dir", val, "not a plain path under /data/");
+		else
+			snprintf(cfg->io_dir, sizeof(cfg->io_dir), "%s", val);
+	} else if (strcmp(key, "io_pattern") == 0) {
+		int p = -1;
+		for (int i = FP_SEQ; i <= FP_CLASS; i++)
+			if (strcmp(val, files_pattern_name(i)) == 0)
+				p = i;
+		if (p < 0)
+			problem_why(err, errlen, problems, "rebound.io_pattern", val, "not seq, random, zipf or class");
+		else
+			cfg->io_pattern = p;
+	} else if (strcmp(key, "io_zipf") == 0) {
+		if (parse_decimal(val, 0, 10, &cfg->io_zipf) < 0)
+			problem_why(err, errlen, problems, "rebound.io_zipf", val, "not in 0-10");
+	} else if (strcmp(key, "io_class") == 0) {
+		if (parse_class(val, &cfg->io_class_p, &cfg->io_class_q) < 0)
+			problem_why(err, errlen, problems, "rebound.io_class", val, "not P:Q, both 1-99");
+	} else if (strcmp(key, "io_seed") == 0) {
+		if (parse_u64(val, &v) < 0)
+			problem_why(err, errlen, problems, "rebound.io_seed", val, "not a 64-bit number");
+		else
+			cfg->io_seed = v;
+	} else if (strcmp(key, "io_write_ratio") == 0) {
+		if (parse_decimal(val, 0, 1, &cfg->io_write_ratio) < 0)
+			problem_why(err, errlen, problems, "rebound.io_write_ratio", val, "not in 0-1");
+	} else if (strcmp(key, "io_requests") == 0) {
+		if (parse_uint(val, 1, 100000000, &u) < 0)
+			problem_why(err, errlen, problems, "rebound.io_requests", val, "not in 1-100000000");
+		else
+			cfg->io_requests = (unsigned)u;
+	} else {
+		return 0;
+	}
+	return 1;
+}
+
 /* The peer workload's parameters; returns 1 when key was one of them. */
 static int parse_peer_key(const char *key, const char *val, struct config *cfg, char *err, size_t errlen,
 			  int *problems)
@@ -284,6 +419,14 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 	cfg->io_direct = 1;
 	cfg->io_seconds = 5;
 	cfg->io_rounds = 1;
+	cfg->io_file_size = 1ULL << 20;
+	strcpy(cfg->io_dir, "/data/files");
+	cfg->io_pattern = FP_ZIPF;
+	cfg->io_zipf = 1.0;
+	cfg->io_class_p = 10;
+	cfg->io_class_q = 90;
+	cfg->io_seed = 1;
+	cfg->io_requests = 2000;
 	cfg->peer_port = DEFAULT_PEER_PORT;
 	cfg->peer_hb_ms = 200;
 	cfg->peer_dead_ms = 1000;
@@ -312,7 +455,8 @@ int parse_cmdline(const char *cmdline, struct config *cfg, char *err, size_t err
 		unsigned long u;
 		if (n + 1 == sizeof(word)) {
 			problem_why(err, errlen, &problems, word, val, "too long");
-		} else if (parse_peer_key(key, val, cfg, err, errlen, &problems)) {
+		} else if (parse_peer_key(key, val, cfg, err, errlen, &problems) ||
+			   parse_files_key(key, val, cfg, err, errlen, &problems)) {
 			/* done */
 		} else if (strcmp(key, "workload") == 0) {
 			struct config tmp = *cfg;

@@ -3,6 +3,7 @@
  * line, web paths, the kv protocol and the /sys and /proc formats. */
 #include "agent.h"
 #include "json.h"
+#include "test.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,15 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
+int failures;
 
 static int parse(const char *s, struct host_cmd *c, char *err)
 {
@@ -525,15 +518,6 @@ static void test_peer_protocol(void)
 
 /* ---- the peer workload's loop, in forked processes on 127.0.0.1 ---- */
 
-struct node {
-	pid_t pid;
-	int fd; /* its reports (the agent's end of the workload pipe) */
-	int port;
-	char cmdline[512];
-	char buf[16384];
-	size_t len;
-};
-
 static uint64_t test_ms(void)
 {
 	struct timespec t;
@@ -568,7 +552,7 @@ static void node_start(struct node *nd)
 	nd->len = 0;
 }
 
-static void node_kill(struct node *nd)
+void node_kill(struct node *nd)
 {
 	if (nd->pid <= 0)
 		return;
@@ -578,9 +562,7 @@ static void node_kill(struct node *nd)
 	nd->pid = 0;
 }
 
-/* Waits up to timeout_ms for a line of the node's reports holding every one of the
- * NULL-terminated strings; copies it into out. Returns 1 if found. */
-static int node_wait(struct node *nd, int timeout_ms, char *out, size_t cap, ...)
+int node_wait(struct node *nd, int timeout_ms, char *out, size_t cap, ...)
 {
 	uint64_t until = test_ms() + (uint64_t)timeout_ms;
 	for (;;) {
@@ -617,7 +599,7 @@ static int node_wait(struct node *nd, int timeout_ms, char *out, size_t cap, ...
 	}
 }
 
-static uint64_t json_num(const char *line, const char *key)
+uint64_t json_num(const char *line, const char *key)
 {
 	char k[64];
 	snprintf(k, sizeof(k), "\"%s\":", key);
@@ -765,6 +747,10 @@ int main(void)
 	test_warm();
 	test_prefetch();
 	test_io();
+	test_files_config();
+	test_files_samplers();
+	test_files_signature();
+	test_files_run();
 	test_json_valid();
 	test_json_malformed();
 	test_json_fuzz();

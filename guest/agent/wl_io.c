@@ -1,4 +1,4 @@
-/* `io` workload: sequential and random reads and writes over a file on the data disk
+/* `io` workload (its file-set mode, rebound.io_files, is wl_files.c): sequential and random reads and writes over a file on the data disk
  * (/data/io.bin) or a whole block device (rebound.io_target=/dev/vdb), buffered or O_DIRECT, in phases (rebound.io=seqwrite,seqread,...);
  * after each phase it reports {"type":"io",...} with throughput and latency
  * percentiles. Every block written holds a pattern the host can recompute: the 64-bit
@@ -112,6 +112,8 @@ static int run_phase(struct wl_ctx *ctx, int fd, const struct phase *p, void *bu
 int wl_io(struct wl_ctx *ctx)
 {
 	const struct config *c = ctx->cfg;
+	if (c->io_files)
+		return wl_files(ctx);
 	char line[300];
 	int flags = O_RDWR | O_CREAT | O_CLOEXEC | (c->io_direct ? O_DIRECT : 0);
 	const char *target = c->io_target;

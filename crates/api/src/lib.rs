@@ -21,7 +21,7 @@ pub use crash::{
     Compress, CrashPhase, CrashPolicy, CrashReport, DumpEngine, DumpFormat, DumpRequest,
     DumpResult, IoPolicy, MemoryLimit, MemorySample, OnCrash, PageClass,
 };
-pub use event::{Event, EventData, IoReport, PeerEvent, EVENT_LOG_VERSION};
+pub use event::{Event, EventData, FilesReport, IoReport, PeerEvent, EVENT_LOG_VERSION};
 pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
 pub use reply::{
     DiskMrc, ErrorBody, Health, HostCacheReport, MarkerReply, MrcPoint, MrcReport, VmcoreinfoReply,

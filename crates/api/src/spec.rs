@@ -71,6 +71,38 @@ fn valid_peers(v: &str) -> bool {
         && all.iter().enumerate().all(|(i, p)| !all[..i].contains(p))
 }
 
+/// The agent's `rebound.io_dir`: `/data/NAME[/NAME...]`, names of `[A-Za-z0-9._-]`,
+/// none `.` or `..`, under 64 bytes.
+fn valid_io_dir(v: &str) -> bool {
+    v.len() < 64
+        && v.strip_prefix("/data/").is_some_and(|rest| {
+            rest.split('/').all(|seg| {
+                !seg.is_empty()
+                    && seg != "."
+                    && seg != ".."
+                    && seg
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            })
+        })
+}
+
+/// A plain decimal in `0..=max` as the agent reads it: digits and at most one point.
+fn valid_decimal(v: &str, max: f64) -> bool {
+    let digits = v.bytes().filter(u8::is_ascii_digit).count();
+    (1..=20).contains(&digits)
+        && v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && v.bytes().filter(|&b| b == b'.').count() <= 1
+        && v.parse::<f64>().is_ok_and(|x| (0.0..=max).contains(&x))
+}
+
+/// Digits only (no sign) and within `lo..=hi`.
+fn valid_uint(v: &str, lo: u64, hi: u64) -> bool {
+    !v.is_empty()
+        && v.bytes().all(|b| b.is_ascii_digit())
+        && v.parse::<u64>().is_ok_and(|n| (lo..=hi).contains(&n))
+}
+
 /// Parses a size such as `256M`, `1G`, `512MiB`, `4096K` or `1048576` (bytes) into bytes.
 /// Units are binary (K = 1024).
 pub fn parse_size(s: &str) -> Result<u64, SpecError> {
@@ -511,7 +543,9 @@ impl VmSpec {
             // `also` joins the workload list itself (image_append).
             .filter(|(k, _)| k.as_str() != "also")
             .map(|(k, v)| match (k.as_str(), parse_memfill(v)) {
-                ("memfill" | "disk_io" | "io_size" | "io_bs", Ok(n)) => (k.clone(), n.to_string()),
+                ("memfill" | "disk_io" | "io_size" | "io_bs" | "io_file_size", Ok(n)) => {
+                    (k.clone(), n.to_string())
+                }
                 _ => (k.clone(), v.clone()),
             })
             .collect()
@@ -633,6 +667,20 @@ impl VmSpec {
                         && all.iter().enumerate().all(|(i, w)| !all[..i].contains(w))
                 }
                 "io_rounds" => v.parse::<u32>().is_ok_and(|n| n <= 1_000_000),
+                // The io workload's file-set mode (guest/agent/wl_files.c).
+                "io_files" => valid_uint(v, 0, 100_000),
+                "io_file_size" => {
+                    parse_memfill(v).is_ok_and(|n| (4096..=1 << 30).contains(&n) && n % 4096 == 0)
+                }
+                "io_dir" => valid_io_dir(v),
+                "io_pattern" => ["seq", "random", "zipf", "class"].contains(&v.as_str()),
+                "io_zipf" => valid_decimal(v, 10.0),
+                "io_write_ratio" => valid_decimal(v, 1.0),
+                "io_class" => v
+                    .split_once(':')
+                    .is_some_and(|(p, q)| valid_uint(p, 1, 99) && valid_uint(q, 1, 99)),
+                "io_seed" => valid_uint(v, 0, u64::MAX),
+                "io_requests" => valid_uint(v, 1, 100_000_000),
                 "peers" => valid_peers(v),
                 "peer_port" => v.parse::<u16>().is_ok_and(|n| n > 0),
                 "peer_hb_ms" => v.parse::<u32>().is_ok_and(|n| (10..=60_000).contains(&n)),
@@ -785,6 +833,42 @@ mod tests {
         }
         a.workload_args.insert("also".into(), "io".into());
         assert!(a.guest_workload_args().is_empty());
+        // The io workload's file-set keys, as the agent takes them.
+        for (k, v, ok) in [
+            ("io_files", "96", true),
+            ("io_files", "100001", false),
+            ("io_files", "+5", false),
+            ("io_file_size", "1M", true),
+            ("io_file_size", "6K", false),
+            ("io_dir", "/data/set/a_1", true),
+            ("io_dir", "/data/../etc", false),
+            ("io_dir", "/data/", false),
+            ("io_dir", "/data/a b", false),
+            ("io_pattern", "class", true),
+            ("io_pattern", "zipfian", false),
+            ("io_zipf", "0.8", true),
+            ("io_zipf", "1e3", false),
+            ("io_zipf", "inf", false),
+            ("io_write_ratio", "0.1", true),
+            ("io_write_ratio", "1.5", false),
+            ("io_class", "20:80", true),
+            ("io_class", "0:90", false),
+            ("io_class", "10", false),
+            ("io_seed", "18446744073709551615", true),
+            ("io_seed", "18446744073709551616", false),
+            ("io_requests", "300", true),
+            ("io_requests", "0", false),
+        ] {
+            let mut f = VmSpec::new("a");
+            f.workload_args.insert(k.into(), v.into());
+            assert_eq!(f.validate().is_ok(), ok, "{k}={v}");
+        }
+        let mut f = VmSpec::new("a");
+        f.workload_args.insert("io_file_size".into(), "1M".into());
+        assert_eq!(
+            f.guest_workload_args(),
+            vec![("io_file_size".to_string(), (1u64 << 20).to_string())]
+        );
         w.workload_args.insert("evil".into(), "1".into());
         assert!(matches!(w.validate(), Err(SpecError::WorkloadArg(_))));
 

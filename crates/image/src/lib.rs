@@ -15,6 +15,7 @@ mod apt;
 mod build;
 pub(crate) mod datadisk;
 pub mod evictmod;
+pub mod fileset;
 mod initramfs;
 mod kcache;
 mod kernel;
@@ -31,6 +32,7 @@ pub use datadisk::{
     blob, counter_checksum, mkfs_from_dir, splitmix64, DataDiskError, BLOB_NAME, BLOB_SIZE,
 };
 pub use evictmod::EvictModuleError;
+pub use fileset::{block_signature, write_fileset, FilesetError};
 pub use initramfs::{InitramfsError, MODULES};
 pub use kcache::KernelCacheError;
 pub use kernel::KernelError;

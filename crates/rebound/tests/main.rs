@@ -13,6 +13,7 @@ mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
 mod evict;
+mod files;
 mod host_cache;
 mod privacy;
 mod replay;

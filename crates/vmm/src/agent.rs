@@ -63,6 +63,8 @@ pub enum AgentMsg {
         errors: u64,
     },
     Io(rebound_api::IoReport),
+    /// The `io` workload's file-set mode, after each round.
+    Files(rebound_api::FilesReport),
     /// A piece of the reply to `cachelist`.
     Cachelist {
         id: u64,
@@ -489,6 +491,19 @@ mod tests {
             parse_line(b"{\"type\":\"heartbeat\",\"seq\":5}\r").unwrap(),
             AgentMsg::Heartbeat { seq: 5 }
         ));
+        // As wl_files.c writes it, without and with an error.
+        let line = br#"{"type":"files","round":1,"pattern":"zipf","requests":200,"reads":180,"writes":20,"bytes_read":188743680,"bytes_written":20971520,"seconds":3.250000,"errors":0,"first_error":null,"footprint_kib":98304,"cached_kib":120000,"mem_total_kib":230000}"#;
+        let AgentMsg::Files(f) = parse_line(line).unwrap() else {
+            panic!("not files")
+        };
+        assert_eq!((f.round, f.requests, f.writes), (1, 200, 20));
+        assert_eq!((f.errors, f.first_error), (0, None));
+        assert_eq!((f.footprint_kib, f.mem_total_kib), (98304, 230000));
+        let line = br#"{"type":"files","round":2,"pattern":"seq","requests":96,"reads":96,"writes":0,"bytes_read":1,"bytes_written":0,"seconds":1.5,"errors":3,"first_error":"f00017 offset 7168: expected version word 5242000000000003, found 5242000000000002 (stale version)","footprint_kib":1,"cached_kib":2,"mem_total_kib":3}"#;
+        let AgentMsg::Files(f) = parse_line(line).unwrap() else {
+            panic!("not files")
+        };
+        assert!(f.first_error.unwrap().starts_with("f00017 offset 7168"));
     }
 
     #[test]

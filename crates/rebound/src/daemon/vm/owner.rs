@@ -619,6 +619,7 @@ impl Owner {
             }
             AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
             AgentMsg::Io(r) => self.event(EventData::Io(r)),
+            AgentMsg::Files(r) => self.event(EventData::Files(r)),
             AgentMsg::PeerEvent(p) => self.event(EventData::Peer(p)),
             // A prefetch whose reboot stopped waiting still says what it read.
             AgentMsg::Prefetch(p) => self.event(EventData::Prefetched(p.report)),

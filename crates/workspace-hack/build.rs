@@ -1,0 +1,2 @@
+//! Empty: it exists so that the build-dependencies in `Cargo.toml` join the build.
+fn main() {}

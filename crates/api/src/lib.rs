@@ -24,7 +24,8 @@ pub use crash::{
 pub use event::{Event, EventData, FilesReport, IoReport, PeerEvent, EVENT_LOG_VERSION};
 pub use reboot::{PrefetchReport, RebootReport, RebootRequest};
 pub use reply::{
-    DiskMrc, ErrorBody, Health, HostCacheReport, MarkerReply, MrcPoint, MrcReport, VmcoreinfoReply,
+    Applied, DiskMrc, ErrorBody, Health, HostCacheReport, MarkerReply, MemoryPlan, MrcPoint,
+    MrcReport, PlanRequest, PlannedVm, VmcoreinfoReply,
 };
 pub use snapshot::{
     ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,

@@ -40,6 +40,8 @@ pub struct HostCacheReport {
     pub guest_mib_before: u64,
     /// The guest's memory now (its balloon's size).
     pub guest_mib: u64,
+    /// The VM's allocation: the guest's memory plus its exclusive host caches.
+    pub allocation_mib: u64,
     /// Host cache of the VM's Rebound-served disks, in all.
     pub host_cache_bytes: u64,
     pub per_disk_bytes: u64,
@@ -92,4 +94,76 @@ pub struct MrcPoint {
     /// `misses` over the misses at the VM's allocation X + Y (the paper's figure 11
     /// ratio); `None` when there were none there.
     pub vs_allocation: Option<f64>,
+}
+
+/// `POST /v1/memory/plan`: how to divide the memory the VMs hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// `isolated-sharing` or `esx-idle-tax`.
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// Isolated sharing: the largest increase of a VM's predicted misses over those
+    /// at its allocation now, as a fraction (default 0.05).
+    #[serde(default)]
+    pub bound: Option<f64>,
+    /// Allocations are whole multiples of this (default 4 MiB, as the paper).
+    #[serde(default)]
+    pub unit_bytes: Option<u64>,
+    /// ESX: the idle memory tax rate (default 0.75, ESX's).
+    #[serde(default)]
+    pub tax_rate: Option<f64>,
+    /// The VMs to plan for (default: every VM with an exclusive host cache).
+    #[serde(default)]
+    pub vms: Option<Vec<String>>,
+    /// Change each VM's allocation to its share.
+    #[serde(default)]
+    pub apply: bool,
+}
+
+fn default_policy() -> String {
+    "isolated-sharing".into()
+}
+
+/// The answer to [`PlanRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPlan {
+    pub policy: String,
+    pub bound: f64,
+    pub unit_bytes: u64,
+    /// What is divided: the VMs' allocations now, in whole units.
+    pub total_bytes: u64,
+    /// The VMs' allocations now, in all.
+    pub held_bytes: u64,
+    /// Geometric mean of the VMs' predicted misses relative to those at their
+    /// allocation now (the paper's table 2).
+    pub geo_mean_relative: f64,
+    pub geo_mean_miss_ratio: f64,
+    pub vms: Vec<PlannedVm>,
+}
+
+/// One VM of a [`MemoryPlan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedVm {
+    pub name: String,
+    /// Its allocation now.
+    pub baseline_bytes: u64,
+    pub planned_bytes: u64,
+    /// Where its curve starts (its guest's memory now): the plan goes no lower.
+    pub curve_from_bytes: u64,
+    pub predicted_misses: f64,
+    pub baseline_misses: f64,
+    /// `predicted_misses / baseline_misses` (floored at half a miss).
+    pub relative: f64,
+    pub within_bound: bool,
+    /// ESX: the memory its curve says it uses.
+    pub active_bytes: Option<u64>,
+    /// With `apply`: what its allocation became, or why it did not change.
+    pub applied: Option<Applied>,
+}
+
+/// The outcome of applying one VM's share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    pub allocation_bytes: Option<u64>,
+    pub error: Option<String>,
 }

@@ -130,7 +130,19 @@ fn every_operation_and_every_metric() {
     let ev = env.get_ok("GET", "/v1/vms/t1/evict", None);
     assert_eq!(ev["state"], "forwarding", "{ev}");
     assert_eq!(ev["forwarded"], 0, "{ev}");
-    // Nor a curve, which only an exclusive cache traces (tests/host_cache.rs has one).
+    // Nor a plan, which needs curves (tests/memory_plan.rs makes and applies one).
+    let (code, e) = env
+        .call("POST", "/v1/memory/plan", Some(&json!({"bound": 0.05})))
+        .unwrap();
+    assert_eq!(code, 400, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("no VM has a miss-ratio curve"),
+        "{e}"
+    );
+    // Nor a curve, which only an exclusive cache traces (tests/evict.rs has one).
     for (method, body) in [("GET", None), ("POST", Some(json!({"rate": 0.5})))] {
         let (code, e) = env.call(method, "/v1/vms/t1/mrc", body.as_ref()).unwrap();
         assert_eq!(code, 400, "{method} {e}");

@@ -15,6 +15,7 @@ mod crash_recovery;
 mod evict;
 mod files;
 mod host_cache;
+mod memory_plan;
 mod privacy;
 mod replay;
 mod restore;

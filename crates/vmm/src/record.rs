@@ -61,6 +61,10 @@ pub struct VmRecord {
     /// crashed QEMU and a daemon restart, and stop with the VM.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blk: Vec<BlkProcess>,
+    /// The VM's memory allocation in MiB, guest plus exclusive host caches, as `vm
+    /// memory` last set it; `None`: the memory it booted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_mib: Option<u64>,
 }
 
 /// A running disk backend.
@@ -93,6 +97,7 @@ impl VmRecord {
             ram_private: false,
             disk_files: Vec::new(),
             blk: Vec::new(),
+            allocation_mib: None,
         }
     }
 
@@ -174,6 +179,7 @@ mod tests {
             ram_private: false,
             disk_files: vec!["/vms/a/disk0.qcow2".into()],
             blk: Vec::new(),
+            allocation_mib: None,
         }
     }
 

@@ -19,6 +19,7 @@ mod cluster;
 mod console;
 mod crash;
 mod image;
+mod memory;
 mod output;
 mod plot;
 mod slowdisk;
@@ -60,6 +61,9 @@ pub enum Cmd {
     /// daemon each): create, start, status, stop, snapshot, rm.
     #[command(subcommand)]
     Cluster(cluster::ClusterCmd),
+    /// Memory between VMs, from their miss-ratio curves.
+    #[command(subcommand)]
+    Memory(memory::MemoryCmd),
     /// The block backend: serve a raw disk image to QEMU over vhost-user (the daemon
     /// starts one per disk; operators can run one by hand).
     #[command(subcommand)]
@@ -561,12 +565,18 @@ pub enum VmCmd {
     },
     /// Move memory from the guest (its balloon) to exclusive host caches of its disks
     /// served by Rebound's backend, keeping the sum; `--host-cache 0` gives it back.
+    /// `--size` changes the VM's allocation (guest plus host caches) instead.
+    #[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["host_cache", "size"])))]
     Memory {
         /// The VM's name.
         name: String,
         /// Host cache to make, taken from the guest (e.g. 64M; 0: all back to the guest).
         #[arg(long, value_parser = parse_bytes)]
-        host_cache: u64,
+        host_cache: Option<u64>,
+        /// The VM's allocation, guest plus host caches (e.g. 320M): the guest grows or
+        /// shrinks by the difference, up to the memory it booted with.
+        #[arg(long, value_parser = parse_bytes)]
+        size: Option<u64>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -815,6 +825,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(c) => bench::run(&paths, c).await,
         Cmd::Snapshot(c) => snapshot::run_offline(c),
         Cmd::Cluster(c) => cluster::run(&paths, c).await,
+        Cmd::Memory(c) => memory::run(&paths, c).await,
         Cmd::Blk(c) => blk(c),
     }
 }

@@ -146,6 +146,7 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
         VmCmd::Memory {
             name,
             host_cache,
+            size,
             json: as_json,
         } => {
             let c = connect(paths).await?;
@@ -153,14 +154,15 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
                 .call(
                     Method::POST,
                     &format!("/v1/vms/{}/memory", enc(&name)),
-                    Some(&json!({"host_cache_bytes": host_cache})),
+                    Some(&json!({"host_cache_bytes": host_cache, "allocation_bytes": size})),
                 )
                 .await?;
             if as_json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "{name}: guest {} -> {} MiB in {:.2} s; host cache {} MiB over {} disk(s){}",
+                    "{name}: allocation {} MiB; guest {} -> {} MiB in {:.2} s; host cache {} MiB over {} disk(s){}",
+                    v.allocation_mib,
                     v.guest_mib_before,
                     v.guest_mib,
                     v.balloon_s,

@@ -65,6 +65,7 @@ pub fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/vms/{name}/memory", post(memory))
         .route("/v1/vms/{name}/evict", get(evict))
         .route("/v1/vms/{name}/mrc", get(mrc).post(mrc_restart))
+        .route("/v1/memory/plan", post(memory_plan))
         .route("/v1/restore", post(restore))
         .route("/v1/cluster/restore", post(cluster_restore))
         .route("/v1/cluster/restores/{id}", get(cluster_restore_status))
@@ -205,10 +206,25 @@ async fn memory(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let vm = vm_or_404(&d, &name)?;
-    let bytes = body_field(&body, "host_cache_bytes", "a non-negative integer", |v| {
-        v.as_u64()
-    })?;
-    match vm.run(Job::HostCache(bytes)).await? {
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid JSON: {e}")))?;
+    let field = |key: &str| match v.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(x) => x.as_u64().map(Some).ok_or_else(|| {
+            OpError::BadRequest(format!("{key} must be a non-negative integer, not {x}"))
+        }),
+    };
+    let req = super::vm::MemoryRequest {
+        host_cache_bytes: field("host_cache_bytes")?,
+        allocation_bytes: field("allocation_bytes")?,
+    };
+    if req.host_cache_bytes.is_none() && req.allocation_bytes.is_none() {
+        return Err(OpError::BadRequest(
+            "host_cache_bytes or allocation_bytes (a non-negative integer) is required".into(),
+        )
+        .into());
+    }
+    match vm.run(Job::Memory(req)).await? {
         Done::HostCache(r) => Ok(Json(*r)),
         _ => Err(OpError::Internal("memory job answered something else".into()).into()),
     }
@@ -402,6 +418,13 @@ async fn disks(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResp
 /// the guest has none) and what was read, lost, forwarded and answered.
 async fn evict(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
     Ok(Json(vm_or_404(&d, &name)?.evict_stats()))
+}
+
+/// Divides the VMs' memory by their curves; with `apply`, moves it.
+async fn memory_plan(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
+    let req: rebound_api::PlanRequest = serde_json::from_slice(&body)
+        .map_err(|e| OpError::BadRequest(format!("invalid plan request: {e}")))?;
+    Ok(Json(super::plan::plan(&d, req).await?))
 }
 
 /// The guest's miss-ratio curve, from its disks' exclusive host caches.

@@ -21,6 +21,7 @@ pub mod error;
 pub mod guest;
 pub mod metrics;
 pub mod mrc;
+pub mod plan;
 pub mod server;
 pub mod state;
 pub mod vm;

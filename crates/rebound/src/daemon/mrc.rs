@@ -18,9 +18,10 @@ const PAGE: u64 = 4096;
 /// Default reach of a curve: this many times the VM's allocation.
 const DEFAULT_REACH: u64 = 4;
 
-/// The guest's memory and its allocation (guest plus exclusive host caches), bytes.
-fn sizes(rec: &VmRecord) -> (u64, u64) {
-    let total = rec.spec.memory_mib * MIB;
+/// The guest's memory X and its allocation X + Y (guest plus exclusive host caches),
+/// bytes.
+pub fn sizes(rec: &VmRecord) -> (u64, u64) {
+    let total = rec.allocation_mib.unwrap_or(rec.spec.memory_mib) * MIB;
     let cache: u64 = rec
         .blk
         .iter()
@@ -152,4 +153,35 @@ pub fn restart(name: &str, rec: &VmRecord, config: TraceConfig) -> Result<u64, O
         return Err(no_exclusive_cache(name));
     }
     Ok(n)
+}
+
+/// The guest's curve (shifted: sizes are the guest's memory, in pages) and its
+/// allocation in bytes, for the allocator: exactly one disk must have traced one.
+pub fn guest_curve(name: &str, rec: &VmRecord) -> Result<(MissRatioCurve, u64), OpError> {
+    let (guest, allocation) = sizes(rec);
+    let mut curves = Vec::new();
+    for p in rec.blk.iter().filter(|p| p.serve.exclusive) {
+        let t: TraceReport = ask(&p.serve.control, &json!({"op": "curve"}))
+            .and_then(|v| serde_json::from_value(v).map_err(|e| format!("bad answer: {e}")))
+            .map_err(|e| OpError::BadRequest(format!("VM {name:?}: its disk's backend: {e}")))?;
+        if let Some(c) = t.curve {
+            curves.push(c);
+        }
+    }
+    match curves.len() {
+        0 if rec.blk.iter().any(|p| p.serve.exclusive) => Err(OpError::BadRequest(format!(
+            "VM {name:?} has no curve yet: no read has missed its memory since its host cache became exclusive"
+        ))),
+        0 => Err(no_exclusive_cache(name)),
+        1 => {
+            let c = curves.remove(0);
+            let shifted = c
+                .shifted(guest / PAGE, None)
+                .map_err(|e| OpError::Internal(e.to_string()))?;
+            Ok((shifted, allocation))
+        }
+        n => Err(OpError::BadRequest(format!(
+            "VM {name:?} has curves on {n} disks: one guest curve from several is not computed"
+        ))),
+    }
 }

@@ -1,9 +1,12 @@
-//! `vm memory --host-cache SIZE` (Hcache): memory moves from the guest to an exclusive
-//! host cache of its disks, X + Y constant. The balloon takes Y from the guest (only
-//! if the guest can give it: what it cannot reclaim, MemTotal − MemAvailable as its
-//! balloon driver reports, plus a margin, stays), then each disk served by Rebound's
-//! backend gets its share of Y as a cache that holds only what the guest evicts.
-//! `--host-cache 0` gives it all back. The setting lasts until the VM stops.
+//! `vm memory` (Hcache): the VM's allocation is X + Y, the guest's memory X plus an
+//! exclusive host cache Y of its disks. `--host-cache SIZE` moves Y from the guest to
+//! the host caches, keeping the sum; `--size SIZE` changes the allocation (the guest
+//! grows or shrinks by the balloon, up to the memory it booted with). The balloon
+//! takes memory from the guest only if it can give it: what it cannot reclaim,
+//! MemTotal − MemAvailable as its balloon driver reports, plus a margin, stays. Each
+//! disk served by Rebound's backend then gets its share of Y as a cache that holds
+//! only what the guest evicts; `--host-cache 0` gives it all back. The setting lasts
+//! until the VM stops.
 
 use std::time::{Duration, Instant};
 
@@ -22,24 +25,49 @@ const NEED_MARGIN: u64 = 32 * MIB;
 const BALLOON_WAIT: Duration = Duration::from_secs(20);
 const BALLOON_PATH: &str = "/machine/peripheral/balloon0";
 
+/// What `vm memory` asks for; what is not given stays as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryRequest {
+    pub host_cache_bytes: Option<u64>,
+    pub allocation_bytes: Option<u64>,
+}
+
 impl Owner {
-    pub(super) async fn host_cache(&mut self, bytes: u64) -> Result<HostCacheReport, OpError> {
+    pub(super) async fn memory(&mut self, req: MemoryRequest) -> Result<HostCacheReport, OpError> {
         self.require_running("memory moves only while the guest runs")?;
         let rec = self.vm.record();
-        let total = rec.spec.memory_mib * MIB;
-        let y = bytes / MIB * MIB;
-        if rec.blk.is_empty() {
+        let booted = rec.spec.memory_mib * MIB;
+        let allocation = req
+            .allocation_bytes
+            .map(|b| b / MIB * MIB)
+            .unwrap_or(rec.allocation_mib.map_or(booted, |m| m * MIB));
+        let held: u64 = rec
+            .blk
+            .iter()
+            .filter(|p| p.serve.exclusive)
+            .map(|p| p.serve.cache_bytes)
+            .sum();
+        let y = req.host_cache_bytes.map_or(held, |b| b / MIB * MIB);
+        if y > 0 && rec.blk.is_empty() {
             return Err(OpError::BadRequest(format!(
                 "VM {} has no disk served by Rebound's backend (disk_backend = \"rebound\"): there is no host cache to move memory to",
                 self.vm.name
             )));
         }
-        if y > total.saturating_sub(GUEST_MIN) {
+        if allocation > booted {
             return Err(OpError::BadRequest(format!(
-                "--host-cache {} MiB would leave the guest {} MiB of its {} MiB; it keeps at least {} MiB",
+                "--size {} MiB is more than the {} MiB VM {} booted with: its balloon can give back only what it took",
+                allocation / MIB,
+                booted / MIB,
+                self.vm.name
+            )));
+        }
+        if y > allocation.saturating_sub(GUEST_MIN) {
+            return Err(OpError::BadRequest(format!(
+                "a {} MiB host cache would leave the guest {} MiB of its {} MiB allocation; it keeps at least {} MiB",
                 y / MIB,
-                total.saturating_sub(y) / MIB,
-                total / MIB,
+                allocation.saturating_sub(y) / MIB,
+                allocation / MIB,
                 GUEST_MIN / MIB
             )));
         }
@@ -48,7 +76,7 @@ impl Owner {
         let before = balloon_actual(&q).await?;
         let mut notes = Vec::new();
         let mut guarded = "";
-        let target = total - y;
+        let target = allocation - y;
         if target < before {
             match guest_need(&q).await {
                 Some(need) if target < need + NEED_MARGIN => {
@@ -88,8 +116,28 @@ impl Owner {
             )));
         }
         let balloon_s = t.elapsed().as_secs_f64();
-        // Each disk's share; with none moved, the caches go back to what the spec says.
         let n = rec.blk.len() as u64;
+        if n == 0 {
+            self.vm
+                .update(|r| r.allocation_mib = Some(allocation / MIB));
+            self.event(rebound_api::EventData::HostCache {
+                guest_mib: actual / MIB,
+                host_cache_bytes: 0,
+                exclusive: false,
+            });
+            return Ok(HostCacheReport {
+                guest_mib_before: before / MIB,
+                guest_mib: actual / MIB,
+                allocation_mib: allocation / MIB,
+                host_cache_bytes: 0,
+                per_disk_bytes: 0,
+                disks: 0,
+                exclusive: false,
+                balloon_s,
+                notes,
+            });
+        }
+        // Each disk's share; with none moved, the caches go back to what the spec says.
         let spec_cache = rec.spec.disk_cache_mib * MIB;
         let (per_disk, exclusive) = match y {
             0 => (spec_cache, false),
@@ -121,6 +169,7 @@ impl Owner {
             )));
         }
         self.vm.update(|r| {
+            r.allocation_mib = Some(allocation / MIB);
             for p in &mut r.blk {
                 p.serve.cache_bytes = per_disk;
                 p.serve.exclusive = exclusive;
@@ -134,6 +183,7 @@ impl Owner {
         Ok(HostCacheReport {
             guest_mib_before: before / MIB,
             guest_mib: actual / MIB,
+            allocation_mib: allocation / MIB,
             host_cache_bytes: per_disk * n,
             per_disk_bytes: per_disk,
             disks: n,

@@ -12,6 +12,7 @@ mod dump_now;
 pub mod evict;
 pub mod machine;
 mod memory;
+pub use memory::MemoryRequest;
 mod owner;
 mod reboot;
 mod recover_restore;
@@ -57,8 +58,8 @@ pub enum Job {
     Settle,
     /// Reboot the guest, cold or warm.
     Reboot(rebound_api::RebootRequest),
-    /// Move this many bytes of the guest's memory to its disks' exclusive host caches.
-    HostCache(u64),
+    /// Set the VM's allocation and how much of it is its disks' exclusive host caches.
+    Memory(memory::MemoryRequest),
 }
 
 impl Job {
@@ -74,7 +75,7 @@ impl Job {
             Job::Pause => "pause",
             Job::Settle => "settle",
             Job::Reboot(_) => "reboot",
-            Job::HostCache(_) => "memory",
+            Job::Memory(_) => "memory",
         }
     }
 }

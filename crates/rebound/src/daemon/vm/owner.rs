@@ -393,6 +393,8 @@ impl Owner {
                 })
                 .collect();
             r.blk = blk.clone();
+            // A new QEMU has all the memory it boots with.
+            r.allocation_mib = None;
         });
         if recovering {
             self.apply(Trigger::RecoveryBegins);
@@ -702,10 +704,7 @@ impl Owner {
             Job::Pause => self.pause().await.map(|s| Done::Status(Box::new(s))),
             Job::Settle => self.settle().await.map(|s| Done::Status(Box::new(s))),
             Job::Reboot(req) => self.reboot(req).await.map(|r| Done::Reboot(Box::new(r))),
-            Job::HostCache(bytes) => self
-                .host_cache(bytes)
-                .await
-                .map(|r| Done::HostCache(Box::new(r))),
+            Job::Memory(req) => self.memory(req).await.map(|r| Done::HostCache(Box::new(r))),
         }
     }
 

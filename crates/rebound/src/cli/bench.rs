@@ -77,6 +77,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Crash(args) => super::bench_crash::run(paths, args).await,
         BenchCmd::Restore(args) => super::bench_restore::run(paths, args).await,
         BenchCmd::Disk(args) => super::bench_disk::run(paths, args).await,
+        BenchCmd::Hcache(args) => super::bench_hcache::run(paths, args).await,
         BenchCmd::Reboot(args) => super::bench_reboot::run(paths, args).await,
         BenchCmd::Cluster(args) => super::bench_cluster::run(paths, args).await,
         BenchCmd::Boot {

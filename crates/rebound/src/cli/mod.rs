@@ -13,6 +13,7 @@ mod bench;
 mod bench_cluster;
 mod bench_crash;
 mod bench_disk;
+mod bench_hcache;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;
@@ -796,6 +797,10 @@ pub enum BenchCmd {
     /// Guest disk I/O through Rebound's block backend against QEMU's virtio-blk on
     /// the same file (cache=none and writeback), and host-cache hits against misses.
     Disk(bench_disk::DiskArgs),
+    /// The exclusive host cache against all memory in the guest for each access
+    /// pattern (disk reads per request, throughput, CPU, refused notices), and the
+    /// miss-ratio curve against guests of other sizes (Hcache 6.3, 6.4).
+    Hcache(bench_hcache::HcacheArgs),
     /// A web service across a reboot: normal, normal with the host page cache warm,
     /// and warm (`vm reboot --warm`): reads of the file set before and after, and
     /// throughput per second across a reboot under load (CacheMind figures 3-5).

@@ -1,0 +1,536 @@
+//! `rebound bench hcache` (Hcache sections 6.3 and 6.4): the exclusive host cache
+//! against all memory in the guest, side by side in one run, and the miss-ratio curve
+//! against guests of other sizes.
+//!
+//! Every run boots a fresh VM with the allocation X+Y on its own copy of one data disk
+//! holding a set of 1 MiB files larger than the allocation (made on the host,
+//! `rebound_image::write_fileset`), served by Rebound's backend with no cache of its
+//! own. The `io` workload's file-set mode runs the same request sequence (its seed is
+//! fixed) in every run.
+//!
+//! 1. **Settings**: for each access pattern, all memory in the guest, then 12.5%, 25%,
+//!    50% and 75% of it moved to the exclusive host cache (`vm memory --host-cache`)
+//!    before the first request: disk reads per request (4 KiB blocks the backend read
+//!    from the file, cold start included), throughput, the backend's CPU per request,
+//!    and the eviction notices admitted and refused by reason. `io_ratio` is the
+//!    worst ratio of disk reads per request against all-in-guest.
+//! 2. **Curve**: the curve traced in the run with the largest host cache (`vm mrc`)
+//!    predicts the disk reads of a guest of each validation size; a run with that much
+//!    memory, all in the guest, counts them. `prediction_error_max` is the worst
+//!    relative difference.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hyper::Method;
+use rebound_api::{FilesReport, MrcReport, VmSpec, VmStatus, Workload};
+use rebound_vmm::paths::Paths;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
+use crate::cli::connect;
+use crate::client::Client;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Args, Debug)]
+pub struct HcacheArgs {
+    /// The VM's allocation X+Y, the same in every setting.
+    #[arg(long, default_value = "384M", value_parser = crate::cli::parse_memory)]
+    allocation: u64,
+    /// Files of 1 MiB in the set (more than the allocation, so some must miss).
+    #[arg(long, default_value_t = 512)]
+    files: u64,
+    /// Requests per run (each reads, or with --write-ratio writes, one whole file).
+    #[arg(long, default_value_t = 1500)]
+    requests: u64,
+    /// Access patterns: seq, random, zipf, class.
+    #[arg(long, default_value = "seq,random,zipf,class")]
+    patterns: String,
+    /// Shares of the allocation moved to the host cache, in percent (all in the guest
+    /// is always run first).
+    #[arg(long, default_value = "12.5,25,50,75")]
+    settings: String,
+    /// Probability that a request overwrites its file.
+    #[arg(long, default_value_t = 0.0)]
+    write_ratio: f64,
+    /// The pattern whose curve is validated.
+    #[arg(long, default_value = "zipf")]
+    validate_pattern: String,
+    /// Guest sizes the curve is checked at (MiB, comma-separated; default: five below
+    /// the allocation, down to the curve's start, and five above).
+    #[arg(long)]
+    validate_sizes: Option<String>,
+    /// Skip the curve validation.
+    #[arg(long)]
+    no_validate: bool,
+    #[command(flatten)]
+    out: crate::cli::bench::BenchOut,
+}
+
+/// One run: one pattern, one setting.
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    pattern: String,
+    /// Percent of the allocation in the host cache.
+    setting: f64,
+    guest_mib: u64,
+    host_cache_mib: u64,
+    requests: u64,
+    seconds: f64,
+    requests_per_s: f64,
+    /// 4 KiB blocks read from the disk file, per request.
+    disk_reads_per_request: f64,
+    disk_reads: u64,
+    host_cache_hits: u64,
+    /// The backend's CPU time (user + system) per request, ms.
+    backend_cpu_ms_per_request: f64,
+    notices_admitted: u64,
+    notices_refused: BTreeMap<String, u64>,
+    /// Blocks whose signature did not check in the guest (must be 0).
+    errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Validation {
+    guest_mib: u64,
+    predicted_disk_reads: f64,
+    measured_disk_reads: u64,
+    relative_error: f64,
+    below_allocation: bool,
+}
+
+fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| anyhow::anyhow!("{what}: {x:?} is not a non-negative number"))
+        })
+        .collect()
+}
+
+/// The file set on an ext4 image, made once per benchmark.
+fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
+    let src = dir.join("set");
+    rebound_image::write_fileset(&src.join("files"), files, MIB, 1)?;
+    let img = dir.join("set.ext4");
+    let tools = rebound_image::Tools::check()?;
+    // Room for the set, ext4's metadata and a little slack.
+    let size = format!("{}M", files + files / 8 + 64);
+    rebound_image::mkfs_from_dir(&tools, "hcache-set", &src, &img, &size)?;
+    std::fs::remove_dir_all(&src)?;
+    Ok(img)
+}
+
+fn spec(args: &HcacheArgs, name: &str, disk: &Path, memory_mib: u64, pattern: &str) -> VmSpec {
+    let mut s = VmSpec::new(name);
+    s.memory_mib = memory_mib;
+    s.workload = Some(Workload::Io);
+    for (k, v) in [
+        ("data_disk", "vdb".to_string()),
+        ("io_files", args.files.to_string()),
+        ("io_file_size", "1M".into()),
+        ("io_pattern", pattern.into()),
+        ("io_requests", args.requests.to_string()),
+        ("io_rounds", "1".into()),
+        ("io_write_ratio", args.write_ratio.to_string()),
+        // Time to move memory to the host cache before the first request.
+        ("io_delay_s", "8".into()),
+    ] {
+        s.workload_args.insert(k.into(), v);
+    }
+    // Only the set's disk on Rebound's backend, with no cache of its own: every read
+    // that misses the guest (and its host cache) is counted there.
+    s.disks = vec![format!(
+        "{},backend=rebound,cache=none",
+        rebound_api::disk::entry(&disk.display().to_string())
+    )];
+    s
+}
+
+/// The backend's answer to `stats` and its pid, from the VM's disks.
+async fn backend(c: &Client, name: &str) -> anyhow::Result<(Value, Option<u32>)> {
+    let disks: Value = c
+        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
+        .await?;
+    let d = disks
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
+        .ok_or_else(|| anyhow::anyhow!("{name}: no disk on Rebound's backend: {disks}"))?;
+    Ok((d["stats"].clone(), d["pid"].as_u64().map(|p| p as u32)))
+}
+
+/// User + system CPU seconds of a process.
+fn cpu_s(pid: Option<u32>) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command's closing parenthesis: utime and stime are 12 and 13.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<FilesReport>> {
+    let ev: Vec<Value> = c
+        .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
+        .await?;
+    if let Some(e) = ev.iter().find(|e| e["kind"] == "agent_error") {
+        anyhow::bail!("{name}: the io workload failed: {}", e["detail"]);
+    }
+    Ok(ev
+        .iter()
+        .filter(|e| e["kind"] == "files")
+        .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
+        .collect())
+}
+
+struct Setup<'a> {
+    c: &'a Client,
+    args: &'a HcacheArgs,
+    base: PathBuf,
+    dir: PathBuf,
+    tag: String,
+    progress: bool,
+    accel: String,
+}
+
+impl Setup<'_> {
+    /// One run: boots `memory_mib`, moves `host_cache_mib` of it to the host cache,
+    /// runs the requests; with a host cache, the curve it traced comes back too.
+    async fn run(
+        &mut self,
+        pattern: &str,
+        setting: f64,
+        memory_mib: u64,
+        host_cache_mib: u64,
+    ) -> anyhow::Result<(Run, Option<MrcReport>)> {
+        let name = format!(
+            "{}-{pattern}-{}-{memory_mib}",
+            self.tag,
+            (setting * 10.0) as u64
+        );
+        if self.progress {
+            eprintln!(
+                "bench hcache: {pattern}, {memory_mib} MiB, {host_cache_mib} MiB of it host cache"
+            );
+        }
+        let disk = self.dir.join(format!("{name}.ext4"));
+        std::fs::copy(&self.base, &disk)?;
+        let r = self
+            .run_vm(&name, &disk, pattern, setting, memory_mib, host_cache_mib)
+            .await;
+        remove(self.c, &name).await;
+        let _ = std::fs::remove_file(&disk);
+        r
+    }
+
+    async fn run_vm(
+        &mut self,
+        name: &str,
+        disk: &Path,
+        pattern: &str,
+        setting: f64,
+        memory_mib: u64,
+        host_cache_mib: u64,
+    ) -> anyhow::Result<(Run, Option<MrcReport>)> {
+        let c = self.c;
+        let s = spec(self.args, name, disk, memory_mib, pattern);
+        let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+        let st: VmStatus = post(
+            c,
+            &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
+            None,
+        )
+        .await?;
+        self.accel = st.accel.as_str().to_string();
+        if host_cache_mib > 0 {
+            let _: Value = post(
+                c,
+                &format!("/v1/vms/{name}/memory"),
+                Some(&json!({"host_cache_bytes": host_cache_mib * MIB})),
+            )
+            .await?;
+        }
+        let (s0, pid) = backend(c, name).await?;
+        let cpu0 = cpu_s(pid);
+        if !files_reports(c, name).await?.is_empty() {
+            anyhow::bail!("{name}: the workload began before the host cache was in place");
+        }
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        let last = loop {
+            let r = files_reports(c, name).await?;
+            if let Some(l) = r.into_iter().find(|r| r.requests >= self.args.requests) {
+                break l;
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{name}: {} requests not done after an hour",
+                    self.args.requests
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let (s1, _) = backend(c, name).await?;
+        let cpu = cpu_s(pid) - cpu0;
+        let curve = match host_cache_mib {
+            0 => None,
+            _ => Some(
+                c.call(Method::GET, &format!("/v1/vms/{name}/mrc"), None)
+                    .await?,
+            ),
+        };
+        let n = |s: &Value, k: &str| s["cache"][k].as_u64().unwrap_or(0);
+        let disk_reads = n(&s1, "misses") - n(&s0, "misses");
+        let requests = last.requests.max(1);
+        let refused = s1["notices_refused"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.as_u64() != Some(0))
+                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let run = Run {
+            pattern: pattern.into(),
+            setting,
+            guest_mib: memory_mib - host_cache_mib,
+            host_cache_mib,
+            requests: last.requests,
+            seconds: last.seconds,
+            requests_per_s: last.requests as f64 / last.seconds.max(1e-9),
+            disk_reads_per_request: disk_reads as f64 / requests as f64,
+            disk_reads,
+            host_cache_hits: n(&s1, "hits") - n(&s0, "hits"),
+            backend_cpu_ms_per_request: cpu * 1000.0 / requests as f64,
+            notices_admitted: s1["notices_admitted"].as_u64().unwrap_or(0),
+            notices_refused: refused,
+            errors: last.errors,
+        };
+        if last.errors > 0 {
+            anyhow::bail!(
+                "{name}: the guest read wrong data: {}",
+                last.first_error.unwrap_or_default()
+            );
+        }
+        Ok((run, curve))
+    }
+}
+
+/// Misses a curve predicts for a guest of `bytes` (the last point at or below it).
+fn predicted(curve: &MrcReport, bytes: u64) -> Option<f64> {
+    let d = curve.disks.first()?;
+    d.points
+        .iter()
+        .rfind(|p| p.bytes <= bytes)
+        .map(|p| p.misses)
+}
+
+pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
+    let patterns: Vec<String> = args
+        .patterns
+        .split(',')
+        .map(|p| p.trim().to_string())
+        .collect();
+    if let Some(p) = patterns
+        .iter()
+        .find(|p| !["seq", "random", "zipf", "class"].contains(&p.as_str()))
+    {
+        anyhow::bail!("unknown pattern {p:?}: seq, random, zipf or class");
+    }
+    let settings = parse_list(&args.settings, "--settings")?;
+    if settings.iter().any(|s| *s >= 100.0) {
+        anyhow::bail!("--settings are percentages below 100");
+    }
+    if args.files * MIB <= args.allocation * MIB {
+        anyhow::bail!(
+            "--files {} MiB is not more than the {} MiB allocation: nothing would ever miss",
+            args.files,
+            args.allocation
+        );
+    }
+    let dir = args.out.scratch("hcache")?;
+    let c = connect(paths).await?;
+    let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
+    let mut setup = Setup {
+        c: &c,
+        args: &args,
+        base: make_disk(&dir, args.files)?,
+        dir: dir.clone(),
+        tag: format!("bh{}", std::process::id()),
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        accel: String::new(),
+    };
+    let mut runs: Vec<Run> = Vec::new();
+    let mut curve: Option<(f64, MrcReport)> = None;
+    let mut validation: Vec<Validation> = Vec::new();
+    let r: anyhow::Result<()> = async {
+        for p in &patterns {
+            for &s in std::iter::once(&0.0).chain(&settings) {
+                let y = (args.allocation as f64 * s / 100.0).round() as u64;
+                let (run, c) = setup.run(p, s, args.allocation, y).await?;
+                runs.push(run);
+                if *p == args.validate_pattern && curve.as_ref().is_none_or(|(b, _)| s > *b) {
+                    curve = c.map(|c| (s, c));
+                }
+            }
+        }
+        if args.no_validate {
+            return Ok(());
+        }
+        let Some((_, mrc)) = &curve else {
+            anyhow::bail!(
+                "no curve of the {} pattern to validate",
+                args.validate_pattern
+            );
+        };
+        let from = mrc.guest_bytes / MIB;
+        let sizes = match &args.validate_sizes {
+            Some(s) => parse_list(s, "--validate-sizes")?
+                .iter()
+                .map(|v| *v as u64)
+                .collect(),
+            None => {
+                let a = args.allocation;
+                let step = (a - from) / 5;
+                let below = (0..5).map(|i| from + step / 2 + i * step);
+                let above = (1..=5).map(|i| a + i * a / 5);
+                below.chain(above).map(|m| m / 4 * 4).collect::<Vec<u64>>()
+            }
+        };
+        for m in sizes {
+            let (run, _) = setup.run(&args.validate_pattern, 0.0, m, 0).await?;
+            let pred = predicted(mrc, m * MIB).ok_or_else(|| {
+                anyhow::anyhow!("{m} MiB is below where the curve starts ({from} MiB)")
+            })?;
+            let meas = run.disk_reads;
+            validation.push(Validation {
+                guest_mib: m,
+                predicted_disk_reads: pred,
+                measured_disk_reads: meas,
+                relative_error: (pred - meas as f64).abs() / (meas.max(1) as f64),
+                below_allocation: m < args.allocation,
+            });
+            runs.push(run);
+        }
+        Ok(())
+    }
+    .await;
+    if args.out.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r?;
+    let base = |p: &str| {
+        runs.iter()
+            .find(|r| r.pattern == p && r.setting == 0.0 && r.guest_mib == args.allocation)
+            .map(|r| r.disk_reads_per_request)
+    };
+    let io_ratio = runs
+        .iter()
+        .filter(|r| r.setting > 0.0)
+        .filter_map(|r| Some(r.disk_reads_per_request / base(&r.pattern)?.max(1e-9)))
+        .fold(0.0, f64::max);
+    let prediction_error_max = validation
+        .iter()
+        .map(|v| v.relative_error)
+        .fold(0.0, f64::max);
+    let meta = json!({
+        "date": date, "accel": setup.accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
+        "allocation_mib": args.allocation, "files": args.files, "file_mib": 1,
+        "requests": args.requests, "write_ratio": args.write_ratio,
+        "load_before": load_before, "load_after": load_average(),
+    });
+    if args.out.json {
+        let v = json!({"meta": meta, "io_ratio": io_ratio,
+            "prediction_error_max": if validation.is_empty() { Value::Null } else { json!(prediction_error_max) },
+            "runs": runs, "validation": validation,
+            "curve": curve.map(|(_, c)| c)});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "rebound bench hcache: allocation {} MiB, {} files of 1 MiB, {} requests per run, write ratio {}; accel {}; {}",
+        args.allocation, args.files, args.requests, args.write_ratio, setup.accel, date
+    );
+    println!(
+        "{:<7} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>8}  refused",
+        "pattern", "cache%", "guest", "cache", "reads/req", "vs 0%", "req/s", "cpu ms"
+    );
+    for r in &runs {
+        println!(
+            "{:<7} {:>6} {:>6} {:>6} {:>10.1} {:>8} {:>9.2} {:>8.2}  {:?}",
+            r.pattern,
+            r.setting,
+            r.guest_mib,
+            r.host_cache_mib,
+            r.disk_reads_per_request,
+            base(&r.pattern)
+                .filter(|_| r.guest_mib + r.host_cache_mib == args.allocation)
+                .map(|b| format!("{:.3}", r.disk_reads_per_request / b.max(1e-9)))
+                .unwrap_or_else(|| "-".into()),
+            r.requests_per_s,
+            r.backend_cpu_ms_per_request,
+            r.notices_refused
+        );
+    }
+    println!("io_ratio (worst, host cache against all in the guest): {io_ratio:.3}");
+    for v in &validation {
+        println!(
+            "guest {:>5} MiB: predicted {:>9.0} disk reads, measured {:>9}, error {:.1}%",
+            v.guest_mib,
+            v.predicted_disk_reads,
+            v.measured_disk_reads,
+            v.relative_error * 100.0
+        );
+    }
+    if !validation.is_empty() {
+        println!("prediction_error_max: {:.1}%", prediction_error_max * 100.0);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rebound_api::{DiskMrc, MrcPoint};
+
+    #[test]
+    fn a_size_takes_the_last_point_at_or_below_it() {
+        let point = |mib: u64, misses: f64| MrcPoint {
+            bytes: mib * MIB,
+            misses,
+            vs_allocation: None,
+        };
+        let curve = MrcReport {
+            guest_bytes: 96 * MIB,
+            allocation_bytes: 192 * MIB,
+            disks: vec![DiskMrc {
+                id: "disk1".into(),
+                host_cache_bytes: 96 * MIB,
+                rate: 1.0,
+                misses: 10,
+                evicted_blocks: 0,
+                inconsistent_blocks: 0,
+                points: vec![point(96, 10.0), point(100, 7.0), point(768, 7.0)],
+                detail: None,
+            }],
+        };
+        assert_eq!(predicted(&curve, 96 * MIB), Some(10.0));
+        assert_eq!(predicted(&curve, 99 * MIB), Some(10.0));
+        assert_eq!(predicted(&curve, 300 * MIB), Some(7.0));
+        assert_eq!(predicted(&curve, 64 * MIB), None);
+        assert!(parse_list("12.5, 25", "x").is_ok());
+        assert!(parse_list("12.5,-1", "x").is_err());
+    }
+}

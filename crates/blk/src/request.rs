@@ -51,7 +51,7 @@ pub struct Device {
     pub cache: Cache,
     /// Answer to `GET_ID` (up to 20 bytes; the guest's `serial`).
     pub serial: Vec<u8>,
-    /// Which guest page holds which block: kept while the cache is exclusive.
+    /// Which guest page holds which block, from every request served.
     pub pages: std::sync::Mutex<PageMap>,
     /// The guest's memory as the current vhost-user connection mapped it (notices are
     /// checked against it).
@@ -136,7 +136,7 @@ impl Device {
         let Ok(mut status) = data.split_at(total - 1) else {
             return 0;
         };
-        let bufs = self.cache.is_exclusive().then(|| Buffers::of(&chain));
+        let bufs = Some(Buffers::of(&chain));
         let r = match reader.read_obj::<Header>() {
             Ok(h) => self.run(h, &mut reader, &mut data, bufs.as_ref()),
             Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
@@ -235,22 +235,21 @@ impl Device {
         }
     }
 
-    /// The page map, while the cache is exclusive.
+    /// The page map, kept in either mode: when the cache becomes exclusive, what the
+    /// guest holds already is mapped, so its evictions can be admitted (and traced)
+    /// from the first one. Without it, every page the guest read before the switch was
+    /// refused on eviction as unmapped, and read again from the disk.
     fn tracking(&self) -> Option<&std::sync::Mutex<PageMap>> {
-        self.cache.is_exclusive().then_some(&self.pages)
+        Some(&self.pages)
     }
 
-    /// Changes the host cache's size and mode (a mode change forgets every mapping:
-    /// they were not kept, or will not be used).
+    /// Changes the host cache's size and mode. Mappings stay: each was made by the
+    /// same checks in either mode.
     pub fn reconfigure(&self, bytes: u64, exclusive: bool) {
-        if exclusive != self.cache.is_exclusive() {
-            self.pages.lock().expect("page map lock").clear();
-        }
         self.cache.reconfigure(bytes, exclusive);
     }
 
-    /// With an exclusive cache, the generations of the blocks under `off..off + len`
-    /// before an I/O moves them.
+    /// The generations of the blocks under `off..off + len` before an I/O moves them.
     fn gens(&self, off: u64, len: u64) -> Vec<u64> {
         match self.tracking() {
             Some(_) if len > 0 => {

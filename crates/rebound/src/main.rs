@@ -31,12 +31,7 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            // One line: clap's first line already starts with "error: ".
-            let text = e.render().to_string();
-            eprintln!(
-                "{}",
-                text.lines().next().unwrap_or("error: invalid arguments")
-            );
+            eprintln!("{}", one_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
@@ -68,5 +63,40 @@ fn main() -> ExitCode {
             eprintln!("error: {}", line.replace('\n', " "));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Clap's error as one line: its first line already starts with "error: "; one that
+/// ends in a colon lists what it means on the indented lines after it (the missing
+/// arguments), which are joined on.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines();
+    let first = lines
+        .next()
+        .unwrap_or("error: invalid arguments")
+        .trim_end();
+    if !first.ends_with(':') {
+        return first.to_string();
+    }
+    let listed: Vec<&str> = lines
+        .take_while(|l| l.starts_with(char::is_whitespace) && !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    format!("{first} {}", listed.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clap_errors_become_one_line_naming_what_is_missing() {
+        let text = "error: the following required arguments were not provided:\n  <--host-cache <HOST_CACHE>|--size <SIZE>>\n\nUsage: rebound vm memory <NAME>\n";
+        assert_eq!(
+            super::one_line(text),
+            "error: the following required arguments were not provided: <--host-cache <HOST_CACHE>|--size <SIZE>>"
+        );
+        assert_eq!(
+            super::one_line("error: unexpected argument '--x' found\n\n  tip: ...\n"),
+            "error: unexpected argument '--x' found"
+        );
     }
 }

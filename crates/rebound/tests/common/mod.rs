@@ -251,8 +251,11 @@ pub fn counter_ticks(env: &Env, name: &str) -> Vec<(u64, u64)> {
     let Ok((_, logs)) = env.call("GET", &format!("/v1/vms/{name}/logs"), None) else {
         return Vec::new();
     };
-    logs.as_str()
-        .unwrap_or_default()
+    let text = logs.as_str().unwrap_or_default();
+    // Only whole lines: the log can be read while the guest is still writing its last
+    // one, and a checksum cut short reads as damaged memory.
+    let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+    whole
         .lines()
         .filter_map(|l| l.split("counter seq=").nth(1))
         .filter_map(|r| {

@@ -110,20 +110,12 @@ fn every_operation_and_every_metric() {
         "{disks}"
     );
     // So there is no host cache to move its memory to (tests/host_cache.rs moves some).
-    let (code, e) = env
-        .call(
-            "POST",
-            "/v1/vms/t1/memory",
-            Some(&json!({"host_cache_bytes": 16 << 20})),
-        )
-        .unwrap();
-    assert_eq!(code, 400, "{e}");
-    assert!(
-        e["error"]
-            .as_str()
-            .unwrap()
-            .contains("no disk served by Rebound"),
-        "{e}"
+    let cache = json!({"host_cache_bytes": 16 << 20});
+    env.refused(
+        "POST",
+        "/v1/vms/t1/memory",
+        Some(&cache),
+        "no disk served by Rebound",
     );
     // Our image's guest has the eviction-notice module: the daemon reads its ring, with
     // no exclusive cache to give the notices to (tests/evict.rs gives them one).
@@ -131,29 +123,22 @@ fn every_operation_and_every_metric() {
     assert_eq!(ev["state"], "forwarding", "{ev}");
     assert_eq!(ev["forwarded"], 0, "{ev}");
     // Nor a plan, which needs curves (tests/memory_plan.rs makes and applies one).
-    let (code, e) = env
-        .call("POST", "/v1/memory/plan", Some(&json!({"bound": 0.05})))
-        .unwrap();
-    assert_eq!(code, 400, "{e}");
-    assert!(
-        e["error"]
-            .as_str()
-            .unwrap()
-            .contains("no VM has a miss-ratio curve"),
-        "{e}"
+    let plan = json!({"bound": 0.05});
+    env.refused(
+        "POST",
+        "/v1/memory/plan",
+        Some(&plan),
+        "no VM has a miss-ratio curve",
     );
     // Nor a curve, which only an exclusive cache traces (tests/evict.rs has one).
-    for (method, body) in [("GET", None), ("POST", Some(json!({"rate": 0.5})))] {
-        let (code, e) = env.call(method, "/v1/vms/t1/mrc", body.as_ref()).unwrap();
-        assert_eq!(code, 400, "{method} {e}");
-        assert!(
-            e["error"]
-                .as_str()
-                .unwrap()
-                .contains("no exclusive host cache"),
-            "{e}"
-        );
-    }
+    let restart = json!({"rate": 0.5});
+    env.refused("GET", "/v1/vms/t1/mrc", None, "no exclusive host cache");
+    env.refused(
+        "POST",
+        "/v1/vms/t1/mrc",
+        Some(&restart),
+        "no exclusive host cache",
+    );
     let vi = env.get_ok("GET", "/v1/vms/t1/vmcoreinfo", None);
     assert!(vi["osrelease"].as_str().unwrap().contains('.'));
     // A dump of the running guest, now: paused for it, resumed after, private.

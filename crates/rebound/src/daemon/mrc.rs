@@ -46,6 +46,12 @@ fn ask(control: &std::path::Path, req: &serde_json::Value) -> Result<serde_json:
     }
 }
 
+/// The backend's trace, up to `max_bytes` of host-side size (`None`: all of it).
+fn trace(control: &std::path::Path, max_bytes: Option<u64>) -> Result<TraceReport, String> {
+    let v = ask(control, &json!({"op": "curve", "max_bytes": max_bytes}))?;
+    serde_json::from_value(v).map_err(|e| format!("bad answer: {e}"))
+}
+
 /// The curve of every disk with an exclusive cache, up to `max_bytes` of guest memory
 /// (default: 4 times the allocation). Blocking: it asks the backends.
 pub fn report(name: &str, rec: &VmRecord, max_bytes: Option<u64>) -> Result<MrcReport, OpError> {
@@ -68,11 +74,7 @@ pub fn report(name: &str, rec: &VmRecord, max_bytes: Option<u64>) -> Result<MrcR
             continue;
         };
         let id = format!("disk{i}");
-        let req = json!({"op": "curve", "max_bytes": max - guest});
-        let traced = ask(&p.serve.control, &req).and_then(|v| {
-            serde_json::from_value::<TraceReport>(v).map_err(|e| format!("bad answer: {e}"))
-        });
-        disks.push(match traced {
+        disks.push(match trace(&p.serve.control, Some(max - guest)) {
             Ok(t) => disk_curve(id, p.serve.cache_bytes, guest, max, &t),
             Err(e) => DiskMrc {
                 id,
@@ -161,8 +163,7 @@ pub fn guest_curve(name: &str, rec: &VmRecord) -> Result<(MissRatioCurve, u64), 
     let (guest, allocation) = sizes(rec);
     let mut curves = Vec::new();
     for p in rec.blk.iter().filter(|p| p.serve.exclusive) {
-        let t: TraceReport = ask(&p.serve.control, &json!({"op": "curve"}))
-            .and_then(|v| serde_json::from_value(v).map_err(|e| format!("bad answer: {e}")))
+        let t = trace(&p.serve.control, None)
             .map_err(|e| OpError::BadRequest(format!("VM {name:?}: its disk's backend: {e}")))?;
         if let Some(c) = t.curve {
             curves.push(c);

@@ -151,6 +151,16 @@ impl Env {
     }
 
     /// Calls the API and insists on a 2xx answer.
+    /// Calls the daemon API, which must refuse with 400 and an error containing `why`.
+    pub fn refused(&self, method: &str, path: &str, body: Option<&Value>, why: &str) {
+        let (code, e) = self.call(method, path, body).unwrap();
+        assert_eq!(code, 400, "{method} {path}: {e}");
+        assert!(
+            e["error"].as_str().unwrap().contains(why),
+            "{method} {path}: {e}"
+        );
+    }
+
     pub fn get_ok(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
         let (s, v) = self
             .call(method, path, body)

@@ -37,17 +37,13 @@ impl Owner {
         self.require_running("memory moves only while the guest runs")?;
         let rec = self.vm.record();
         let booted = rec.spec.memory_mib * MIB;
+        let (guest_now, allocation_now) = crate::daemon::mrc::sizes(&rec);
         let allocation = req
             .allocation_bytes
-            .map(|b| b / MIB * MIB)
-            .unwrap_or(rec.allocation_mib.map_or(booted, |m| m * MIB));
-        let held: u64 = rec
-            .blk
-            .iter()
-            .filter(|p| p.serve.exclusive)
-            .map(|p| p.serve.cache_bytes)
-            .sum();
-        let y = req.host_cache_bytes.map_or(held, |b| b / MIB * MIB);
+            .map_or(allocation_now, |b| b / MIB * MIB);
+        let y = req
+            .host_cache_bytes
+            .map_or(allocation_now - guest_now, |b| b / MIB * MIB);
         if y > 0 && rec.blk.is_empty() {
             return Err(OpError::BadRequest(format!(
                 "VM {} has no disk served by Rebound's backend (disk_backend = \"rebound\"): there is no host cache to move memory to",

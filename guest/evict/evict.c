@@ -23,7 +23,9 @@
  * Pages of filesystems without a block device (tmpfs, ramfs, proc) are skipped.
  *
  * The probe runs under the mapping's i_pages lock with IRQs off, possibly on several
- * CPUs at once: it only reserves a slot with an atomic increment and stores.
+ * CPUs at once: it only reserves a slot with an atomic increment, copies and stores.
+ * The page is still the file's while the probe runs (the lock is held), so the copy is
+ * the page's content at eviction.
  */
 #include <linux/atomic.h>
 #include <linux/fs.h>
@@ -41,9 +43,13 @@
 MODULE_LICENSE("GPL");
 MODULE_DESCRIPTION("Rebound: page-cache eviction notices for the host's exclusive cache");
 
-static unsigned int order = 8; /* 1 MiB: ~65k notices, about 1 s of heavy reclaim */
+static unsigned int slots = 2048; /* 8 MiB of copies: ~40 ms of heavy reclaim under TCG */
+module_param(slots, uint, 0444);
+MODULE_PARM_DESC(slots, "notices with a page copy the ring holds (0: notices only, 1-65536)");
+
+static unsigned int order = 8; /* slots=0: 1 MiB, ~65k notices, about 1 s of heavy reclaim */
 module_param(order, uint, 0444);
-MODULE_PARM_DESC(order, "ring size as a page allocation order (0-10)");
+MODULE_PARM_DESC(order, "with slots=0, the ring's size as a page allocation order (1-10)");
 
 static unsigned long ring_gpa;
 module_param(ring_gpa, ulong, 0444);
@@ -59,25 +65,44 @@ struct ring_header {
 	u32 entry_size;
 	u64 capacity;
 	atomic64_t head;
-	u64 reserved[4];
+	u32 slot_bytes;
+	u32 chunk_slots;
+	u32 chunks;
+	u32 entries_off;
+	u64 reserved[2];
+	u64 chunk_gpa[RING_MAX_CHUNKS];
 };
 
-static_assert(sizeof(struct ring_header) == RING_HEADER);
+static_assert(offsetof(struct ring_header, chunk_gpa) == RING_HEADER);
+static_assert(sizeof(struct ring_header) <= RING_ENTRIES_OFF);
 static_assert(sizeof(struct evict_entry) == 16);
 
+static unsigned int ring_order;
 static struct page *ring_pages;
 static struct ring_header *hdr;
 static struct evict_entry *entries;
 static u64 capacity;
+static unsigned int chunk_order;
+static struct page *chunk[RING_MAX_CHUNKS];
 static struct tracepoint *tp;
+
+/* Chunks of copies are order-10 allocations at most (4 MiB), always available at boot. */
+#define MAX_ORDER_COPY 10
 
 static void push(unsigned long pfn, u64 kind)
 {
 	u64 n = atomic64_inc_return(&hdr->head);
-	struct evict_entry *e = &entries[(n - 1) % capacity];
+	u64 s = (n - 1) % capacity;
+	struct evict_entry *e = &entries[s];
 
 	WRITE_ONCE(e->seq, 0);
 	smp_wmb();
+	if (slots && kind == KIND_EVICTED) {
+		u64 per = hdr->chunk_slots;
+		char *slot = page_address(chunk[s / per]) + (s % per) * PAGE_SIZE;
+
+		copy_page(slot, page_address(pfn_to_page(pfn)));
+	}
 	WRITE_ONCE(e->info, (u64)pfn | kind << KIND_SHIFT);
 	smp_wmb();
 	WRITE_ONCE(e->seq, n);
@@ -119,42 +144,84 @@ static void find_tp(struct tracepoint *t, void *priv)
 		tp = t;
 }
 
-static int __init evict_init(void)
+static void free_ring(void)
 {
-	int err;
+	unsigned int i;
 
-	if (order > 10) {
-		pr_err("rebound_evict: order %u is over 10\n", order);
+	for (i = 0; i < RING_MAX_CHUNKS; i++)
+		if (chunk[i])
+			__free_pages(chunk[i], chunk_order);
+	if (ring_pages)
+		__free_pages(ring_pages, ring_order);
+}
+
+/* The header page with the entries, and with slots the chunks of page copies. */
+static int alloc_ring(void)
+{
+	const gfp_t gfp = GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN;
+	unsigned int per, i;
+
+	if (slots > RING_MAX_CHUNKS * (PAGE_SIZE << MAX_ORDER_COPY) / PAGE_SIZE) {
+		pr_err("rebound_evict: slots %u is over %lu\n", slots,
+		       RING_MAX_CHUNKS * (PAGE_SIZE << MAX_ORDER_COPY) / PAGE_SIZE);
 		return -EINVAL;
 	}
-	for_each_kernel_tracepoint(find_tp, NULL);
-	if (!tp) {
-		pr_err("rebound_evict: no tracepoint mm_filemap_delete_from_page_cache\n");
-		return -ENOENT;
+	if (!slots && (order < 1 || order > 10)) {
+		pr_err("rebound_evict: order %u is not 1-10\n", order);
+		return -EINVAL;
 	}
-	ring_pages = alloc_pages(GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN, order);
+	ring_order = slots ? get_order(RING_ENTRIES_OFF + slots * sizeof(struct evict_entry)) :
+			     order;
+	ring_pages = alloc_pages(gfp, ring_order);
 	if (!ring_pages)
 		return -ENOMEM;
 	hdr = page_address(ring_pages);
-	entries = (struct evict_entry *)((char *)hdr + RING_HEADER);
-	ring_bytes = PAGE_SIZE << order;
-	capacity = (ring_bytes - RING_HEADER) / sizeof(struct evict_entry);
+	entries = (struct evict_entry *)((char *)hdr + RING_ENTRIES_OFF);
+	ring_bytes = PAGE_SIZE << ring_order;
+	capacity = slots ? slots : (ring_bytes - RING_ENTRIES_OFF) / sizeof(struct evict_entry);
 	hdr->version = RING_VERSION;
 	hdr->entry_size = sizeof(struct evict_entry);
 	hdr->capacity = capacity;
+	hdr->entries_off = RING_ENTRIES_OFF;
+	if (slots) {
+		chunk_order = min_t(unsigned int, MAX_ORDER_COPY, get_order(slots * PAGE_SIZE));
+		per = (PAGE_SIZE << chunk_order) / PAGE_SIZE;
+		hdr->slot_bytes = PAGE_SIZE;
+		hdr->chunk_slots = per;
+		hdr->chunks = DIV_ROUND_UP(slots, per);
+		for (i = 0; i < hdr->chunks; i++) {
+			chunk[i] = alloc_pages(gfp, chunk_order);
+			if (!chunk[i])
+				return -ENOMEM;
+			hdr->chunk_gpa[i] = PFN_PHYS(page_to_pfn(chunk[i]));
+		}
+	}
 	atomic64_set(&hdr->head, 0);
 	/* The magic last: a host that sees it sees a whole header. */
 	smp_wmb();
 	WRITE_ONCE(hdr->magic, RING_MAGIC);
 	ring_gpa = PFN_PHYS(page_to_pfn(ring_pages));
+	return 0;
+}
 
-	err = tracepoint_probe_register(tp, probe, NULL);
+static int __init evict_init(void)
+{
+	int err;
+
+	for_each_kernel_tracepoint(find_tp, NULL);
+	if (!tp) {
+		pr_err("rebound_evict: no tracepoint mm_filemap_delete_from_page_cache\n");
+		return -ENOENT;
+	}
+	err = alloc_ring();
+	if (!err)
+		err = tracepoint_probe_register(tp, probe, NULL);
 	if (err) {
-		__free_pages(ring_pages, order);
+		free_ring();
 		return err;
 	}
-	pr_info("rebound_evict: ring at %#lx, %lu bytes, %llu notices\n", ring_gpa, ring_bytes,
-		capacity);
+	pr_info("rebound_evict: ring at %#lx, %lu bytes, %llu notices, %u page copies\n", ring_gpa,
+		ring_bytes, capacity, slots);
 	return 0;
 }
 
@@ -163,7 +230,7 @@ static void __exit evict_exit(void)
 	tracepoint_probe_unregister(tp, probe, NULL);
 	tracepoint_synchronize_unregister();
 	WRITE_ONCE(hdr->magic, 0);
-	__free_pages(ring_pages, order);
+	free_ring();
 }
 
 module_init(evict_init);

@@ -20,6 +20,14 @@
 //!   memory hashes to the hash taken at the I/O. What is admitted is that copy, the one
 //!   that was hashed. Anything else is refused with its reason, and the mapping is
 //!   dropped either way: the guest has let the page go.
+//! - A notice may come with a **copy** of the page taken by the guest as it let the
+//!   page go (the ring's page copies): then the copy is what is hashed and admitted,
+//!   and it may match either the page's current mapping or the one an I/O displaced
+//!   from it since (the guest reuses a freed page at once, often for the next block it
+//!   reads, before the notice reaches the host). A copy that matches neither leaves the
+//!   current mapping alone: the notice is about an earlier occupant, or forged. A
+//!   displaced mapping whose block is in a guest page again is not admitted (the guest
+//!   holds the block: caching it too would not be exclusive).
 //! - A **release notice** (truncation, deletion: the page's data is no longer the
 //!   file's) drops the mapping and admits nothing.
 //!
@@ -61,15 +69,19 @@ pub enum Refusal {
     ContentChanged,
     /// The page could not be read from guest memory.
     Unreadable,
+    /// The guest's copy of the page was overwritten by a later notice before the host
+    /// read it.
+    Overwritten,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::NoMapping,
         Refusal::Remapped,
         Refusal::WrittenSince,
         Refusal::ContentChanged,
         Refusal::Unreadable,
+        Refusal::Overwritten,
     ];
 }
 
@@ -108,6 +120,33 @@ pub struct Evicted {
     pub data: Box<[u8]>,
 }
 
+/// Where the guest's copy of an evicted page is (a slot of its notice ring), and how
+/// to tell it is still that notice's: the notice's seq word must still read `seq`
+/// after the copy was read. On the wire, `[data_gpa, seq_gpa, seq]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "[u64; 3]", into = "[u64; 3]")]
+pub struct SlotRef {
+    pub data_gpa: u64,
+    pub seq_gpa: u64,
+    pub seq: u64,
+}
+
+impl From<[u64; 3]> for SlotRef {
+    fn from([data_gpa, seq_gpa, seq]: [u64; 3]) -> SlotRef {
+        SlotRef {
+            data_gpa,
+            seq_gpa,
+            seq,
+        }
+    }
+}
+
+impl From<SlotRef> for [u64; 3] {
+    fn from(s: SlotRef) -> [u64; 3] {
+        [s.data_gpa, s.seq_gpa, s.seq]
+    }
+}
+
 /// The hash kept per mapping.
 pub fn hash(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
@@ -118,6 +157,9 @@ pub fn hash(data: &[u8]) -> [u8; 32] {
 pub struct PageMap {
     p2s: HashMap<u64, Mapping>,
     s2p: HashMap<u64, u64>,
+    /// Per page, the last mapping an I/O displaced from it (a notice with a copy may
+    /// still be on its way for it).
+    prev: HashMap<u64, Mapping>,
 }
 
 impl PageMap {
@@ -148,6 +190,7 @@ impl PageMap {
     pub fn clear(&mut self) {
         self.p2s.clear();
         self.s2p.clear();
+        self.prev.clear();
     }
 
     /// An I/O moved block `block`'s 4 KiB `data` between the disk and guest page `pfn`;
@@ -157,19 +200,30 @@ impl PageMap {
         if let Some(old) = self.p2s.remove(&pfn) {
             if self.s2p.get(&old.block) == Some(&pfn) {
                 self.s2p.remove(&old.block);
+                if old.block != block {
+                    self.prev.insert(pfn, old);
+                }
             }
         }
         if let Some(old_pfn) = self.s2p.insert(block, pfn) {
             if old_pfn != pfn && self.p2s.get(&old_pfn).is_some_and(|m| m.block == block) {
-                self.p2s.remove(&old_pfn);
+                let old = self.p2s.remove(&old_pfn).expect("checked above");
+                self.prev.insert(old_pfn, old);
             }
         }
         let hash = hash(data);
         self.p2s.insert(pfn, Mapping { block, hash, gen });
     }
 
+    /// Displaced mappings kept for late notices.
+    pub fn displaced(&self) -> usize {
+        self.prev.len()
+    }
+
     /// Part of a block moved, or the block was discarded or zeroed: whatever page held
-    /// it holds it no more as far as we can prove.
+    /// it holds it no more as far as we can prove. (A displaced mapping of the block
+    /// needs no forgetting: the write or discard moved the block's generation, which
+    /// every admission checks.)
     pub fn forget_block(&mut self, block: u64) {
         if let Some(pfn) = self.s2p.remove(&block) {
             if self.p2s.get(&pfn).is_some_and(|m| m.block == block) {
@@ -213,6 +267,43 @@ impl PageMap {
             gen: m.gen,
             data,
         })
+    }
+}
+
+impl PageMap {
+    /// An eviction notice for `pfn` that came with the guest's `copy` of the page:
+    /// the copy is admitted as the block of the page's current mapping, or of the one
+    /// an I/O displaced from the page since, whichever it hashes to. The mapping it
+    /// matched goes; one it does not match stays. On success, the block the guest let
+    /// go (for the access log) and what to hand to
+    /// [`Cache::admit_evicted`](crate::Cache::admit_evicted).
+    pub fn evicted_copy(&mut self, pfn: u64, copy: &[u8]) -> Result<Evicted, Refusal> {
+        let h = hash(copy);
+        let evicted = |m: Mapping| Evicted {
+            block: m.block,
+            gen: m.gen,
+            data: copy.into(),
+        };
+        if let Some(m) = self.p2s.get(&pfn).copied().filter(|m| m.hash == h) {
+            self.p2s.remove(&pfn);
+            if self.s2p.get(&m.block) != Some(&pfn) {
+                return Err(Refusal::Remapped);
+            }
+            self.s2p.remove(&m.block);
+            return Ok(evicted(m));
+        }
+        if let Some(m) = self.prev.get(&pfn).copied().filter(|m| m.hash == h) {
+            self.prev.remove(&pfn);
+            if self.s2p.contains_key(&m.block) {
+                return Err(Refusal::Remapped);
+            }
+            return Ok(evicted(m));
+        }
+        if self.p2s.contains_key(&pfn) || self.prev.contains_key(&pfn) {
+            Err(Refusal::ContentChanged)
+        } else {
+            Err(Refusal::NoMapping)
+        }
     }
 }
 
@@ -299,6 +390,36 @@ mod tests {
         m.forget_block(9);
         assert_eq!(m.evicted(6, read(&page(9))), Err(Refusal::NoMapping));
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn a_copy_finds_the_block_even_after_the_page_was_reused() {
+        let mut m = PageMap::new();
+        // The guest evicts page 1 (block 10) and at once reads block 20 into it; the
+        // notice with the copy of block 10 arrives after that read.
+        m.on_io(1, 10, &page(10), 3);
+        m.on_io(1, 20, &page(20), 5);
+        let e = m.evicted_copy(1, &page(10)).unwrap();
+        assert_eq!((e.block, e.gen, &e.data[..]), (10, 3, &page(10)[..]));
+        assert_eq!(
+            m.holds(1),
+            Some(20),
+            "the current occupant keeps its mapping"
+        );
+        assert_eq!(m.evicted_copy(1, &page(10)), Err(Refusal::ContentChanged));
+        let e = m.evicted_copy(1, &page(20)).unwrap();
+        assert_eq!(e.block, 20);
+        assert_eq!(m.evicted_copy(1, &page(20)), Err(Refusal::NoMapping));
+        // A copy matching nothing (scribbled, forged) leaves the mapping alone.
+        m.on_io(2, 30, &page(30), 0);
+        assert_eq!(m.evicted_copy(2, &page(99)), Err(Refusal::ContentChanged));
+        assert_eq!(m.holds(2), Some(30));
+        // Block 30 read again into page 3 before page 2's notice: the guest holds it,
+        // so the late notice is not admitted (the host would cache it twice).
+        m.on_io(3, 30, &page(30), 0);
+        assert_eq!(m.evicted_copy(2, &page(30)), Err(Refusal::Remapped));
+        assert_eq!(m.holds(3), Some(30));
+        assert_eq!(m.displaced(), 0, "consumed displaced mappings go");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use vm_memory::{ByteValued, GuestMemory};
 use crate::cache::{Cache, BLOCK};
 use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
 use crate::disk::{AlignedBuf, Disk};
-use crate::exclusive::{pages_of, PageMap, Refusal, PAGE};
+use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef, PAGE};
 
 /// The request header (virtio 1.2, 5.2.6).
 #[repr(C)]
@@ -306,38 +306,75 @@ impl Device {
     }
 
     /// An eviction notice from the guest for page `pfn`, checked against `mem`:
-    /// admitted into the exclusive cache if every check of [`PageMap::evicted`] and
+    /// admitted into the exclusive cache if every check of [`PageMap::evicted`] (or,
+    /// with the guest's copy of the page, [`PageMap::evicted_copy`]) and
     /// [`Cache::admit_evicted`] passes.
-    pub fn evicted_in<M: GuestMemory>(&self, pfn: u64, mem: &M) -> Result<(), Refusal> {
-        let Some(pages) = self.tracking() else {
-            self.notices.count(Err(Refusal::NoMapping));
-            return Err(Refusal::NoMapping);
-        };
-        let read = |out: &mut [u8]| {
-            pfn.checked_mul(PAGE).is_some_and(|a| {
-                vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(a)).is_ok()
-            })
-        };
-        let r = {
-            let mut map = pages.lock().expect("page map lock");
-            // The guest let go of the block this page held (admitted or not): the
-            // access log's eviction, which the miss-ratio curve below the guest needs.
-            if let Some(block) = map.holds(pfn) {
-                self.cache.record_eviction(block);
-            }
-            map.evicted(pfn, read)
-        }
-        .and_then(|e| self.cache.admit_evicted(&e));
+    pub fn evicted_in<M: GuestMemory>(
+        &self,
+        pfn: u64,
+        copy: Option<&SlotRef>,
+        mem: &M,
+    ) -> Result<(), Refusal> {
+        let r = self.check_evicted(pfn, copy, mem);
         self.notices.count(r);
         r
     }
 
+    fn check_evicted<M: GuestMemory>(
+        &self,
+        pfn: u64,
+        copy: Option<&SlotRef>,
+        mem: &M,
+    ) -> Result<(), Refusal> {
+        let Some(pages) = self.tracking() else {
+            return Err(Refusal::NoMapping);
+        };
+        let read = |gpa: u64, out: &mut [u8]| {
+            vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(gpa)).is_ok()
+        };
+        let e = match copy {
+            Some(c) => {
+                let mut data = vec![0u8; PAGE as usize];
+                let mut seq = [0u8; 8];
+                if !read(c.data_gpa, &mut data) || !read(c.seq_gpa, &mut seq) {
+                    return Err(Refusal::Unreadable);
+                }
+                // The guest clears seq before it overwrites the slot: still `seq` after
+                // the copy was read means the copy is this notice's whole.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                if u64::from_le_bytes(seq) != c.seq {
+                    return Err(Refusal::Overwritten);
+                }
+                let e = pages
+                    .lock()
+                    .expect("page map lock")
+                    .evicted_copy(pfn, &data);
+                if let Ok(e) = &e {
+                    // The access log's eviction, which the curve below the guest needs.
+                    self.cache.record_eviction(e.block);
+                }
+                e?
+            }
+            None => {
+                let mut map = pages.lock().expect("page map lock");
+                // The guest let go of the block this page held (admitted or not).
+                if let Some(block) = map.holds(pfn) {
+                    self.cache.record_eviction(block);
+                }
+                map.evicted(pfn, |out| {
+                    pfn.checked_mul(PAGE).is_some_and(|a| read(a, out))
+                })?
+            }
+        };
+        self.cache.admit_evicted(&e)
+    }
+
     /// An eviction notice, checked against the guest memory of the current connection.
-    pub fn evicted(&self, pfn: u64) -> Result<(), Refusal> {
+    pub fn evicted(&self, pfn: u64, copy: Option<&SlotRef>) -> Result<(), Refusal> {
         use vm_memory::GuestAddressSpace;
         let mem = self.mem.read().expect("mem lock").clone();
         match mem {
-            Some(m) => self.evicted_in(pfn, &*m.memory()),
+            Some(m) => self.evicted_in(pfn, copy, &*m.memory()),
             None => {
                 self.notices.count(Err(Refusal::Unreadable));
                 Err(Refusal::Unreadable)
@@ -565,7 +602,7 @@ mod tests {
     fn exclusive_an_evicted_page_comes_back_from_the_host_and_nothing_stale_is_served() {
         let r = rig(1 << 20);
         r.dev.reconfigure(1 << 20, true);
-        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, &r.mem);
+        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, None, &r.mem);
         // Read blocks 2 and 3 into two guest pages: mapped, nothing cached yet.
         r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
         assert_eq!(r.dev.cache.stats().held_bytes, 0);

@@ -62,10 +62,13 @@ pub enum Control {
         bytes: u64,
         exclusive: bool,
     },
-    /// Eviction and release notices of guest pages (exclusive cache only).
+    /// Eviction and release notices of guest pages (exclusive cache only); `copies`,
+    /// when given, holds the guest's copy of each evicted page, in the same order.
     Notices {
         #[serde(default)]
         evicted: Vec<u64>,
+        #[serde(default)]
+        copies: Vec<crate::exclusive::SlotRef>,
         #[serde(default)]
         released: Vec<u64>,
     },
@@ -172,7 +175,11 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     notices_released: dev.notices.released.load(Relaxed),
                 })
                 .unwrap_or_default(),
-                Ok(Control::Notices { evicted, released }) => notices(dev, &evicted, &released),
+                Ok(Control::Notices {
+                    evicted,
+                    copies,
+                    released,
+                }) => notices(dev, &evicted, &copies, &released),
                 Ok(Control::Cache { bytes, exclusive }) => {
                     dev.reconfigure(bytes, exclusive);
                     serde_json::json!({"ok": true, "cache": dev.cache.stats()})
@@ -193,20 +200,28 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
 
 /// A batch of notices: releases first (a page released and then evicted again holds
 /// other data), then evictions; the answer counts what each came to.
-fn notices(dev: &Device, evicted: &[u64], released: &[u64]) -> serde_json::Value {
+fn notices(
+    dev: &Device,
+    evicted: &[u64],
+    copies: &[crate::exclusive::SlotRef],
+    released: &[u64],
+) -> serde_json::Value {
     if !dev.cache.is_exclusive() {
         return serde_json::json!({"error": "this disk's cache is not exclusive: notices are not taken"});
     }
     if evicted.len() + released.len() > MAX_NOTICES {
         return serde_json::json!({"error": format!("more than {MAX_NOTICES} notices in one request")});
     }
+    if !copies.is_empty() && copies.len() != evicted.len() {
+        return serde_json::json!({"error": format!("{} copies for {} evicted pages", copies.len(), evicted.len())});
+    }
     for &p in released {
         dev.released(p);
     }
     let mut refused = std::collections::BTreeMap::new();
     let mut admitted = 0u64;
-    for &p in evicted {
-        match dev.evicted(p) {
+    for (i, &p) in evicted.iter().enumerate() {
+        match dev.evicted(p, copies.get(i)) {
             Ok(()) => admitted += 1,
             Err(why) => *refused.entry(why).or_insert(0u64) += 1,
         }

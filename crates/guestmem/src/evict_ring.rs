@@ -1,28 +1,36 @@
 //! The guest's eviction-notice ring (`guest/evict`, module `rebound_evict`), read from
 //! guest RAM: which page-cache pages the guest evicted or released, for the exclusive
-//! host cache.
+//! host cache, and a copy of each evicted page as it was when the guest let it go.
 //!
-//! Format, version 1, little-endian, at the guest physical address the guest's agent
+//! Format, version 2, little-endian, at the guest physical address the guest's agent
 //! reports (`ready.evict_ring`); the authoritative description is `guest/evict/ring.h`:
 //!
 //! | offset | field |
 //! |---|---|
 //! | 0 | u64 magic `RBEVRING` (0 once the module unloads) |
-//! | 8 | u32 version (1) |
+//! | 8 | u32 version (2) |
 //! | 12 | u32 entry size (16) |
-//! | 16 | u64 capacity (entries) |
+//! | 16 | u64 capacity (entries, and slots when there are copies) |
 //! | 24 | u64 head: notices ever written, the last one's sequence number |
-//! | 64 | `capacity` entries of {u64 seq, u64 info = pfn \| kind << 56} |
+//! | 32 | u32 slot bytes: 4096 (evicted pages are copied) or 0 (notices only) |
+//! | 36 | u32 slots per chunk |
+//! | 40 | u32 chunks (at most [`MAX_CHUNKS`]) |
+//! | 44 | u32 offset of the entries ([`ENTRIES_OFF`]) |
+//! | 64 | u64 guest physical address of each chunk |
+//! | 4096 | `capacity` entries of {u64 seq, u64 info = pfn \| kind << 56} |
 //!
-//! Notice n (from 1) lives in entry (n − 1) mod capacity. The guest writes seq = 0,
-//! then info, then seq = n, with write barriers between. The reader copies the entries
-//! it wants, then their seq words again: a notice counts only when both copies say n
-//! (a writer that began on the entry in between would have cleared seq first). An
-//! entry with a smaller seq is not written yet (read again at the next poll); one with
-//! a larger seq was overwritten before we read it, and counts as lost, as do notices
-//! older than head − capacity. The header is checked at every poll (a cap of
-//! [`MAX_BYTES`], the capacity must fit the ring): a guest controls all of it, so
-//! nothing read is trusted beyond those bounds.
+//! Notice n (from 1) lives in entry s = (n − 1) mod capacity, its copy in slot s, at
+//! chunk s / chunk_slots, page s mod chunk_slots. The guest writes seq = 0, then the
+//! copy and info, then seq = n, with write barriers between. The reader copies the
+//! entries it wants, then their seq words again: a notice counts only when both copies
+//! say n (a writer that began on the entry in between would have cleared seq first).
+//! An entry with a smaller seq is not written yet (read again at the next poll); one
+//! with a larger seq was overwritten before we read it, and counts as lost, as do
+//! notices older than head − capacity. A copy is read later, by whoever admits it: it
+//! is whole only if the entry's seq still says n after the copy was read ([`SlotRef`]).
+//! The header is checked at every poll (a cap of [`MAX_BYTES`], the capacity must fit
+//! the ring, the chunks must hold the slots): a guest controls all of it, so nothing
+//! read is trusted beyond those bounds.
 
 use thiserror::Error;
 
@@ -30,10 +38,16 @@ use crate::memory::{GuestMemory, MemoryError};
 use crate::source::PageSource;
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RBEVRING");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The fixed part of the header; the chunk table follows it.
 pub const HEADER: u64 = 64;
+pub const MAX_CHUNKS: u64 = 64;
+pub const ENTRIES_OFF: u64 = 4096;
 pub const ENTRY: u64 = 16;
-/// The largest ring a guest may announce (the module's largest allocation, order 10).
+/// Bytes of a page copy.
+pub const SLOT: u64 = 4096;
+/// The largest ring (header and entries) a guest may announce, and the largest chunk of
+/// copies (the module's largest allocation, order 10).
 pub const MAX_BYTES: u64 = 4 << 20;
 const KIND_SHIFT: u32 = 56;
 const KIND_EVICTED: u64 = 1;
@@ -52,6 +66,10 @@ pub enum RingError {
     EntrySize(u32),
     #[error("ring capacity {capacity} does not fit its {bytes} bytes")]
     Capacity { capacity: u64, bytes: u64 },
+    #[error("ring entries at offset {0}, expected {ENTRIES_OFF}")]
+    EntriesOffset(u32),
+    #[error("ring page copies are wrong: {0}")]
+    Slots(String),
     #[error("cannot read the ring")]
     Read(#[source] MemoryError),
 }
@@ -67,11 +85,24 @@ impl<S: PageSource> RingSource for GuestMemory<S> {
     }
 }
 
+/// Where the copy of an evicted page is, and how to tell it is still that page's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef {
+    /// Guest physical address of the 4 KiB copy.
+    pub data_gpa: u64,
+    /// Guest physical address of the notice's seq word: the copy is the notice's only
+    /// if it still reads `seq` after the copy was read.
+    pub seq_gpa: u64,
+    pub seq: u64,
+}
+
 /// What one poll found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Batch {
     /// Page frame numbers (guest physical address / 4096), in notice order.
     pub evicted: Vec<u64>,
+    /// The copy of each evicted page, in the same order (empty: the ring has none).
+    pub copies: Vec<SlotRef>,
     pub released: Vec<u64>,
     /// Notices overwritten before they were read.
     pub lost: u64,
@@ -80,11 +111,16 @@ pub struct Batch {
 }
 
 /// A validated header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub capacity: u64,
     pub head: u64,
+    /// Slots per chunk and each chunk's guest physical address, when pages are copied.
+    pub copies: Option<(u64, Vec<u64>)>,
 }
+
+/// Bytes of the header as read (fixed part and chunk table).
+const HEADER_READ: usize = (HEADER + MAX_CHUNKS * 8) as usize;
 
 /// Checks a header read from a ring of `bytes` bytes.
 pub fn parse_header(h: &[u8], gpa: u64, bytes: u64) -> Result<Header, RingError> {
@@ -113,14 +149,65 @@ pub fn parse_header(h: &[u8], gpa: u64, bytes: u64) -> Result<Header, RingError>
     if u64::from(esize) != ENTRY {
         return Err(RingError::EntrySize(esize));
     }
+    let (Some(slot_bytes), Some(per), Some(chunks), Some(entries_off)) =
+        (u32_at(32), u32_at(36), u32_at(40), u32_at(44))
+    else {
+        return Err(RingError::Read(MemoryError::NotRam {
+            gpa,
+            why: "the ring header is truncated",
+        }));
+    };
+    if u64::from(entries_off) != ENTRIES_OFF {
+        return Err(RingError::EntriesOffset(entries_off));
+    }
     let fits = capacity
         .checked_mul(ENTRY)
-        .and_then(|b| b.checked_add(HEADER))
+        .and_then(|b| b.checked_add(ENTRIES_OFF))
         .is_some_and(|b| b <= bytes);
     if capacity == 0 || !fits {
         return Err(RingError::Capacity { capacity, bytes });
     }
-    Ok(Header { capacity, head })
+    let copies = match u64::from(slot_bytes) {
+        0 => None,
+        SLOT => Some(chunk_table(h, capacity, per.into(), chunks.into())?),
+        other => return Err(RingError::Slots(format!("slots of {other} bytes"))),
+    };
+    Ok(Header {
+        capacity,
+        head,
+        copies,
+    })
+}
+
+/// The chunks of copies: enough of them for `capacity` slots, each page-aligned.
+fn chunk_table(
+    h: &[u8],
+    capacity: u64,
+    per: u64,
+    chunks: u64,
+) -> Result<(u64, Vec<u64>), RingError> {
+    let bad = |why: String| Err(RingError::Slots(why));
+    if per == 0 || per * SLOT > MAX_BYTES {
+        return bad(format!("{per} slots per chunk"));
+    }
+    if chunks > MAX_CHUNKS || chunks * per < capacity {
+        return bad(format!(
+            "{chunks} chunks of {per} slots for {capacity} notices"
+        ));
+    }
+    let mut gpas = Vec::with_capacity(chunks as usize);
+    for i in 0..chunks as usize {
+        let at = HEADER as usize + 8 * i;
+        let Some(g) = h.get(at..at + 8) else {
+            return bad("the chunk table is truncated".into());
+        };
+        let g = u64::from_le_bytes(g.try_into().unwrap());
+        if !g.is_multiple_of(SLOT) || g.checked_add(per * SLOT).is_none() {
+            return bad(format!("chunk {i} at {g:#x}"));
+        }
+        gpas.push(g);
+    }
+    Ok((per, gpas))
 }
 
 /// Reads new notices from one ring, remembering how far it got.
@@ -155,7 +242,7 @@ impl RingReader {
     }
 
     fn header(&self, src: &impl RingSource) -> Result<Header, RingError> {
-        let mut h = [0u8; HEADER as usize];
+        let mut h = [0u8; HEADER_READ];
         src.read_at(self.gpa, &mut h).map_err(RingError::Read)?;
         parse_header(&h, self.gpa, self.bytes)
     }
@@ -169,7 +256,7 @@ impl RingReader {
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), RingError> {
         let mut buf = vec![0u8; (n * ENTRY) as usize];
-        src.read_at(self.gpa + HEADER + first * ENTRY, &mut buf)
+        src.read_at(self.gpa + ENTRIES_OFF + first * ENTRY, &mut buf)
             .map_err(RingError::Read)?;
         out.extend(buf.chunks_exact(ENTRY as usize).map(|e| {
             let w = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().unwrap());
@@ -228,7 +315,17 @@ impl RingReader {
             }
             let pfn = info & ((1 << KIND_SHIFT) - 1);
             match info >> KIND_SHIFT {
-                KIND_EVICTED => batch.evicted.push(pfn),
+                KIND_EVICTED => {
+                    batch.evicted.push(pfn);
+                    if let Some((per, chunks)) = &h.copies {
+                        let s = (want - 1) % h.capacity;
+                        batch.copies.push(SlotRef {
+                            data_gpa: chunks[(s / per) as usize] + s % per * SLOT,
+                            seq_gpa: self.gpa + ENTRIES_OFF + s * ENTRY,
+                            seq: want,
+                        });
+                    }
+                }
                 KIND_RELEASED => batch.released.push(pfn),
                 _ => batch.invalid += 1,
             }
@@ -276,8 +373,10 @@ mod tests {
         }
     }
 
-    const BYTES: u64 = 4096;
-    const CAP: u64 = (BYTES - HEADER) / ENTRY; // 252
+    const BYTES: u64 = 8192;
+    const CAP: u64 = (BYTES - ENTRIES_OFF) / ENTRY; // 256
+    /// With copies: two chunks of 128 slots right after the ring.
+    const PER: u64 = 128;
 
     fn mem() -> Mem {
         let mut b = vec![0u8; BYTES as usize];
@@ -285,6 +384,7 @@ mod tests {
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&(ENTRY as u32).to_le_bytes());
         b[16..24].copy_from_slice(&CAP.to_le_bytes());
+        b[44..48].copy_from_slice(&(ENTRIES_OFF as u32).to_le_bytes());
         Mem {
             bytes: RefCell::new(b),
             between: RefCell::new(None),
@@ -292,11 +392,34 @@ mod tests {
         }
     }
 
-    /// The guest's writer: notice n for `pfn` of `kind`.
+    /// A ring whose evicted pages are copied (the module's default).
+    fn mem_with_copies() -> Mem {
+        let m = mem();
+        {
+            let mut b = m.bytes.borrow_mut();
+            b.resize((BYTES + 2 * PER * SLOT) as usize, 0);
+            b[32..36].copy_from_slice(&(SLOT as u32).to_le_bytes());
+            b[36..40].copy_from_slice(&(PER as u32).to_le_bytes());
+            b[40..44].copy_from_slice(&2u32.to_le_bytes());
+            for i in 0..2 {
+                let at = (HEADER + 8 * i) as usize;
+                b[at..at + 8].copy_from_slice(&(BYTES + i * PER * SLOT).to_le_bytes());
+            }
+        }
+        m
+    }
+
+    /// The guest's writer: notice n for `pfn` of `kind`, its copy filled with the
+    /// pfn's low byte when the ring has copies.
     fn push(b: &mut [u8], pfn: u64, kind: u64) {
         let n = u64::from_le_bytes(b[24..32].try_into().unwrap()) + 1;
         b[24..32].copy_from_slice(&n.to_le_bytes());
-        let at = (HEADER + (n - 1) % CAP * ENTRY) as usize;
+        let s = (n - 1) % CAP;
+        if b.len() as u64 > BYTES && kind == KIND_EVICTED {
+            let at = (BYTES + s * SLOT) as usize;
+            b[at..at + SLOT as usize].fill(pfn as u8);
+        }
+        let at = (ENTRIES_OFF + s * ENTRY) as usize;
         b[at..at + 8].copy_from_slice(&n.to_le_bytes());
         b[at + 8..at + 16].copy_from_slice(&(pfn | kind << KIND_SHIFT).to_le_bytes());
     }
@@ -347,7 +470,7 @@ mod tests {
             push(&mut m.bytes.borrow_mut(), i, KIND_EVICTED);
         }
         // Notice 3 reserved but not written yet: seq still 0.
-        let at = (HEADER + 2 * ENTRY) as usize;
+        let at = (ENTRIES_OFF + 2 * ENTRY) as usize;
         m.bytes.borrow_mut()[at..at + 8].fill(0);
         let b = poll(&mut r, &m);
         assert_eq!(b.evicted, vec![0, 1]);
@@ -356,7 +479,7 @@ mod tests {
         // A writer laps notice 4's entry between the two copies: lost, not taken.
         push(&mut m.bytes.borrow_mut(), 9, KIND_EVICTED);
         *m.between.borrow_mut() = Some(Box::new(|b: &mut Vec<u8>| {
-            let at = (HEADER + 3 * ENTRY) as usize;
+            let at = (ENTRIES_OFF + 3 * ENTRY) as usize;
             b[at..at + 8].fill(0); // a writer of notice 4 + CAP began
         }));
         let b = poll(&mut r, &m);
@@ -374,11 +497,17 @@ mod tests {
             RingReader::open(&m, 0, BYTES),
             Err(RingError::Magic(0, _))
         ));
+        for v in [1u32, 3] {
+            let m = mem();
+            set(&m, 8, &v.to_le_bytes());
+            let e = RingReader::open(&m, 0, BYTES).unwrap_err();
+            assert!(matches!(e, RingError::Version(x) if x == v), "{e}");
+        }
         let m = mem();
-        set(&m, 8, &2u32.to_le_bytes());
+        set(&m, 44, &64u32.to_le_bytes());
         assert!(matches!(
             RingReader::open(&m, 0, BYTES),
-            Err(RingError::Version(2))
+            Err(RingError::EntriesOffset(64))
         ));
         let m = mem();
         set(&m, 12, &8u32.to_le_bytes());
@@ -417,6 +546,69 @@ mod tests {
         let mut r = RingReader::open(&m, 0, BYTES).unwrap();
         set(&m, 0, &0u64.to_le_bytes());
         assert!(matches!(r.poll(&m), Err(RingError::Magic(..))));
+    }
+
+    #[test]
+    fn each_eviction_comes_with_its_copy_and_releases_with_none() {
+        let m = mem_with_copies();
+        let mut r = RingReader::open(&m, 0, BYTES).unwrap();
+        for round in 0..3u64 {
+            for i in 0..200u64 {
+                let kind = if i % 4 == 0 {
+                    KIND_RELEASED
+                } else {
+                    KIND_EVICTED
+                };
+                push(&mut m.bytes.borrow_mut(), round * 1000 + i, kind);
+            }
+            let b = poll(&mut r, &m);
+            assert_eq!(
+                (b.evicted.len(), b.copies.len(), b.released.len()),
+                (150, 150, 50)
+            );
+            for (pfn, c) in b.evicted.iter().zip(&b.copies) {
+                let mut page = vec![0u8; SLOT as usize];
+                m.read_at(c.data_gpa, &mut page).unwrap();
+                assert!(page.iter().all(|&x| x == *pfn as u8), "copy of {pfn}");
+                let mut seq = [0u8; 8];
+                m.read_at(c.seq_gpa, &mut seq).unwrap();
+                assert_eq!(u64::from_le_bytes(seq), c.seq);
+                assert!(c.data_gpa >= BYTES, "copies live in the chunks");
+            }
+        }
+        // Without copies, evictions come with none.
+        let m = mem();
+        let mut r = RingReader::open(&m, 0, BYTES).unwrap();
+        push(&mut m.bytes.borrow_mut(), 3, KIND_EVICTED);
+        let b = poll(&mut r, &m);
+        assert_eq!((b.evicted, b.copies), (vec![3], vec![]));
+    }
+
+    #[test]
+    fn malformed_copy_tables_are_refused() {
+        let cases: [(usize, u32, &str); 5] = [
+            (32, 512, "slots of 512 bytes"),
+            (36, 0, "0 slots per chunk"),
+            (36, 2048, "2048 slots per chunk"),
+            (40, 65, "65 chunks"),
+            (40, 1, "1 chunks of 128 slots for 256"),
+        ];
+        for (at, v, want) in cases {
+            let m = mem_with_copies();
+            m.bytes.borrow_mut()[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            let e = RingReader::open(&m, 0, BYTES).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let m = mem_with_copies();
+        m.bytes.borrow_mut()[HEADER as usize + 8..HEADER as usize + 16]
+            .copy_from_slice(&(BYTES + 100).to_le_bytes());
+        let e = RingReader::open(&m, 0, BYTES).unwrap_err().to_string();
+        assert!(e.contains("chunk 1 at"), "{e}");
+        let m = mem_with_copies();
+        m.bytes.borrow_mut()[HEADER as usize..HEADER as usize + 8]
+            .copy_from_slice(&(!4095u64).to_le_bytes());
+        let e = RingReader::open(&m, 0, BYTES).unwrap_err().to_string();
+        assert!(e.contains("chunk 0 at"), "{e}");
     }
 
     #[test]

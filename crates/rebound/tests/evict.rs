@@ -229,7 +229,7 @@ const RELEASE_INIT: &str = r#"#!/bin/sh
 export PATH=/sbin:/bin:/usr/sbin:/usr/bin
 mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
 for m in virtio_pci virtio_blk crc32c_generic ext4; do modprobe $m; done
-insmod /lib/rebound/rebound_evict.ko
+insmod /lib/rebound/rebound_evict.ko slots=4096
 mkdir -p /data; mount -t ext4 /dev/vda /data
 echo "RING $(cat /sys/module/rebound_evict/parameters/ring_gpa) $(cat /sys/module/rebound_evict/parameters/ring_bytes)"
 cat /data/f00.bin /data/f01.bin /data/f02.bin > /dev/null
@@ -334,8 +334,31 @@ fn deleted_and_truncated_pages_come_released_and_dropped_ones_evicted() {
     assert_eq!((b.lost, b.invalid), (0, 0));
     // 1024 pages deleted + 768 truncated away; a few metadata pages may join them.
     assert!((1792..1800).contains(&b.released.len()), "{b:?}");
-    // The truncated file's first 256 pages and the third file's 1024.
+    // The truncated file's first 256 pages and the third file's 1024, each with the
+    // guest's copy of the page as it left the cache: the file's bytes.
     assert!(b.evicted.len() >= 1280, "{}", b.evicted.len());
+    assert_eq!(b.copies.len(), b.evicted.len(), "one copy per eviction");
+    let pages: std::collections::HashSet<Vec<u8>> = (0..3)
+        .flat_map(|i| {
+            file_data(i)
+                .chunks(4096)
+                .map(<[u8]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let copies_of_files = b
+        .copies
+        .iter()
+        .filter(|c| {
+            let mut page = vec![0u8; 4096];
+            mem.read(c.data_gpa, &mut page).unwrap();
+            pages.contains(&page)
+        })
+        .count();
+    assert!(
+        copies_of_files >= 1280,
+        "{copies_of_files} copies hold file data"
+    );
     let unique: std::collections::BTreeSet<_> = b.released.iter().collect();
     assert_eq!(unique.len(), b.released.len(), "a page released twice");
 }

@@ -1,9 +1,11 @@
 //! Eviction notices from the guest to the VM's disk backends (exclusive host cache,
 //! Hcache section 3.3). The guest's module `rebound_evict` writes one notice per page
 //! it lets go of into a ring in guest memory; the agent says where (`ready.evict_ring`).
-//! A thread per VM reads the ring from the RAM file every [`POLL`] and sends what it
-//! found, as one `notices` control request, to every disk of the VM whose host cache
-//! is exclusive (`vm memory --host-cache`): only the backend whose I/O put a block in that page has a mapping for it, the
+//! A thread per VM reads the ring from the RAM file every [`POLL`] (or [`BUSY_POLL`]
+//! while the guest evicts much) and sends what it found, with where the guest's copy of
+//! each evicted page is, as one `notices` control request, to every disk of the VM
+//! whose host cache is exclusive (the backend reads the copies through its own mapping
+//! of guest memory) (`vm memory --host-cache`): only the backend whose I/O put a block in that page has a mapping for it, the
 //! others answer `no_mapping` (so refusals of that kind grow with the number of disks).
 //!
 //! Counters (`GET /v1/vms/{name}/evict`): notices read, lost (overwritten in the ring
@@ -22,9 +24,13 @@ use serde::Serialize;
 use super::VmHandle;
 use crate::daemon::error::chain;
 
-/// How often the ring is read: at the ~60k evictions/s a TCG guest reaches, a 1 MiB
-/// ring (65k notices) holds about 50 polls' worth.
+/// How often the ring is read while the guest evicts little.
 pub const POLL: Duration = Duration::from_millis(20);
+/// How often while it evicts much (a poll found [`BUSY`] notices or more): the ring's
+/// page copies (2,048 by default) last ~35 ms at the ~60k evictions/s a TCG guest
+/// reaches, and a copy read after it was overwritten is refused.
+pub const BUSY_POLL: Duration = Duration::from_millis(2);
+pub const BUSY: usize = 128;
 
 /// Where notices stand for one VM.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -142,8 +148,10 @@ fn forward(
         s.state = "failing".into();
         s.detail = Some(e);
     };
+    let mut pause = POLL;
     while vm.evict_current(gen) {
-        std::thread::sleep(POLL);
+        std::thread::sleep(pause);
+        pause = POLL;
         let rec = vm.record();
         if rec.state == VmState::Stopped {
             break;
@@ -187,6 +195,9 @@ fn forward(
             .filter(|p| p.serve.exclusive)
             .map(|p| p.serve.control.clone())
             .collect();
+        if batch.evicted.len() + batch.released.len() >= BUSY {
+            pause = BUSY_POLL;
+        }
         let answers = send(&batch, &controls);
         account(&stats, &batch, controls.len(), answers);
     }
@@ -214,9 +225,17 @@ fn send(b: &Batch, controls: &[std::path::PathBuf]) -> Vec<Result<serde_json::Va
                     .copied()
                     .collect::<Vec<_>>()
             };
+            let copies: Vec<[u64; 3]> = b
+                .copies
+                .iter()
+                .skip(i * per)
+                .take(per)
+                .map(|c| [c.data_gpa, c.seq_gpa, c.seq])
+                .collect();
             let req = serde_json::json!({
                 "op": "notices",
                 "evicted": part(&b.evicted),
+                "copies": copies,
                 "released": part(&b.released),
             });
             out.push(match rebound_blk::serve::ask(c, &req) {
@@ -275,6 +294,7 @@ mod tests {
         let stats = Mutex::new(EvictStats::default());
         let b = Batch {
             evicted: vec![1, 2, 3],
+            copies: Vec::new(),
             released: vec![4],
             lost: 2,
             invalid: 1,

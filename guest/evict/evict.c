@@ -43,7 +43,7 @@
 MODULE_LICENSE("GPL");
 MODULE_DESCRIPTION("Rebound: page-cache eviction notices for the host's exclusive cache");
 
-static unsigned int slots = 2048; /* 8 MiB of copies: ~40 ms of heavy reclaim under TCG */
+static unsigned int slots = 1024; /* 4 MiB of copies: ~17 ms of heavy reclaim under TCG */
 module_param(slots, uint, 0444);
 MODULE_PARM_DESC(slots, "notices with a page copy the ring holds (0: notices only, 1-65536)");
 

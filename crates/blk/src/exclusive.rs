@@ -157,10 +157,14 @@ pub fn hash(data: &[u8]) -> [u8; 32] {
 pub struct PageMap {
     p2s: HashMap<u64, Mapping>,
     s2p: HashMap<u64, u64>,
-    /// Per page, the last mapping an I/O displaced from it (a notice with a copy may
-    /// still be on its way for it).
-    prev: HashMap<u64, Mapping>,
+    /// Per page, the last [`HISTORY`] mappings I/O displaced from it, oldest first (a
+    /// notice with a copy may still be on its way for each: under reclaim one page is
+    /// evicted and reused again and again while a notice travels).
+    prev: HashMap<u64, Vec<Mapping>>,
 }
+
+/// Displaced mappings kept per guest page.
+pub const HISTORY: usize = 16;
 
 impl PageMap {
     pub fn new() -> PageMap {
@@ -201,14 +205,14 @@ impl PageMap {
             if self.s2p.get(&old.block) == Some(&pfn) {
                 self.s2p.remove(&old.block);
                 if old.block != block {
-                    self.prev.insert(pfn, old);
+                    self.displace(pfn, old);
                 }
             }
         }
         if let Some(old_pfn) = self.s2p.insert(block, pfn) {
             if old_pfn != pfn && self.p2s.get(&old_pfn).is_some_and(|m| m.block == block) {
                 let old = self.p2s.remove(&old_pfn).expect("checked above");
-                self.prev.insert(old_pfn, old);
+                self.displace(old_pfn, old);
             }
         }
         let hash = hash(data);
@@ -217,7 +221,15 @@ impl PageMap {
 
     /// Displaced mappings kept for late notices.
     pub fn displaced(&self) -> usize {
-        self.prev.len()
+        self.prev.values().map(Vec::len).sum()
+    }
+
+    fn displace(&mut self, pfn: u64, m: Mapping) {
+        let h = self.prev.entry(pfn).or_default();
+        if h.len() == HISTORY {
+            h.remove(0);
+        }
+        h.push(m);
     }
 
     /// Part of a block moved, or the block was discarded or zeroed: whatever page held
@@ -272,9 +284,9 @@ impl PageMap {
 
 impl PageMap {
     /// An eviction notice for `pfn` that came with the guest's `copy` of the page:
-    /// the copy is admitted as the block of the page's current mapping, or of the one
-    /// an I/O displaced from the page since, whichever it hashes to. The mapping it
-    /// matched goes; one it does not match stays. On success, the block the guest let
+    /// the copy is admitted as the block of the page's current mapping, or of one an
+    /// I/O displaced from the page since (the newest that matches: its generation is
+    /// the latest), whichever it hashes to. The mapping it matched goes; others stay. On success, the block the guest let
     /// go (for the access log) and what to hand to
     /// [`Cache::admit_evicted`](crate::Cache::admit_evicted).
     pub fn evicted_copy(&mut self, pfn: u64, copy: &[u8]) -> Result<Evicted, Refusal> {
@@ -292,12 +304,17 @@ impl PageMap {
             self.s2p.remove(&m.block);
             return Ok(evicted(m));
         }
-        if let Some(m) = self.prev.get(&pfn).copied().filter(|m| m.hash == h) {
-            self.prev.remove(&pfn);
-            if self.s2p.contains_key(&m.block) {
-                return Err(Refusal::Remapped);
+        if let Some(hist) = self.prev.get_mut(&pfn) {
+            if let Some(i) = hist.iter().rposition(|m| m.hash == h) {
+                let m = hist.remove(i);
+                if hist.is_empty() {
+                    self.prev.remove(&pfn);
+                }
+                if self.s2p.contains_key(&m.block) {
+                    return Err(Refusal::Remapped);
+                }
+                return Ok(evicted(m));
             }
-            return Ok(evicted(m));
         }
         if self.p2s.contains_key(&pfn) || self.prev.contains_key(&pfn) {
             Err(Refusal::ContentChanged)
@@ -420,6 +437,21 @@ mod tests {
         assert_eq!(m.evicted_copy(2, &page(30)), Err(Refusal::Remapped));
         assert_eq!(m.holds(3), Some(30));
         assert_eq!(m.displaced(), 0, "consumed displaced mappings go");
+        // Under reclaim a page cycles through several blocks before the first notice
+        // arrives: each copy still finds its block, late and in any order.
+        for b in 40..50 {
+            m.on_io(4, b, &page(b as u8), b);
+        }
+        for b in [45, 41, 49, 40] {
+            let e = m.evicted_copy(4, &page(b as u8)).unwrap();
+            assert_eq!((e.block, e.gen), (b, b));
+        }
+        // Only the last HISTORY displaced mappings are kept.
+        for b in 0..HISTORY as u64 + 5 {
+            m.on_io(5, 100 + b, &page(b as u8 + 100), 0);
+        }
+        assert_eq!(m.evicted_copy(5, &page(100)), Err(Refusal::ContentChanged));
+        assert!(m.evicted_copy(5, &page(106)).is_ok());
     }
 
     #[test]

@@ -60,6 +60,20 @@ pub struct Device {
     pub notices: crate::exclusive::NoticeStats,
 }
 
+/// What an eviction notice brings of its page.
+#[derive(Debug, Clone, Copy)]
+pub enum Page<'a> {
+    /// Nothing: the page is read from guest memory when the notice is checked.
+    InGuest,
+    /// The guest's copy, taken as it let the page go ([`Device::take_copies`]), or why
+    /// it could not be had.
+    Copy(Result<&'a [u8], Refusal>),
+}
+
+fn read_guest<M: GuestMemory>(mem: &M, gpa: u64, out: &mut [u8]) -> bool {
+    vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(gpa)).is_ok()
+}
+
 /// The guest buffers of a request's data, as (guest physical address, length) runs.
 struct Buffers {
     readable: Vec<(u64, u64)>,
@@ -309,77 +323,94 @@ impl Device {
     /// admitted into the exclusive cache if every check of [`PageMap::evicted`] (or,
     /// with the guest's copy of the page, [`PageMap::evicted_copy`]) and
     /// [`Cache::admit_evicted`] passes.
-    pub fn evicted_in<M: GuestMemory>(
-        &self,
-        pfn: u64,
-        copy: Option<&SlotRef>,
-        mem: &M,
-    ) -> Result<(), Refusal> {
-        let r = self.check_evicted(pfn, copy, mem);
+    pub fn evicted_in<M: GuestMemory>(&self, pfn: u64, page: Page, mem: &M) -> Result<(), Refusal> {
+        let r = self.check_evicted(pfn, page, mem);
         self.notices.count(r);
         r
     }
 
-    fn check_evicted<M: GuestMemory>(
-        &self,
-        pfn: u64,
-        copy: Option<&SlotRef>,
-        mem: &M,
-    ) -> Result<(), Refusal> {
+    fn check_evicted<M: GuestMemory>(&self, pfn: u64, page: Page, mem: &M) -> Result<(), Refusal> {
         let Some(pages) = self.tracking() else {
             return Err(Refusal::NoMapping);
         };
-        let read = |gpa: u64, out: &mut [u8]| {
-            vm_memory::Bytes::read_slice(mem, out, vm_memory::GuestAddress(gpa)).is_ok()
-        };
-        let e = match copy {
-            Some(c) => {
-                let mut data = vec![0u8; PAGE as usize];
-                let mut seq = [0u8; 8];
-                if !read(c.data_gpa, &mut data) || !read(c.seq_gpa, &mut seq) {
-                    return Err(Refusal::Unreadable);
-                }
-                // The guest clears seq before it overwrites the slot: still `seq` after
-                // the copy was read means the copy is this notice's whole.
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                if u64::from_le_bytes(seq) != c.seq {
-                    return Err(Refusal::Overwritten);
-                }
+        let e = match page {
+            Page::Copy(copy) => {
                 let e = pages
                     .lock()
                     .expect("page map lock")
-                    .evicted_copy(pfn, &data);
+                    .evicted_copy(pfn, copy?);
                 if let Ok(e) = &e {
                     // The access log's eviction, which the curve below the guest needs.
                     self.cache.record_eviction(e.block);
                 }
                 e?
             }
-            None => {
+            Page::InGuest => {
                 let mut map = pages.lock().expect("page map lock");
                 // The guest let go of the block this page held (admitted or not).
                 if let Some(block) = map.holds(pfn) {
                     self.cache.record_eviction(block);
                 }
                 map.evicted(pfn, |out| {
-                    pfn.checked_mul(PAGE).is_some_and(|a| read(a, out))
+                    pfn.checked_mul(PAGE)
+                        .is_some_and(|a| read_guest(mem, a, out))
                 })?
             }
         };
         self.cache.admit_evicted(&e)
     }
 
-    /// An eviction notice, checked against the guest memory of the current connection.
-    pub fn evicted(&self, pfn: u64, copy: Option<&SlotRef>) -> Result<(), Refusal> {
-        use vm_memory::GuestAddressSpace;
-        let mem = self.mem.read().expect("mem lock").clone();
-        match mem {
-            Some(m) => self.evicted_in(pfn, copy, &*m.memory()),
-            None => {
-                self.notices.count(Err(Refusal::Unreadable));
-                Err(Refusal::Unreadable)
+    /// The guest's copies of evicted pages, read all at once before anything else is
+    /// done with them (the guest reuses a slot as soon as 1,024 later notices came): a
+    /// copy counts only if its notice's seq word still says so after every copy was
+    /// read (the guest clears it before it overwrites the slot).
+    pub fn take_copies<M: GuestMemory>(
+        copies: &[SlotRef],
+        mem: &M,
+    ) -> Vec<Result<Box<[u8]>, Refusal>> {
+        let mut out: Vec<Result<Box<[u8]>, Refusal>> = copies
+            .iter()
+            .map(|c| {
+                let mut data = vec![0u8; PAGE as usize].into_boxed_slice();
+                match read_guest(mem, c.data_gpa, &mut data) {
+                    true => Ok(data),
+                    false => Err(Refusal::Unreadable),
+                }
+            })
+            .collect();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        for (c, o) in copies.iter().zip(out.iter_mut()) {
+            let mut seq = [0u8; 8];
+            if o.is_ok() && !read_guest(mem, c.seq_gpa, &mut seq) {
+                *o = Err(Refusal::Unreadable);
+            } else if o.is_ok() && u64::from_le_bytes(seq) != c.seq {
+                *o = Err(Refusal::Overwritten);
             }
         }
+        out
+    }
+
+    /// Eviction notices for `pfns` (with the guest's copies of the pages, in the same
+    /// order, or none), checked against the guest memory of the current connection.
+    pub fn evictions(&self, pfns: &[u64], copies: &[SlotRef]) -> Vec<Result<(), Refusal>> {
+        use vm_memory::GuestAddressSpace;
+        let Some(m) = self.mem.read().expect("mem lock").clone() else {
+            let r = Err(Refusal::Unreadable);
+            pfns.iter().for_each(|_| self.notices.count(r));
+            return vec![r; pfns.len()];
+        };
+        let mem = m.memory();
+        let taken = Device::take_copies(copies, &*mem);
+        pfns.iter()
+            .enumerate()
+            .map(|(i, &pfn)| {
+                let page = match taken.get(i) {
+                    Some(c) => Page::Copy(c.as_deref().map_err(|e| *e)),
+                    None => Page::InGuest,
+                };
+                self.evicted_in(pfn, page, &*mem)
+            })
+            .collect()
     }
 
     /// A release notice: the page no longer holds file data.
@@ -602,7 +633,7 @@ mod tests {
     fn exclusive_an_evicted_page_comes_back_from_the_host_and_nothing_stale_is_served() {
         let r = rig(1 << 20);
         r.dev.reconfigure(1 << 20, true);
-        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, None, &r.mem);
+        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, Page::InGuest, &r.mem);
         // Read blocks 2 and 3 into two guest pages: mapped, nothing cached yet.
         r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
         assert_eq!(r.dev.cache.stats().held_bytes, 0);

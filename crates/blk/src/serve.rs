@@ -191,7 +191,7 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                 },
                 Err(e) => serde_json::json!({"error": format!("bad request: {e}")}),
             };
-            if writeln!(w, "{answer}").is_err() {
+            if w.write_all(&line_of(&answer)).is_err() {
                 break;
             }
         }
@@ -220,8 +220,8 @@ fn notices(
     }
     let mut refused = std::collections::BTreeMap::new();
     let mut admitted = 0u64;
-    for (i, &p) in evicted.iter().enumerate() {
-        match dev.evicted(p, copies.get(i)) {
+    for r in dev.evictions(evicted, copies) {
+        match r {
             Ok(()) => admitted += 1,
             Err(why) => *refused.entry(why).or_insert(0u64) += 1,
         }
@@ -246,11 +246,19 @@ fn curve(
     serde_json::to_value(report).unwrap_or_default()
 }
 
+/// `v` as one line, to be written with one call: `writeln!` on a socket writes each
+/// JSON token on its own (thousands of tiny messages for a batch of notices).
+fn line_of(v: &serde_json::Value) -> Vec<u8> {
+    let mut b = serde_json::to_vec(v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
 /// One control request from another process: the answer, as JSON.
 pub fn ask(control: &Path, req: &serde_json::Value) -> std::io::Result<serde_json::Value> {
     let mut s = std::os::unix::net::UnixStream::connect(control)?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    writeln!(s, "{req}")?;
+    s.write_all(&line_of(req))?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(std::io::Error::other)

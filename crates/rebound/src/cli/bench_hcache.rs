@@ -90,6 +90,10 @@ struct Run {
     backend_cpu_ms_per_request: f64,
     notices_admitted: u64,
     notices_refused: BTreeMap<String, u64>,
+    /// Notices the guest overwrote in its ring before the daemon read them, and the
+    /// daemon's reads of the ring.
+    notices_lost: u64,
+    ring_polls: u64,
     /// Blocks whose signature did not check in the guest (must be 0).
     errors: u64,
 }
@@ -283,6 +287,9 @@ impl Setup<'_> {
         };
         let (s1, _) = backend(c, name).await?;
         let cpu = cpu_s(pid) - cpu0;
+        let ev: Value = c
+            .call(Method::GET, &format!("/v1/vms/{name}/evict"), None)
+            .await?;
         let curve = match host_cache_mib {
             0 => None,
             _ => Some(
@@ -316,6 +323,8 @@ impl Setup<'_> {
             backend_cpu_ms_per_request: cpu * 1000.0 / requests as f64,
             notices_admitted: s1["notices_admitted"].as_u64().unwrap_or(0),
             notices_refused: refused,
+            notices_lost: ev["lost"].as_u64().unwrap_or(0),
+            ring_polls: ev["polls"].as_u64().unwrap_or(0),
             errors: last.errors,
         };
         if last.errors > 0 {

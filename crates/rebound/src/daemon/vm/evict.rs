@@ -27,10 +27,10 @@ use crate::daemon::error::chain;
 /// How often the ring is read while the guest evicts little.
 pub const POLL: Duration = Duration::from_millis(20);
 /// How often while it evicts much (a poll found [`BUSY`] notices or more): the ring's
-/// page copies (2,048 by default) last ~35 ms at the ~60k evictions/s a TCG guest
+/// page copies (1,024 by default) last ~17 ms at the ~60k evictions/s a TCG guest
 /// reaches, and a copy read after it was overwritten is refused.
 pub const BUSY_POLL: Duration = Duration::from_millis(2);
-pub const BUSY: usize = 128;
+pub const BUSY: usize = 32;
 
 /// Where notices stand for one VM.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -53,6 +53,11 @@ pub struct EvictStats {
     pub forwarded: u64,
     /// Notices read while the VM had no disk on Rebound's backend.
     pub unforwarded: u64,
+    /// Time spent sending batches to the backends and waiting for their answers: in all,
+    /// and the longest one batch took (ms). A copy must be read before the guest writes
+    /// as many notices as its ring holds, so these bound the rate of evictions it keeps up with.
+    pub forward_ms: f64,
+    pub forward_ms_max: f64,
     /// The backends' answers, summed.
     pub admitted: u64,
     pub refused: BTreeMap<String, u64>,
@@ -198,7 +203,14 @@ fn forward(
         if batch.evicted.len() + batch.released.len() >= BUSY {
             pause = BUSY_POLL;
         }
+        let t = std::time::Instant::now();
         let answers = send(&batch, &controls);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        {
+            let mut s = stats.lock().expect("evict stats");
+            s.forward_ms += ms;
+            s.forward_ms_max = s.forward_ms_max.max(ms);
+        }
         account(&stats, &batch, controls.len(), answers);
     }
     let mut s = stats.lock().expect("evict stats");

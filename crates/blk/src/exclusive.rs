@@ -141,6 +141,16 @@ impl From<[u64; 3]> for SlotRef {
     }
 }
 
+impl From<&rebound_guestmem::evict_ring::SlotRef> for SlotRef {
+    fn from(c: &rebound_guestmem::evict_ring::SlotRef) -> SlotRef {
+        SlotRef {
+            data_gpa: c.data_gpa,
+            seq_gpa: c.seq_gpa,
+            seq: c.seq,
+        }
+    }
+}
+
 impl From<SlotRef> for [u64; 3] {
     fn from(s: SlotRef) -> [u64; 3] {
         [s.data_gpa, s.seq_gpa, s.seq]

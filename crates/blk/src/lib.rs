@@ -9,6 +9,7 @@
 //!   exclusive cache sees;
 //! - [`exclusive`]: which guest page holds which block (P2S, S2P) and the checks an
 //!   eviction notice passes before the evicted page enters the cache;
+//! - [`ring`]: the guest's eviction-notice ring, drained before every request;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
 //! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
 //!   thread per queue, serving QEMU again each time it reconnects.
@@ -20,6 +21,7 @@ pub mod curve;
 pub mod disk;
 pub mod exclusive;
 pub mod request;
+pub mod ring;
 pub mod serve;
 
 pub use cache::{Cache, CacheStats};

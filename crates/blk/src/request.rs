@@ -58,6 +58,8 @@ pub struct Device {
     pub mem: std::sync::RwLock<Option<crate::backend::Mem>>,
     /// What became of eviction notices.
     pub notices: crate::exclusive::NoticeStats,
+    /// The guest's eviction-notice ring, when the daemon said where it is.
+    pub ring: crate::ring::GuestRing,
 }
 
 /// What an eviction notice brings of its page.
@@ -137,6 +139,9 @@ impl Device {
         T::Target: GuestMemory + Sized,
     {
         let mem = chain.memory();
+        // Every eviction the guest noted before it sent this request comes first: a
+        // read of a block it just evicted then finds it in the host cache.
+        self.ring.drain(self, mem);
         let (Ok(mut reader), Ok(mut data)) = (chain.clone().reader(mem), chain.clone().writer(mem))
         else {
             tracing::warn!("a descriptor chain outside guest memory: dropped");
@@ -399,8 +404,17 @@ impl Device {
             pfns.iter().for_each(|_| self.notices.count(r));
             return vec![r; pfns.len()];
         };
-        let mem = m.memory();
-        let taken = Device::take_copies(copies, &*mem);
+        self.evictions_in(pfns, copies, &*m.memory())
+    }
+
+    /// [`Device::evictions`] against `mem`.
+    pub fn evictions_in<M: GuestMemory>(
+        &self,
+        pfns: &[u64],
+        copies: &[SlotRef],
+        mem: &M,
+    ) -> Vec<Result<(), Refusal>> {
+        let taken = Device::take_copies(copies, mem);
         pfns.iter()
             .enumerate()
             .map(|(i, &pfn)| {
@@ -408,9 +422,25 @@ impl Device {
                     Some(c) => Page::Copy(c.as_deref().map_err(|e| *e)),
                     None => Page::InGuest,
                 };
-                self.evicted_in(pfn, page, &*mem)
+                self.evicted_in(pfn, page, mem)
             })
             .collect()
+    }
+
+    /// Follows the guest's ring at `gpa` (see [`crate::ring`]) and takes what it holds.
+    pub fn follow_ring(&self, gpa: u64, bytes: u64) -> Result<crate::ring::RingCounts, String> {
+        use vm_memory::GuestAddressSpace;
+        let Some(m) = self.mem.read().expect("mem lock").clone() else {
+            return Err(
+                "no guest is connected: there is no guest memory to read the ring from".into(),
+            );
+        };
+        let mem = m.memory();
+        self.ring
+            .set(gpa, bytes, &*mem)
+            .map_err(|e| e.to_string())?;
+        self.ring.drain(self, &*mem);
+        Ok(self.ring.counts())
     }
 
     /// A release notice: the page no longer holds file data.
@@ -589,6 +619,7 @@ mod tests {
             pages: Default::default(),
             mem: Default::default(),
             notices: Default::default(),
+            ring: Default::default(),
             serial: b"disk0".to_vec(),
         };
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
@@ -627,6 +658,84 @@ mod tests {
 
     fn status() -> RawDescriptor {
         d(STATUS, 1, W)
+    }
+
+    /// A notice ring (`guest/evict/ring.h`, version 2) at `RING` with 16 page copies.
+    const RING: u64 = 0x38_0000;
+    const SLOTS: u64 = 0x39_0000;
+
+    fn make_ring(mem: &GuestMemoryMmap) {
+        let put = |at: u64, v: &[u8]| mem.write_slice(v, GuestAddress(RING + at)).unwrap();
+        put(0, b"RBEVRING");
+        put(8, &2u32.to_le_bytes());
+        put(12, &16u32.to_le_bytes());
+        put(16, &16u64.to_le_bytes());
+        put(32, &4096u32.to_le_bytes());
+        put(36, &16u32.to_le_bytes());
+        put(40, &1u32.to_le_bytes());
+        put(44, &4096u32.to_le_bytes());
+        put(64, &SLOTS.to_le_bytes());
+    }
+
+    /// The guest's module: notice n for the page at `gpa`, with its copy.
+    fn guest_evicts(mem: &GuestMemoryMmap, gpa: u64) {
+        let n = mem.read_obj::<u64>(GuestAddress(RING + 24)).unwrap() + 1;
+        let s = (n - 1) % 16;
+        let e = RING + 4096 + s * 16;
+        mem.write_obj(0u64, GuestAddress(e)).unwrap();
+        let mut page = vec![0u8; 4096];
+        mem.read_slice(&mut page, GuestAddress(gpa)).unwrap();
+        mem.write_slice(&page, GuestAddress(SLOTS + s * 4096))
+            .unwrap();
+        mem.write_obj((gpa / PAGE) | (1 << 56), GuestAddress(e + 8))
+            .unwrap();
+        mem.write_obj(n, GuestAddress(e)).unwrap();
+        mem.write_obj(n, GuestAddress(RING + 24)).unwrap();
+    }
+
+    #[test]
+    fn the_ring_is_taken_before_each_request_so_a_block_evicted_then_read_back_hits() {
+        let r = rig(1 << 20);
+        r.dev.reconfigure(1 << 20, true);
+        make_ring(&r.mem);
+        r.dev.ring.set(RING, 8192, &r.mem).unwrap();
+        // Block 2 read into a page; the guest evicts it and at once reuses the page.
+        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 4096, W), status()]);
+        guest_evicts(&r.mem, DATA);
+        r.mem
+            .write_slice(&[0x77; 4096], GuestAddress(DATA))
+            .unwrap();
+        // A forged notice: a page no I/O mapped, holding what block 3 would.
+        let forged = DATA + 0x20000;
+        r.mem.write_slice(&[3; 4096], GuestAddress(forged)).unwrap();
+        guest_evicts(&r.mem, forged);
+        // Its next request reads block 2 back: the ring was taken first, so the block
+        // is in the host cache, from the copy, and the read hits it.
+        let other = DATA + 0x10000;
+        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(other, 4096, W), status()]);
+        let mut got = vec![0u8; 4096];
+        r.mem.read_slice(&mut got, GuestAddress(other)).unwrap();
+        assert!(got.iter().all(|b| *b == 2), "block 2's bytes");
+        let (c, s) = (r.dev.ring.counts(), r.dev.cache.stats());
+        assert_eq!((c.evicted, c.lost, c.polls), (2, 0, 1));
+        assert_eq!((s.hits, s.held_bytes), (1, 0), "the hit moved block 2 back");
+        assert_eq!(
+            r.dev
+                .notices
+                .admitted
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!(r.dev.notices.refused()[&Refusal::NoMapping], 1);
+        // Nothing new: requests do not read the ring again.
+        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(other, 4096, W), status()]);
+        assert_eq!(r.dev.ring.counts().polls, 1);
+        // A ring whose magic is gone (the module unloaded) is given up, in words.
+        r.mem.write_obj(0u64, GuestAddress(RING)).unwrap();
+        guest_evicts(&r.mem, other);
+        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(other, 4096, W), status()]);
+        let c = r.dev.ring.counts();
+        assert!(c.ring.is_none() && c.error.unwrap().contains("magic"));
     }
 
     #[test]

@@ -72,6 +72,13 @@ pub enum Control {
         #[serde(default)]
         released: Vec<u64>,
     },
+    /// Follow the guest's eviction-notice ring at `gpa` (`bytes` long; the guest's
+    /// agent reports it) and take what it holds now; the answer has the ring's counts
+    /// and the notices' outcomes. Sent again and again: the same ring is kept.
+    Ring {
+        gpa: u64,
+        bytes: u64,
+    },
     /// The miss-ratio curve traced below the guest (exclusive cache only), up to
     /// `max_bytes` of host-side size; `restart` then starts it afresh with `config`.
     Curve {
@@ -117,6 +124,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         pages: Default::default(),
         mem: Default::default(),
         notices: Default::default(),
+        ring: Default::default(),
     });
     let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if let Some(c) = &o.control {
@@ -180,6 +188,15 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     copies,
                     released,
                 }) => notices(dev, &evicted, &copies, &released),
+                Ok(Control::Ring { gpa, bytes }) => match dev.follow_ring(gpa, bytes) {
+                    Ok(counts) => serde_json::json!({
+                        "ring": counts,
+                        "admitted": dev.notices.admitted.load(Relaxed),
+                        "refused": dev.notices.refused(),
+                        "released": dev.notices.released.load(Relaxed),
+                    }),
+                    Err(e) => serde_json::json!({"error": e}),
+                },
                 Ok(Control::Cache { bytes, exclusive }) => {
                     dev.reconfigure(bytes, exclusive);
                     serde_json::json!({"ok": true, "cache": dev.cache.stats()})

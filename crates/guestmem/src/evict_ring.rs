@@ -282,6 +282,20 @@ impl RingReader {
         Ok(out)
     }
 
+    /// Whether the guest wrote notices since the last poll: one 8-byte read of the
+    /// head, for a reader that looks before every I/O request (a poll checks the rest).
+    pub fn pending(&self, src: &impl RingSource) -> Result<bool, RingError> {
+        let mut h = [0u8; 8];
+        src.read_at(self.gpa + 24, &mut h)
+            .map_err(RingError::Read)?;
+        Ok(u64::from_le_bytes(h) != self.next.wrapping_sub(1))
+    }
+
+    /// Where the ring is: (guest physical address, bytes).
+    pub fn place(&self) -> (u64, u64) {
+        (self.gpa, self.bytes)
+    }
+
     /// The notices written since the last poll.
     pub fn poll(&mut self, src: &impl RingSource) -> Result<Batch, RingError> {
         let h = self.header(src)?;
@@ -447,6 +461,10 @@ mod tests {
             assert_eq!(b.evicted[0], round * 1000 + 1);
             assert_eq!(b.released[1], round * 1000 + 10);
             assert_eq!(poll(&mut r, &m), Batch::default(), "nothing twice");
+            assert!(!r.pending(&m).unwrap());
+            push(&mut m.bytes.borrow_mut(), 1, KIND_EVICTED);
+            assert!(r.pending(&m).unwrap());
+            assert_eq!(poll(&mut r, &m).evicted, vec![1]);
         }
     }
 

@@ -1,18 +1,21 @@
 //! Eviction notices from the guest to the VM's disk backends (exclusive host cache,
 //! Hcache section 3.3). The guest's module `rebound_evict` writes one notice per page
-//! it lets go of into a ring in guest memory; the agent says where (`ready.evict_ring`).
-//! A thread per VM reads the ring from the RAM file every [`POLL`] (or [`BUSY_POLL`]
-//! while the guest evicts much) and sends what it found, with where the guest's copy of
-//! each evicted page is, as one `notices` control request, to every disk of the VM
-//! whose host cache is exclusive (the backend reads the copies through its own mapping
-//! of guest memory) (`vm memory --host-cache`): only the backend whose I/O put a block in that page has a mapping for it, the
-//! others answer `no_mapping` (so refusals of that kind grow with the number of disks).
+//! it lets go of, with a copy of an evicted page, into a ring in guest memory; the agent
+//! says where (`ready.evict_ring`). Each disk's backend reads the ring itself through
+//! its mapping of guest memory, before every request it serves (`rebound_blk::ring`):
+//! a thread per VM here tells every backend where the ring is every [`POLL`] (every
+//! [`BUSY_POLL`] while the guest evicts much), which also makes it take what the ring
+//! holds when the guest does no I/O, and sums what the backends answer. Only the
+//! backend whose I/O put a block in a page has a mapping for it, the others refuse the
+//! notice as `no_mapping` (so refusals of that kind grow with the number of disks). A VM
+//! with no disk on Rebound's backend has its ring read by this thread, to count.
 //!
 //! Counters (`GET /v1/vms/{name}/evict`): notices read, lost (overwritten in the ring
-//! before the host read them), forwarded, and what the backends answered. A guest
+//! before they were read), taken by the backends, and what became of them. A guest
 //! without the module is said to have none, never silently counted as zero notices.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,15 +23,19 @@ use rebound_api::{EvictRingAddr, VmState};
 use rebound_guestmem::evict_ring::{Batch, RingReader};
 use rebound_guestmem::{GuestMemory, Layout};
 use serde::Serialize;
+use serde_json::Value;
 
 use super::VmHandle;
 use crate::daemon::error::chain;
 
-/// How often the ring is read while the guest evicts little.
+/// How often the backends are told the ring (and take what it holds) while the guest
+/// evicts little.
 pub const POLL: Duration = Duration::from_millis(20);
-/// How often while it evicts much (a poll found [`BUSY`] notices or more): the ring's
-/// page copies (1,024 by default) last ~17 ms at the ~60k evictions/s a TCG guest
-/// reaches, and a copy read after it was overwritten is refused.
+/// How often while it evicts much (the last poll found [`BUSY`] notices or more)
+/// without the I/O that makes the backends read the ring anyway (a balloon taking
+/// memory, `drop_caches`): the ring's page copies (1,024 by default) last ~17 ms at the
+/// ~60k evictions/s a TCG guest reaches, and a copy read after it was overwritten is
+/// refused.
 pub const BUSY_POLL: Duration = Duration::from_millis(2);
 pub const BUSY: usize = 32;
 
@@ -49,13 +56,14 @@ pub struct EvictStats {
     pub lost: u64,
     /// Entries with an unknown kind.
     pub invalid: u64,
-    /// Notices sent to the backends (each sent once per backend).
+    /// Notices the backends took while their caches were exclusive (counted once per
+    /// backend).
     pub forwarded: u64,
-    /// Notices read while the VM had no disk on Rebound's backend.
+    /// Notices read while no disk's cache was exclusive, or the VM had no disk on
+    /// Rebound's backend.
     pub unforwarded: u64,
-    /// Time spent sending batches to the backends and waiting for their answers: in all,
-    /// and the longest one batch took (ms). A copy must be read before the guest writes
-    /// as many notices as its ring holds, so these bound the rate of evictions it keeps up with.
+    /// Time spent telling the backends the ring and waiting for their answers (which
+    /// includes taking what the ring held): in all, and the longest one round took (ms).
     pub forward_ms: f64,
     pub forward_ms_max: f64,
     /// The backends' answers, summed.
@@ -143,16 +151,12 @@ fn forward(
     ram: std::path::PathBuf,
     stats: Arc<Mutex<EvictStats>>,
 ) {
-    let mut reader: Option<(GuestMemory<rebound_guestmem::FileSource>, RingReader)> = None;
-    // The first reader starts from the ring's first notice: the agent reports the ring
-    // after the module began writing, and those notices count. One opened again (after
-    // a read error) starts from the head, so nothing is sent twice.
+    let mut own: Option<(GuestMemory<rebound_guestmem::FileSource>, RingReader)> = None;
+    // The daemon's own first reader starts from the ring's first notice: the agent
+    // reports the ring after the module began writing, and those notices count. One
+    // opened again starts from the head, so nothing is counted twice.
     let mut first = true;
-    let fail = |e: String| {
-        let mut s = stats.lock().expect("evict stats");
-        s.state = "failing".into();
-        s.detail = Some(e);
-    };
+    let mut seen: BTreeMap<PathBuf, Seen> = BTreeMap::new();
     let mut pause = POLL;
     while vm.evict_current(gen) {
         std::thread::sleep(pause);
@@ -164,54 +168,28 @@ fn forward(
         if rec.state != VmState::Running {
             continue;
         }
-        if reader.is_none() {
-            let opened = Layout::pc(rec.spec.memory_mib << 20)
-                .map_err(|e| e.to_string())
-                .and_then(|l| GuestMemory::open_ram_file(&ram, l).map_err(|e| e.to_string()))
-                .and_then(|m| {
-                    let r = RingReader::open(&m, ring.gpa, ring.bytes).map_err(|e| chain(&e))?;
-                    Ok((m, if first { r.from_start() } else { r }))
-                });
-            match opened {
-                Ok(x) => {
-                    reader = Some(x);
-                    first = false;
-                }
-                Err(e) => {
-                    fail(e);
-                    continue;
-                }
+        let controls: Vec<PathBuf> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
+        if controls.is_empty() {
+            // No disk on Rebound's backend: the daemon reads the ring itself, to count.
+            if let Some(batch) = read_own(&mut own, &mut first, &rec, &ram, ring, &stats) {
+                account(&stats, &batch, 0, Vec::new());
             }
+            continue;
         }
-        let (mem, r) = reader.as_mut().expect("opened above");
-        let batch = match r.poll(mem) {
-            Ok(b) => b,
-            Err(e) => {
-                fail(chain(&e));
-                reader = None;
-                continue;
-            }
-        };
-        // Only disks whose cache is exclusive (`vm memory --host-cache`) take notices;
-        // until one is, they are read and counted as unforwarded.
-        let controls: Vec<_> = rec
-            .blk
+        own = None;
+        first = false;
+        let t = std::time::Instant::now();
+        let answers: Vec<_> = controls
             .iter()
-            .filter(|p| p.serve.exclusive)
-            .map(|p| p.serve.control.clone())
+            .map(|c| (c.clone(), tell(c, ring)))
             .collect();
-        if batch.evicted.len() + batch.released.len() >= BUSY {
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let mut s = stats.lock().expect("evict stats");
+        s.forward_ms += ms;
+        s.forward_ms_max = s.forward_ms_max.max(ms);
+        if take(&mut s, &mut seen, answers) >= BUSY as u64 {
             pause = BUSY_POLL;
         }
-        let t = std::time::Instant::now();
-        let answers = send(&batch, &controls);
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        {
-            let mut s = stats.lock().expect("evict stats");
-            s.forward_ms += ms;
-            s.forward_ms_max = s.forward_ms_max.max(ms);
-        }
-        account(&stats, &batch, controls.len(), answers);
     }
     let mut s = stats.lock().expect("evict stats");
     if s.state == "forwarding" || s.state == "failing" {
@@ -220,44 +198,169 @@ fn forward(
     }
 }
 
-/// Sends the batch to each backend, in requests of at most the backend's limit.
-fn send(b: &Batch, controls: &[std::path::PathBuf]) -> Vec<Result<serde_json::Value, String>> {
-    if b.evicted.is_empty() && b.released.is_empty() {
-        return Vec::new();
-    }
-    let per = rebound_blk::serve::MAX_NOTICES / 2;
-    let mut out = Vec::new();
-    for c in controls {
-        let chunks = b.evicted.len().max(b.released.len()).div_ceil(per);
-        for i in 0..chunks {
-            let part = |v: &[u64]| {
-                v.iter()
-                    .skip(i * per)
-                    .take(per)
-                    .copied()
-                    .collect::<Vec<_>>()
-            };
-            let copies: Vec<[u64; 3]> = b
-                .copies
-                .iter()
-                .skip(i * per)
-                .take(per)
-                .map(|c| [c.data_gpa, c.seq_gpa, c.seq])
-                .collect();
-            let req = serde_json::json!({
-                "op": "notices",
-                "evicted": part(&b.evicted),
-                "copies": copies,
-                "released": part(&b.released),
+/// One poll of the ring by the daemon itself (no disk on Rebound's backend).
+fn read_own(
+    own: &mut Option<(GuestMemory<rebound_guestmem::FileSource>, RingReader)>,
+    first: &mut bool,
+    rec: &crate::daemon::vm::VmRecord,
+    ram: &Path,
+    ring: EvictRingAddr,
+    stats: &Mutex<EvictStats>,
+) -> Option<Batch> {
+    let fail = |e: String| {
+        let mut s = stats.lock().expect("evict stats");
+        s.state = "failing".into();
+        s.detail = Some(e);
+    };
+    if own.is_none() {
+        let opened = Layout::pc(rec.spec.memory_mib << 20)
+            .map_err(|e| e.to_string())
+            .and_then(|l| GuestMemory::open_ram_file(ram, l).map_err(|e| e.to_string()))
+            .and_then(|m| {
+                let r = RingReader::open(&m, ring.gpa, ring.bytes).map_err(|e| chain(&e))?;
+                Ok((m, if *first { r.from_start() } else { r }))
             });
-            out.push(match rebound_blk::serve::ask(c, &req) {
-                Ok(v) if v.get("error").is_some() => Err(v["error"].to_string()),
-                Ok(v) => Ok(v),
-                Err(e) => Err(format!("{}: {e}", c.display())),
-            });
+        match opened {
+            Ok(x) => {
+                *own = Some(x);
+                *first = false;
+            }
+            Err(e) => {
+                fail(e);
+                return None;
+            }
         }
     }
-    out
+    let (mem, r) = own.as_mut().expect("opened above");
+    match r.poll(mem) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            fail(chain(&e));
+            *own = None;
+            None
+        }
+    }
+}
+
+/// Tells one backend where the ring is, which makes it take what the ring holds now
+/// (it also takes notices before every request it serves).
+fn tell(control: &Path, ring: EvictRingAddr) -> Result<Value, String> {
+    let req = serde_json::json!({"op": "ring", "gpa": ring.gpa, "bytes": ring.bytes});
+    match rebound_blk::serve::ask(control, &req) {
+        Ok(v) if v.get("error").is_some() => Err(format!("{}: {}", control.display(), v["error"])),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{}: {e}", control.display())),
+    }
+}
+
+/// A backend's running totals, as its last answer gave them.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Seen {
+    evicted: u64,
+    released: u64,
+    lost: u64,
+    invalid: u64,
+    ignored: u64,
+    admitted: u64,
+    backend_released: u64,
+    refused: BTreeMap<String, u64>,
+    error: Option<String>,
+}
+
+impl Seen {
+    fn of(v: &Value) -> Seen {
+        let n = |x: &Value| x.as_u64().unwrap_or(0);
+        let r = &v["ring"];
+        Seen {
+            evicted: n(&r["evicted"]),
+            released: n(&r["released"]),
+            lost: n(&r["lost"]),
+            invalid: n(&r["invalid"]),
+            ignored: n(&r["ignored"]),
+            admitted: n(&v["admitted"]),
+            backend_released: n(&v["released"]),
+            refused: v["refused"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, x)| (k.clone(), n(x))).collect())
+                .unwrap_or_default(),
+            error: r["ring"]
+                .is_null()
+                .then(|| r["error"].as_str().map(str::to_string))
+                .flatten(),
+        }
+    }
+
+    /// What grew since `old` (a backend started again counts from zero).
+    fn since(&self, old: &Seen) -> Seen {
+        let d = |new: u64, old: u64| if new >= old { new - old } else { new };
+        Seen {
+            evicted: d(self.evicted, old.evicted),
+            released: d(self.released, old.released),
+            lost: d(self.lost, old.lost),
+            invalid: d(self.invalid, old.invalid),
+            ignored: d(self.ignored, old.ignored),
+            admitted: d(self.admitted, old.admitted),
+            backend_released: d(self.backend_released, old.backend_released),
+            refused: self
+                .refused
+                .iter()
+                .map(|(k, &v)| (k.clone(), d(v, old.refused.get(k).copied().unwrap_or(0))))
+                .collect(),
+            error: self.error.clone(),
+        }
+    }
+}
+
+/// Adds the backends' answers to the counters: the ring's counts from the first disk
+/// (every disk reads the same ring), the notices' outcomes from all. Returns how many
+/// notices the ring gave since the last answer.
+fn take(
+    s: &mut EvictStats,
+    seen: &mut BTreeMap<PathBuf, Seen>,
+    answers: Vec<(PathBuf, Result<Value, String>)>,
+) -> u64 {
+    s.polls += 1;
+    let mut fresh = 0;
+    let mut first = true;
+    for (c, a) in answers {
+        let v = match a {
+            Ok(v) => v,
+            Err(e) => {
+                s.backend_errors += 1;
+                s.last_error = Some(e);
+                continue;
+            }
+        };
+        let new = Seen::of(&v);
+        let d = new.since(&seen.get(&c).cloned().unwrap_or_default());
+        seen.insert(c, new);
+        if first {
+            first = false;
+            s.evicted += d.evicted;
+            s.released += d.released;
+            s.lost += d.lost;
+            s.invalid += d.invalid;
+            s.unforwarded += d.ignored;
+            fresh = d.evicted + d.released;
+            match d.error {
+                Some(e) => {
+                    s.state = "failing".into();
+                    s.detail = Some(e);
+                }
+                None => {
+                    s.state = "forwarding".into();
+                    s.detail = None;
+                }
+            }
+        }
+        s.forwarded += (d.evicted + d.released).saturating_sub(d.ignored);
+        s.admitted += d.admitted;
+        s.backend_released += d.backend_released;
+        for (why, k) in d.refused {
+            *s.refused.entry(why).or_default() += k;
+        }
+    }
+    fresh
 }
 
 fn account(
@@ -300,6 +403,58 @@ fn account(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_answers_add_what_grew_and_a_restarted_backend_counts_from_zero() {
+        let mut s = EvictStats::default();
+        let mut seen = BTreeMap::new();
+        let answer = |ev: u64, ign: u64, adm: u64, nm: u64| {
+            Ok(serde_json::json!({
+                "ring": {"ring": [4096, 32768], "evicted": ev, "released": 1, "lost": 2,
+                         "invalid": 0, "ignored": ign, "error": null},
+                "admitted": adm, "refused": {"no_mapping": nm}, "released": 1,
+            }))
+        };
+        let (a, b) = (PathBuf::from("a.ctl"), PathBuf::from("b.ctl"));
+        let fresh = take(
+            &mut s,
+            &mut seen,
+            vec![
+                (a.clone(), answer(100, 40, 50, 10)),
+                (b.clone(), answer(100, 40, 0, 60)),
+            ],
+        );
+        assert_eq!(fresh, 101);
+        assert_eq!(
+            (s.evicted, s.released, s.lost, s.unforwarded),
+            (100, 1, 2, 40)
+        );
+        assert_eq!(
+            (s.forwarded, s.admitted, s.refused["no_mapping"]),
+            (122, 50, 70)
+        );
+        assert_eq!(s.state, "forwarding");
+        // Only what grew counts; b restarted (its totals went back) and one failed.
+        let fresh = take(
+            &mut s,
+            &mut seen,
+            vec![
+                (a.clone(), answer(130, 40, 70, 20)),
+                (b, Err("gone".into())),
+            ],
+        );
+        assert_eq!(
+            (fresh, s.evicted, s.admitted, s.refused["no_mapping"]),
+            (30, 130, 70, 80)
+        );
+        assert_eq!(
+            (s.backend_errors, s.last_error.as_deref()),
+            (1, Some("gone"))
+        );
+        let fresh = take(&mut s, &mut seen, vec![(a, answer(5, 0, 1, 0))]);
+        assert_eq!((fresh, s.evicted, s.admitted), (5, 135, 71));
+        assert_eq!(s.polls, 3);
+    }
 
     #[test]
     fn answers_are_summed_and_errors_kept() {

@@ -8,6 +8,7 @@
 //! only what the guest evicts; `--host-cache 0` gives it all back. The setting lasts
 //! until the VM stops.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rebound_api::HostCacheReport;
@@ -93,6 +94,29 @@ impl Owner {
                 }
             }
         }
+        // Each disk's share; with none moved, the caches go back to what the spec says.
+        let n = rec.blk.len() as u64;
+        let spec_cache = rec.spec.disk_cache_mib * MIB;
+        let (per_disk, exclusive) = match y {
+            0 => (spec_cache, false),
+            _ => (y / n.max(1), true),
+        };
+        let controls: Vec<_> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
+        let was: Vec<_> = rec
+            .blk
+            .iter()
+            .map(|p| (p.serve.cache_bytes, p.serve.exclusive))
+            .collect();
+        // An exclusive cache is in place before the balloon takes the memory: what the
+        // guest evicts to give it is what the host cache must hold (and its curve see).
+        if exclusive {
+            if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
+                restore_caches(&controls, &was).await;
+                return Err(OpError::Internal(format!(
+                    "a disk backend refused its cache ({e}): nothing was moved"
+                )));
+            }
+        }
         q.execute("balloon", Some(json!({"value": target}))).await?;
         let end = Instant::now() + BALLOON_WAIT;
         let mut actual = balloon_actual(&q).await?;
@@ -102,6 +126,9 @@ impl Owner {
         }
         if actual.abs_diff(target) >= MIB {
             let _ = q.execute("balloon", Some(json!({"value": before}))).await;
+            if exclusive {
+                restore_caches(&controls, &was).await;
+            }
             return Err(OpError::BadRequest(format!(
                 "the guest cannot give {} MiB{guarded}: it came down only to {} MiB of the {} MiB asked within {} s, so its balloon is back to {} MiB and nothing was moved",
                 (before - target) / MIB,
@@ -112,7 +139,6 @@ impl Owner {
             )));
         }
         let balloon_s = t.elapsed().as_secs_f64();
-        let n = rec.blk.len() as u64;
         if n == 0 {
             self.vm
                 .update(|r| r.allocation_mib = Some(allocation / MIB));
@@ -133,36 +159,16 @@ impl Owner {
                 notes,
             });
         }
-        // Each disk's share; with none moved, the caches go back to what the spec says.
-        let spec_cache = rec.spec.disk_cache_mib * MIB;
-        let (per_disk, exclusive) = match y {
-            0 => (spec_cache, false),
-            _ => (y / n, true),
-        };
-        let controls: Vec<_> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
-        let answers = tokio::task::spawn_blocking(move || {
-            controls
-                .iter()
-                .map(|c| {
-                    let req = json!({"op": "cache", "bytes": per_disk, "exclusive": exclusive});
-                    rebound_blk::serve::ask(c, &req)
-                        .map_err(|e| format!("{}: {e}", c.display()))
-                        .and_then(|v| match v.get("error") {
-                            Some(e) => Err(format!("{}: {e}", c.display())),
-                            None => Ok(v),
-                        })
-                })
-                .collect::<Vec<Result<Value, String>>>()
-        })
-        .await
-        .map_err(|e| OpError::Internal(e.to_string()))?;
-        if let Some(e) = answers.iter().find_map(|a| a.as_ref().err()) {
-            // Memory the guest gave and no cache to hold it: give it back.
-            let _ = q.execute("balloon", Some(json!({"value": before}))).await;
-            return Err(OpError::Internal(format!(
-                "a disk backend refused its cache ({e}): the guest's balloon is back to {} MiB",
-                before / MIB
-            )));
+        // Caches given back after the guest has its memory again.
+        if !exclusive {
+            if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
+                // Memory the guest gave and no cache to hold it: give it back.
+                let _ = q.execute("balloon", Some(json!({"value": before}))).await;
+                return Err(OpError::Internal(format!(
+                    "a disk backend refused its cache ({e}): the guest's balloon is back to {} MiB",
+                    before / MIB
+                )));
+            }
         }
         self.vm.update(|r| {
             r.allocation_mib = Some(allocation / MIB);
@@ -188,6 +194,44 @@ impl Owner {
             notes,
         })
     }
+}
+
+/// Gives each backend `bytes` of cache, exclusive or not; the first refusal, in words.
+async fn set_caches(controls: &[PathBuf], bytes: u64, exclusive: bool) -> Result<(), String> {
+    let settings = vec![(bytes, exclusive); controls.len()];
+    let answers = ask_caches(controls.to_vec(), settings).await;
+    answers
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
+
+/// Puts each backend's cache back as it was (best effort: this undoes a failed move).
+async fn restore_caches(controls: &[PathBuf], was: &[(u64, bool)]) {
+    let _ = ask_caches(controls.to_vec(), was.to_vec()).await;
+}
+
+async fn ask_caches(
+    controls: Vec<PathBuf>,
+    settings: Vec<(u64, bool)>,
+) -> Vec<Result<Value, String>> {
+    let asked = tokio::task::spawn_blocking(move || {
+        controls
+            .iter()
+            .zip(settings)
+            .map(|(c, (bytes, exclusive))| {
+                let req = json!({"op": "cache", "bytes": bytes, "exclusive": exclusive});
+                rebound_blk::serve::ask(c, &req)
+                    .map_err(|e| format!("{}: {e}", c.display()))
+                    .and_then(|v| match v.get("error") {
+                        Some(e) => Err(format!("{}: {e}", c.display())),
+                        None => Ok(v),
+                    })
+            })
+            .collect()
+    })
+    .await;
+    asked.unwrap_or_else(|e| vec![Err(e.to_string())])
 }
 
 /// The guest's memory as the balloon has it, bytes.

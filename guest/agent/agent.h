@@ -64,6 +64,9 @@ struct config {
 	unsigned io_class_p, io_class_q; /* P% of the files get Q% of the requests */
 	uint64_t io_seed;
 	double io_write_ratio;
+	/* Of the writes, the share that churn the file set (wl_files.c): one 64 KiB chunk
+	 * overwritten, the file truncated and written back, or deleted and created anew. */
+	double io_churn;
 	unsigned io_requests; /* per round */
 	/* The peer workload (wl_peer.c). */
 	int peer_port; /* listens there for peers and host clients (default 7400) */
@@ -197,8 +200,12 @@ struct files_sampler {
 	uint32_t *perm; /* zipf: rank -> file; class: the hot files first */
 	double *cdf; /* zipf: P(rank <= i) */
 	uint32_t hot; /* class: how many files are hot */
-	double hot_share, write_ratio;
+	double hot_share, write_ratio, churn;
 };
+/* What a write request does to its file. */
+enum files_op { FO_REWRITE, FO_CHUNK, FO_TRUNCATE, FO_DELETE };
+/* The write request n does (io_churn of them churn, evenly among the three kinds). */
+enum files_op files_write_op(const struct files_sampler *s, uint64_t n);
 /* Returns 0, or -1 when out of memory. */
 int files_sampler_init(struct files_sampler *s, const struct config *cfg);
 void files_sampler_free(struct files_sampler *s);

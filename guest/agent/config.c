@@ -345,6 +345,9 @@ static int parse_files_key(const char *key, const char *val, struct config *cfg,
 	} else if (strcmp(key, "io_write_ratio") == 0) {
 		if (parse_decimal(val, 0, 1, &cfg->io_write_ratio) < 0)
 			problem_why(err, errlen, problems, "rebound.io_write_ratio", val, "not in 0-1");
+	} else if (strcmp(key, "io_churn") == 0) {
+		if (parse_decimal(val, 0, 1, &cfg->io_churn) < 0)
+			problem_why(err, errlen, problems, "rebound.io_churn", val, "not in 0-1");
 	} else if (strcmp(key, "io_requests") == 0) {
 		if (parse_uint(val, 1, 100000000, &u) < 0)
 			problem_why(err, errlen, problems, "rebound.io_requests", val, "not in 1-100000000");

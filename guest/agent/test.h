@@ -37,5 +37,6 @@ void test_files_config(void);
 void test_files_samplers(void);
 void test_files_signature(void);
 void test_files_run(void);
+void test_files_churn(void);
 
 #endif

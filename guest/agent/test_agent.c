@@ -751,6 +751,7 @@ int main(void)
 	test_files_samplers();
 	test_files_signature();
 	test_files_run();
+	test_files_churn();
 	test_json_valid();
 	test_json_malformed();
 	test_json_fuzz();

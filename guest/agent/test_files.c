@@ -208,6 +208,18 @@ static void files_start(struct node *nd, const struct config *cfg)
 	nd->len = 0;
 }
 
+/* Removes the n files of cfg's set, its directory and dir. */
+static void remove_set(const struct config *cfg, uint32_t n, const char *dir)
+{
+	char path[128];
+	for (uint32_t k = 0; k < n; k++) {
+		snprintf(path, sizeof(path), "%s/f%05u", cfg->io_dir, k);
+		unlink(path);
+	}
+	rmdir(cfg->io_dir);
+	rmdir(dir);
+}
+
 void test_files_run(void)
 {
 	char dir[] = "/tmp/rebound-files-XXXXXX", line[1024], path[128];
@@ -261,10 +273,49 @@ void test_files_run(void)
 	snprintf(want, sizeof(want), "f%05u offset 7168", top);
 	CHECK(json_num(line, "errors") > 0 && strstr(line, want) && strstr(line, "stale"));
 	node_kill(&nd);
-	for (uint32_t k = 0; k < 8; k++) {
-		snprintf(path, sizeof(path), "%s/f%05u", cfg.io_dir, k);
-		unlink(path);
+	remove_set(&cfg, 8, dir);
+}
+
+void test_files_churn(void)
+{
+	char dir[] = "/tmp/rebound-churn-XXXXXX", line[1024], err[256];
+	struct config cfg;
+	struct files_sampler s, t;
+	struct node nd;
+	/* io_churn parses in 0-1 and leaves which files are picked as they were. */
+	CHECK(parse_cmdline("rebound.io_churn=0.25", &cfg, err, sizeof(err)) == 0 && cfg.io_churn == 0.25);
+	CHECK(parse_cmdline("rebound.io_churn=1.5", &cfg, err, sizeof(err)) == 1 && strstr(err, "io_churn"));
+	files_cfg(&cfg, FP_ZIPF, 50, 3, 0.5);
+	CHECK(files_sampler_init(&s, &cfg) == 0);
+	cfg.io_churn = 0.3;
+	CHECK(files_sampler_init(&t, &cfg) == 0);
+	unsigned kinds[4] = {0}, n0 = 0;
+	for (uint64_t n = 0; n < 30000; n++) {
+		int w1, w2;
+		CHECK(files_pick(&s, n, &w1) == files_pick(&t, n, &w2) && w1 == w2);
+		n0 += files_write_op(&s, n) == FO_REWRITE;
+		kinds[files_write_op(&t, n)]++;
 	}
-	rmdir(cfg.io_dir);
-	rmdir(dir);
+	CHECK(n0 == 30000);
+	CHECK(kinds[FO_REWRITE] > 20000 && kinds[FO_REWRITE] < 22000);
+	for (int k = FO_CHUNK; k <= FO_DELETE; k++)
+		CHECK(kinds[k] > 2700 && kinds[k] < 3300);
+	files_sampler_free(&s);
+	files_sampler_free(&t);
+	/* A run that churns: every read still checks, chunk by chunk. */
+	CHECK(mkdtemp(dir) != NULL);
+	files_cfg(&cfg, FP_RANDOM, 6, 5, 0.6);
+	cfg.io_churn = 1;
+	snprintf(cfg.io_dir, sizeof(cfg.io_dir), "%s/set", dir);
+	cfg.io_file_size = 256 * 1024;
+	cfg.io_requests = 150;
+	files_start(&nd, &cfg);
+	CHECK(node_wait(&nd, 20000, line, sizeof(line), "READY", NULL));
+	CHECK(node_wait(&nd, 20000, line, sizeof(line), "\"type\":\"files\"", "\"round\":1", NULL));
+	CHECK(json_num(line, "errors") == 0 && strstr(line, "\"first_error\":null"));
+	CHECK(json_num(line, "chunk_writes") > 5 && json_num(line, "truncates") > 5 && json_num(line, "deletes") > 5);
+	CHECK(json_num(line, "chunk_writes") + json_num(line, "truncates") + json_num(line, "deletes") ==
+	      json_num(line, "writes"));
+	node_kill(&nd);
+	remove_set(&cfg, 6, dir);
 }

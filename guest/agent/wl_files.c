@@ -5,9 +5,13 @@
  * cache and the host's cache under it both matter. Which file a request touches and
  * whether it writes depend only on (io_seed, the request's index) and the parameters,
  * so a run at another guest memory size replays the same sequence (miss-ratio curves
- * are validated that way). Every 1 KiB block carries a signature of (file, block,
- * version) and every read checks each block against the version last written there,
- * which catches stale, misplaced and garbage data alike. */
+ * are validated that way). With io_churn, that share of the writes churn the set
+ * instead (the host cache's correctness test): one 64 KiB chunk overwritten, the file
+ * truncated at a chunk and written back from there, or the file deleted and created
+ * anew, so blocks are freed, taken by other files and rewritten while pages are evicted.
+ * Every 1 KiB block carries a signature of (file, block, version) and every read checks
+ * each block against the version last written to its chunk, which catches stale,
+ * misplaced and garbage data alike. */
 #include "agent.h"
 #include "json.h"
 
@@ -80,6 +84,7 @@ int files_sampler_init(struct files_sampler *s, const struct config *cfg)
 	s->n = n;
 	s->seed = cfg->io_seed;
 	s->write_ratio = cfg->io_write_ratio;
+	s->churn = cfg->io_churn;
 	if (n == 0)
 		return -1;
 	/* One seeded permutation: zipf's ranks land on files spread over the set (not the
@@ -162,15 +167,29 @@ uint32_t files_pick(const struct files_sampler *s, uint64_t n, int *write)
 	return f;
 }
 
+/* Churn draws come from a second stream, so that io_churn leaves which files are read
+ * and written as they are without it. */
+#define CHURN_SEED 0x6368726e /* "chrn" */
+
+enum files_op files_write_op(const struct files_sampler *s, uint64_t n)
+{
+	if (unit(files_draw(s->seed ^ CHURN_SEED, n, 0)) >= s->churn)
+		return FO_REWRITE;
+	return (enum files_op)(FO_CHUNK + files_draw(s->seed ^ CHURN_SEED, n, 1) % 3);
+}
+
 /* ---- the workload ---- */
 
 struct files_run {
 	struct wl_ctx *ctx;
 	const struct config *c;
-	uint64_t *version; /* per file: what its blocks must hold */
+	uint64_t *version; /* per file and 64 KiB chunk: what its blocks must hold */
+	uint64_t *latest; /* per file: its last version written (a chunk's is at most that) */
+	uint64_t chunks; /* per file */
 	uint64_t *buf; /* one request */
 	unsigned char *vec; /* mincore */
 	uint64_t requests, reads, writes, bytes_read, bytes_written, errors;
+	uint64_t chunk_writes, truncates, deletes;
 	char first_error[240];
 	uint64_t t0_ns;
 };
@@ -220,41 +239,82 @@ static size_t io_all(int fd, void *buf, size_t len, uint64_t off, int write)
 	return done;
 }
 
-/* Writes file k whole at version v (creating or truncating it first when create);
- * returns the bytes written. */
-static uint64_t write_file(struct files_run *r, uint32_t k, uint64_t v, int create)
+/* Writes chunks [from, to) of file k at version v (creating or truncating it first when
+ * create) and records them; returns the bytes written. */
+static uint64_t write_chunks(struct files_run *r, uint32_t k, uint64_t v, uint64_t from, uint64_t to,
+			     int create)
 {
 	const uint64_t size = r->c->io_file_size;
 	char path[96];
-	uint64_t off = 0;
+	uint64_t off = from * FILES_CHUNK, end = to * FILES_CHUNK < size ? to * FILES_CHUNK : size;
 	file_path(r->c, k, path, sizeof(path));
 	int fd = open(path, O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0644);
 	if (fd < 0) {
 		fail(r, "f%05u: cannot open for writing: %s", k, strerror(errno));
 		return 0;
 	}
-	for (; off < size; off += FILES_CHUNK) {
-		size_t len = size - off < FILES_CHUNK ? (size_t)(size - off) : FILES_CHUNK;
+	for (; off < end; off += FILES_CHUNK) {
+		size_t len = end - off < FILES_CHUNK ? (size_t)(end - off) : FILES_CHUNK;
 		for (size_t b = 0; b < len / FILES_BLOCK; b++)
 			files_fill_block(r->buf + b * WORDS_PER_BLOCK, k, off / FILES_BLOCK + b, v);
+		/* Expected from now on even if the write fails halfway: the reads that follow
+		 * then count what the file really holds. */
+		r->version[k * r->chunks + off / FILES_CHUNK] = v;
 		if (io_all(fd, r->buf, len, off, 1) != len) {
 			fail(r, "f%05u: write at %llu: %s", k, (unsigned long long)off,
 			     errno ? strerror(errno) : "short");
 			break;
 		}
 	}
+	r->latest[k] = v;
 	/* Durable before the version counts as written: a crash or a reboot must not leave
 	 * the host's disk older than what the next boot expects. */
-	if (off >= size && fdatasync(fd) < 0)
+	if (off >= end && fdatasync(fd) < 0)
 		fail(r, "f%05u: fdatasync: %s", k, strerror(errno));
 	close(fd);
-	return off < size ? off : size;
+	return (off < end ? off : end) - from * FILES_CHUNK;
+}
+
+/* Writes file k whole at version v (creating or truncating it first when create). */
+static uint64_t write_file(struct files_run *r, uint32_t k, uint64_t v, int create)
+{
+	return write_chunks(r, k, v, 0, r->chunks, create);
+}
+
+/* One write request of kind op to file k, at the file's next version: the whole file,
+ * one chunk, the file cut at a chunk boundary and written back from there, or the file
+ * deleted and written anew (its blocks freed for other files to take, and others' taken). */
+static uint64_t write_op(struct files_run *r, const struct files_sampler *s, uint64_t n, uint32_t k,
+			 enum files_op op)
+{
+	uint64_t v = (r->latest[k] + 1) & FILES_VERSION_MASK;
+	uint64_t at = files_draw(s->seed ^ CHURN_SEED, n, 2) % r->chunks;
+	char path[96];
+	file_path(r->c, k, path, sizeof(path));
+	switch (op) {
+	case FO_CHUNK:
+		r->chunk_writes++;
+		return write_chunks(r, k, v, at, at + 1, 0);
+	case FO_TRUNCATE:
+		r->truncates++;
+		if (truncate(path, (off_t)(at * FILES_CHUNK)) < 0)
+			fail(r, "f%05u: truncate to %llu: %s", k, (unsigned long long)(at * FILES_CHUNK),
+			     strerror(errno));
+		return write_chunks(r, k, v, at, r->chunks, 0);
+	case FO_DELETE:
+		r->deletes++;
+		if (unlink(path) < 0)
+			fail(r, "f%05u: unlink: %s", k, strerror(errno));
+		return write_file(r, k, v, 1);
+	default:
+		return write_file(r, k, v, 0);
+	}
 }
 
 /* Reads file k whole and checks every block against its expected version. */
 static uint64_t read_file(struct files_run *r, uint32_t k)
 {
-	const uint64_t size = r->c->io_file_size, v = r->version[k];
+	const uint64_t size = r->c->io_file_size;
 	char path[96];
 	uint64_t off = 0;
 	file_path(r->c, k, path, sizeof(path));
@@ -270,6 +330,7 @@ static uint64_t read_file(struct files_run *r, uint32_t k)
 			     errno ? strerror(errno) : "the file is shorter");
 			break;
 		}
+		const uint64_t v = r->version[k * r->chunks + off / FILES_CHUNK];
 		for (size_t b = 0; b < len / FILES_BLOCK; b++) {
 			uint64_t found, blk = off / FILES_BLOCK + b;
 			enum files_check ck = files_check_block(r->buf + b * WORDS_PER_BLOCK, k, blk, v, &found);
@@ -368,6 +429,12 @@ static void report(struct files_run *r, uint64_t round)
 	jb_u64(&b, r->reads);
 	jb_raw(&b, ",\"writes\":");
 	jb_u64(&b, r->writes);
+	jb_raw(&b, ",\"chunk_writes\":");
+	jb_u64(&b, r->chunk_writes);
+	jb_raw(&b, ",\"truncates\":");
+	jb_u64(&b, r->truncates);
+	jb_raw(&b, ",\"deletes\":");
+	jb_u64(&b, r->deletes);
 	jb_raw(&b, ",\"bytes_read\":");
 	jb_u64(&b, r->bytes_read);
 	jb_raw(&b, ",\"bytes_written\":");
@@ -419,10 +486,11 @@ static int prepare(struct files_run *r)
 		file_path(c, k, path, sizeof(path));
 		if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == c->io_file_size &&
 		    kept_version(r, k, &v) == 0) {
-			r->version[k] = v;
+			for (uint64_t i = 0; i < r->chunks; i++)
+				r->version[k * r->chunks + i] = v;
+			r->latest[k] = v;
 			continue;
 		}
-		r->version[k] = 0;
 		if (write_file(r, k, 0, 1) != c->io_file_size)
 			return -1;
 		if (++created % step == 0)
@@ -444,9 +512,11 @@ int wl_files(struct wl_ctx *ctx)
 	memset(&r, 0, sizeof(r));
 	r.ctx = ctx;
 	r.c = c;
-	r.version = calloc(c->io_files, sizeof(*r.version));
+	r.chunks = (c->io_file_size + FILES_CHUNK - 1) / FILES_CHUNK;
+	r.version = calloc((size_t)c->io_files * r.chunks, sizeof(*r.version));
+	r.latest = calloc(c->io_files, sizeof(*r.latest));
 	r.vec = malloc(c->io_file_size / 4096 + 1);
-	if (!r.version || !r.vec || posix_memalign(&buf, 4096, FILES_CHUNK) != 0 ||
+	if (!r.version || !r.latest || !r.vec || posix_memalign(&buf, 4096, FILES_CHUNK) != 0 ||
 	    files_sampler_init(&s, c) < 0)
 		return setup_error(ctx, "setup", "out of memory");
 	r.buf = buf;
@@ -464,11 +534,7 @@ int wl_files(struct wl_ctx *ctx)
 			int write;
 			uint32_t k = files_pick(&s, n, &write);
 			if (write) {
-				/* The new version is expected even if the write failed halfway:
-				 * the reads that follow then count what the file really holds. */
-				uint64_t v = (r.version[k] + 1) & FILES_VERSION_MASK;
-				r.bytes_written += write_file(&r, k, v, 0);
-				r.version[k] = v;
+				r.bytes_written += write_op(&r, &s, n, k, files_write_op(&s, n));
 				r.writes++;
 			} else {
 				r.bytes_read += read_file(&r, k);

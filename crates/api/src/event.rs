@@ -246,6 +246,14 @@ pub struct FilesReport {
     pub requests: u64,
     pub reads: u64,
     pub writes: u64,
+    /// Writes that churned the set (`io_churn`), also counted in `writes`: one chunk
+    /// overwritten, the file truncated and written back, the file deleted and created.
+    #[serde(default)]
+    pub chunk_writes: u64,
+    #[serde(default)]
+    pub truncates: u64,
+    #[serde(default)]
+    pub deletes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub seconds: f64,
@@ -430,6 +438,9 @@ mod tests {
                 requests: 200,
                 reads: 190,
                 writes: 10,
+                chunk_writes: 2,
+                truncates: 1,
+                deletes: 1,
                 bytes_read: 190 << 20,
                 bytes_written: 10 << 20,
                 seconds: 2.5,

@@ -675,7 +675,7 @@ impl VmSpec {
                 "io_dir" => valid_io_dir(v),
                 "io_pattern" => ["seq", "random", "zipf", "class"].contains(&v.as_str()),
                 "io_zipf" => valid_decimal(v, 10.0),
-                "io_write_ratio" => valid_decimal(v, 1.0),
+                "io_write_ratio" | "io_churn" => valid_decimal(v, 1.0),
                 "io_class" => v
                     .split_once(':')
                     .is_some_and(|(p, q)| valid_uint(p, 1, 99) && valid_uint(q, 1, 99)),
@@ -851,6 +851,8 @@ mod tests {
             ("io_zipf", "inf", false),
             ("io_write_ratio", "0.1", true),
             ("io_write_ratio", "1.5", false),
+            ("io_churn", "0.5", true),
+            ("io_churn", "2", false),
             ("io_class", "20:80", true),
             ("io_class", "0:90", false),
             ("io_class", "10", false),

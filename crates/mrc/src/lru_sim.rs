@@ -99,9 +99,80 @@ pub fn guest_events(trace: &[u64], direct: u64) -> Vec<GuestEvent> {
     events
 }
 
+/// Misses of an exclusive cache of `size` blocks below a guest, over what the host saw
+/// of it: an evicted page enters the cache (most recent first, the least recent leaving
+/// when it is full), a miss that finds its page there is a hit and takes it out (the
+/// page is back in the guest), a returned page leaves uncounted. The yardstick for
+/// [`crate::curve::offset::ExclusiveTracer`]'s curve, one size at a time.
+pub fn exclusive_misses(events: &[GuestEvent], size: u64) -> u64 {
+    let mut at: BlockMap<u64> = BlockMap::default();
+    let mut by_age: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut clock, mut misses) = (0u64, 0u64);
+    for e in events {
+        match *e {
+            GuestEvent::Evict(p) => {
+                clock += 1;
+                if let Some(t) = at.insert(p, clock) {
+                    by_age.remove(&t);
+                }
+                by_age.insert(clock, p);
+                if by_age.len() as u64 > size {
+                    if let Some((_, victim)) = by_age.pop_first() {
+                        at.remove(&victim);
+                    }
+                }
+            }
+            GuestEvent::Miss(p) => match at.remove(&p) {
+                Some(t) => {
+                    by_age.remove(&t);
+                }
+                None => misses += 1,
+            },
+            GuestEvent::Returned(p) => {
+                if let Some(t) = at.remove(&p) {
+                    by_age.remove(&t);
+                }
+            }
+        }
+    }
+    misses
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exclusive_cache_by_hand() {
+        use GuestEvent::*;
+        // Evict 1 2 3; miss 1 (rank 3), miss 3 (rank 1), miss 9 (cold); 2 returned,
+        // then missed (gone: a miss at every size).
+        let ev = [
+            Evict(1),
+            Evict(2),
+            Evict(3),
+            Miss(1),
+            Miss(3),
+            Miss(9),
+            Returned(2),
+            Miss(2),
+        ];
+        assert_eq!(exclusive_misses(&ev, 0), 4);
+        assert_eq!(exclusive_misses(&ev, 1), 3); // 3 hits
+        assert_eq!(exclusive_misses(&ev, 2), 3); // 1 was dropped at size 2
+        assert_eq!(exclusive_misses(&ev, 3), 2);
+        // The tracer's ranks say the same at every size.
+        let mut t = crate::ExclusiveTracer::new();
+        ev.iter().for_each(|e| t.record(*e));
+        let c = crate::MissRatioCurve::from_histogram(&t.histogram(), 4).unwrap();
+        for s in 0..=3 {
+            assert_eq!(
+                c.misses(s).unwrap(),
+                exclusive_misses(&ev, s) as f64,
+                "size {s}"
+            );
+        }
+    }
 
     #[test]
     fn lru_by_hand() {

@@ -1,7 +1,7 @@
 //! Eviction notices end to end: the guest's module `rebound_evict` reports every
-//! page-cache page it lets go of, the daemon reads the ring from the RAM file and
-//! forwards the notices to the disk's backend in exclusive mode, which admits the
-//! evicted pages that still hold their blocks; the guest's next reads of those blocks
+//! page-cache page it lets go of, with a copy of each evicted one, in a ring in guest
+//! memory; the disk's backend reads the ring before every request it serves and, in
+//! exclusive mode, admits the copies that are still their blocks' bytes; the guest's next reads of those blocks
 //! hit the host cache, and every byte the guest serves equals the file's.
 
 use crate::common;
@@ -40,16 +40,6 @@ fn make_disk(dir: &Path) -> std::path::PathBuf {
 
 fn evict(env: &Env, name: &str) -> Value {
     env.get_ok("GET", &format!("/v1/vms/{name}/evict"), None)
-}
-
-fn disk_stats(env: &Env, name: &str) -> Value {
-    let d = env.get_ok("GET", &format!("/v1/vms/{name}/disks"), None);
-    d.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["backend"] == "rebound")
-        .map(|d| d["stats"].clone())
-        .unwrap_or_else(|| panic!("no disk on Rebound's backend: {d}"))
 }
 
 /// Reads every file through the guest's web service and checks each byte.
@@ -95,7 +85,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
     // Rebound's backend: the guest keeps 256 MiB, less than the files, and the two
     // together hold them all (a loop over more than both would never hit, in LRU).
     env.ok(&["vm", "memory", "ev1", "--host-cache", "128M"]);
-    let s0 = disk_stats(&env, "ev1");
+    let s0 = env.blk_stats("ev1");
     let port = env.host_port("ev1", 8080);
     let e = evict(&env, "ev1");
     assert_eq!(e["state"], "forwarding", "{e}");
@@ -113,7 +103,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
         let e = evict(&env, "ev1");
         (e["admitted"].as_u64().unwrap() > 0).then_some(e)
     });
-    let s = disk_stats(&env, "ev1");
+    let s = env.blk_stats("ev1");
     eprintln!("after pass 1 ({pass1:?}): evict {e}\nbackend {s}");
     assert_eq!(e["state"], "forwarding", "{e}");
     assert!(e["evicted"].as_u64().unwrap() > 1000, "{e}");
@@ -128,7 +118,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
     let t1 = std::time::Instant::now();
     read_all(port);
     let pass2 = t1.elapsed();
-    let s2 = disk_stats(&env, "ev1");
+    let s2 = env.blk_stats("ev1");
     let e2 = evict(&env, "ev1");
     eprintln!("after pass 2 ({pass2:?}): evict {e2}\nbackend {s2}");
     assert!(
@@ -218,7 +208,7 @@ fn a_guest_without_the_module_is_said_to_send_no_notices() {
     let (code, body) = http_get(port, "/f00.bin").unwrap();
     assert_eq!(code, 200);
     assert!(body == file_data(0));
-    let s = disk_stats(&env, "ev0");
+    let s = env.blk_stats("ev0");
     assert_eq!(s["notices_admitted"], 0, "{s}");
     env.ok(&["vm", "stop", "ev0"]);
 }

@@ -38,11 +38,12 @@ const MIB: u64 = 1 << 20;
 
 #[derive(Args, Debug)]
 pub struct HcacheArgs {
-    /// The VM's allocation X+Y, the same in every setting.
-    #[arg(long, default_value = "384M", value_parser = crate::cli::parse_memory)]
+    /// The VM's allocation X+Y, the same in every setting (at 75% moved the guest keeps
+    /// a quarter: a TCG guest booted with 384 MiB cannot go below about 98 MiB).
+    #[arg(long, default_value = "512M", value_parser = crate::cli::parse_memory)]
     allocation: u64,
     /// Files of 1 MiB in the set (more than the allocation, so some must miss).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 640)]
     files: u64,
     /// Requests per run (each reads, or with --write-ratio writes, one whole file).
     #[arg(long, default_value_t = 1500)]
@@ -158,8 +159,80 @@ fn spec(args: &HcacheArgs, name: &str, disk: &Path, memory_mib: u64, pattern: &s
     s
 }
 
+/// Starts (or with `None` stops) the backend's access log.
+fn record_to(control: &Path, path: Option<&Path>) -> anyhow::Result<()> {
+    let v = rebound_blk::serve::ask(control, &json!({"op": "record", "path": path}))?;
+    match v.get("error") {
+        Some(e) => anyhow::bail!("{}: cannot record: {e}", control.display()),
+        None => Ok(()),
+    }
+}
+
+/// The curve algorithm against a plain simulation of the exclusive cache, on the
+/// access log of one run: the mean absolute difference in miss ratio over `sizes`
+/// sizes up to `max_blocks`, exact (the tracer's default) and sampled.
+#[derive(Debug, Clone, Serialize)]
+struct MrcCheck {
+    events: usize,
+    misses: u64,
+    sizes: usize,
+    max_blocks: u64,
+    mae_exact: f64,
+    sampled_rate: f64,
+    mae_sampled: f64,
+}
+
+/// The sampled tracer's rate in the check (SHARDS' fixed rate).
+const CHECK_RATE: f64 = 0.1;
+
+fn mrc_check(trace: &Path, max_blocks: u64, sizes: u64) -> anyhow::Result<MrcCheck> {
+    use rebound_mrc::{ExclusiveTracer, GuestEvent, MissRatioCurve};
+    let text = std::fs::read_to_string(trace)?;
+    let mut events = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut f = line.split(',');
+        let (_, block, kind) = (f.next(), f.next(), f.next());
+        let block: u64 = block
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("{}:{}: not t,block,kind", trace.display(), i + 1))?;
+        events.push(match kind {
+            Some("h") | Some("m") => GuestEvent::Miss(block),
+            Some("e") => GuestEvent::Evict(block),
+            _ => GuestEvent::Returned(block),
+        });
+    }
+    let misses = events
+        .iter()
+        .filter(|e| matches!(e, GuestEvent::Miss(_)))
+        .count() as u64;
+    let step = (max_blocks / sizes).max(1);
+    let grid: Vec<u64> = (0..=sizes).map(|i| i * step).collect();
+    let sim: Vec<f64> = grid
+        .iter()
+        .map(|&s| rebound_mrc::lru_sim::exclusive_misses(&events, s) as f64 / misses.max(1) as f64)
+        .collect();
+    let mae = |mut t: ExclusiveTracer| -> anyhow::Result<f64> {
+        events.iter().for_each(|e| t.record(*e));
+        let c = MissRatioCurve::from_histogram(&t.histogram(), max_blocks + step)?;
+        let mut sum = 0.0;
+        for (s, want) in grid.iter().zip(&sim) {
+            sum += (c.miss_ratio(*s)? - want).abs();
+        }
+        Ok(sum / grid.len() as f64)
+    };
+    Ok(MrcCheck {
+        events: events.len(),
+        misses,
+        sizes: grid.len(),
+        max_blocks,
+        mae_exact: mae(ExclusiveTracer::with_bucket_width(1))?,
+        sampled_rate: CHECK_RATE,
+        mae_sampled: mae(ExclusiveTracer::sampled(CHECK_RATE, 1)?)?,
+    })
+}
+
 /// The backend's answer to `stats` and its pid, from the VM's disks.
-async fn backend(c: &Client, name: &str) -> anyhow::Result<(Value, Option<u32>)> {
+async fn backend(c: &Client, name: &str) -> anyhow::Result<(Value, Option<u32>, Option<PathBuf>)> {
     let disks: Value = c
         .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
         .await?;
@@ -167,7 +240,11 @@ async fn backend(c: &Client, name: &str) -> anyhow::Result<(Value, Option<u32>)>
         .as_array()
         .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
         .ok_or_else(|| anyhow::anyhow!("{name}: no disk on Rebound's backend: {disks}"))?;
-    Ok((d["stats"].clone(), d["pid"].as_u64().map(|p| p as u32)))
+    Ok((
+        d["stats"].clone(),
+        d["pid"].as_u64().map(|p| p as u32),
+        d["control"].as_str().map(PathBuf::from),
+    ))
 }
 
 /// User + system CPU seconds of a process.
@@ -207,6 +284,9 @@ struct Setup<'a> {
     tag: String,
     progress: bool,
     accel: String,
+    /// The setting whose run's accesses are logged, and the log once written.
+    record_setting: Option<f64>,
+    trace: Option<PathBuf>,
 }
 
 impl Setup<'_> {
@@ -266,8 +346,17 @@ impl Setup<'_> {
             )
             .await?;
         }
-        let (s0, pid) = backend(c, name).await?;
+        let (s0, pid, control) = backend(c, name).await?;
         let cpu0 = cpu_s(pid);
+        // The run whose curve is validated also logs every access the curve is traced
+        // from, to check the curve algorithm against a plain simulation of that log.
+        let record = (host_cache_mib > 0
+            && self.record_setting == Some(setting)
+            && pattern == self.args.validate_pattern)
+            .then(|| (control.clone(), self.dir.join("trace.csv")));
+        if let Some((Some(ctl), path)) = &record {
+            record_to(ctl, Some(path))?;
+        }
         if !files_reports(c, name).await?.is_empty() {
             anyhow::bail!("{name}: the workload began before the host cache was in place");
         }
@@ -285,8 +374,12 @@ impl Setup<'_> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        let (s1, _) = backend(c, name).await?;
+        let (s1, _, _) = backend(c, name).await?;
         let cpu = cpu_s(pid) - cpu0;
+        if let Some((Some(ctl), path)) = &record {
+            record_to(ctl, None)?;
+            self.trace = Some(path.clone());
+        }
         let ev: Value = c
             .call(Method::GET, &format!("/v1/vms/{name}/evict"), None)
             .await?;
@@ -380,6 +473,8 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         tag: format!("bh{}", std::process::id()),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         accel: String::new(),
+        record_setting: settings.iter().copied().reduce(f64::max),
+        trace: None,
     };
     let mut runs: Vec<Run> = Vec::new();
     let mut curve: Option<(f64, MrcReport)> = None;
@@ -436,10 +531,27 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         Ok(())
     }
     .await;
+    // Up to twice the largest host cache, in 4 KiB blocks, at 64 sizes.
+    let check = match (&r, &setup.trace) {
+        (Ok(()), Some(t)) => {
+            let y = (args.allocation as f64 * setup.record_setting.unwrap_or(0.0) / 100.0) as u64;
+            Some(mrc_check(t, 2 * y * MIB / 4096, 64)?)
+        }
+        _ => None,
+    };
     if args.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     r?;
+    let mrc_mae = check.as_ref().map(|c| c.mae_exact.max(c.mae_sampled));
+    if let (Some(svg), Some((s, mrc))) = (&args.out.svg, &curve) {
+        let measured: Vec<(f64, f64)> = validation
+            .iter()
+            .map(|v| (v.guest_mib as f64, v.measured_disk_reads as f64))
+            .collect();
+        let name = format!("{} at {s}% in the host cache", args.validate_pattern);
+        super::plot::mrc(&name, mrc, &measured, svg)?;
+    }
     let base = |p: &str| {
         runs.iter()
             .find(|r| r.pattern == p && r.setting == 0.0 && r.guest_mib == args.allocation)
@@ -461,7 +573,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         "load_before": load_before, "load_after": load_average(),
     });
     if args.out.json {
-        let v = json!({"meta": meta, "io_ratio": io_ratio,
+        let v = json!({"meta": meta, "io_ratio": io_ratio, "mrc_mae": mrc_mae, "mrc_check": check,
             "prediction_error_max": if validation.is_empty() { Value::Null } else { json!(prediction_error_max) },
             "runs": runs, "validation": validation,
             "curve": curve.map(|(_, c)| c)});
@@ -505,6 +617,12 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     }
     if !validation.is_empty() {
         println!("prediction_error_max: {:.1}%", prediction_error_max * 100.0);
+    }
+    if let Some(c) = &check {
+        println!(
+            "curve algorithm against a simulated exclusive LRU on the {} events of one run, {} sizes up to {} blocks: mean absolute error exact {:.4}, sampled at {} {:.4}",
+            c.events, c.sizes, c.max_blocks, c.mae_exact, c.sampled_rate, c.mae_sampled
+        );
     }
     Ok(())
 }

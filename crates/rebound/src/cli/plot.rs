@@ -126,20 +126,27 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
 
 /// Each disk's miss-ratio curve: misses against guest memory, with the guest's
 /// memory X and its allocation X + Y marked (as the paper's figure 11).
-pub fn mrc(name: &str, r: &rebound_api::MrcReport, out: &Path) -> anyhow::Result<()> {
+/// The curve; `measured`, (guest MiB, misses) counted with guests of those sizes, is
+/// drawn over it as points (the curve's validation).
+pub fn mrc(
+    name: &str,
+    r: &rebound_api::MrcReport,
+    measured: &[(f64, f64)],
+    out: &Path,
+) -> anyhow::Result<()> {
     let drawn: Vec<_> = r.disks.iter().filter(|d| !d.points.is_empty()).collect();
     if drawn.is_empty() {
         anyhow::bail!("{name} has no curve to plot yet: no read has missed the guest");
     }
     let x_max = drawn
         .iter()
-        .flat_map(|d| d.points.iter().map(|p| p.bytes))
-        .max()
-        .unwrap_or(1) as f64
-        / MIB;
+        .flat_map(|d| d.points.iter().map(|p| p.bytes as f64 / MIB))
+        .chain(measured.iter().map(|m| m.0))
+        .fold(1.0, f64::max);
     let y_max = drawn
         .iter()
         .flat_map(|d| d.points.iter().map(|p| p.misses))
+        .chain(measured.iter().map(|m| m.1))
         .fold(1.0, f64::max)
         * 1.1;
     let root = SVGBackend::new(out, (900, 480)).into_drawing_area();
@@ -171,6 +178,16 @@ pub fn mrc(name: &str, r: &rebound_api::MrcReport, out: &Path) -> anyhow::Result
             ))?
             .label(format!("{} ({} misses traced)", d.id, d.misses))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    if !measured.is_empty() {
+        chart
+            .draw_series(
+                measured
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, BLACK.filled())),
+            )?
+            .label("measured: a guest of that size, all memory its own")
+            .legend(|(x, y)| Circle::new((x + 8, y), 4, BLACK.filled()));
     }
     for (x, label) in [
         (x0, "guest memory X"),

@@ -638,7 +638,7 @@ async fn mrc(
     let q = max.map(|m| format!("?max_bytes={m}")).unwrap_or_default();
     let r: rebound_api::MrcReport = c.call(Method::GET, &format!("{path}{q}"), None).await?;
     if let Some(f) = svg {
-        super::plot::mrc(name, &r, f)?;
+        super::plot::mrc(name, &r, &[], f)?;
     }
     if as_json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -173,6 +173,17 @@ impl Env {
         self.get_ok("GET", &format!("/v1/vms/{name}"), None)
     }
 
+    /// The stats of VM `name`'s disk on Rebound's backend (the first one).
+    pub fn blk_stats(&self, name: &str) -> Value {
+        let d = self.get_ok("GET", &format!("/v1/vms/{name}/disks"), None);
+        d.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["backend"] == "rebound")
+            .map(|d| d["stats"].clone())
+            .unwrap_or_else(|| panic!("no disk on Rebound's backend: {d}"))
+    }
+
     pub fn events(&self, name: &str) -> Vec<Value> {
         self.get_ok("GET", &format!("/v1/vms/{name}/events"), None)
             .as_array()

@@ -233,7 +233,16 @@ fn read_own(
     }
     let (mem, r) = own.as_mut().expect("opened above");
     match r.poll(mem) {
-        Ok(b) => Some(b),
+        Ok(b) => {
+            // Read again (the guest rebooted and wrote its ring anew where the old
+            // kernel's was, say): no longer failing.
+            let mut s = stats.lock().expect("evict stats");
+            if s.state == "failing" {
+                s.state = "forwarding".into();
+                s.detail = None;
+            }
+            Some(b)
+        }
         Err(e) => {
             fail(chain(&e));
             *own = None;

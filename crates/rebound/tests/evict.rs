@@ -187,13 +187,30 @@ fn check_curve(env: &Env, s0: &Value, s2: &Value) {
 }
 
 #[test]
-fn a_guest_without_the_module_is_said_to_send_no_notices() {
+fn a_guest_without_the_module_gets_an_inclusive_host_cache_and_is_told_so() {
     let env = Env::new();
     let disk = make_disk(env.home.path());
     // The image's init leaves the module out with rebound.evict=0, as a kernel without
     // it would.
     start(&env, "ev0", &disk, &["--workload-arg", "evict=0"]);
-    env.ok(&["vm", "memory", "ev0", "--host-cache", "64M"]);
+    // The memory still moves, to an inclusive cache, and the answer says why.
+    let r = env.get_ok(
+        "POST",
+        "/v1/vms/ev0/memory",
+        Some(&serde_json::json!({"host_cache_bytes": 64u64 << 20})),
+    );
+    assert_eq!(
+        (r["exclusive"].as_bool(), r["host_cache_bytes"].as_u64()),
+        (Some(false), Some(64 << 20)),
+        "{r}"
+    );
+    assert!(
+        r["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("no eviction-notice module"),
+        "{r}"
+    );
     let e = evict(&env, "ev0");
     assert_eq!(e["state"], "absent", "{e}");
     assert!(
@@ -210,6 +227,11 @@ fn a_guest_without_the_module_is_said_to_send_no_notices() {
     assert!(body == file_data(0));
     let s = env.blk_stats("ev0");
     assert_eq!(s["notices_admitted"], 0, "{s}");
+    assert_eq!(s["exclusive"], false, "{s}");
+    assert!(
+        s["cache"]["admissions"].as_u64().unwrap() > 0,
+        "the reads filled it: {s}"
+    );
     env.ok(&["vm", "stop", "ev0"]);
 }
 

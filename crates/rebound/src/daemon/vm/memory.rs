@@ -5,7 +5,8 @@
 //! takes memory from the guest only if it can give it: what it cannot reclaim,
 //! MemTotal − MemAvailable as its balloon driver reports, plus a margin, stays. Each
 //! disk served by Rebound's backend then gets its share of Y as a cache that holds
-//! only what the guest evicts; `--host-cache 0` gives it all back. The setting lasts
+//! only what the guest evicts (inclusive, filled by reads, when the guest has no
+//! eviction-notice module, and the answer says so); `--host-cache 0` gives it all back. The setting lasts
 //! until the VM stops.
 
 use std::path::PathBuf;
@@ -97,10 +98,19 @@ impl Owner {
         // Each disk's share; with none moved, the caches go back to what the spec says.
         let n = rec.blk.len() as u64;
         let spec_cache = rec.spec.disk_cache_mib * MIB;
-        let (per_disk, exclusive) = match y {
+        let (per_disk, mut exclusive) = match y {
             0 => (spec_cache, false),
             _ => (y / n.max(1), true),
         };
+        // A guest that cannot say what it evicts (a kernel without rebound_evict) would
+        // leave an exclusive cache empty: the memory still serves, as an inclusive cache.
+        if exclusive && self.vm.evict_stats().state == "absent" {
+            exclusive = false;
+            notes.push(format!(
+                "the guest has no eviction-notice module (rebound_evict): the {} MiB host cache is inclusive (filled by the guest's reads), not exclusive, and traces no curve below the guest",
+                y / MIB
+            ));
+        }
         let controls: Vec<_> = rec.blk.iter().map(|p| p.serve.control.clone()).collect();
         let was: Vec<_> = rec
             .blk

@@ -225,7 +225,9 @@ impl Cache {
         let mut lru = self.lru.lock().expect("cache lock");
         let gens = (first..first + count)
             .map(|b| {
-                if lru.pop(&b).is_some() {
+                if !crate::faults::skipped(crate::faults::Check::WriteInvalidate)
+                    && lru.pop(&b).is_some()
+                {
                     self.n.invalidations.fetch_add(1, Ordering::Relaxed);
                 }
                 self.record(b, 'w');
@@ -251,7 +253,9 @@ impl Cache {
                     &d[i * BLOCK as usize..(i + 1) * BLOCK as usize],
                 ),
                 _ => {
-                    if lru.pop(&b).is_some() {
+                    if !crate::faults::skipped(crate::faults::Check::WriteInvalidate)
+                        && lru.pop(&b).is_some()
+                    {
                         self.n.invalidations.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -278,7 +282,9 @@ impl Cache {
             return Ok(());
         }
         let mut lru = self.lru.lock().expect("cache lock");
-        if self.gen(e.block).load(Ordering::Acquire) != e.gen {
+        if self.gen(e.block).load(Ordering::Acquire) != e.gen
+            && !crate::faults::skipped(crate::faults::Check::Generation)
+        {
             self.n.refused.fetch_add(1, Ordering::Relaxed);
             return Err(crate::exclusive::Refusal::WrittenSince);
         }

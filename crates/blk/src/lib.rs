@@ -10,6 +10,7 @@
 //! - [`exclusive`]: which guest page holds which block (P2S, S2P) and the checks an
 //!   eviction notice passes before the evicted page enters the cache;
 //! - [`ring`]: the guest's eviction-notice ring, drained before every request;
+//! - [`faults`]: test builds only, correctness checks that can be turned off;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
 //! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
 //!   thread per queue, serving QEMU again each time it reconnects.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod curve;
 pub mod disk;
 pub mod exclusive;
+pub mod faults;
 pub mod request;
 pub mod ring;
 pub mod serve;

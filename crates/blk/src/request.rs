@@ -17,6 +17,7 @@ use crate::cache::{Cache, BLOCK};
 use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
 use crate::disk::{AlignedBuf, Disk};
 use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef, PAGE};
+use crate::faults::{skipped, Check};
 
 /// The request header (virtio 1.2, 5.2.6).
 #[repr(C)]
@@ -141,7 +142,9 @@ impl Device {
         let mem = chain.memory();
         // Every eviction the guest noted before it sent this request comes first: a
         // read of a block it just evicted then finds it in the host cache.
-        self.ring.drain(self, mem);
+        if !skipped(Check::Order) {
+            self.ring.drain(self, mem);
+        }
         let (Ok(mut reader), Ok(mut data)) = (chain.clone().reader(mem), chain.clone().writer(mem))
         else {
             tracing::warn!("a descriptor chain outside guest memory: dropped");
@@ -388,7 +391,7 @@ impl Device {
             let mut seq = [0u8; 8];
             if o.is_ok() && !read_guest(mem, c.seq_gpa, &mut seq) {
                 *o = Err(Refusal::Unreadable);
-            } else if o.is_ok() && u64::from_le_bytes(seq) != c.seq {
+            } else if o.is_ok() && u64::from_le_bytes(seq) != c.seq && !skipped(Check::CopySeq) {
                 *o = Err(Refusal::Overwritten);
             }
         }

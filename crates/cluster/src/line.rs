@@ -128,6 +128,12 @@ pub struct Dependency {
 pub struct LineInput {
     pub vms: Vec<VmLoad>,
     pub dependencies: Vec<Dependency>,
+    /// A VM may start later than its whole RAM takes to load: it waits, paused, with
+    /// all its pages in (then a line always exists). Without it, the paper's model: no
+    /// VM starts later than that, and margins longer than a small VM's load time
+    /// leave no line.
+    #[serde(default)]
+    pub may_wait: bool,
 }
 
 /// One VM on the restore line.
@@ -166,6 +172,8 @@ struct Model<'a> {
     input: &'a LineInput,
     s: Vec<f64>,
     upper: Vec<f64>,
+    /// The latest each VM may start: `upper`, or no limit when VMs may wait.
+    limit: Vec<f64>,
     /// Component of each VM; components are numbered receivers first (a
     /// component's receivers have lower numbers).
     comp: Vec<usize>,
@@ -235,9 +243,13 @@ fn build(input: &LineInput) -> Result<Model<'_>, LineError> {
     }
     let s: Vec<f64> = input.vms.iter().map(VmLoad::start_s).collect();
     let upper: Vec<f64> = input.vms.iter().map(VmLoad::upper_bound_s).collect();
+    let limit: Vec<f64> = match input.may_wait {
+        true => vec![f64::INFINITY; upper.len()],
+        false => upper.clone(),
+    };
     let comp_upper = members
         .iter()
-        .map(|m| m.iter().map(|&i| upper[i]).fold(f64::INFINITY, f64::min))
+        .map(|m| m.iter().map(|&i| limit[i]).fold(f64::INFINITY, f64::min))
         .collect();
     let mut comp_edges: BTreeMap<(usize, usize), (f64, usize)> = BTreeMap::new();
     for (i, j, k) in edges {
@@ -255,6 +267,7 @@ fn build(input: &LineInput) -> Result<Model<'_>, LineError> {
         input,
         s,
         upper,
+        limit,
         comp,
         members,
         comp_upper,
@@ -386,7 +399,11 @@ impl Model<'_> {
         let mut vars = ProblemVariables::new();
         let mut xv: HashMap<usize, Variable> = HashMap::with_capacity(comps.len());
         for &c in comps {
-            xv.insert(c, vars.add(variable().min(0.0).max(self.comp_upper[c])));
+            let v = match self.comp_upper[c] {
+                u if u.is_finite() => variable().min(0.0).max(u),
+                _ => variable().min(0.0),
+            };
+            xv.insert(c, vars.add(v));
         }
         // x_c - S_i = up_i - down_i with up, down ≥ 0: one row per VM; at
         // the optimum one of the two is 0, so up + down = |x_c - S_i|.
@@ -510,10 +527,10 @@ pub fn verify(input: &LineInput, line: &RestoreLine, tolerance_s: f64) -> Result
         };
         let s = v.revised_start_s;
         start[i] = s;
-        if !(s >= -tolerance_s && s <= model.upper[i] + tolerance_s) {
+        if !(s >= -tolerance_s && s <= model.limit[i] + tolerance_s) {
             return fail(format!(
                 "VM {} starts at {s} s, outside [0, {}]",
-                vm.name, model.upper[i]
+                vm.name, model.limit[i]
             ));
         }
         if v.revised_working_set_pages != vm.pages_for(s) {
@@ -664,7 +681,11 @@ pub fn synthetic(n: usize, seed: u64) -> LineInput {
     debug_assert!(orphans
         .iter()
         .all(|&o| units.iter().all(|u| !u.contains(&o))));
-    LineInput { vms, dependencies }
+    LineInput {
+        vms,
+        dependencies,
+        may_wait: false,
+    }
 }
 
 #[cfg(test)]

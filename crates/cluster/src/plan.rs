@@ -79,6 +79,7 @@ pub fn plan(
                 margin_s: config.margin_s,
             })
             .collect(),
+        may_wait: true,
     };
     let line = line::solve(&input)?;
     Ok(Plan {

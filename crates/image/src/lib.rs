@@ -52,12 +52,17 @@ pub const KNOWN_IMAGES: &[&str] = &["default"];
 /// - `cryptomgr.notests`: skips the crypto self-tests;
 /// - `panic=0`: a panicked guest stays panicked (QEMU pauses it through pvpanic) for the dump;
 /// - `memhp_default_state=online_movable`: virtio-mem memory comes online by itself and can
-///   be unplugged again.
+///   be unplugged again;
+/// - `swiotlb=2048` (4 MiB of bounce buffers): with `maxmem` (virtio-mem, the recovery VM)
+///   QEMU places device memory above 4 GiB, and Debian's 6.1.192 kernel then sets aside
+///   64 MiB of bounce buffers, or 32 MiB when that fails: a 120 MiB recovery VM was left
+///   29 MiB and died unpacking its initramfs ("System is deadlocked on memory"). Its
+///   devices are virtio and never bounce; 4 MiB serves any that would.
 ///
 /// (Blacklisting the slowest initcalls seen with `initcall_debug`, the CTR-KDF self-test and
 /// kprobe-event setup, did not lower QEMU's CPU time to `ready`: 2.9–3.6 s either way.)
 pub const DEFAULT_APPEND: &str = "console=ttyS0 quiet panic=0 acpi=noirq mitigations=off \
-     cryptomgr.notests no_timer_check memhp_default_state=online_movable";
+     cryptomgr.notests no_timer_check memhp_default_state=online_movable swiotlb=2048";
 
 /// Errors of the image builder.
 #[derive(Debug, thiserror::Error)]

@@ -513,7 +513,8 @@ fn restore_faults_before_anything_is_touched(env: &Env, name: &str, snap: &std::
     }
     std::fs::write(&manifest, &original).unwrap();
     // Loading every page would take microseconds at this rate, yet a server must be up
-    // a whole margin before the client: no restore line exists.
+    // a whole margin before the client: with no VM waiting after its load (the paper's
+    // model), no restore line exists.
     let e = env.fails(&[
         "cluster",
         "restore",
@@ -525,6 +526,7 @@ fn restore_faults_before_anything_is_touched(env: &Env, name: &str, snap: &std::
         "1e9",
         "--margin-s",
         "0.5",
+        "--no-wait",
     ]);
     assert!(
         e.contains("No restore line exists") && e.contains("client"),

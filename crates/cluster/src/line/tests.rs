@@ -103,6 +103,7 @@ fn start_times_and_pages_convert_both_ways() {
 #[test]
 fn figure4_revision_follows_the_causal_order() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![
             vm("VM1", 5.0, 100.0),
             vm("VM2", 1.0, 100.0),
@@ -141,6 +142,7 @@ fn figure4_revision_follows_the_causal_order() {
 #[test]
 fn figure3_ring_starts_together_before_its_sender() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![
             vm("VM1", 1.0, 100.0),
             vm("VM2", 2.0, 100.0),
@@ -184,6 +186,7 @@ fn figure3_ring_starts_together_before_its_sender() {
 #[test]
 fn consistent_input_is_returned_unchanged() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![
             vm("db", 1.0, 10.0),
             vm("web", 3.0, 10.0),
@@ -231,6 +234,7 @@ fn consistent_input_is_returned_unchanged() {
 #[test]
 fn equal_starts_put_the_receiver_first() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![vm("a", 1.0, 10.0), vm("b", 1.0, 10.0)],
         dependencies: vec![dep("a", "b", 0.0)],
     };
@@ -241,6 +245,7 @@ fn equal_starts_put_the_receiver_first() {
 #[test]
 fn infeasible_chain_is_named_in_one_line() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![
             vm("a", 1.0, 5.0),
             vm("b", 1.0, 50.0),
@@ -277,6 +282,7 @@ fn infeasible_chain_is_named_in_one_line() {
 #[test]
 fn infeasible_ring_names_its_tightest_member() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![
             vm("r1", 0.5, 1.0),
             vm("r2", 0.5, 60.0),
@@ -303,6 +309,7 @@ fn infeasible_ring_names_its_tightest_member() {
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let ok = || LineInput {
+        may_wait: false,
         vms: vec![vm("a", 1.0, 5.0), vm("b", 1.0, 5.0)],
         dependencies: vec![dep("a", "b", 0.1)],
     };
@@ -337,6 +344,7 @@ fn bad_inputs_are_errors_not_panics() {
 #[test]
 fn verify_rejects_a_broken_line() {
     let input = LineInput {
+        may_wait: false,
         vms: vec![vm("a", 1.0, 10.0), vm("b", 5.0, 10.0)],
         dependencies: vec![dep("a", "b", 0.5)],
     };

@@ -453,6 +453,7 @@ async fn one_restore(
         load_rate: None,
         margin_s: 0.05,
         replace: true,
+        no_wait: false,
     };
     let r = super::cluster::restore::restore(c, snap, &opts).await;
     let o = match r {

@@ -68,6 +68,15 @@ pub struct HcacheArgs {
     /// Skip the curve validation.
     #[arg(long)]
     no_validate: bool,
+    /// Skip the allocation of memory between three VMs (`memory plan --apply`).
+    #[arg(long)]
+    no_allocation: bool,
+    /// The allocation's bound on each VM's loss (isolated sharing).
+    #[arg(long, default_value_t = 0.05)]
+    bound: f64,
+    /// Requests per round of the allocation's VMs.
+    #[arg(long, default_value_t = 500)]
+    allocation_requests: u64,
     #[command(flatten)]
     out: crate::cli::bench::BenchOut,
 }
@@ -121,7 +130,7 @@ fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
 }
 
 /// The file set on an ext4 image, made once per benchmark.
-fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
+pub(super) fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
     let src = dir.join("set");
     rebound_image::write_fileset(&src.join("files"), files, MIB, 1)?;
     let img = dir.join("set.ext4");
@@ -262,7 +271,7 @@ fn cpu_s(pid: Option<u32>) -> f64 {
     (ticks(11) + ticks(12)) / hz
 }
 
-async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<FilesReport>> {
+pub(super) async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<FilesReport>> {
     let ev: Vec<Value> = c
         .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
         .await?;
@@ -479,6 +488,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     let mut runs: Vec<Run> = Vec::new();
     let mut curve: Option<(f64, MrcReport)> = None;
     let mut validation: Vec<Validation> = Vec::new();
+    let mut alloc = None;
     let r: anyhow::Result<()> = async {
         for p in &patterns {
             for &s in std::iter::once(&0.0).chain(&settings) {
@@ -489,6 +499,20 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
                     curve = c.map(|c| (s, c));
                 }
             }
+        }
+        if !args.no_allocation {
+            let tag = setup.tag.clone();
+            alloc = Some(
+                super::bench_hcache_alloc::run(
+                    &c,
+                    &dir,
+                    &tag,
+                    args.allocation_requests,
+                    args.bound,
+                    setup.progress,
+                )
+                .await?,
+            );
         }
         if args.no_validate {
             return Ok(());
@@ -574,6 +598,8 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     });
     if args.out.json {
         let v = json!({"meta": meta, "io_ratio": io_ratio, "mrc_mae": mrc_mae, "mrc_check": check,
+            "bound_violations": alloc.as_ref().map(|a: &super::bench_hcache_alloc::AllocOutcome| a.bound_violations),
+            "allocation": alloc,
             "prediction_error_max": if validation.is_empty() { Value::Null } else { json!(prediction_error_max) },
             "runs": runs, "validation": validation,
             "curve": curve.map(|(_, c)| c)});
@@ -617,6 +643,29 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     }
     if !validation.is_empty() {
         println!("prediction_error_max: {:.1}%", prediction_error_max * 100.0);
+    }
+    if let Some(a) = &alloc {
+        println!(
+            "allocation ({}, bound {}): {} of {} VMs over the bound",
+            a.policy,
+            a.bound,
+            a.bound_violations,
+            a.vms.len()
+        );
+        for v in &a.vms {
+            println!(
+                "  {:<6} {:<5} {:>4} -> {:>4} MiB: reads/request {:.1} -> {:.1}, predicted x{:.3}, measured x{:.3}{}",
+                v.role,
+                v.pattern,
+                v.baseline_mib,
+                v.applied_mib.unwrap_or(v.baseline_mib),
+                v.baseline_reads_per_request,
+                v.outcome_reads_per_request,
+                v.predicted_relative,
+                v.measured_relative,
+                v.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            );
+        }
     }
     if let Some(c) = &check {
         println!(

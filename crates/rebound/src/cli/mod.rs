@@ -14,6 +14,7 @@ mod bench_cluster;
 mod bench_crash;
 mod bench_disk;
 mod bench_hcache;
+mod bench_hcache_alloc;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;

@@ -42,6 +42,11 @@ pub struct RestoreArgs {
     /// Kill and remove the cluster's VMs that exist before restoring.
     #[arg(long)]
     pub replace: bool,
+    /// No VM may start later than its whole RAM takes to load (HotRestore's model):
+    /// margins longer than a small VM's load time then leave no restore line. By
+    /// default such a VM loads everything and waits, paused, for its start.
+    #[arg(long)]
+    pub no_wait: bool,
     /// Restore this plan instead, coordinated by this machine's daemon: a JSON file
     /// `{"plan": {"restore_id", "vms": [...]}, "config": {...}}`, or the plan alone.
     #[arg(long)]
@@ -84,6 +89,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
             load_rate: a.load_rate,
             margin_s: a.margin_s,
             replace: a.replace,
+            no_wait: a.no_wait,
         };
         let o = super::restore::restore(&c, &from, &opts).await?;
         if a.json {

@@ -65,6 +65,9 @@ pub struct RestoreOpts {
     pub margin_s: f64,
     /// Kill and remove the cluster's VMs that exist before restoring.
     pub replace: bool,
+    /// No VM waits after its whole RAM is loaded (the paper's model; a line may then
+    /// not exist).
+    pub no_wait: bool,
 }
 
 /// One VM's figures.
@@ -295,6 +298,7 @@ fn build_plan(
                         margin_s: opts.margin_s,
                     })
                     .collect(),
+                may_wait: !opts.no_wait,
             };
             Some(rebound_cluster::line::solve(&input)?)
         }

@@ -194,7 +194,12 @@ fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
             .map_err(|e| io("cannot create the socket directory", e))?;
     }
     let _ = std::fs::remove_file(&s.socket);
-    let exe = std::env::current_exe().map_err(|e| io("cannot find this program", e))?;
+    // A test build of the backend (`rebound-blk-faulty`, correctness checks that can
+    // be turned off) when REBOUND_BLK_EXE names one; this program otherwise.
+    let exe = match std::env::var_os("REBOUND_BLK_EXE") {
+        Some(e) => std::path::PathBuf::from(e),
+        None => std::env::current_exe().map_err(|e| io("cannot find this program", e))?,
+    };
     let log = std::fs::File::create(&s.log).map_err(|e| io("cannot create the log", e))?;
     let err = log
         .try_clone()

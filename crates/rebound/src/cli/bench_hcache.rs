@@ -295,6 +295,8 @@ struct Setup<'a> {
     accel: String,
     /// The setting whose run's accesses are logged, and the log once written.
     record_setting: Option<f64>,
+    /// Guests smaller than this boot with it and are ballooned down (validation).
+    boot_floor: Option<u64>,
     trace: Option<PathBuf>,
 }
 
@@ -338,7 +340,11 @@ impl Setup<'_> {
         host_cache_mib: u64,
     ) -> anyhow::Result<(Run, Option<MrcReport>)> {
         let c = self.c;
-        let s = spec(self.args, name, disk, memory_mib, pattern);
+        // A validation guest below the allocation is the VM the curve was traced in,
+        // resized: booted with the allocation and ballooned down (a guest booted
+        // smaller has more page cache at the same size: smaller kernel tables).
+        let boot = self.boot_floor.map_or(memory_mib, |b| b.max(memory_mib));
+        let s = spec(self.args, name, disk, boot, pattern);
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
         let st: VmStatus = post(
             c,
@@ -347,6 +353,14 @@ impl Setup<'_> {
         )
         .await?;
         self.accel = st.accel.as_str().to_string();
+        if boot > memory_mib {
+            let _: Value = post(
+                c,
+                &format!("/v1/vms/{name}/memory"),
+                Some(&json!({"allocation_bytes": memory_mib * MIB})),
+            )
+            .await?;
+        }
         if host_cache_mib > 0 {
             let _: Value = post(
                 c,
@@ -483,6 +497,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         accel: String::new(),
         record_setting: settings.iter().copied().reduce(f64::max),
+        boot_floor: None,
         trace: None,
     };
     let mut runs: Vec<Run> = Vec::new();
@@ -537,6 +552,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
                 below.chain(above).map(|m| m / 4 * 4).collect::<Vec<u64>>()
             }
         };
+        setup.boot_floor = Some(args.allocation);
         for m in sizes {
             let (run, _) = setup.run(&args.validate_pattern, 0.0, m, 0).await?;
             let pred = predicted(mrc, m * MIB).ok_or_else(|| {

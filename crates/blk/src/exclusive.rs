@@ -121,42 +121,8 @@ pub struct Evicted {
     pub data: Box<[u8]>,
 }
 
-/// Where the guest's copy of an evicted page is (a slot of its notice ring), and how
-/// to tell it is still that notice's: the notice's seq word must still read `seq`
-/// after the copy was read. On the wire, `[data_gpa, seq_gpa, seq]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(from = "[u64; 3]", into = "[u64; 3]")]
-pub struct SlotRef {
-    pub data_gpa: u64,
-    pub seq_gpa: u64,
-    pub seq: u64,
-}
-
-impl From<[u64; 3]> for SlotRef {
-    fn from([data_gpa, seq_gpa, seq]: [u64; 3]) -> SlotRef {
-        SlotRef {
-            data_gpa,
-            seq_gpa,
-            seq,
-        }
-    }
-}
-
-impl From<&rebound_guestmem::evict_ring::SlotRef> for SlotRef {
-    fn from(c: &rebound_guestmem::evict_ring::SlotRef) -> SlotRef {
-        SlotRef {
-            data_gpa: c.data_gpa,
-            seq_gpa: c.seq_gpa,
-            seq: c.seq,
-        }
-    }
-}
-
-impl From<SlotRef> for [u64; 3] {
-    fn from(s: SlotRef) -> [u64; 3] {
-        [s.data_gpa, s.seq_gpa, s.seq]
-    }
-}
+/// Where the guest's copy of an evicted page is (a slot of its notice ring).
+pub use rebound_guestmem::evict_ring::SlotRef;
 
 /// The hash kept per mapping.
 pub fn hash(data: &[u8]) -> [u8; 32] {

@@ -399,18 +399,7 @@ impl Device {
     }
 
     /// Eviction notices for `pfns` (with the guest's copies of the pages, in the same
-    /// order, or none), checked against the guest memory of the current connection.
-    pub fn evictions(&self, pfns: &[u64], copies: &[SlotRef]) -> Vec<Result<(), Refusal>> {
-        use vm_memory::GuestAddressSpace;
-        let Some(m) = self.mem.read().expect("mem lock").clone() else {
-            let r = Err(Refusal::Unreadable);
-            pfns.iter().for_each(|_| self.notices.count(r));
-            return vec![r; pfns.len()];
-        };
-        self.evictions_in(pfns, copies, &*m.memory())
-    }
-
-    /// [`Device::evictions`] against `mem`.
+    /// order, or none), checked against `mem`.
     pub fn evictions_in<M: GuestMemory>(
         &self,
         pfns: &[u64],

@@ -22,7 +22,6 @@ use rebound_guestmem::MemoryError;
 use serde::Serialize;
 use vm_memory::GuestMemory;
 
-use crate::exclusive::SlotRef;
 use crate::request::Device;
 
 /// What the backend read from the ring since it was told where it is.
@@ -141,8 +140,7 @@ impl GuestRing {
             dev.released(p);
         }
         if dev.cache.is_exclusive() {
-            let copies: Vec<SlotRef> = batch.copies.iter().map(SlotRef::from).collect();
-            dev.evictions_in(&batch.evicted, &copies, mem);
+            dev.evictions_in(&batch.evicted, &batch.copies, mem);
         } else {
             counts.ignored += batch.evicted.len() as u64;
         }

@@ -62,16 +62,6 @@ pub enum Control {
         bytes: u64,
         exclusive: bool,
     },
-    /// Eviction and release notices of guest pages (exclusive cache only); `copies`,
-    /// when given, holds the guest's copy of each evicted page, in the same order.
-    Notices {
-        #[serde(default)]
-        evicted: Vec<u64>,
-        #[serde(default)]
-        copies: Vec<crate::exclusive::SlotRef>,
-        #[serde(default)]
-        released: Vec<u64>,
-    },
     /// Follow the guest's eviction-notice ring at `gpa` (`bytes` long; the guest's
     /// agent reports it) and take what it holds now; the answer has the ring's counts
     /// and the notices' outcomes. Sent again and again: the same ring is kept.
@@ -88,9 +78,6 @@ pub enum Control {
         restart: Option<crate::curve::TraceConfig>,
     },
 }
-
-/// The most notices one control request may carry.
-pub const MAX_NOTICES: usize = 65536;
 
 /// What `stats` answers.
 #[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
@@ -183,11 +170,6 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     notices_released: dev.notices.released.load(Relaxed),
                 })
                 .unwrap_or_default(),
-                Ok(Control::Notices {
-                    evicted,
-                    copies,
-                    released,
-                }) => notices(dev, &evicted, &copies, &released),
                 Ok(Control::Ring { gpa, bytes }) => match dev.follow_ring(gpa, bytes) {
                     Ok(counts) => serde_json::json!({
                         "ring": counts,
@@ -213,37 +195,6 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
             }
         }
     }
-}
-
-/// A batch of notices: releases first (a page released and then evicted again holds
-/// other data), then evictions; the answer counts what each came to.
-fn notices(
-    dev: &Device,
-    evicted: &[u64],
-    copies: &[crate::exclusive::SlotRef],
-    released: &[u64],
-) -> serde_json::Value {
-    if !dev.cache.is_exclusive() {
-        return serde_json::json!({"error": "this disk's cache is not exclusive: notices are not taken"});
-    }
-    if evicted.len() + released.len() > MAX_NOTICES {
-        return serde_json::json!({"error": format!("more than {MAX_NOTICES} notices in one request")});
-    }
-    if !copies.is_empty() && copies.len() != evicted.len() {
-        return serde_json::json!({"error": format!("{} copies for {} evicted pages", copies.len(), evicted.len())});
-    }
-    for &p in released {
-        dev.released(p);
-    }
-    let mut refused = std::collections::BTreeMap::new();
-    let mut admitted = 0u64;
-    for r in dev.evictions(evicted, copies) {
-        match r {
-            Ok(()) => admitted += 1,
-            Err(why) => *refused.entry(why).or_insert(0u64) += 1,
-        }
-    }
-    serde_json::json!({"admitted": admitted, "refused": refused, "released": released.len()})
 }
 
 fn curve(

@@ -142,18 +142,29 @@ pub(super) fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
     Ok(img)
 }
 
-fn spec(args: &HcacheArgs, name: &str, disk: &Path, memory_mib: u64, pattern: &str) -> VmSpec {
+/// What one io workload run over the file set is: its pattern and size.
+pub(super) struct IoRun<'a> {
+    pub pattern: &'a str,
+    pub files: u64,
+    pub requests: u64,
+    /// Rounds of `requests` (0: without end).
+    pub rounds: u64,
+    pub write_ratio: f64,
+}
+
+/// A VM of `memory_mib` running the io workload's file-set mode on `disk`.
+pub(super) fn io_spec(name: &str, disk: &Path, memory_mib: u64, run: &IoRun) -> VmSpec {
     let mut s = VmSpec::new(name);
     s.memory_mib = memory_mib;
     s.workload = Some(Workload::Io);
     for (k, v) in [
         ("data_disk", "vdb".to_string()),
-        ("io_files", args.files.to_string()),
+        ("io_files", run.files.to_string()),
         ("io_file_size", "1M".into()),
-        ("io_pattern", pattern.into()),
-        ("io_requests", args.requests.to_string()),
-        ("io_rounds", "1".into()),
-        ("io_write_ratio", args.write_ratio.to_string()),
+        ("io_pattern", run.pattern.into()),
+        ("io_requests", run.requests.to_string()),
+        ("io_rounds", run.rounds.to_string()),
+        ("io_write_ratio", run.write_ratio.to_string()),
         // Time to move memory to the host cache before the first request.
         ("io_delay_s", "8".into()),
     ] {
@@ -241,7 +252,10 @@ fn mrc_check(trace: &Path, max_blocks: u64, sizes: u64) -> anyhow::Result<MrcChe
 }
 
 /// The backend's answer to `stats` and its pid, from the VM's disks.
-async fn backend(c: &Client, name: &str) -> anyhow::Result<(Value, Option<u32>, Option<PathBuf>)> {
+pub(super) async fn backend(
+    c: &Client,
+    name: &str,
+) -> anyhow::Result<(Value, Option<u32>, Option<PathBuf>)> {
     let disks: Value = c
         .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
         .await?;
@@ -344,7 +358,14 @@ impl Setup<'_> {
         // resized: booted with the allocation and ballooned down (a guest booted
         // smaller has more page cache at the same size: smaller kernel tables).
         let boot = self.boot_floor.map_or(memory_mib, |b| b.max(memory_mib));
-        let s = spec(self.args, name, disk, boot, pattern);
+        let run = IoRun {
+            pattern,
+            files: self.args.files,
+            requests: self.args.requests,
+            rounds: 1,
+            write_ratio: self.args.write_ratio,
+        };
+        let s = io_spec(name, disk, boot, &run);
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
         let st: VmStatus = post(
             c,

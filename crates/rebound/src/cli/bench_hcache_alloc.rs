@@ -16,13 +16,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hyper::Method;
-use rebound_api::{MemoryPlan, VmSpec, VmStatus, Workload};
+use rebound_api::{MemoryPlan, VmStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::bench_crash::{post, remove};
-use super::bench_hcache::{files_reports, make_disk};
+use super::bench_hcache::{backend, files_reports, io_spec, make_disk, IoRun};
 use crate::client::Client;
 
 const MIB: u64 = 1 << 20;
@@ -77,38 +76,12 @@ pub struct AllocOutcome {
     pub esx: MemoryPlan,
 }
 
-fn spec(name: &str, disk: &Path, pattern: &str, files: u64, requests: u64) -> VmSpec {
-    let mut s = VmSpec::new(name);
-    s.memory_mib = BOOT_MIB;
-    s.workload = Some(Workload::Io);
-    for (k, v) in [
-        ("data_disk", "vdb".to_string()),
-        ("io_files", files.to_string()),
-        ("io_file_size", "1M".into()),
-        ("io_pattern", pattern.into()),
-        ("io_requests", requests.to_string()),
-        ("io_rounds", "0".into()),
-        ("io_delay_s", "8".into()),
-    ] {
-        s.workload_args.insert(k.into(), v);
-    }
-    s.disks = vec![format!(
-        "{},backend=rebound,cache=none",
-        rebound_api::disk::entry(&disk.display().to_string())
-    )];
-    s
-}
-
 /// Disk reads (the backend's cache misses) of VM `name` so far.
 async fn disk_reads(c: &Client, name: &str) -> anyhow::Result<u64> {
-    let disks: Value = c
-        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
-    disks
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
-        .and_then(|d| d["stats"]["cache"]["misses"].as_u64())
-        .ok_or_else(|| anyhow::anyhow!("{name}: no disk on Rebound's backend: {disks}"))
+    let (stats, _, _) = backend(c, name).await?;
+    stats["cache"]["misses"]
+        .as_u64()
+        .ok_or_else(|| anyhow::anyhow!("{name}: its backend reports no cache misses: {stats}"))
 }
 
 /// Follows each VM's rounds: the disk reads counted when each round's report came.
@@ -202,7 +175,14 @@ async fn run_vms(
         std::fs::create_dir_all(&sub)?;
         let disk = make_disk(&sub, *files)?;
         say(format!("starting {name} ({pattern} over {files} files)"));
-        let s = spec(name, &disk, pattern, *files, requests);
+        let run = IoRun {
+            pattern,
+            files: *files,
+            requests,
+            rounds: 0,
+            write_ratio: 0.0,
+        };
+        let s = io_spec(name, &disk, BOOT_MIB, &run);
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
     }
     for name in names {

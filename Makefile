@@ -31,7 +31,7 @@ test: image lint
 	$(CARGO) test --release --workspace -- --test-threads=2
 
 # The exclusive host cache's correctness checks turned off one at a time in a test build
-# of the backend: the stress test must catch the wrong data (about 3 minutes).
+# of the backend: the stress test must catch the wrong data (about 2 minutes).
 .PHONY: test-faults
 test-faults: image
 	$(CARGO) build --release -p rebound-blk --features check-faults --bin rebound-blk-faulty

@@ -203,8 +203,8 @@ struct files_sampler {
 	double hot_share, write_ratio, churn;
 };
 /* What a write request does to its file. */
-enum files_op { FO_REWRITE, FO_CHUNK, FO_TRUNCATE, FO_DELETE };
-/* The write request n does (io_churn of them churn, evenly among the three kinds). */
+enum files_op { FO_REWRITE, FO_CHUNK, FO_DIRECT, FO_TRUNCATE, FO_DELETE };
+/* The write request n does (io_churn of them churn, evenly among the four kinds). */
 enum files_op files_write_op(const struct files_sampler *s, uint64_t n);
 /* Returns 0, or -1 when out of memory. */
 int files_sampler_init(struct files_sampler *s, const struct config *cfg);

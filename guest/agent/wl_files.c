@@ -6,9 +6,11 @@
  * whether it writes depend only on (io_seed, the request's index) and the parameters,
  * so a run at another guest memory size replays the same sequence (miss-ratio curves
  * are validated that way). With io_churn, that share of the writes churn the set
- * instead (the host cache's correctness test): one 64 KiB chunk overwritten, the file
- * truncated at a chunk and written back from there, or the file deleted and created
- * anew, so blocks are freed, taken by other files and rewritten while pages are evicted.
+ * instead (the host cache's correctness test): one 64 KiB chunk overwritten, buffered
+ * or with O_DIRECT (the kernel drops the chunk's cached pages and the disk changes under
+ * them, as a database's writes do), the file truncated at a chunk and written back from
+ * there, or the file deleted and created anew, so blocks are freed, taken by other files
+ * and rewritten while pages are evicted.
  * Every 1 KiB block carries a signature of (file, block, version) and every read checks
  * each block against the version last written to its chunk, which catches stale,
  * misplaced and garbage data alike. */
@@ -175,7 +177,7 @@ enum files_op files_write_op(const struct files_sampler *s, uint64_t n)
 {
 	if (unit(files_draw(s->seed ^ CHURN_SEED, n, 0)) >= s->churn)
 		return FO_REWRITE;
-	return (enum files_op)(FO_CHUNK + files_draw(s->seed ^ CHURN_SEED, n, 1) % 3);
+	return (enum files_op)(FO_CHUNK + files_draw(s->seed ^ CHURN_SEED, n, 1) % 4);
 }
 
 /* ---- the workload ---- */
@@ -189,7 +191,7 @@ struct files_run {
 	uint64_t *buf; /* one request */
 	unsigned char *vec; /* mincore */
 	uint64_t requests, reads, writes, bytes_read, bytes_written, errors;
-	uint64_t chunk_writes, truncates, deletes;
+	uint64_t chunk_writes, direct_writes, truncates, deletes;
 	char first_error[240];
 	uint64_t t0_ns;
 };
@@ -240,15 +242,16 @@ static size_t io_all(int fd, void *buf, size_t len, uint64_t off, int write)
 }
 
 /* Writes chunks [from, to) of file k at version v (creating or truncating it first when
- * create) and records them; returns the bytes written. */
+ * O_CREAT | O_TRUNC is in flags; O_DIRECT writes past the page cache) and records them;
+ * returns the bytes written. */
 static uint64_t write_chunks(struct files_run *r, uint32_t k, uint64_t v, uint64_t from, uint64_t to,
-			     int create)
+			     int flags)
 {
 	const uint64_t size = r->c->io_file_size;
 	char path[96];
 	uint64_t off = from * FILES_CHUNK, end = to * FILES_CHUNK < size ? to * FILES_CHUNK : size;
 	file_path(r->c, k, path, sizeof(path));
-	int fd = open(path, O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0644);
+	int fd = open(path, O_WRONLY | O_CLOEXEC | flags, 0644);
 	if (fd < 0) {
 		fail(r, "f%05u: cannot open for writing: %s", k, strerror(errno));
 		return 0;
@@ -278,11 +281,12 @@ static uint64_t write_chunks(struct files_run *r, uint32_t k, uint64_t v, uint64
 /* Writes file k whole at version v (creating or truncating it first when create). */
 static uint64_t write_file(struct files_run *r, uint32_t k, uint64_t v, int create)
 {
-	return write_chunks(r, k, v, 0, r->chunks, create);
+	return write_chunks(r, k, v, 0, r->chunks, create ? O_CREAT | O_TRUNC : 0);
 }
 
 /* One write request of kind op to file k, at the file's next version: the whole file,
- * one chunk, the file cut at a chunk boundary and written back from there, or the file
+ * one chunk (buffered or direct; r->buf is page-aligned and a chunk long, as O_DIRECT
+ * wants), the file cut at a chunk boundary and written back from there, or the file
  * deleted and written anew (its blocks freed for other files to take, and others' taken). */
 static uint64_t write_op(struct files_run *r, const struct files_sampler *s, uint64_t n, uint32_t k,
 			 enum files_op op)
@@ -295,6 +299,15 @@ static uint64_t write_op(struct files_run *r, const struct files_sampler *s, uin
 	case FO_CHUNK:
 		r->chunk_writes++;
 		return write_chunks(r, k, v, at, at + 1, 0);
+	case FO_DIRECT:
+		/* O_DIRECT wants whole blocks: a short last chunk of an odd-sized file is
+		 * written buffered. */
+		if ((at + 1) * FILES_CHUNK > r->c->io_file_size && r->c->io_file_size % 4096) {
+			r->chunk_writes++;
+			return write_chunks(r, k, v, at, at + 1, 0);
+		}
+		r->direct_writes++;
+		return write_chunks(r, k, v, at, at + 1, O_DIRECT);
 	case FO_TRUNCATE:
 		r->truncates++;
 		if (truncate(path, (off_t)(at * FILES_CHUNK)) < 0)
@@ -431,6 +444,8 @@ static void report(struct files_run *r, uint64_t round)
 	jb_u64(&b, r->writes);
 	jb_raw(&b, ",\"chunk_writes\":");
 	jb_u64(&b, r->chunk_writes);
+	jb_raw(&b, ",\"direct_writes\":");
+	jb_u64(&b, r->direct_writes);
 	jb_raw(&b, ",\"truncates\":");
 	jb_u64(&b, r->truncates);
 	jb_raw(&b, ",\"deletes\":");

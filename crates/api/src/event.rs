@@ -247,9 +247,12 @@ pub struct FilesReport {
     pub reads: u64,
     pub writes: u64,
     /// Writes that churned the set (`io_churn`), also counted in `writes`: one chunk
-    /// overwritten, the file truncated and written back, the file deleted and created.
+    /// overwritten (buffered, or `direct_writes` with O_DIRECT), the file truncated and
+    /// written back, the file deleted and created.
     #[serde(default)]
     pub chunk_writes: u64,
+    #[serde(default)]
+    pub direct_writes: u64,
     #[serde(default)]
     pub truncates: u64,
     #[serde(default)]
@@ -439,6 +442,7 @@ mod tests {
                 reads: 190,
                 writes: 10,
                 chunk_writes: 2,
+                direct_writes: 1,
                 truncates: 1,
                 deletes: 1,
                 bytes_read: 190 << 20,

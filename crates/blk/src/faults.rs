@@ -12,8 +12,11 @@ pub enum Check {
     /// No write to the block may have begun since that I/O (its generation).
     Generation,
     /// P2S and S2P must agree; a displaced block must not be in a guest page again.
+    /// (This keeps the cache exclusive; correctness already follows from the content
+    /// and generation checks: a page that passes both equals its block on the disk.)
     Remap,
     /// A copy counts only if its notice's seq word still says so after it was read.
+    /// (A torn copy fails the content check anyway: this one names the refusal.)
     CopySeq,
     /// A write drops the block's cached copy.
     WriteInvalidate,

@@ -130,6 +130,47 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }
     check_curve(&env, &s0, &s2);
+
+    // The daemon dies; a new one adopts the VM and its backend, learns the ring again
+    // from the agent and forwards it; the cache stays exclusive and keeps serving.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(env.daemon_pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    env.ok(&["vm", "list"]);
+    let e = eventually(Duration::from_secs(60), "the ring forwarded again", || {
+        let e = evict(&env, "ev1");
+        (e["state"] == "forwarding" && e["polls"].as_u64().unwrap() > 0).then_some(e)
+    });
+    assert_eq!(e["ring"], e2["ring"], "{e}");
+    read_all(port);
+    let s3 = env.blk_stats("ev1");
+    let e3 = evict(&env, "ev1");
+    eprintln!("after a daemon restart and pass 3: evict {e3}\nbackend {s3}");
+    assert!(s3["exclusive"] == true, "{s3}");
+    assert!(
+        s3["cache"]["hits"].as_u64().unwrap() > s2["cache"]["hits"].as_u64().unwrap() + 1000,
+        "{s2} -> {s3}"
+    );
+    assert!(
+        s3["notices_admitted"].as_u64().unwrap() > s2["notices_admitted"].as_u64().unwrap(),
+        "{s2} -> {s3}"
+    );
+    assert_eq!(e3["backend_errors"], 0, "{e3}");
+    assert!(
+        e3["polls"].as_u64().unwrap() > e["polls"].as_u64().unwrap(),
+        "{e3}"
+    );
+    // The memory moved before the restart comes back to the guest.
+    let r: Value =
+        serde_json::from_str(&env.ok(&["vm", "memory", "ev1", "--host-cache", "0", "--json"]))
+            .unwrap();
+    assert_eq!(
+        (&r["guest_mib"], &r["exclusive"]),
+        (&Value::from(384), &Value::Bool(false)),
+        "{r}"
+    );
     env.ok(&["vm", "stop", "ev1"]);
     assert_eq!(evict(&env, "ev1")["state"], "stopped");
 }

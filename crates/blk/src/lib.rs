@@ -12,9 +12,11 @@
 //! - [`ring`]: the guest's eviction-notice ring, drained before every request;
 //! - [`faults`]: test builds only, correctness checks that can be turned off;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
+//! - [`args`]: the `blk serve` command line;
 //! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
 //!   thread per queue, serving QEMU again each time it reconnects.
 
+pub mod args;
 pub mod backend;
 pub mod cache;
 pub mod config;

@@ -15,6 +15,7 @@ mod bench_crash;
 mod bench_disk;
 mod bench_hcache;
 mod bench_hcache_alloc;
+mod bench_hcache_web;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;
@@ -75,7 +76,7 @@ pub enum Cmd {
 #[derive(Subcommand, Debug)]
 pub enum BlkCmd {
     /// Serve one disk until killed; QEMU may disconnect and reconnect any time.
-    Serve(BlkServeArgs),
+    Serve(rebound_blk::args::ServeArgs),
     /// Ask a running backend for its statistics (cache hits, misses, bytes).
     Stats {
         /// The backend's control socket.
@@ -93,37 +94,6 @@ pub enum BlkCmd {
         #[arg(long, conflicts_with = "file")]
         stop: bool,
     },
-}
-
-#[derive(clap::Args, Debug)]
-pub struct BlkServeArgs {
-    /// The raw disk image.
-    #[arg(long)]
-    pub disk: PathBuf,
-    /// The vhost-user socket QEMU connects to.
-    #[arg(long)]
-    pub socket: PathBuf,
-    /// A control socket for `rebound blk stats|record`.
-    #[arg(long)]
-    pub control: Option<PathBuf>,
-    /// Host cache size (e.g. 256M; 0: no cache).
-    #[arg(long, default_value = "0", value_parser = parse_bytes)]
-    pub cache: u64,
-    /// Make the cache exclusive of the guest's memory: it admits only pages the guest
-    /// evicted (notices on the control socket) that provably still equal their block.
-    #[arg(long, requires = "control")]
-    pub exclusive: bool,
-    /// Virtqueues (one thread each).
-    #[arg(long, default_value_t = 1)]
-    pub queues: u16,
-    /// The serial the guest sees.
-    #[arg(long, default_value = "")]
-    pub serial: String,
-    #[arg(long)]
-    pub readonly: bool,
-    /// Use the host page cache for the backing file instead of O_DIRECT.
-    #[arg(long)]
-    pub buffered: bool,
 }
 
 /// A size with an optional K/M/G suffix (powers of two; a bare number is bytes).
@@ -838,17 +808,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn blk(c: BlkCmd) -> anyhow::Result<()> {
     match c {
-        BlkCmd::Serve(a) => Ok(rebound_blk::serve(rebound_blk::Options {
-            disk: a.disk,
-            socket: a.socket,
-            control: a.control,
-            readonly: a.readonly,
-            direct: !a.buffered,
-            cache_bytes: a.cache,
-            exclusive: a.exclusive,
-            queues: a.queues,
-            serial: a.serial,
-        })?),
+        BlkCmd::Serve(a) => Ok(rebound_blk::serve(a.into())?),
         BlkCmd::Stats { control, json } => {
             let v = rebound_blk::serve::ask(&control, &serde_json::json!({"op": "stats"}))
                 .with_context(|| format!("the backend at {}", control.display()))?;

@@ -6,7 +6,8 @@
 //! holding a set of 1 MiB files larger than the allocation (made on the host,
 //! `rebound_image::write_fileset`), served by Rebound's backend with no cache of its
 //! own. The `io` workload's file-set mode runs the same request sequence (its seed is
-//! fixed) in every run.
+//! fixed) in every run; the `web` pattern serves a set of smaller files over HTTP to a
+//! host-side client instead (`bench_hcache_web`).
 //!
 //! 1. **Settings**: for each access pattern, all memory in the guest, then 12.5%, 25%,
 //!    50% and 75% of it moved to the exclusive host cache (`vm memory --host-cache`)
@@ -31,6 +32,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
+use super::bench_hcache_web::Served;
 use crate::cli::connect;
 use crate::client::Client;
 
@@ -48,14 +50,25 @@ pub struct HcacheArgs {
     /// Requests per run (each reads, or with --write-ratio writes, one whole file).
     #[arg(long, default_value_t = 1500)]
     requests: u64,
-    /// Access patterns: seq, random, zipf, class.
-    #[arg(long, default_value = "seq,random,zipf,class")]
+    /// Access patterns: seq, random, zipf, class (the io workload), web (the web
+    /// workload and a host-side client).
+    #[arg(long, default_value = "seq,random,zipf,class,web")]
     patterns: String,
     /// Shares of the allocation moved to the host cache, in percent (all in the guest
     /// is always run first).
     #[arg(long, default_value = "12.5,25,50,75")]
     settings: String,
-    /// Probability that a request overwrites its file.
+    /// Files in the web pattern's set.
+    #[arg(long, default_value_t = 3000)]
+    web_files: u64,
+    /// Size of each of them.
+    #[arg(long, default_value = "200K", value_parser = crate::cli::parse_bytes)]
+    web_file_size: u64,
+    /// Requests per web run (Zipf popularity, one at a time; several per file, so
+    /// the run is past its cold start).
+    #[arg(long, default_value_t = 9000)]
+    web_requests: u64,
+    /// Probability that a request overwrites its file (io patterns).
     #[arg(long, default_value_t = 0.0)]
     write_ratio: f64,
     /// The pattern whose curve is validated.
@@ -302,7 +315,9 @@ pub(super) async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<
 struct Setup<'a> {
     c: &'a Client,
     args: &'a HcacheArgs,
-    base: PathBuf,
+    /// The io patterns' set and the web pattern's, each when one of its patterns runs.
+    base: Option<PathBuf>,
+    web_base: Option<PathBuf>,
     dir: PathBuf,
     tag: String,
     progress: bool,
@@ -335,7 +350,14 @@ impl Setup<'_> {
             );
         }
         let disk = self.dir.join(format!("{name}.ext4"));
-        std::fs::copy(&self.base, &disk)?;
+        let base = match pattern {
+            "web" => &self.web_base,
+            _ => &self.base,
+        };
+        let base = base
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no file set was made for the {pattern} pattern"))?;
+        std::fs::copy(base, &disk)?;
         let r = self
             .run_vm(&name, &disk, pattern, setting, memory_mib, host_cache_mib)
             .await;
@@ -365,7 +387,10 @@ impl Setup<'_> {
             rounds: 1,
             write_ratio: self.args.write_ratio,
         };
-        let s = io_spec(name, disk, boot, &run);
+        let s = match pattern {
+            "web" => super::bench_hcache_web::spec(name, disk, boot),
+            _ => io_spec(name, disk, boot, &run),
+        };
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
         let st: VmStatus = post(
             c,
@@ -401,22 +426,13 @@ impl Setup<'_> {
         if let Some((Some(ctl), path)) = &record {
             record_to(ctl, Some(path))?;
         }
-        if !files_reports(c, name).await?.is_empty() {
-            anyhow::bail!("{name}: the workload began before the host cache was in place");
-        }
-        let deadline = Instant::now() + Duration::from_secs(3600);
-        let last = loop {
-            let r = files_reports(c, name).await?;
-            if let Some(l) = r.into_iter().find(|r| r.requests >= self.args.requests) {
-                break l;
+        let last = match pattern {
+            "web" => {
+                let a = self.args;
+                super::bench_hcache_web::drive(&st, a.web_files, a.web_file_size, a.web_requests)
+                    .await?
             }
-            if Instant::now() > deadline {
-                anyhow::bail!(
-                    "{name}: {} requests not done after an hour",
-                    self.args.requests
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            _ => self.io_requests(name).await?,
         };
         let (s1, _, _) = backend(c, name).await?;
         let cpu = cpu_s(pid) - cpu0;
@@ -472,6 +488,33 @@ impl Setup<'_> {
         }
         Ok((run, curve))
     }
+
+    /// Waits for the io workload's report of its last request.
+    async fn io_requests(&self, name: &str) -> anyhow::Result<Served> {
+        let c = self.c;
+        if !files_reports(c, name).await?.is_empty() {
+            anyhow::bail!("{name}: the workload began before the host cache was in place");
+        }
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        loop {
+            let r = files_reports(c, name).await?;
+            if let Some(l) = r.into_iter().find(|r| r.requests >= self.args.requests) {
+                return Ok(Served {
+                    requests: l.requests,
+                    seconds: l.seconds,
+                    errors: l.errors,
+                    first_error: l.first_error,
+                });
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{name}: {} requests not done after an hour",
+                    self.args.requests
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
 }
 
 /// Misses a curve predicts for a guest of `bytes` (the last point at or below it).
@@ -489,20 +532,36 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         .split(',')
         .map(|p| p.trim().to_string())
         .collect();
-    if let Some(p) = patterns
+    // Every pattern that runs: the settings', and the validated one.
+    let runs_of: Vec<&str> = patterns
         .iter()
-        .find(|p| !["seq", "random", "zipf", "class"].contains(&p.as_str()))
+        .map(String::as_str)
+        .chain((!args.no_validate).then_some(args.validate_pattern.as_str()))
+        .collect();
+    if let Some(p) = runs_of
+        .iter()
+        .find(|p| !["seq", "random", "zipf", "class", "web"].contains(p))
     {
-        anyhow::bail!("unknown pattern {p:?}: seq, random, zipf or class");
+        anyhow::bail!("unknown pattern {p:?}: seq, random, zipf, class or web");
     }
     let settings = parse_list(&args.settings, "--settings")?;
     if settings.iter().any(|s| *s >= 100.0) {
         anyhow::bail!("--settings are percentages below 100");
     }
-    if args.files * MIB <= args.allocation * MIB {
+    let (io, web) = (
+        runs_of.iter().any(|p| *p != "web"),
+        runs_of.contains(&"web"),
+    );
+    if io && args.files * MIB <= args.allocation * MIB {
         anyhow::bail!(
             "--files {} MiB is not more than the {} MiB allocation: nothing would ever miss",
             args.files,
+            args.allocation
+        );
+    }
+    if web && args.web_files * args.web_file_size <= args.allocation * MIB {
+        anyhow::bail!(
+            "--web-files x --web-file-size is not more than the {} MiB allocation: nothing would ever miss",
             args.allocation
         );
     }
@@ -512,7 +571,18 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     let mut setup = Setup {
         c: &c,
         args: &args,
-        base: make_disk(&dir, args.files)?,
+        base: match io {
+            true => Some(make_disk(&dir, args.files)?),
+            false => None,
+        },
+        web_base: match web {
+            true => Some(super::bench_hcache_web::make_disk(
+                &dir,
+                args.web_files,
+                args.web_file_size,
+            )?),
+            false => None,
+        },
         dir: dir.clone(),
         tag: format!("bh{}", std::process::id()),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
@@ -631,6 +701,8 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         "date": date, "accel": setup.accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "allocation_mib": args.allocation, "files": args.files, "file_mib": 1,
         "requests": args.requests, "write_ratio": args.write_ratio,
+        "web_files": args.web_files, "web_file_size": args.web_file_size,
+        "web_requests": args.web_requests, "web_skew": super::bench_hcache_web::SKEW,
         "load_before": load_before, "load_after": load_average(),
     });
     if args.out.json {
@@ -644,8 +716,9 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "rebound bench hcache: allocation {} MiB, {} files of 1 MiB, {} requests per run, write ratio {}; accel {}; {}",
-        args.allocation, args.files, args.requests, args.write_ratio, setup.accel, date
+        "rebound bench hcache: allocation {} MiB, {} files of 1 MiB, {} requests per run, write ratio {}; web: {} files of {} KiB, {} requests; accel {}; {}",
+        args.allocation, args.files, args.requests, args.write_ratio, args.web_files,
+        args.web_file_size >> 10, args.web_requests, setup.accel, date
     );
     println!(
         "{:<7} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>8}  refused",

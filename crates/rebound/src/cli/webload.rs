@@ -37,6 +37,15 @@ impl Set {
     /// GETs file `i`; Ok(true) when the body is the file's exact content at its
     /// start and end (a full compare of every reply would load the host instead).
     pub fn get(&self, i: u64) -> std::io::Result<bool> {
+        self.fetch(i, false)
+    }
+
+    /// GETs file `i`; Ok(true) when the body is the file's content, every byte.
+    pub fn get_exact(&self, i: u64) -> std::io::Result<bool> {
+        self.fetch(i, true)
+    }
+
+    fn fetch(&self, i: u64, every_byte: bool) -> std::io::Result<bool> {
         // Short timeouts: during a reboot the host's port forward accepts and then
         // holds a connection the guest is not there to take; a client gives up and
         // tries again, as a browser or a load balancer would.
@@ -52,6 +61,9 @@ impl Set {
         let body = &resp[head + 4..];
         if !resp.starts_with(b"HTTP/1.1 200") || body.len() as u64 != self.file_size {
             return Ok(false);
+        }
+        if every_byte {
+            return Ok(body == file_content(i, self.file_size));
         }
         let want = file_content(i, 16.min(self.file_size));
         let tail = self.file_size as usize - 8;

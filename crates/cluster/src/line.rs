@@ -134,6 +134,11 @@ pub struct LineInput {
     /// leave no line.
     #[serde(default)]
     pub may_wait: bool,
+    /// No VM starts before its own working set is loaded: the line only delays starts,
+    /// so working sets only grow (fewer page faults after the start, later starts).
+    /// Without it, the paper's model: a VM may start before S_i with less loaded.
+    #[serde(default)]
+    pub keep_working_sets: bool,
 }
 
 /// One VM on the restore line.
@@ -179,6 +184,9 @@ struct Model<'a> {
     comp: Vec<usize>,
     members: Vec<Vec<usize>>,
     comp_upper: Vec<f64>,
+    /// The earliest each component may start: 0, or its members' latest S_i when
+    /// working sets are kept.
+    comp_lower: Vec<f64>,
     /// Component edges (sender comp, receiver comp) → largest margin, and the
     /// VM edge that gave it.
     comp_edges: BTreeMap<(usize, usize), (f64, usize)>,
@@ -251,6 +259,13 @@ fn build(input: &LineInput) -> Result<Model<'_>, LineError> {
         .iter()
         .map(|m| m.iter().map(|&i| limit[i]).fold(f64::INFINITY, f64::min))
         .collect();
+    let comp_lower = members
+        .iter()
+        .map(|m| match input.keep_working_sets {
+            true => m.iter().map(|&i| s[i]).fold(0.0, f64::max),
+            false => 0.0,
+        })
+        .collect();
     let mut comp_edges: BTreeMap<(usize, usize), (f64, usize)> = BTreeMap::new();
     for (i, j, k) in edges {
         let (ci, cj) = (comp[i], comp[j]);
@@ -271,6 +286,7 @@ fn build(input: &LineInput) -> Result<Model<'_>, LineError> {
         comp,
         members,
         comp_upper,
+        comp_lower,
         comp_edges,
     })
 }
@@ -295,7 +311,7 @@ impl Model<'_> {
         for (&(ci, cj), &(w, k)) in &self.comp_edges {
             out[ci].push((cj, w, k));
         }
-        let mut earliest = vec![0.0f64; n];
+        let mut earliest = self.comp_lower.clone();
         let mut via = vec![None; n];
         // Receivers have lower numbers, so they are done first.
         for c in 0..n {
@@ -400,8 +416,8 @@ impl Model<'_> {
         let mut xv: HashMap<usize, Variable> = HashMap::with_capacity(comps.len());
         for &c in comps {
             let v = match self.comp_upper[c] {
-                u if u.is_finite() => variable().min(0.0).max(u),
-                _ => variable().min(0.0),
+                u if u.is_finite() => variable().min(self.comp_lower[c]).max(u),
+                _ => variable().min(self.comp_lower[c]),
             };
             xv.insert(c, vars.add(v));
         }
@@ -427,7 +443,9 @@ impl Model<'_> {
             .solve()
             .map_err(|e| LineError::Solver(e.to_string()))?;
         for &c in comps {
-            x[c] = solution.value(xv[&c]).clamp(0.0, self.comp_upper[c]);
+            x[c] = solution
+                .value(xv[&c])
+                .clamp(self.comp_lower[c], self.comp_upper[c]);
         }
         Ok(())
     }
@@ -527,9 +545,10 @@ pub fn verify(input: &LineInput, line: &RestoreLine, tolerance_s: f64) -> Result
         };
         let s = v.revised_start_s;
         start[i] = s;
-        if !(s >= -tolerance_s && s <= model.limit[i] + tolerance_s) {
+        let lower = model.comp_lower[model.comp[i]];
+        if !(s >= lower - tolerance_s && s <= model.limit[i] + tolerance_s) {
             return fail(format!(
-                "VM {} starts at {s} s, outside [0, {}]",
+                "VM {} starts at {s} s, outside [{lower}, {}]",
                 vm.name, model.limit[i]
             ));
         }
@@ -685,6 +704,7 @@ pub fn synthetic(n: usize, seed: u64) -> LineInput {
         vms,
         dependencies,
         may_wait: false,
+        keep_working_sets: false,
     }
 }
 

@@ -80,6 +80,7 @@ pub fn plan(
             })
             .collect(),
         may_wait: true,
+        keep_working_sets: false,
     };
     let line = line::solve(&input)?;
     Ok(Plan {

@@ -104,6 +104,7 @@ fn start_times_and_pages_convert_both_ways() {
 fn figure4_revision_follows_the_causal_order() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![
             vm("VM1", 5.0, 100.0),
             vm("VM2", 1.0, 100.0),
@@ -138,11 +139,74 @@ fn figure4_revision_follows_the_causal_order() {
     assert!(line.rings.is_empty());
 }
 
+/// Figure 4's cluster with working sets kept: no VM starts before its own S_i, so
+/// the causal order comes from delays alone: VM3 stays at 3 s, VM2 and VM4 wait
+/// until 3.5 s, and VM1 keeps its 5 s. The least shift is 2.5 +
+/// 1.5 = 4 s, and every working set is at least what it was.
+#[test]
+fn kept_working_sets_only_delay_starts() {
+    let input = LineInput {
+        may_wait: false,
+        keep_working_sets: true,
+        vms: vec![
+            vm("VM1", 5.0, 100.0),
+            vm("VM2", 1.0, 100.0),
+            vm("VM3", 3.0, 100.0),
+            vm("VM4", 2.0, 100.0),
+            vm("VM5", 4.0, 100.0),
+        ],
+        dependencies: vec![
+            dep("VM1", "VM2", 0.5),
+            dep("VM2", "VM3", 0.5),
+            dep("VM4", "VM3", 0.5),
+        ],
+    };
+    let line = solve(&input).unwrap();
+    assert_constraints_hold(&input, &line);
+    for v in &input.vms {
+        let got = get(&line, &v.name);
+        assert!(got.revised_start_s >= v.start_s() - 1e-9, "{got:?}");
+        assert!(
+            got.revised_working_set_pages >= v.working_set_pages,
+            "{got:?}"
+        );
+    }
+    assert!((get(&line, "VM3").revised_start_s - 3.0).abs() < 1e-6);
+    assert!((get(&line, "VM2").revised_start_s - 3.5).abs() < 1e-6);
+    assert!((get(&line, "VM4").revised_start_s - 3.5).abs() < 1e-6);
+    assert!((get(&line, "VM1").revised_start_s - 5.0).abs() < 1e-6);
+    assert!(
+        (line.total_shift_s - 4.0).abs() < 1e-6,
+        "{}",
+        line.total_shift_s
+    );
+    // The same with the ring of figure 3: the ring starts when its slowest is loaded.
+    let ring = LineInput {
+        keep_working_sets: true,
+        may_wait: false,
+        vms: vec![vm("r1", 1.0, 10.0), vm("r2", 2.5, 10.0)],
+        dependencies: vec![dep("r1", "r2", 0.0), dep("r2", "r1", 0.0)],
+    };
+    let line = solve(&ring).unwrap();
+    assert!((get(&line, "r1").revised_start_s - 2.5).abs() < 1e-6);
+    assert!((get(&line, "r2").revised_start_s - 2.5).abs() < 1e-6);
+    // Kept working sets beyond what a VM may load: no line, said in one line.
+    let over = LineInput {
+        keep_working_sets: true,
+        may_wait: false,
+        vms: vec![vm("a", 1.0, 1.2), vm("b", 2.0, 10.0)],
+        dependencies: vec![dep("a", "b", 0.5)],
+    };
+    let e = solve(&over).unwrap_err().to_string();
+    assert!(e.contains('a') && !e.contains('\n'), "{e}");
+}
+
 /// HotRestore figure 3(b): VM1, VM2, VM3 a ring, VM4 → VM3, VM5 an orphan.
 #[test]
 fn figure3_ring_starts_together_before_its_sender() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![
             vm("VM1", 1.0, 100.0),
             vm("VM2", 2.0, 100.0),
@@ -187,6 +251,7 @@ fn figure3_ring_starts_together_before_its_sender() {
 fn consistent_input_is_returned_unchanged() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![
             vm("db", 1.0, 10.0),
             vm("web", 3.0, 10.0),
@@ -235,6 +300,7 @@ fn consistent_input_is_returned_unchanged() {
 fn equal_starts_put_the_receiver_first() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![vm("a", 1.0, 10.0), vm("b", 1.0, 10.0)],
         dependencies: vec![dep("a", "b", 0.0)],
     };
@@ -246,6 +312,7 @@ fn equal_starts_put_the_receiver_first() {
 fn infeasible_chain_is_named_in_one_line() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![
             vm("a", 1.0, 5.0),
             vm("b", 1.0, 50.0),
@@ -283,6 +350,7 @@ fn infeasible_chain_is_named_in_one_line() {
 fn infeasible_ring_names_its_tightest_member() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![
             vm("r1", 0.5, 1.0),
             vm("r2", 0.5, 60.0),
@@ -310,6 +378,7 @@ fn infeasible_ring_names_its_tightest_member() {
 fn bad_inputs_are_errors_not_panics() {
     let ok = || LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![vm("a", 1.0, 5.0), vm("b", 1.0, 5.0)],
         dependencies: vec![dep("a", "b", 0.1)],
     };
@@ -345,6 +414,7 @@ fn bad_inputs_are_errors_not_panics() {
 fn verify_rejects_a_broken_line() {
     let input = LineInput {
         may_wait: false,
+        keep_working_sets: false,
         vms: vec![vm("a", 1.0, 10.0), vm("b", 5.0, 10.0)],
         dependencies: vec![dep("a", "b", 0.5)],
     };

@@ -55,7 +55,7 @@ pub struct ClusterArgs {
     /// Topologies: client-server (distcc-like), all-to-all (Elasticsearch-like), ring.
     #[arg(long, default_value = "client-server,all-to-all,ring")]
     topologies: String,
-    /// Variants, in the order they run: working-set, elastic, line.
+    /// Variants, in the order they run: working-set, elastic, line, line-keep.
     #[arg(long, default_value = "working-set,elastic,line")]
     variants: String,
     /// MiB each VM's memfill touches every second, one value per VM (cycled).
@@ -635,7 +635,7 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
         .split(',')
         .map(|v| {
             <Variant as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
-                anyhow::anyhow!("--variants: {v:?} is not working-set, elastic or line")
+                anyhow::anyhow!("--variants: {v:?} is not working-set, elastic, line or line-keep")
             })
         })
         .collect::<Result<_, _>>()?;

@@ -29,7 +29,8 @@ pub struct RestoreArgs {
     pub from: Option<PathBuf>,
     /// working-set: each VM loads its traced working set and starts when loaded;
     /// elastic: its elastic working set, starts when loaded; line: elastic working
-    /// sets revised to the restore line, started on it in dependency order.
+    /// sets revised to the restore line, started on it in dependency order; line-keep:
+    /// the same line, but no VM starts before its elastic working set is loaded.
     #[arg(long, value_enum, default_value = "line")]
     pub variant: super::restore::Variant,
     /// Pages per second every host loads at (default: as the last restore of this

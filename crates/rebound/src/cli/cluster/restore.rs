@@ -14,7 +14,8 @@
 //!    loaded), `line` (the restore dependency graph from the frames recorded after the
 //!    snapshot point, the restore line by LP, each VM's working set revised to its
 //!    point on the line; it starts at that point once the VMs it sends to have
-//!    started, rings together).
+//!    started, rings together), `line-keep` (the same, with no VM started before
+//!    its elastic working set is loaded: the line only delays).
 //! 4. `POST /v1/cluster/restore` on the coordinator; its report, and each VM's
 //!    backoff and disruption ([`rebound_cluster::disruption`]).
 
@@ -43,6 +44,9 @@ pub enum Variant {
     Elastic,
     /// Elastic working sets revised to the restore line; started on it.
     Line,
+    /// The same line with no VM started before its elastic working set is loaded:
+    /// starts only move later and working sets only grow.
+    LineKeep,
 }
 
 impl Variant {
@@ -51,6 +55,7 @@ impl Variant {
             Variant::WorkingSet => "working-set",
             Variant::Elastic => "elastic",
             Variant::Line => "line",
+            Variant::LineKeep => "line-keep",
         }
     }
 }
@@ -279,7 +284,7 @@ fn build_plan(
     replay: &BTreeMap<String, PathBuf>,
 ) -> anyhow::Result<(rebound_coord::Plan, Option<RestoreLine>)> {
     let line = match opts.variant {
-        Variant::Line => {
+        Variant::Line | Variant::LineKeep => {
             let input = rebound_cluster::LineInput {
                 vms: figs
                     .iter()
@@ -299,6 +304,7 @@ fn build_plan(
                     })
                     .collect(),
                 may_wait: !opts.no_wait,
+                keep_working_sets: opts.variant == Variant::LineKeep,
             };
             Some(rebound_cluster::line::solve(&input)?)
         }

@@ -97,14 +97,11 @@ fn start_times_and_pages_convert_both_ways() {
 }
 
 /// HotRestore figure 4(a): figure 3 without the VM3 → VM1 dependency:
-/// VM1 → VM2 → VM3 and VM4 → VM3, VM5 an orphan. The de facto order is
-/// [VM2, VM4, VM3, VM5, VM1], against the causal order (VM3 before VM2 and
-/// VM4, VM2 before VM1).
-#[test]
-fn figure4_revision_follows_the_causal_order() {
-    let input = LineInput {
+/// VM1 → VM2 → VM3 and VM4 → VM3, VM5 an orphan.
+fn figure4(keep_working_sets: bool) -> LineInput {
+    LineInput {
         may_wait: false,
-        keep_working_sets: false,
+        keep_working_sets,
         vms: vec![
             vm("VM1", 5.0, 100.0),
             vm("VM2", 1.0, 100.0),
@@ -117,7 +114,14 @@ fn figure4_revision_follows_the_causal_order() {
             dep("VM2", "VM3", 0.5),
             dep("VM4", "VM3", 0.5),
         ],
-    };
+    }
+}
+
+/// The de facto order is [VM2, VM4, VM3, VM5, VM1], against the causal order (VM3 before VM2 and
+/// VM4, VM2 before VM1).
+#[test]
+fn figure4_revision_follows_the_causal_order() {
+    let input = figure4(false);
     let line = solve(&input).unwrap();
     assert!(line.solved_by_lp);
     assert_constraints_hold(&input, &line);
@@ -145,22 +149,7 @@ fn figure4_revision_follows_the_causal_order() {
 /// 1.5 = 4 s, and every working set is at least what it was.
 #[test]
 fn kept_working_sets_only_delay_starts() {
-    let input = LineInput {
-        may_wait: false,
-        keep_working_sets: true,
-        vms: vec![
-            vm("VM1", 5.0, 100.0),
-            vm("VM2", 1.0, 100.0),
-            vm("VM3", 3.0, 100.0),
-            vm("VM4", 2.0, 100.0),
-            vm("VM5", 4.0, 100.0),
-        ],
-        dependencies: vec![
-            dep("VM1", "VM2", 0.5),
-            dep("VM2", "VM3", 0.5),
-            dep("VM4", "VM3", 0.5),
-        ],
-    };
+    let input = figure4(true);
     let line = solve(&input).unwrap();
     assert_constraints_hold(&input, &line);
     for v in &input.vms {

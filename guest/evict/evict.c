@@ -35,6 +35,7 @@
 #include <linux/module.h>
 #include <linux/pagemap.h>
 #include <linux/pfn.h>
+#include <linux/random.h>
 #include <linux/string.h>
 #include <linux/tracepoint.h>
 
@@ -50,6 +51,17 @@ MODULE_PARM_DESC(slots, "notices with a page copy the ring holds (0: notices onl
 static unsigned int order = 8; /* slots=0: 1 MiB, ~65k notices, about 1 s of heavy reclaim */
 module_param(order, uint, 0444);
 MODULE_PARM_DESC(order, "with slots=0, the ring's size as a page allocation order (1-10)");
+
+/*
+ * Tests only: a guest whose notices cannot be trusted, for the host's checks to meet
+ * (init passes rebound.evict_misbehave=N). Around every Nth eviction the module also
+ * writes a notice naming that page with random bytes as its copy, one naming it with
+ * its neighbour page's bytes, one for a page the guest does not have, and the real one
+ * twice (a replay); halfway between two of those it drops a real notice (lost).
+ */
+static unsigned int misbehave;
+module_param(misbehave, uint, 0444);
+MODULE_PARM_DESC(misbehave, "tests only: every Nth eviction, forged, duplicated and dropped notices (0: never)");
 
 static unsigned long ring_gpa;
 module_param(ring_gpa, ulong, 0444);
@@ -89,7 +101,8 @@ static struct tracepoint *tp;
 /* Chunks of copies are order-10 allocations at most (4 MiB), always available at boot. */
 #define MAX_ORDER_COPY 10
 
-static void push(unsigned long pfn, u64 kind)
+/* A notice for pfn; an eviction's copy comes from src (a page), or else the page. */
+static void push_from(unsigned long pfn, u64 kind, const void *src)
 {
 	u64 n = atomic64_inc_return(&hdr->head);
 	u64 s = (n - 1) % capacity;
@@ -101,11 +114,39 @@ static void push(unsigned long pfn, u64 kind)
 		u64 per = hdr->chunk_slots;
 		char *slot = page_address(chunk[s / per]) + (s % per) * PAGE_SIZE;
 
-		copy_page(slot, page_address(pfn_to_page(pfn)));
+		copy_page(slot, src ? src : page_address(pfn_to_page(pfn)));
 	}
 	WRITE_ONCE(e->info, (u64)pfn | kind << KIND_SHIFT);
 	smp_wmb();
 	WRITE_ONCE(e->seq, n);
+}
+
+static void push(unsigned long pfn, u64 kind)
+{
+	push_from(pfn, kind, NULL);
+}
+
+static void *junk; /* a page of random bytes (misbehave) */
+static atomic64_t evictions;
+
+/* misbehave: what an untrustworthy guest might write around the eviction of pfn;
+ * returns whether the real notice is dropped instead. */
+static bool misbehave_at(unsigned long pfn)
+{
+	u64 k = atomic64_inc_return(&evictions);
+	unsigned long next = pfn + 1;
+
+	if (misbehave > 1 && k % misbehave == misbehave / 2)
+		return true;
+	if (k % misbehave)
+		return false;
+	push_from(pfn, KIND_EVICTED, junk);
+	if (pfn_valid(next) && !PageReserved(pfn_to_page(next)) && !PageHighMem(pfn_to_page(next)))
+		push_from(pfn, KIND_EVICTED, page_address(pfn_to_page(next)));
+	/* Far past any RAM this guest has (pfn 2^34: 64 TiB). */
+	push_from(pfn | 1UL << 34, KIND_EVICTED, junk);
+	push(pfn, KIND_EVICTED);
+	return false; /* and the real one follows: a duplicate */
 }
 
 static bool released(struct folio *folio, struct inode *inode)
@@ -134,8 +175,11 @@ static void probe(void *data, struct folio *folio)
 	kind = released(folio, inode) ? KIND_RELEASED : KIND_EVICTED;
 	pfn = folio_pfn(folio);
 	nr = folio_nr_pages(folio);
-	for (i = 0; i < nr; i++)
+	for (i = 0; i < nr; i++) {
+		if (misbehave && kind == KIND_EVICTED && misbehave_at(pfn + i))
+			continue;
 		push(pfn + i, kind);
+	}
 }
 
 static void find_tp(struct tracepoint *t, void *priv)
@@ -213,11 +257,20 @@ static int __init evict_init(void)
 		pr_err("rebound_evict: no tracepoint mm_filemap_delete_from_page_cache\n");
 		return -ENOENT;
 	}
+	if (misbehave) {
+		junk = (void *)get_zeroed_page(GFP_KERNEL);
+		if (!junk)
+			return -ENOMEM;
+		get_random_bytes(junk, PAGE_SIZE);
+		pr_warn("rebound_evict: misbehaving on purpose every %u evictions (tests only)\n",
+			misbehave);
+	}
 	err = alloc_ring();
 	if (!err)
 		err = tracepoint_probe_register(tp, probe, NULL);
 	if (err) {
 		free_ring();
+		free_page((unsigned long)junk);
 		return err;
 	}
 	pr_info("rebound_evict: ring at %#lx, %lu bytes, %llu notices, %u page copies\n", ring_gpa,
@@ -231,6 +284,7 @@ static void __exit evict_exit(void)
 	tracepoint_synchronize_unregister();
 	WRITE_ONCE(hdr->magic, 0);
 	free_ring();
+	free_page((unsigned long)junk);
 }
 
 module_init(evict_init);

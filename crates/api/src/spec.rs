@@ -38,7 +38,7 @@ pub enum SpecError {
     WorkloadWithoutImage,
     #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer or none")]
     Workload(String),
-    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds, io_rounds, evict or peers, peer_port, peer_hb_ms, peer_dead_ms, peer_req_ms, peer_req_bytes")]
+    #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds, io_rounds, evict, evict_misbehave or peers, peer_port, peer_hb_ms, peer_dead_ms, peer_req_ms, peer_req_bytes")]
     WorkloadArg(String),
     #[error("{0}")]
     CrashPolicy(String),
@@ -643,6 +643,9 @@ impl VmSpec {
                 }
                 // evict=0: the image's init leaves the eviction-notice module out.
                 "io_direct" | "io_keep" | "evict" => v == "0" || v == "1",
+                // Tests only: the module forges, repeats and drops notices around every
+                // Nth eviction (guest/evict/evict.c).
+                "evict_misbehave" => valid_uint(v, 0, 1_000_000),
                 "data_disk" => {
                     (v.len() == 3 && v.starts_with("vd") && v.as_bytes()[2].is_ascii_lowercase())
                         || (v.len() == 5

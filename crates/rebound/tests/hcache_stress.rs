@@ -30,8 +30,9 @@ fn make_disk(dir: &Path) -> PathBuf {
     img
 }
 
-/// Runs the churn in VM `name` over `rounds` rounds; returns the last files report.
-fn stress(env: &Env, name: &str, rounds: u64) -> serde_json::Value {
+/// Runs the churn in VM `name` over `rounds` rounds (`extra`: more workload
+/// arguments); returns the last files report.
+fn stress(env: &Env, name: &str, rounds: u64, extra: &[&str]) -> serde_json::Value {
     let disk = make_disk(env.home.path());
     let entry = format!(
         "{},backend=rebound,cache=none",
@@ -53,7 +54,10 @@ fn stress(env: &Env, name: &str, rounds: u64) -> serde_json::Value {
         format!("io_rounds={rounds}"),
         // The host cache is in place before the first request.
         "io_delay_s=10".into(),
-    ] {
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|a| a.to_string()))
+    {
         argv.extend(["--workload-arg".to_string(), a]);
     }
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -78,7 +82,7 @@ fn stress(env: &Env, name: &str, rounds: u64) -> serde_json::Value {
 fn churned_files_read_back_right_through_the_exclusive_host_cache_round_after_round() {
     let env = Env::new();
     let t0 = Instant::now();
-    let done = stress(&env, "st1", ROUNDS);
+    let done = stress(&env, "st1", ROUNDS, &[]);
     let s = env.blk_stats("st1");
     let ev = env.get_ok("GET", "/v1/vms/st1/evict", None);
     eprintln!("after {:?}: {done}\nbackend {s}\nevict {ev}", t0.elapsed());
@@ -100,6 +104,30 @@ fn churned_files_read_back_right_through_the_exclusive_host_cache_round_after_ro
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }
     env.ok(&["vm", "stop", "st1"]);
+}
+
+/// A guest whose notices lie (its module started with `misbehave`: around every 64th
+/// eviction, a notice naming the page with random bytes as its copy, one with its
+/// neighbour page's bytes, one for a page beyond the guest's memory, the real notice
+/// twice; between those, a real notice dropped): the backend refuses what does not
+/// verify, and every block the guest reads is still right.
+#[test]
+fn a_guest_that_forges_repeats_and_drops_notices_reads_nothing_wrong() {
+    let env = Env::new();
+    let done = stress(&env, "mb1", 4, &["evict_misbehave=64"]);
+    let s = env.blk_stats("mb1");
+    let ev = env.get_ok("GET", "/v1/vms/mb1/evict", None);
+    eprintln!("{done}\nbackend {s}\nevict {ev}");
+    assert_eq!(done["errors"], 0, "{done}");
+    let refused = |why: &str| s["notices_refused"][why].as_u64().unwrap();
+    // Forged copies fail the content check (an honest guest's notices, taken in
+    // order, fail it 0 times in this churn); repeats and pages the guest does not
+    // have find no mapping; the cache still serves.
+    assert!(refused("content_changed") > 100, "{s}");
+    assert!(refused("no_mapping") > 100, "{s}");
+    assert!(s["notices_admitted"].as_u64().unwrap() > 1000, "{s}");
+    assert!(s["cache"]["hits"].as_u64().unwrap() > 1000, "{s}");
+    env.ok(&["vm", "stop", "mb1"]);
 }
 
 /// The test build's backend (`make test-faults` builds it: `cargo build --release -p
@@ -143,7 +171,7 @@ fn each_check_turned_off_lets_the_guest_read_wrong_data() {
         let mut env = Env::new();
         env.set_env("REBOUND_BLK_EXE", exe.to_str().unwrap());
         env.set_env("REBOUND_BLK_SKIP_CHECK", off);
-        let done = stress(&env, "sf", 4);
+        let done = stress(&env, "sf", 4, &[]);
         let s = env.blk_stats("sf");
         eprintln!("checks off: {off}: {done}\nbackend {s}");
         outcome.push((

@@ -371,11 +371,7 @@ fn a_restarted_daemon_keeps_the_backends_and_still_replaces_one_that_dies() {
     start_on_backend(&env, "d1", "web", &[]);
     let socket = env.run.path().join("d1.blk/disk0.sock");
     let before = pids_naming(&socket);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(env.daemon_pid() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    env.kill_daemon();
     // The guest and its backend run on without a daemon; a new one adopts both.
     env.ok(&["vm", "list"]);
     assert_eq!(env.status("d1")["state"], "running");

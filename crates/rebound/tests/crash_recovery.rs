@@ -495,11 +495,7 @@ fn a_daemon_killed_mid_dump_finishes_it_after_a_restart() {
     });
     let r = env.get_ok("GET", "/v1/vms/k1/crashes/latest", None);
     let dump = r["dump_path"].as_str().unwrap().to_string();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::sigkill_and_wait(daemon);
     assert!(
         std::path::Path::new(&format!("{dump}.partial")).exists(),
         "{dump}"

@@ -133,11 +133,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
 
     // The daemon dies; a new one adopts the VM and its backend, learns the ring again
     // from the agent and forwards it; the cache stays exclusive and keeps serving.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(env.daemon_pid() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    env.kill_daemon();
     env.ok(&["vm", "list"]);
     let e = eventually(Duration::from_secs(60), "the ring forwarded again", || {
         let e = evict(&env, "ev1");

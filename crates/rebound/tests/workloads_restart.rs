@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{eventually, kv, Env};
+use common::{eventually, kv, sigkill_and_wait, Env};
 use serde_json::{json, Value};
 
 fn counter_seq(env: &Env, name: &str) -> Option<u64> {
@@ -150,24 +150,6 @@ fn gone(pid: u32) -> bool {
             .unwrap_or("")
             .trim_start()
             .starts_with('Z')
-}
-
-/// SIGKILLs a process we did not start as a child and waits until it is gone.
-fn sigkill_and_wait(pid: u32) {
-    let p = nix::unistd::Pid::from_raw(pid as i32);
-    nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL).unwrap();
-    eventually(Duration::from_secs(10), "the process to die", || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Gone, or a zombie nobody has reaped yet.
-        (stat.is_empty()
-            || stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z'))
-        .then_some(())
-    });
 }
 
 /// Attaches `rebound vm console` (stdin a pipe, not a terminal), waits for `needle`

@@ -183,13 +183,17 @@ pub(super) fn io_spec(name: &str, disk: &Path, memory_mib: u64, run: &IoRun) -> 
     ] {
         s.workload_args.insert(k.into(), v);
     }
-    // Only the set's disk on Rebound's backend, with no cache of its own: every read
-    // that misses the guest (and its host cache) is counted there.
-    s.disks = vec![format!(
+    s.disks = vec![rebound_uncached(disk)];
+    s
+}
+
+/// The set's disk alone on Rebound's backend, with no cache of its own: every read that
+/// misses the guest (and its host cache) is counted there.
+pub(super) fn rebound_uncached(disk: &Path) -> String {
+    format!(
         "{},backend=rebound,cache=none",
         rebound_api::disk::entry(&disk.display().to_string())
-    )];
-    s
+    )
 }
 
 /// Starts (or with `None` stops) the backend's access log.
@@ -576,7 +580,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
             false => None,
         },
         web_base: match web {
-            true => Some(super::bench_hcache_web::make_disk(
+            true => Some(super::webload::make_set(
                 &dir,
                 args.web_files,
                 args.web_file_size,

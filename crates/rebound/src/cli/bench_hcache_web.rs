@@ -7,7 +7,7 @@
 //! file's content, every byte. One connection at a time keeps the order, so each
 //! setting replays the same request sequence and disk reads compare run to run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rebound_api::{VmSpec, VmStatus, Workload};
@@ -18,21 +18,6 @@ use super::webload::Set;
 /// Popularity skew of the request sequence.
 pub const SKEW: f64 = 0.9;
 
-/// The file set on an ext4 image, made once per benchmark.
-pub fn make_disk(dir: &Path, files: u64, file_size: u64) -> anyhow::Result<PathBuf> {
-    let tools = rebound_image::Tools::check()?;
-    let scratch = dir.join("webset-files");
-    let img = dir.join("webset.ext4");
-    let shape = rebound_image::webset::WebsetShape {
-        files,
-        file_size,
-        io_size: 0,
-    };
-    rebound_image::webset::make(&tools, shape, &scratch, &img, &mut |_| {})?;
-    std::fs::remove_dir_all(&scratch)?;
-    Ok(img)
-}
-
 /// A VM of `memory_mib` serving `disk` with the web workload, the set's disk alone on
 /// Rebound's backend with no cache of its own (as the io runs).
 pub fn spec(name: &str, disk: &Path, memory_mib: u64) -> VmSpec {
@@ -40,10 +25,7 @@ pub fn spec(name: &str, disk: &Path, memory_mib: u64) -> VmSpec {
     s.memory_mib = memory_mib;
     s.workload = Some(Workload::Web);
     s.workload_args.insert("data_disk".into(), "vdb".into());
-    s.disks = vec![format!(
-        "{},backend=rebound,cache=none",
-        rebound_api::disk::entry(&disk.display().to_string())
-    )];
+    s.disks = vec![super::bench_hcache::rebound_uncached(disk)];
     s
 }
 

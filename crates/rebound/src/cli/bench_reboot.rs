@@ -348,7 +348,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         anyhow::bail!("--seconds must be at least 12 and --files at least 1");
     }
     let dir = args.out.scratch("reboot")?;
-    let disk = dir.join("webset.img");
+    let disk = dir.join(webload::SET_IMAGE);
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     if !disk.exists() {
         if progress {
@@ -357,15 +357,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
                 args.files, args.file_size
             );
         }
-        let tools = rebound_image::Tools::check()?;
-        let scratch = dir.join("webset-files");
-        let shape = rebound_image::webset::WebsetShape {
-            files: args.files,
-            file_size: args.file_size,
-            io_size: 0,
-        };
-        rebound_image::webset::make(&tools, shape, &scratch, &disk, &mut |_| {})?;
-        std::fs::remove_dir_all(&scratch)?;
+        webload::make_set(&dir, args.files, args.file_size)?;
     }
     let c = connect(paths).await?;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());

@@ -96,10 +96,8 @@ pub enum BlkCmd {
     },
 }
 
-/// A size with an optional K/M/G suffix (powers of two; a bare number is bytes).
-pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
-    rebound_api::spec::parse_size(s).map_err(|e| e.to_string())
-}
+/// A size with an optional K/M/G suffix (the `blk serve` parser, shared).
+pub(crate) use rebound_blk::args::parse_bytes;
 
 /// MiB as `--memory` takes them, or 0.
 fn parse_memory_or_zero(s: &str) -> Result<u64, String> {

@@ -13,6 +13,29 @@ use std::time::{Duration, Instant};
 use rebound_image::splitmix64;
 use rebound_image::webset::{file_content, file_path};
 
+/// The file set's image in a benchmark's scratch directory.
+pub const SET_IMAGE: &str = "webset.img";
+
+/// Makes `files` files of `file_size` bytes (`rebound image webset`'s content) as the
+/// ext4 image `dir`/[`SET_IMAGE`]; returns its path.
+pub fn make_set(
+    dir: &std::path::Path,
+    files: u64,
+    file_size: u64,
+) -> anyhow::Result<std::path::PathBuf> {
+    let tools = rebound_image::Tools::check()?;
+    let scratch = dir.join("webset-files");
+    let img = dir.join(SET_IMAGE);
+    let shape = rebound_image::webset::WebsetShape {
+        files,
+        file_size,
+        io_size: 0,
+    };
+    rebound_image::webset::make(&tools, shape, &scratch, &img, &mut |_| {})?;
+    std::fs::remove_dir_all(&scratch)?;
+    Ok(img)
+}
+
 /// Seconds a reply may stall before the client gives up on it.
 pub const REQUEST_TIMEOUT_S: u64 = 3;
 

@@ -230,6 +230,12 @@ impl Env {
             .as_u64()
             .unwrap() as u32
     }
+
+    /// Kills the daemon outright (its VMs and backends run on); the next command
+    /// starts a new one, which adopts them.
+    pub fn kill_daemon(&self) {
+        sigkill_and_wait(self.daemon_pid());
+    }
 }
 
 impl Drop for Env {
@@ -338,6 +344,24 @@ pub fn ext4_file(image: &Path, path: &str) -> Result<Vec<u8>> {
         bail!("debugfs cat {path}: {}", String::from_utf8_lossy(&o.stderr));
     }
     Ok(o.stdout)
+}
+
+/// SIGKILLs a process we did not start as a child and waits until it is gone.
+pub fn sigkill_and_wait(pid: u32) {
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually(Duration::from_secs(10), "the process to die", || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie nobody has reaped yet.
+        (stat.is_empty()
+            || stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z'))
+        .then_some(())
+    });
 }
 
 /// Polls `f` until it returns Some, or fails after `timeout`.

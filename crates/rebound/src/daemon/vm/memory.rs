@@ -253,19 +253,28 @@ async fn balloon_actual(q: &rebound_vmm::qmp::Qmp) -> Result<u64, OpError> {
 }
 
 /// What the guest cannot give back (total − available), from its balloon driver's
-/// statistics; `None` if it reports none within 5 s (a guest busy under TCG answers
-/// its first request late).
+/// statistics sent since we asked; `None` if none come within 10 s (a guest busy under
+/// TCG answers late).
 async fn guest_need(q: &rebound_vmm::qmp::Qmp) -> Option<u64> {
+    // QEMU keeps the last statistics the guest sent, which may be its driver's first,
+    // from boot: only an update stamped (by QEMU, in whole seconds) since now counts.
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let set = json!({"path": BALLOON_PATH, "property": "guest-stats-polling-interval", "value": 1});
     if let Err(e) = q.execute("qom-set", Some(set)).await {
         tracing::info!("no balloon statistics: {e}");
         return None;
     }
-    let end = Instant::now() + Duration::from_secs(5);
+    let end = Instant::now() + Duration::from_secs(10);
     while Instant::now() < end {
         let get = json!({"path": BALLOON_PATH, "property": "guest-stats"});
         if let Ok(v) = q.execute("qom-get", Some(get)).await {
             tracing::debug!("balloon statistics: {v}");
+            if v["last-update"].as_u64().is_none_or(|t| t < asked) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
             let stat = |k: &str| v["stats"][k].as_i64().filter(|x| *x >= 0);
             if let (Some(total), Some(avail)) =
                 (stat("stat-total-memory"), stat("stat-available-memory"))

@@ -229,6 +229,10 @@ pub struct RestoreReport {
     pub bytes_loaded_before_start: u64,
     /// Seconds spent loading before the guest ran.
     pub load_before_start_s: f64,
+    /// Data bytes the background loader read while a held restore waited for its
+    /// start (beyond the working set).
+    #[serde(default)]
+    pub bytes_loaded_while_held: u64,
     /// Major page faults of the QEMU process in the first `watch_s` after start.
     pub major_faults_after_start: Option<u64>,
     /// Bytes read from storage after the start in the first `watch_s` (QEMU's own

@@ -200,6 +200,16 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
         env.home.path().join("snap-held").to_str().unwrap(),
     ]);
     assert!(e.contains("settle"), "{e}");
+    // While it waits for its start, the rest of its memory is read in.
+    eventually(
+        Duration::from_secs(60),
+        "the held restore to load all its memory",
+        || {
+            let (_, r) = env.call("GET", "/v1/vms/kv-held/restore", None).ok()?;
+            r["memory_loaded_s"].as_f64()
+        },
+    );
+    assert_eq!(env.status("kv-held")["state"], "paused");
     env.ok(&["vm", "resume", "kv-held"]);
     let ph = env.host_port("kv-held", 7070);
     assert_eq!(kv(ph, "GET k3").unwrap(), "VALUE v3");
@@ -208,6 +218,10 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
         (r["phase"] == "done").then_some(r)
     });
     assert!(rep["responsive_after_start_s"].as_f64().is_some(), "{rep}");
+    assert!(
+        rep["bytes_loaded_while_held"].as_u64().unwrap() > 0,
+        "{rep}"
+    );
 
     // Once settled (it does so by itself after its watch window), a restored VM
     // runs on shared RAM in a new QEMU, keeps its data and port, and snapshots.

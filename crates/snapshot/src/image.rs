@@ -428,6 +428,48 @@ pub fn drop_page_cache(path: &Path) -> Result<(), ImageError> {
     Ok(())
 }
 
+/// Bytes of `path` in the page cache now.
+pub fn cached_bytes(path: &Path) -> Result<u64, ImageError> {
+    Ok(resident_pages(path)?.iter().filter(|b| **b).count() as u64 * crate::PAGE_SIZE)
+}
+
+/// Which pages of `path` are in the page cache now (`mincore` over a mapping that is
+/// never touched, so nothing is read in by asking).
+pub fn resident_pages(path: &Path) -> Result<Vec<bool>, ImageError> {
+    let rerr = |e| ImageError::Read(path.to_path_buf(), e);
+    let f = File::open(path).map_err(rerr)?;
+    let len = f.metadata().map_err(rerr)?.len() as usize;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: a new read-only shared mapping of a file we hold open, of its length;
+    // only mincore looks at it (nothing is accessed) and it is unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(rerr(io::Error::last_os_error()));
+    }
+    let page = crate::PAGE_SIZE as usize;
+    let mut v = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `p` maps `len` bytes (above); `v` has one byte per page of them.
+    let r = unsafe { libc::mincore(p, len, v.as_mut_ptr()) };
+    let err = io::Error::last_os_error();
+    // SAFETY: unmaps exactly the mapping made above, which nothing else refers to.
+    unsafe { libc::munmap(p, len) };
+    if r != 0 {
+        return Err(rerr(err));
+    }
+    Ok(v.into_iter().map(|b| b & 1 != 0).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

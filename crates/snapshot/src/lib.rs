@@ -14,7 +14,9 @@ pub mod load;
 pub mod manifest;
 pub mod trace;
 
-pub use image::{copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError};
+pub use image::{
+    cached_bytes, copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError,
+};
 pub use load::{ImageFile, LoadError, LoadStats, Loader, RestOrder};
 pub use manifest::{
     DiskEntry, FileEntry, Manifest, ManifestError, RamBlock, Snapshot, SnapshotDir, TraceInfo,

@@ -289,7 +289,9 @@ fn cluster_file(a: &ClusterArgs, topology: &str, subnet: u8, touch: &[u64]) -> S
     t
 }
 
-/// Drops every file of each VM snapshot from the page cache.
+/// Drops every file of each VM snapshot from the page cache, and fails if more
+/// than 1 MiB of one stayed (a process still maps it): a warm restore would be
+/// compared with cold ones.
 fn cold(dir: &Path) -> anyhow::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
@@ -297,6 +299,14 @@ fn cold(dir: &Path) -> anyhow::Result<()> {
             cold(&p)?;
         } else {
             rebound_snapshot::drop_page_cache(&p)?;
+            let left = rebound_snapshot::cached_bytes(&p)?;
+            if left > 1 << 20 {
+                anyhow::bail!(
+                    "{} keeps {} MiB in the page cache after it was dropped (a process still maps it): the restore would not read it cold",
+                    p.display(),
+                    left >> 20
+                );
+            }
         }
     }
     Ok(())
@@ -429,6 +439,12 @@ async fn one_restore(
     touch: &BTreeMap<String, u64>,
     say: &dyn Fn(&str),
 ) -> anyhow::Result<Run> {
+    // The VMs of the previous restore go first: their QEMUs map the snapshot's
+    // images, and pages mapped by a process stay in the page cache whatever we
+    // advise, so the next variant would read them warm.
+    for v in &c.spec.vms {
+        super::cluster::restore::remove_vm(&c.link(&v.host)?, &v.name).await?;
+    }
     cold(snap)?;
     let disks = if a.disk_read_mbps > 0 {
         let mut v = Vec::new();

@@ -75,6 +75,60 @@ pub(super) struct Restoring {
     pub(super) command: rebound_vmm::qemu::QemuCommand,
     /// A held restore's trace, armed at its hold so that its start is a bare `cont`.
     armed: Option<ArmedTrace>,
+    /// The background loader, once it runs: a held restore's from its hold on.
+    background: Option<Background>,
+}
+
+/// The background loader of one restore.
+struct Background {
+    task: tokio::task::JoinHandle<Result<rebound_snapshot::LoadStats, rebound_snapshot::LoadError>>,
+    /// Data bytes loaded so far, the working set's included, and when it began.
+    done: Arc<AtomicU64>,
+    base: u64,
+}
+
+impl Restoring {
+    /// Starts the background loader: the rest of the trace in first-access order,
+    /// then the rest of the image (after `hold_rest` clears).
+    fn spawn_background(&self, mut loader: Loader, vm: Arc<super::VmHandle>) -> Background {
+        let base = loader.loaded_bytes();
+        let done = Arc::new(AtomicU64::new(base));
+        let (stop, hold, order, bytes, t0) = (
+            self.stop.clone(),
+            self.hold_rest.clone(),
+            self.req.rest_order,
+            done.clone(),
+            self.t0,
+        );
+        let task = tokio::task::spawn_blocking(move || {
+            while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let order = match order {
+                RestOrder::Fafl => rebound_snapshot::RestOrder::Fafl,
+                RestOrder::FileOrder => rebound_snapshot::RestOrder::FileOrder,
+            };
+            let mut show = |d: u64, _total: u64| bytes.store(d, Ordering::Relaxed);
+            let s = loader.load_rest(order, &stop, None, &mut show);
+            let stopped = stop.load(Ordering::Relaxed);
+            match &s {
+                Ok(s) => vm.update_restore_report(|rep| {
+                    rep.background_pages = s.pages;
+                    rep.background_s = Some(s.seconds);
+                    if !stopped && rep.memory_loaded_s.is_none() {
+                        rep.memory_loaded_s = Some(t0.elapsed().as_secs_f64());
+                    }
+                }),
+                Err(e) => {
+                    let e = crate::daemon::error::chain(e);
+                    tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
+                    vm.update_restore_report(|rep| rep.background_error = Some(e));
+                }
+            }
+            s
+        });
+        Background { task, done, base }
+    }
 }
 
 /// A trace task armed before the guest's first instruction.
@@ -351,7 +405,7 @@ impl Owner {
             }
             _ => None,
         };
-        self.restore = Some(Restoring {
+        let mut restoring = Restoring {
             t0,
             req: req.clone(),
             snap: Arc::new(snap),
@@ -366,7 +420,18 @@ impl Owner {
             qemu,
             command,
             armed,
-        });
+            background: None,
+        };
+        // Held: the disk would sit idle until the start (on a cluster's line, until
+        // the slowest VM of a ring is loaded), so the background loader begins now
+        // and the guest starts with more of its trace in memory. It reads in small
+        // pieces: another VM's guest may be running on the same disk.
+        if req.paused {
+            if let Some(l) = restoring.loader.take() {
+                restoring.background = Some(restoring.spawn_background(l, self.vm.clone()));
+            }
+        }
+        self.restore = Some(restoring);
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {
             report.phase = "held".into();
@@ -390,6 +455,7 @@ impl Owner {
             return Err(OpError::Internal("no restore under way".into()));
         };
         let loader = r.loader.take();
+        let r_background = r.background.take();
         let armed = r.armed.take();
         let r = Watch {
             t0: r.t0,
@@ -399,8 +465,6 @@ impl Owner {
             size: r.size,
             loaded: r.loaded.clone(),
             had_trace: r.had_trace,
-            stop: r.stop.clone(),
-            hold_rest: r.hold_rest.clone(),
         };
         // Watch from before the first instruction (the tracer armed before `cont`):
         // the first touches are the ones the trace is for.
@@ -435,45 +499,27 @@ impl Owner {
         }
         self.vm.set_restore_report(Some(report.clone()));
 
-        // The background loader.
-        let loaded_bytes = Arc::new(AtomicU64::new(0));
-        let bg = loader.map(|mut loader| {
-            let (stop, hold, order, vm, bytes, t0) = (
-                r.stop.clone(),
-                r.hold_rest.clone(),
-                r.req.rest_order,
-                self.vm.clone(),
-                loaded_bytes.clone(),
-                r.t0,
-            );
-            tokio::task::spawn_blocking(move || {
-                while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let order = match order {
-                    RestOrder::Fafl => rebound_snapshot::RestOrder::Fafl,
-                    RestOrder::FileOrder => rebound_snapshot::RestOrder::FileOrder,
-                };
-                let mut show = |done: u64, _total: u64| bytes.store(done, Ordering::Relaxed);
-                let s = loader.load_rest(order, &stop, None, &mut show);
-                let stopped = stop.load(Ordering::Relaxed);
-                match &s {
-                    Ok(s) => vm.update_restore_report(|rep| {
-                        rep.background_pages = s.pages;
-                        rep.background_s = Some(s.seconds);
-                        if !stopped && rep.memory_loaded_s.is_none() {
-                            rep.memory_loaded_s = Some(t0.elapsed().as_secs_f64());
-                        }
-                    }),
-                    Err(e) => {
-                        let e = crate::daemon::error::chain(e);
-                        tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
-                        vm.update_restore_report(|rep| rep.background_error = Some(e));
-                    }
-                }
-                s
-            })
-        });
+        // The background loader (a held restore's runs since its hold).
+        let bg = match (r_background, loader) {
+            (Some(b), _) => Some(b),
+            (None, Some(l)) => self
+                .restore
+                .as_ref()
+                .map(|rs| rs.spawn_background(l, self.vm.clone())),
+            (None, None) => None,
+        };
+        // Bytes it loaded while the VM was held; the rest count as read after the start.
+        let (loaded_bytes, at_start) = match &bg {
+            Some(b) => {
+                let n = b.done.load(Ordering::Relaxed);
+                let held = n.saturating_sub(b.base);
+                self.vm
+                    .update_restore_report(|rep| rep.bytes_loaded_while_held = held);
+                (Some(b.done.clone()), n)
+            }
+            None => (None, 0),
+        };
+        let bg = bg.map(|b| b.task);
         // Once everything is loaded (or, without a background loader, once the
         // watch window is over), the guest moves onto shared RAM.
         let private = self.vm.record().ram_private;
@@ -570,8 +616,10 @@ impl Owner {
                 }
                 if let (Some(b), Some(a)) = (before, after) {
                     rep.major_faults_after_start = Some(a.0.saturating_sub(b.0));
-                    rep.bytes_read_after_start =
-                        Some(a.1.saturating_sub(b.1) + loaded_bytes.load(Ordering::Relaxed));
+                    let loader = loaded_bytes
+                        .as_ref()
+                        .map_or(0, |l| l.load(Ordering::Relaxed).saturating_sub(at_start));
+                    rep.bytes_read_after_start = Some(a.1.saturating_sub(b.1) + loader);
                 }
                 if let Some(t) = &touched {
                     rep.pages_touched_after_start = t.pages.len() as u64;
@@ -772,8 +820,6 @@ struct Watch {
     size: u64,
     loaded: Vec<TracePage>,
     had_trace: bool,
-    stop: Arc<AtomicBool>,
-    hold_rest: Arc<AtomicBool>,
 }
 
 /// The QEMU process's major faults and bytes read from storage so far.

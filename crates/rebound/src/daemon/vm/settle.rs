@@ -48,6 +48,16 @@ impl Owner {
                 "this VM's restore is not known to this daemon (restarted since): stop and restore it again to settle".into(),
             ));
         };
+        // A tap device has one owner: the second QEMU could not open it while the
+        // first holds it (EBUSY), so do not start one to find out.
+        if let Some(tap) = command.nics.iter().find_map(|n| match &n.backend {
+            NetBackend::Tap { ifname } => Some(ifname.clone()),
+            _ => None,
+        }) {
+            return Err(OpError::BadRequest(format!(
+                "a VM with a tap NIC ({tap}) cannot settle: a second QEMU cannot open the tap while this one holds it; the guest stays on the snapshot image"
+            )));
+        }
         let t0 = Instant::now();
         let run = self.vm.run.clone();
         let side = run.path().join("settle");

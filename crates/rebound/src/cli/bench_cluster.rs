@@ -289,29 +289,6 @@ fn cluster_file(a: &ClusterArgs, topology: &str, subnet: u8, touch: &[u64]) -> S
     t
 }
 
-/// Drops every file of each VM snapshot from the page cache, and fails if more
-/// than 1 MiB of one stayed (a process still maps it): a warm restore would be
-/// compared with cold ones.
-fn cold(dir: &Path) -> anyhow::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
-        if p.is_dir() {
-            cold(&p)?;
-        } else {
-            rebound_snapshot::drop_page_cache(&p)?;
-            let left = rebound_snapshot::cached_bytes(&p)?;
-            if left > 1 << 20 {
-                anyhow::bail!(
-                    "{} keeps {} MiB in the page cache after it was dropped (a process still maps it): the restore would not read it cold",
-                    p.display(),
-                    left >> 20
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Waits until every guest answers a QUERY with all its peers.
 fn wait_connected(c: &Cluster, timeout: Duration) -> anyhow::Result<()> {
     let t = Instant::now();
@@ -445,7 +422,7 @@ async fn one_restore(
     for v in &c.spec.vms {
         super::cluster::restore::remove_vm(&c.link(&v.host)?, &v.name).await?;
     }
-    cold(snap)?;
+    super::bench_restore::drop_cache(snap)?;
     let disks = if a.disk_read_mbps > 0 {
         let mut v = Vec::new();
         for (h, pid) in daemon_pids(c).await? {

@@ -384,12 +384,24 @@ fn service_port(workload: &str) -> Option<u16> {
     }
 }
 
-/// Drops every file of a snapshot from the page cache: the next restore reads cold.
+/// Drops every file under a snapshot directory from the page cache, so that the next
+/// restore reads cold, and fails if more than 1 MiB of one stayed (a process still
+/// maps it): a warm restore would be compared with cold ones.
 pub(super) fn drop_cache(dir: &Path) -> anyhow::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
-        if p.is_file() {
+        if p.is_dir() {
+            drop_cache(&p)?;
+        } else if p.is_file() {
             rebound_snapshot::drop_page_cache(&p)?;
+            let left = rebound_snapshot::cached_bytes(&p)?;
+            if left > 1 << 20 {
+                anyhow::bail!(
+                    "{} keeps {} MiB in the page cache after it was dropped (a process still maps it): the restore would not read it cold",
+                    p.display(),
+                    left >> 20
+                );
+            }
         }
     }
     Ok(())

@@ -13,7 +13,7 @@
 //! guest touches, its faults, its reads and when its service first answers.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,28 @@ pub struct RestoreJob {
     pub hold_rest: bool,
     /// Frames to hand to the guest's bridge NICs before it runs (`req.replay`, read).
     pub replay: Vec<super::replay::ReplayFrames>,
+}
+
+/// Restores of this daemon reading what their guest needs before it may start (a
+/// working set, or an eager copy). Background loaders give way to them: on a shared
+/// disk a VM waiting to start goes first, and one already running (or held, loading
+/// ahead of its start) only gains pages it would otherwise fault in.
+static LOADING_BEFORE_START: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one restore in [`LOADING_BEFORE_START`] while it lives.
+struct BeforeStart;
+
+impl BeforeStart {
+    fn enter() -> BeforeStart {
+        LOADING_BEFORE_START.fetch_add(1, Ordering::Relaxed);
+        BeforeStart
+    }
+}
+
+impl Drop for BeforeStart {
+    fn drop(&mut self) {
+        LOADING_BEFORE_START.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A restore between its load and the end of its background loading.
@@ -108,7 +130,14 @@ impl Restoring {
                 RestOrder::Fafl => rebound_snapshot::RestOrder::Fafl,
                 RestOrder::FileOrder => rebound_snapshot::RestOrder::FileOrder,
             };
-            let mut show = |d: u64, _total: u64| bytes.store(d, Ordering::Relaxed);
+            let mut show = |d: u64, _total: u64| {
+                bytes.store(d, Ordering::Relaxed);
+                while LOADING_BEFORE_START.load(Ordering::Relaxed) > 0
+                    && !stop.load(Ordering::Relaxed)
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            };
             let s = loader.load_rest(order, &stop, None, &mut show);
             let stopped = stop.load(Ordering::Relaxed);
             match &s {
@@ -278,6 +307,7 @@ impl Owner {
                 let mut loader = Loader::new(images, trace)
                     .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
                 let t = Instant::now();
+                let _first = BeforeStart::enter();
                 let stats = match mode {
                     RestoreMode::Eager => {
                         let mut show = |d: u64, t: u64| vm.set_progress(Some((d, t)));

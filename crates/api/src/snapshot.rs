@@ -31,6 +31,12 @@ pub struct SnapshotRequest {
     /// and the frames in flight at it.
     #[serde(default)]
     pub netdump: bool,
+    /// A cluster's coordinated pause: after its working-set sample the guest runs on
+    /// until this instant (Unix ns, the host's wall clock) and is stopped then, so that
+    /// every VM of the cluster stops at about the same moment and none runs long with
+    /// its peers already stopped. An instant already past stops it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at_unix_ns: Option<i64>,
 }
 
 /// The longest a held snapshot keeps its guest paused waiting for `resume`.
@@ -47,6 +53,9 @@ pub struct SnapshotResult {
     pub vm: String,
     /// How long the guest's vCPUs were stopped.
     pub pause_ms: f64,
+    /// When they were stopped (Unix ns, the host's wall clock).
+    #[serde(default)]
+    pub paused_unix_ns: i64,
     /// From the request to the directory being complete and durable (trace excluded).
     pub seconds: f64,
     /// Guest RAM in the image (holes take none).

@@ -377,6 +377,19 @@ host = "h2"
     for v in ["client", "s1", "s2"] {
         env.ok(&["snapshot", "verify", snap.join(v).to_str().unwrap()]);
     }
+    // One coordinated pause: every VM ran on to the instant the cluster snapshot
+    // chose, and they stopped close together (not one by one as their samples ended).
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(snap.join("cluster.json")).unwrap()).unwrap();
+    let stop_at = m["stop_at_unix_ns"].as_i64().unwrap();
+    let stops: Vec<i64> = m["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["snapshot"]["paused_unix_ns"].as_i64().unwrap())
+        .collect();
+    assert!(stops.iter().all(|&t| t >= stop_at), "{m}");
+    assert!(m["pause_spread_s"].as_f64().unwrap() < 0.5, "{m}");
     // The client sends to both servers over its own connections: it depends on them,
     // their replies do not make them depend on it.
     let g: Value =

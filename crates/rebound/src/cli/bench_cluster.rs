@@ -141,6 +141,8 @@ struct TopologyResult {
     /// The guests' retransmissions and false alarms over `settle_s` of normal running.
     normal_retransmits: u64,
     normal_false_alarms: u64,
+    /// Seconds between the first and the last VM's stop at the snapshot.
+    snapshot_pause_spread_s: f64,
     runs: Vec<Run>,
 }
 
@@ -561,10 +563,11 @@ async fn one_topology(
         });
         let snap = scratch.join(format!("{topology}-snap"));
         let _ = std::fs::remove_dir_all(&snap);
-        super::cluster::snapshot::take(&c, &snap, a.trace_s).await?;
+        let manifest = super::cluster::snapshot::take(&c, &snap, a.trace_s).await?;
         let (_, traffic) = super::cluster::snapshot::traffic(&snap, 1)?;
         say(&format!(
-            "{topology}: snapshot taken; {} edges, {} rings; over {:.0} s of normal running: {normal_retransmits} retransmits, {normal_false_alarms} false alarms",
+            "{topology}: snapshot taken, the VMs stopped within {:.3} s of each other; {} edges, {} rings; over {:.0} s of normal running: {normal_retransmits} retransmits, {normal_false_alarms} false alarms",
+            manifest.pause_spread_s,
             traffic.rdg.edges.len(),
             traffic.rdg.rings.len(),
             a.settle_s
@@ -593,6 +596,7 @@ async fn one_topology(
             rings: traffic.rdg.rings.clone(),
             normal_retransmits,
             normal_false_alarms,
+            snapshot_pause_spread_s: manifest.pause_spread_s,
             runs,
         })
     }

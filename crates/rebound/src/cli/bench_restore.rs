@@ -275,6 +275,7 @@ impl Bench {
             stock: true,
             hold: false,
             netdump: false,
+            stop_at_unix_ns: None,
         };
         let r: SnapshotResult = post(
             &self.c,

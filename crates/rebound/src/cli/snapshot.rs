@@ -37,6 +37,7 @@ pub async fn snapshot(
         stock,
         hold: false,
         netdump: false,
+        stop_at_unix_ns: None,
     };
     let path = format!("/v1/vms/{}/snapshot", enc(name));
     let body = serde_json::to_value(&req)?;

@@ -640,6 +640,7 @@ async fn post_boot_snapshot(
         stock: false,
         hold: false,
         netdump: false,
+        stop_at_unix_ns: None,
     };
     let r: SnapshotResult = post(
         c,

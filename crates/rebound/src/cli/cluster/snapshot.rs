@@ -22,6 +22,8 @@ const FORMAT: &str = "rebound-cluster-snapshot";
 const VERSION: u32 = 1;
 /// The largest manifest read back (a cluster of the most VMs is far smaller).
 const MANIFEST_MAX: u64 = 16 << 20;
+/// Seconds past the working-set sample at which every VM of a snapshot stops.
+const STOP_MARGIN_S: f64 = 1.5;
 
 /// `cluster.json`: the cluster as it was, and where each VM's snapshot is.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,6 +34,13 @@ pub struct Manifest {
     pub peer_port: u16,
     /// Seconds from the request until every VM was saved and held.
     pub all_held_after_s: f64,
+    /// Seconds between the first and the last VM's stop (the pause instants the
+    /// daemons report on their wall clocks).
+    #[serde(default)]
+    pub pause_spread_s: f64,
+    /// The instant every VM was asked to stop at (Unix ns, the coordinator's clock).
+    #[serde(default)]
+    pub stop_at_unix_ns: i64,
     pub vms: Vec<ManifestVm>,
 }
 
@@ -125,10 +134,11 @@ pub async fn snapshot(paths: &Paths, a: SnapshotArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&manifest)?);
     } else {
         println!(
-            "cluster {} snapshotted into {}: {} VMs, all held {:.2} s after the request",
+            "cluster {} snapshotted into {}: {} VMs, stopped within {:.3} s of each other, all held {:.2} s after the request",
             c.spec.name,
             out.display(),
             c.spec.vms.len(),
+            manifest.pause_spread_s,
             manifest.all_held_after_s
         );
     }
@@ -145,6 +155,14 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
     }
     rebound_vmm::private::create_dir_all(out)?;
     let t0 = Instant::now();
+    // Every VM stops at one instant, after its working-set sample (`trace_s`) and a
+    // margin for arming it on a busy host: stopped one by one as each sample ended,
+    // they stopped up to a second apart, and a guest still running declared its
+    // stopped peers dead before its own snapshot point, where the restores inherit it.
+    // Hosts' clocks are assumed synchronized (NTP: milliseconds); the manifest says how
+    // far apart the stops were.
+    let stop_at =
+        rebound_coord::msg::unix_now_ns() + ((trace_s.max(0.0) + STOP_MARGIN_S) * 1e9) as i64;
     // Every VM is saved and held paused; the requests answer once each is resumed
     // and its trace is done.
     let mut calls = Vec::new();
@@ -155,6 +173,7 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
             "trace_s": trace_s,
             "hold": true,
             "netdump": true,
+            "stop_at_unix_ns": stop_at,
         });
         let path = format!("/v1/vms/{}/snapshot", enc(&v.name));
         let cl = client.clone();
@@ -216,12 +235,22 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
             in_flight: 0,
         });
     }
+    let stops: Vec<i64> = vms
+        .iter()
+        .filter_map(|v| v.snapshot["paused_unix_ns"].as_i64())
+        .collect();
+    let pause_spread_s = match (stops.iter().min(), stops.iter().max()) {
+        (Some(a), Some(b)) => (b - a) as f64 / 1e9,
+        _ => 0.0,
+    };
     let mut manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
         cluster: c.spec.clone(),
         peer_port: PEER_PORT,
         all_held_after_s: held_s,
+        pause_spread_s,
+        stop_at_unix_ns: stop_at,
         vms,
     };
     // The frames in flight at the cut, kept per receiver for the restore to replay.

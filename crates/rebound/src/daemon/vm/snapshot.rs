@@ -78,8 +78,20 @@ impl Owner {
         let ram = self.vm.run.ram();
         // The working-set size as the guest runs normally: pages touched in one trace
         // window before the snapshot (the paper's sampled WSS).
+        // A coordinated pause does not wait for a slow sample: the sample ends at the
+        // stop instant with what it saw (arming it on a busy host can take a second).
+        let sample_stop = Arc::new(AtomicBool::new(false));
+        if let Some(at) = req.stop_at_unix_ns {
+            let stop = sample_stop.clone();
+            let wait = at.saturating_sub(rebound_coord::msg::unix_now_ns()).max(0);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
         let sample = if req.trace_s > 0.0 {
-            match record_trace(pid, ram.clone(), size, req.trace_s, true).await {
+            let window = Duration::from_secs_f64(req.trace_s);
+            match trace_blocking(pid, ram.clone(), size, window, sample_stop, true, None).await {
                 Ok(t) => Some(t.pages.len() as u64),
                 Err(e) => {
                     tracing::warn!(vm = %self.vm.name, "no working-set sample: {e}");
@@ -89,8 +101,15 @@ impl Owner {
         } else {
             None
         };
+        if let Some(at) = req.stop_at_unix_ns {
+            let wait = at.saturating_sub(rebound_coord::msg::unix_now_ns());
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+            }
+        }
         let was_running = self.vm.record().state == VmState::Running;
         let paused_at = Instant::now();
+        let paused_unix_ns = rebound_coord::msg::unix_now_ns();
         if was_running {
             q.execute("stop", None).await?;
         }
@@ -232,6 +251,7 @@ impl Owner {
             dir: out.display().to_string(),
             vm: self.vm.name.clone(),
             pause_ms,
+            paused_unix_ns,
             seconds,
             ram_data_bytes: ram_data,
             device_state_bytes: dev_bytes,
@@ -484,21 +504,6 @@ pub(super) fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
-/// Records, for `secs`, the order in which QEMU's process first touches the pages
-/// of its mapping of `file` (`unmap`: first make the running guest's next touches
-/// visible by unmapping its pages, which stay in the file).
-pub(super) async fn record_trace(
-    pid: u32,
-    file: PathBuf,
-    size: u64,
-    secs: f64,
-    unmap: bool,
-) -> Result<rebound_snapshot::Trace, String> {
-    let never = Arc::new(AtomicBool::new(false));
-    let window = Duration::from_secs_f64(secs);
-    trace_blocking(pid, file, size, window, never, unmap, None).await
-}
-
 /// How a trace task says it is armed and, for a restore held ready, waits for the
 /// start before its window begins.
 struct Arming {
@@ -528,6 +533,9 @@ pub(super) async fn arm_trace(
     h
 }
 
+/// Records, for `max` or until `stop`, the order in which QEMU's process first touches
+/// the pages of its mapping of `file` (`unmap`: first make the running guest's next
+/// touches visible by unmapping its pages, which stay in the file).
 async fn trace_blocking(
     pid: u32,
     file: PathBuf,

@@ -76,19 +76,23 @@ impl Owner {
         };
         let size = rec.spec.memory_mib << 20;
         let ram = self.vm.run.ram();
-        // The working-set size as the guest runs normally: pages touched in one trace
-        // window before the snapshot (the paper's sampled WSS).
-        // A coordinated pause does not wait for a slow sample: the sample ends at the
-        // stop instant with what it saw (arming it on a busy host can take a second).
-        let sample_stop = Arc::new(AtomicBool::new(false));
-        if let Some(at) = req.stop_at_unix_ns {
-            let stop = sample_stop.clone();
+        // A coordinated pause (`stop_at_unix_ns`), on this host's monotonic clock.
+        let stop_at = req.stop_at_unix_ns.map(|at| {
             let wait = at.saturating_sub(rebound_coord::msg::unix_now_ns()).max(0);
+            tokio::time::Instant::now() + Duration::from_nanos(wait as u64)
+        });
+        // It does not wait for a slow sample: the sample ends at the stop instant with
+        // what it saw (arming it on a busy host can take a second).
+        let sample_stop = Arc::new(AtomicBool::new(false));
+        if let Some(at) = stop_at {
+            let stop = sample_stop.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+                tokio::time::sleep_until(at).await;
                 stop.store(true, Ordering::Relaxed);
             });
         }
+        // The working-set size as the guest runs normally: pages touched in one trace
+        // window before the snapshot (the paper's sampled WSS).
         let sample = if req.trace_s > 0.0 {
             let window = Duration::from_secs_f64(req.trace_s);
             match trace_blocking(pid, ram.clone(), size, window, sample_stop, true, None).await {
@@ -101,11 +105,8 @@ impl Owner {
         } else {
             None
         };
-        if let Some(at) = req.stop_at_unix_ns {
-            let wait = at.saturating_sub(rebound_coord::msg::unix_now_ns());
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
-            }
+        if let Some(at) = stop_at {
+            tokio::time::sleep_until(at).await;
         }
         let was_running = self.vm.record().state == VmState::Running;
         let paused_at = Instant::now();

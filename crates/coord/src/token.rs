@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The fewest bytes a cluster token may have.
@@ -27,6 +27,8 @@ pub enum TokenError {
     },
     #[error("cluster token file {path} is accessible by group or others (mode {mode:03o}); chmod 600 it")]
     Permissions { path: PathBuf, mode: u32 },
+    #[error("cluster token file {path} belongs to uid {owner}, not to this user (uid {me}); a token file must be the daemon user's own")]
+    Owner { path: PathBuf, owner: u32, me: u32 },
     #[error("cluster token file {path} holds {len} bytes; a token needs at least {MIN_TOKEN_LEN} random bytes")]
     TooShort { path: PathBuf, len: usize },
     #[error("cluster token file {path} holds more than {MAX_TOKEN_LEN} bytes; it is not a token")]
@@ -60,6 +62,15 @@ impl ClusterToken {
             source,
         };
         let meta = std::fs::metadata(path).map_err(read_err)?;
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != me {
+            // Whoever owns the file can change the token under us.
+            return Err(TokenError::Owner {
+                path: path.to_owned(),
+                owner: meta.uid(),
+                me,
+            });
+        }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(TokenError::Permissions {
@@ -162,6 +173,22 @@ mod tests {
         assert!(
             ClusterToken::create_file(&path).is_err(),
             "must not overwrite"
+        );
+    }
+
+    #[test]
+    fn refuses_a_file_another_user_owns() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test gives a file to another user: run it as root, as make test does"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = write(dir.path(), "theirs", &[7; 40], 0o600);
+        std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        let err = ClusterToken::from_file(&theirs).unwrap_err();
+        assert!(
+            matches!(err, TokenError::Owner { owner: 65534, .. }),
+            "{err}"
         );
     }
 

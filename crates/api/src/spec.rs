@@ -468,6 +468,57 @@ impl VmSpec {
             .collect()
     }
 
+    /// This spec as a snapshot's manifest recorded it, made safe to restore: no host
+    /// path it names is opened on the snapshot's say-so. Its extra disks become the
+    /// snapshot's own copies (`disk_copies`, one per extra disk, files inside the
+    /// snapshot), keeping their options but `size=`; a dump directory or a
+    /// `recover_from` is dropped, with a note saying so; a kernel, initrd or pmem
+    /// file (host files QEMU would open or map) refuses the restore.
+    pub fn for_restore(mut self, disk_copies: &[String]) -> Result<(VmSpec, Vec<String>), String> {
+        let refused = |what: &str, path: &str| {
+            Err(format!(
+                "the snapshot's VM used the host file {path:?} as its {what}: a snapshot's host paths are never opened on its say-so, so it cannot be restored here (start a VM with that {what} instead)"
+            ))
+        };
+        if let Some(k) = &self.kernel {
+            return refused("kernel", k);
+        }
+        if let Some(i) = &self.initrd {
+            return refused("initrd", i);
+        }
+        if let Some(p) = self.pmem.first() {
+            return refused("pmem device", p);
+        }
+        if disk_copies.len() != self.disks.len() {
+            return Err(format!(
+                "the snapshot holds {} copies of extra disks but its VM spec lists {}: the manifest does not fit together",
+                disk_copies.len(),
+                self.disks.len()
+            ));
+        }
+        for (d, copy) in self.disks.iter_mut().zip(disk_copies) {
+            let opts = d
+                .split(',')
+                .skip(1)
+                .filter(|o| !o.starts_with("size="))
+                .map(|o| format!(",{o}"))
+                .collect::<String>();
+            *d = format!("{copy}{opts}");
+        }
+        let mut notes = Vec::new();
+        if let Some(d) = self.crash.dump_dir.take() {
+            notes.push(format!(
+                "the snapshot's dump directory {d:?} is not used: this VM's dumps go to its own crash directory"
+            ));
+        }
+        if let Some(r) = self.crash.recover_from.take() {
+            notes.push(format!(
+                "the snapshot's recover_from {r:?} is not used: this VM's recovery VM boots"
+            ));
+        }
+        Ok((self, notes))
+    }
+
     /// The `disks` entries parsed (`validate` has checked them).
     pub fn disk_opts(&self) -> Result<Vec<crate::disk::DiskOpts>, SpecError> {
         self.disks.iter().map(|d| d.parse()).collect()
@@ -737,6 +788,46 @@ impl VmSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(v: serde_json::Value) -> VmSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_snapshots_spec_opens_no_host_path() {
+        let s = spec(serde_json::json!({"name": "a",
+            "disks": ["/home/u/data.img,backend=rebound,cache=host:64M,size=1G"],
+            "crash": {"dump_dir": "/root/.ssh", "recover_from": "/s"}}));
+        let (r, notes) = s.for_restore(&["/snap/disk-disk1.qcow2".into()]).unwrap();
+        assert_eq!(
+            r.disks,
+            ["/snap/disk-disk1.qcow2,backend=rebound,cache=host:64M"]
+        );
+        assert_eq!((&r.crash.dump_dir, &r.crash.recover_from), (&None, &None));
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(r.host_paths().iter().all(|h| h.path.starts_with("/snap/")));
+        for (field, v) in [
+            (
+                "kernel",
+                serde_json::json!({"name": "a", "kernel": "/boot/x"}),
+            ),
+            (
+                "initrd",
+                serde_json::json!({"name": "a", "initrd": "/boot/i"}),
+            ),
+            (
+                "pmem",
+                serde_json::json!({"name": "a", "pmem": ["/var/lib/other.img"]}),
+            ),
+        ] {
+            let e = spec(v).for_restore(&[]).unwrap_err();
+            assert!(e.contains(field) && e.contains("never opened"), "{e}");
+        }
+        let e = spec(serde_json::json!({"name": "a", "disks": ["/x"]}))
+            .for_restore(&[])
+            .unwrap_err();
+        assert!(e.contains("does not fit together"), "{e}");
+    }
 
     #[test]
     fn sizes() {

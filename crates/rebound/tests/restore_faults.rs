@@ -88,11 +88,16 @@ fn copy_snapshot(from: &Path, to: &Path) {
 /// A copy of the snapshot `from` at `to` with its manifest changed by `f`.
 fn edited_copy(from: &Path, to: &Path, f: impl FnOnce(&mut Value)) -> String {
     copy_snapshot(from, to);
-    let p = to.join("manifest.json");
+    edited_copy_in_place(to, f);
+    to.to_str().unwrap().to_string()
+}
+
+/// Changes the manifest of the snapshot at `dir` by `f`.
+fn edited_copy_in_place(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("manifest.json");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-    to.to_str().unwrap().to_string()
 }
 
 /// The first non-zero byte of the image at or after `from` (a page with data, not
@@ -249,6 +254,64 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     });
     let want = format!("{IMAGE} is {SIZE} bytes, the manifest says {}", SIZE / 2);
     refused(&half, "half", "lazy", &[want.as_str()]);
+
+    // The snapshot's host paths are never opened on its word: a pmem file (which
+    // would be mapped into the guest) refuses the restore; the file is untouched.
+    let victim = home.join("victim.img");
+    std::fs::write(&victim, vec![0x11u8; 2 << 20]).unwrap();
+    let pmem = edited_copy(&snap, &home.join("pmem"), |v| {
+        v["spec"]["pmem"] = json!([victim])
+    });
+    refused(&pmem, "pmem", "lazy", &["pmem device", "never opened"]);
+    assert!(std::fs::read(&victim).unwrap().iter().all(|&b| b == 0x11));
+    // A disk layer whose backing file lies outside the snapshot and the images.
+    let outside = edited_copy(&snap, &home.join("outside"), |_| {});
+    let disk = Path::new(&outside).join("disk-disk0.qcow2");
+    std::fs::remove_file(&disk).unwrap();
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&victim)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let len = std::fs::metadata(&disk).unwrap().len();
+    edited_copy_in_place(Path::new(&outside), |v| v["disks"][0]["size"] = len.into());
+    refused(
+        &outside,
+        "outside",
+        "lazy",
+        &["disk layer", "outside the snapshot"],
+    );
+    // A RAM image that is a link (here to the real image elsewhere: same size).
+    let linked = edited_copy(&snap, &home.join("linked"), |_| {});
+    std::fs::remove_file(Path::new(&linked).join(IMAGE)).unwrap();
+    std::os::unix::fs::symlink(snap.join(IMAGE), Path::new(&linked).join(IMAGE)).unwrap();
+    for mode in ["lazy", "eager"] {
+        refused(&linked, "linked", mode, &[IMAGE, "not a regular file"]);
+    }
+    // A flipped byte in the device state: QEMU is never given it.
+    let dev = edited_copy(&snap, &home.join("dev"), |_| {});
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(Path::new(&dev).join("device.state"))
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, 4096).unwrap();
+    f.write_all_at(&[b[0] ^ 0x01], 4096).unwrap();
+    for mode in ["lazy", "eager"] {
+        refused(&dev, "dev", mode, &["device state is damaged"]);
+    }
+    // A dump directory of the snapshot's: not used, and the report says so.
+    let dumps = edited_copy(&snap, &home.join("dumps"), |v| {
+        v["spec"]["crash"]["dump_dir"] = json!(home.join("elsewhere"))
+    });
+    let r = restore_json(&env, &[&dumps, "--name", "dumps", "--mode", "lazy"]);
+    assert!(r["notes"].to_string().contains("dump directory"), "{r}");
+    assert_eq!(env.status("dumps")["state"], "running");
+    env.ok(&["vm", "kill", "dumps"]);
+    env.ok(&["vm", "rm", "dumps"]);
 
     // A name in use: refused, and the VM of that name runs on untouched.
     let e = env.fails(&["vm", "restore", s, "--name", "src"]);

@@ -249,7 +249,7 @@ pub fn copy_ram_image(
     }
     let rerr = |e| ImageError::Read(src.to_path_buf(), e);
     let werr = |e| ImageError::Write(dst.to_path_buf(), e);
-    let input = File::open(src).map_err(rerr)?;
+    let input = crate::manifest::open_nofollow(src).map_err(rerr)?;
     let have = input.metadata().map_err(rerr)?.len();
     if have < size {
         return Err(ImageError::Short(src.to_path_buf(), have, size));

@@ -58,6 +58,8 @@ pub enum ManifestError {
         start: u64,
         end: u64,
     },
+    #[error("{0} is not a regular file (a symbolic link, device, FIFO or socket): a snapshot holds only its own regular files")]
+    NotRegular(PathBuf),
     #[error("{0}: checksum mismatch: the file is damaged")]
     FileChecksum(String),
     #[error(transparent)]
@@ -362,15 +364,33 @@ fn is_checksum(c: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Opens a snapshot's file for reading without following a symbolic link in its
+/// last component (the directory itself is the user's to name).
+pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 impl Snapshot {
     /// Reads and checks the manifest and that every file it lists is there with its
     /// recorded size (no checksums: that is [`Snapshot::verify`]).
     pub fn open(dir: &Path) -> Result<Snapshot, ManifestError> {
         let path = dir.join(MANIFEST);
-        let f = File::open(&path).map_err(|e| match e.kind() {
+        let f = open_nofollow(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ManifestError::NotSnapshot(dir.to_path_buf()),
+            _ if e.raw_os_error() == Some(libc::ELOOP) => ManifestError::NotRegular(path.clone()),
             _ => ManifestError::Read(path.clone(), e),
         })?;
+        if !f
+            .metadata()
+            .map_err(|e| ManifestError::Read(path.clone(), e))?
+            .is_file()
+        {
+            return Err(ManifestError::NotRegular(path));
+        }
         let len = f
             .metadata()
             .map_err(|e| ManifestError::Read(path.clone(), e))?
@@ -415,19 +435,29 @@ impl Snapshot {
             self.check_size(&d.file, d.size)?;
         }
         if let Some(t) = &m.trace {
-            if !self.path_of(&t.file).is_file() {
-                return Err(ManifestError::Missing(self.path_of(&t.file)));
-            }
+            self.regular(&t.file)?;
         }
         Ok(())
     }
 
-    fn check_size(&self, file: &str, want: u64) -> Result<(), ManifestError> {
+    /// A file of the snapshot, which must be a regular file in its directory: a
+    /// symbolic link (which could lead anywhere on the host) or a device, FIFO or
+    /// socket (which could block or feed endless bytes) is refused.
+    fn regular(&self, file: &str) -> Result<std::fs::Metadata, ManifestError> {
         let p = self.dir.join(file);
-        let md = std::fs::metadata(&p).map_err(|e| match e.kind() {
+        let md = std::fs::symlink_metadata(&p).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ManifestError::Missing(p.clone()),
             _ => ManifestError::Read(p.clone(), e),
         })?;
+        if !md.file_type().is_file() {
+            return Err(ManifestError::NotRegular(p));
+        }
+        Ok(md)
+    }
+
+    fn check_size(&self, file: &str, want: u64) -> Result<(), ManifestError> {
+        let p = self.dir.join(file);
+        let md = self.regular(file)?;
         if md.len() != want {
             return Err(ManifestError::Size(p, md.len(), want));
         }
@@ -476,7 +506,7 @@ impl Snapshot {
         for b in &m.ram_blocks {
             let p = self.path_of(&b.file);
             let rerr = |e| ManifestError::Read(p.clone(), e);
-            let f = File::open(&p).map_err(rerr)?;
+            let f = open_nofollow(&p).map_err(rerr)?;
             let mut h = ChunkHasher::new(b.size, b.chunk_bytes);
             for r in crate::image::read_ranges(&f, b.size).map_err(rerr)? {
                 let mut at = r.start;
@@ -933,5 +963,51 @@ mod tests {
         );
         std::fs::remove_file(&img).unwrap();
         assert!(err(&s).contains("ram-ram.img is missing"), "{}", err(&s));
+    }
+
+    #[test]
+    fn links_and_special_files_in_a_snapshot_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let s = make(d.path());
+        let outside = d.path().join("outside.img");
+        // The image replaced by a link to a file of the same size elsewhere.
+        let img = s.join("ram-ram.img");
+        std::fs::rename(&img, &outside).unwrap();
+        std::os::unix::fs::symlink(&outside, &img).unwrap();
+        assert!(
+            err(&s).contains("ram-ram.img is not a regular file"),
+            "{}",
+            err(&s)
+        );
+        std::fs::remove_file(&img).unwrap();
+        std::fs::rename(&outside, &img).unwrap();
+        Snapshot::open(&s).unwrap();
+        // The device state as a FIFO: refused before anything reads it.
+        let dev = s.join("device.state");
+        std::fs::remove_file(&dev).unwrap();
+        nix_mkfifo(&dev);
+        assert!(
+            err(&s).contains("device.state is not a regular file"),
+            "{}",
+            err(&s)
+        );
+        // The manifest itself as a link to a valid manifest elsewhere.
+        let m = s.join(MANIFEST);
+        let moved = d.path().join("m.json");
+        std::fs::rename(&m, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, &m).unwrap();
+        assert!(
+            err(&s).contains("manifest.json is not a regular file"),
+            "{}",
+            err(&s)
+        );
+    }
+
+    fn nix_mkfifo(p: &Path) {
+        let st = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
     }
 }

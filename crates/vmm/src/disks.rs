@@ -30,6 +30,110 @@ pub enum DiskError {
     Create(PathBuf, #[source] std::io::Error),
     #[error("pmem file {0} is {1} bytes: a virtio-pmem device needs a raw file of a non-zero multiple of 2 MiB (`truncate -s` it)")]
     PmemSize(PathBuf, u64),
+    #[error("disk layer {0} is refused: {1}")]
+    Layer(PathBuf, String),
+}
+
+/// How deep a snapshot's own chain of qcow2 layers may go.
+const MAX_CHAIN: usize = 8;
+
+/// Checks a disk layer that came from outside (a snapshot) before QEMU opens it:
+/// a regular file (no link, no device), raw, or qcow2 whose backing files are
+/// regular files inside `roots` with a declared format, and which keeps no data in
+/// an external file. The format is the one the snapshot declares, never probed
+/// from the content: a guest can write a qcow2 header into a raw disk. Backing
+/// files inside `roots[0]` (the snapshot) are checked in turn; other roots are the
+/// daemon's own read-only images.
+pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result<(), DiskError> {
+    let refuse = |p: &Path, why: String| Err(DiskError::Layer(p.to_path_buf(), why));
+    let mut cur = (path.to_path_buf(), format);
+    for _ in 0..MAX_CHAIN {
+        let (p, fmt) = cur;
+        let md = std::fs::symlink_metadata(&p).map_err(|e| DiskError::Read(p.clone(), e))?;
+        if !md.file_type().is_file() {
+            return refuse(
+                &p,
+                "it is not a regular file (a link, device, FIFO or socket)".into(),
+            );
+        }
+        if fmt == DiskFormat::Raw {
+            return Ok(());
+        }
+        let out = Command::new(qemu_img())
+            .args(["info", "--output=json", "-U", "-f", "qcow2"])
+            .arg(&p)
+            .output()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DiskError::NoQemuImg,
+                _ => DiskError::Read(p.clone(), e),
+            })?;
+        if !out.status.success() {
+            let msg = String::from_utf8_lossy(&out.stderr);
+            return refuse(
+                &p,
+                format!("it is not a valid qcow2 image ({})", msg.trim()),
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| DiskError::Layer(p.clone(), format!("qemu-img info: {e}")))?;
+        if let Some(d) = v.pointer("/format-specific/data/data-file") {
+            return refuse(&p, format!("it keeps its data in the external file {d}"));
+        }
+        let Some(backing) = v["backing-filename"].as_str() else {
+            return Ok(());
+        };
+        // `json:` and protocol names (nbd:, http:, ...) are not files.
+        if backing.contains(':') {
+            return refuse(
+                &p,
+                format!("its backing file {backing:?} is not a plain path"),
+            );
+        }
+        let dir = p.parent().unwrap_or(Path::new("/"));
+        let b = std::fs::canonicalize(dir.join(backing)).map_err(|e| {
+            DiskError::Layer(p.clone(), format!("its backing file {backing:?}: {e}"))
+        })?;
+        let Some(root) = roots
+            .iter()
+            .filter_map(|r| std::fs::canonicalize(r).ok())
+            .position(|r| b.starts_with(&r) && b != r)
+        else {
+            return refuse(
+                &p,
+                format!(
+                    "its backing file {} lies outside the snapshot and the daemon's images",
+                    b.display()
+                ),
+            );
+        };
+        let bfmt = match v["backing-filename-format"].as_str() {
+            Some("raw") => DiskFormat::Raw,
+            Some("qcow2") => DiskFormat::Qcow2,
+            other => {
+                return refuse(
+                    &p,
+                    format!("its backing file's format is {other:?}, not raw or qcow2 declared"),
+                )
+            }
+        };
+        if root != 0 {
+            // One of the daemon's own images: read-only and trusted.
+            let md = std::fs::symlink_metadata(&b).map_err(|e| DiskError::Read(b.clone(), e))?;
+            return if md.file_type().is_file() {
+                Ok(())
+            } else {
+                refuse(
+                    &p,
+                    format!("its backing file {} is not a regular file", b.display()),
+                )
+            };
+        }
+        cur = (b, bfmt);
+    }
+    refuse(
+        path,
+        format!("its backing chain is deeper than {MAX_CHAIN} layers"),
+    )
 }
 
 const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
@@ -59,8 +163,14 @@ fn qemu_img() -> String {
 
 /// Creates (replacing any old one) a qcow2 overlay at `overlay` backed by `base`.
 pub fn create_overlay(base: &Path, overlay: &Path) -> Result<Disk, DiskError> {
+    let fmt = detect_format(base)?;
+    create_overlay_as(base, fmt, overlay)
+}
+
+/// Like [`create_overlay`], with the base's format given rather than probed (a
+/// snapshot's disk, which [`check_layer`] has checked as that format).
+pub fn create_overlay_as(base: &Path, fmt: DiskFormat, overlay: &Path) -> Result<Disk, DiskError> {
     let base = std::fs::canonicalize(base).map_err(|e| DiskError::Read(base.to_path_buf(), e))?;
-    let fmt = detect_format(&base)?;
     let _ = std::fs::remove_file(overlay);
     let out = Command::new(qemu_img())
         .args(["create", "-q", "-f", "qcow2", "-b"])
@@ -161,6 +271,120 @@ pub fn pmem_size_mib(path: &Path) -> Result<u64, DiskError> {
         return Err(DiskError::PmemSize(path.to_path_buf(), len));
     }
     Ok(len >> 20)
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+
+    fn qemu_img_create(args: &[&str]) {
+        let out = Command::new("qemu-img")
+            .args(["create", "-q"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn snapshot_layers_reach_only_the_snapshot_and_the_images() {
+        let t = tempfile::tempdir().unwrap();
+        let (snap, images, elsewhere) = (
+            t.path().join("snap"),
+            t.path().join("images"),
+            t.path().join("else"),
+        );
+        for d in [&snap, &images, &elsewhere] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let roots = [snap.clone(), images.clone()];
+        let s = |n: &str| snap.join(n).to_str().unwrap().to_string();
+        std::fs::write(images.join("base.img"), vec![1u8; 1 << 20]).unwrap();
+        std::fs::write(elsewhere.join("secret"), vec![2u8; 1 << 20]).unwrap();
+        // Good: raw; qcow2 over the image store; qcow2 over a qcow2 of the snapshot.
+        std::fs::write(snap.join("raw.img"), b"QFI\xfbnot really qcow2").unwrap();
+        check_layer(&snap.join("raw.img"), DiskFormat::Raw, &roots).unwrap();
+        let base = images.join("base.img");
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-b",
+            base.to_str().unwrap(),
+            "-F",
+            "raw",
+            &s("over-image.qcow2"),
+        ]);
+        check_layer(&snap.join("over-image.qcow2"), DiskFormat::Qcow2, &roots).unwrap();
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-b",
+            "over-image.qcow2",
+            "-F",
+            "qcow2",
+            &s("chain.qcow2"),
+        ]);
+        check_layer(&snap.join("chain.qcow2"), DiskFormat::Qcow2, &roots).unwrap();
+        // Refused: a backing file elsewhere (directly or down the chain), a protocol,
+        // an external data file, a link, a raw file declared qcow2.
+        let secret = elsewhere.join("secret");
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-b",
+            secret.to_str().unwrap(),
+            "-F",
+            "raw",
+            &s("out.qcow2"),
+        ]);
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-b",
+            "out.qcow2",
+            "-F",
+            "qcow2",
+            &s("deep.qcow2"),
+        ]);
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            "nbd:localhost:10809",
+            "-F",
+            "raw",
+            &s("nbd.qcow2"),
+            "1M",
+        ]);
+        let data = elsewhere.join("data.raw");
+        qemu_img_create(&[
+            "-f",
+            "qcow2",
+            "-o",
+            &format!("data_file={}", data.display()),
+            &s("ext.qcow2"),
+            "1M",
+        ]);
+        std::os::unix::fs::symlink(&secret, snap.join("link.img")).unwrap();
+        for (file, fmt, why) in [
+            ("out.qcow2", DiskFormat::Qcow2, "outside the snapshot"),
+            ("deep.qcow2", DiskFormat::Qcow2, "outside the snapshot"),
+            ("nbd.qcow2", DiskFormat::Qcow2, "not a plain path"),
+            ("ext.qcow2", DiskFormat::Qcow2, "external file"),
+            ("link.img", DiskFormat::Raw, "not a regular file"),
+            ("raw.img", DiskFormat::Qcow2, "not a valid qcow2"),
+        ] {
+            let e = check_layer(&snap.join(file), fmt, &roots)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{file}: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

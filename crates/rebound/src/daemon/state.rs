@@ -150,10 +150,19 @@ impl Daemon {
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?
             .map_err(|e| OpError::SnapshotInput(super::error::chain(&e)))?;
-        let mut spec: VmSpec =
-            serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
-                OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
-            })?;
+        let spec: VmSpec = serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
+            OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
+        })?;
+        // The manifest is the snapshot's word: its extra disks become the snapshot's
+        // copies (the last entries of its disk list), and no host path of it is used.
+        let m = snap.manifest();
+        let copies: Vec<String> = m
+            .disks
+            .iter()
+            .skip(m.disks.len().saturating_sub(spec.disks.len()))
+            .map(|d| snap.path_of(&d.file).display().to_string())
+            .collect();
+        let (mut spec, notes) = spec.for_restore(&copies).map_err(OpError::SnapshotInput)?;
         spec.name = req.name.clone();
         // The snapshot's VM may still run: the copy gets host ports of its own,
         // unless the request names them.
@@ -189,6 +198,7 @@ impl Daemon {
             recovery: None,
             hold_rest: false,
             replay,
+            notes,
         };
         let spec = job.spec.clone();
         self.launch(&spec, |tx| Init::Restore(Box::new(job), tx))

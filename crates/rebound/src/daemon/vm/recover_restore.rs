@@ -152,6 +152,7 @@ impl Owner {
             }),
             hold_rest: dumping,
             replay: Vec::new(),
+            notes: Vec::new(),
         };
         let r = self.restore(job).await?;
         Ok(format!(

@@ -52,6 +52,8 @@ pub struct RestoreJob {
     pub hold_rest: bool,
     /// Frames to hand to the guest's bridge NICs before it runs (`req.replay`, read).
     pub replay: Vec<super::replay::ReplayFrames>,
+    /// What of the snapshot's spec was not used, for the report.
+    pub notes: Vec<String>,
 }
 
 /// Restores of this daemon reading what their guest needs before it may start (a
@@ -195,6 +197,7 @@ impl Owner {
             recovery,
             hold_rest,
             replay,
+            notes,
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
@@ -228,6 +231,7 @@ impl Owner {
             mode: req.mode,
             rest_order: req.rest_order,
             phase: "loading".into(),
+            notes,
             ..Default::default()
         };
         let mut mode = req.mode;
@@ -345,12 +349,13 @@ impl Owner {
         // this VM's own: two restores of one snapshot never share a writable disk.
         // A fresh VM's resolve makes its image disk's overlay, which this replaces; a
         // recovery VM's resolve takes the overlay that is there, so it comes first.
+        let layers = check_disk_layers(&snap, &self.paths)?;
         let snapshot_disks = || -> Result<Vec<_>, OpError> {
             let mut disks = Vec::new();
-            for (i, d) in m.disks.iter().enumerate() {
+            for (i, (path, fmt)) in layers.iter().enumerate() {
                 let overlay = self.vm.dir.disk_overlay(i);
                 disks.push(
-                    rebound_vmm::disks::create_overlay(&snap.path_of(&d.file), &overlay)
+                    rebound_vmm::disks::create_overlay_as(path, *fmt, &overlay)
                         .map_err(|e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e)))?,
                 );
             }
@@ -373,7 +378,7 @@ impl Owner {
         res.command.paused = true;
         res.command.disks = match early {
             Some(d) => d,
-            None if on_backend => self.backend_disks(&snap, &mut res)?,
+            None if on_backend => self.backend_disks(&snap, &layers, &mut res)?,
             None => snapshot_disks()?,
         };
 
@@ -400,11 +405,11 @@ impl Owner {
                 {"capability": "x-ignore-shared", "state": mode != RestoreMode::Stock}]})),
         )
         .await?;
-        let stream = snap.path_of(if mode == RestoreMode::Stock {
-            "stock.mig"
+        let stream = if mode == RestoreMode::Stock {
+            snap.path_of("stock.mig")
         } else {
-            &m.device_state.file
-        });
+            self.checked_device_state(&snap).await?
+        };
         q.execute(
             "migrate-incoming",
             Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),
@@ -867,12 +872,71 @@ fn proc_counters(pid: u32) -> Option<(u64, u64)> {
 }
 
 impl Owner {
+    /// A copy of the snapshot's device state in the run dir, checked against the
+    /// manifest's checksum while copied: QEMU reads the bytes that were checked,
+    /// whatever happens to the snapshot's file meanwhile.
+    async fn checked_device_state(&self, snap: &Snapshot) -> Result<PathBuf, OpError> {
+        let e = snap.manifest().device_state.clone();
+        let (from, to) = (
+            snap.path_of(&e.file),
+            self.vm.run.path().join("device.state"),
+        );
+        let dst = to.clone();
+        let h = tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_file(&dst);
+            rebound_snapshot::copy_file(&from, &dst)
+        })
+        .await
+        .map_err(|err| OpError::Internal(err.to_string()))?
+        .map_err(|err| OpError::SnapshotInput(crate::daemon::error::chain(&err)))?;
+        if h.checksum != e.checksum || h.size != e.size {
+            let _ = std::fs::remove_file(&to);
+            return Err(OpError::SnapshotInput(format!(
+                "{}: checksum mismatch: the device state is damaged, QEMU was not given it",
+                e.file
+            )));
+        }
+        Ok(to)
+    }
+}
+
+/// The snapshot's disks as QEMU may open them: each of the format its manifest
+/// declares (never probed from content a guest wrote), raw or a qcow2 whose backing
+/// chain stays inside the snapshot and the daemon's images.
+fn check_disk_layers(
+    snap: &Snapshot,
+    paths: &rebound_vmm::paths::Paths,
+) -> Result<Vec<(PathBuf, rebound_vmm::qemu::DiskFormat)>, OpError> {
+    use rebound_vmm::qemu::DiskFormat;
+    let roots = [snap.path().to_path_buf(), paths.home.join("images")];
+    let mut out = Vec::new();
+    for d in &snap.manifest().disks {
+        let fmt = match d.format.as_str() {
+            "raw" => DiskFormat::Raw,
+            "qcow2" => DiskFormat::Qcow2,
+            other => {
+                return Err(OpError::SnapshotInput(format!(
+                    "disk {:?} has format {other:?}: a snapshot's disks are raw or qcow2",
+                    d.id
+                )))
+            }
+        };
+        let path = snap.path_of(&d.file);
+        rebound_vmm::disks::check_layer(&path, fmt, &roots)
+            .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+        out.push((path, fmt));
+    }
+    Ok(out)
+}
+
+impl Owner {
     /// The disks of a restore whose VM had some served by Rebound's backend: those get
     /// a raw copy of the snapshot's disk in the VM's directory (reflinked or sparse),
     /// which their backend serves; the others a copy-on-write overlay, as always.
     fn backend_disks(
         &self,
         snap: &Snapshot,
+        layers: &[(PathBuf, rebound_vmm::qemu::DiskFormat)],
         res: &mut rebound_vmm::resolve::Resolved,
     ) -> Result<Vec<rebound_vmm::qemu::Disk>, OpError> {
         use rebound_vmm::qemu::BlockBackend;
@@ -886,19 +950,21 @@ impl Owner {
         }
         let boot = |e| OpError::Boot(rebound_vmm::resolve::BootError::Disk(e));
         let mut out = Vec::new();
-        for (i, (d, e)) in res.command.disks.iter().zip(&m.disks).enumerate() {
-            let from = snap.path_of(&e.file);
+        for (i, (d, (from, fmt))) in res.command.disks.iter().zip(layers).enumerate() {
             match &d.backend {
                 BlockBackend::VhostUser { socket } => {
                     let copy = self.vm.dir.disk_raw(i);
-                    rebound_vmm::disks::raw_copy(&from, &copy).map_err(boot)?;
+                    if *fmt != rebound_vmm::qemu::DiskFormat::Raw {
+                        return Err(boot(rebound_vmm::disks::DiskError::NotRaw(from.clone())));
+                    }
+                    rebound_vmm::disks::raw_copy(from, &copy).map_err(boot)?;
                     if let Some(b) = res.backends.iter_mut().find(|b| &b.socket == socket) {
                         b.disk = copy;
                     }
                     out.push(d.clone());
                 }
                 _ => out.push(
-                    rebound_vmm::disks::create_overlay(&from, &self.vm.dir.disk_overlay(i))
+                    rebound_vmm::disks::create_overlay_as(from, *fmt, &self.vm.dir.disk_overlay(i))
                         .map_err(boot)?,
                 ),
             }

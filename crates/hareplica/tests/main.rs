@@ -5,6 +5,7 @@
 mod common;
 
 mod backup_faults;
+mod checkpoint_kills;
 mod malformed;
 mod spin;
 mod streamed;

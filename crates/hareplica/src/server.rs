@@ -600,7 +600,7 @@ impl<'a> Connection<'a> {
                     ..ReplicaState::default()
                 };
                 fresh.reset(h.heap_size);
-                inner.store.checkpoint(&fresh).map_err(internal)?;
+                inner.store.reset(&fresh).map_err(internal)?;
                 *st = fresh;
                 tracing::info!(
                     "{}: new heap of {} bytes, epoch {}",

@@ -27,7 +27,9 @@
 //! transaction is its part records (logged as they arrive) closed by its end record, which
 //! counts them: on replay, part 0 starts a transaction afresh, and parts that no end
 //! closes (a primary that gave up or a link that broke) are dropped by the next whole
-//! commit, end, or epoch record. On start, complete records are replayed over the image through the
+//! commit, end, or epoch record. A checkpoint keeps the part records of the transaction
+//! in progress (copied to the front of the emptied log), and an end record is written only
+//! after all its parts: a log never holds an end whose parts it lost. On start, complete records are replayed over the image through the
 //! same rules as live commits (records the image already holds are skipped); an
 //! incomplete or corrupt tail, what a crash mid-write leaves, is cut off. A checkpoint
 //! writes a new image and then empties the log. While a backup runs, the file also holds
@@ -75,6 +77,8 @@ pub enum StoreError {
     BadImage { path: PathBuf, why: String },
     #[error("{path}: {why}; refusing to use it (it is left untouched)")]
     BadWal { path: PathBuf, why: String },
+    #[error("tx {tx} ends after {want} parts but the log holds {have} of them")]
+    PartsMissing { tx: u64, want: u32, have: u32 },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
@@ -102,6 +106,9 @@ pub struct Store {
     dir: PathBuf,
     wal: WalFile,
     durable: bool,
+    /// The part records of the streamed transaction in progress, as replay would collect
+    /// them: where the first starts in the log, and how many there are.
+    open_parts: Option<(u64, u32)>,
     _lock: File,
 }
 
@@ -160,6 +167,8 @@ impl Store {
             dir: dir.to_path_buf(),
             wal: WalFile::new(wal, &wp, wal_len),
             durable,
+            // Parts a previous run left open are given up: their primary resends them.
+            open_parts: None,
             _lock: lock,
         };
         Ok((store, state, report))
@@ -189,17 +198,37 @@ impl Store {
     /// Appends a commit record (whole, part or end, as `c.kind` says); call
     /// [`barrier`](Self::barrier) before acknowledging it.
     pub fn append_commit(&mut self, c: &Commit) -> Result<(), StoreError> {
-        let ty = match c.kind {
-            CommitKind::Whole => REC_COMMIT,
-            CommitKind::Part { .. } => REC_PART,
-            CommitKind::End { .. } => REC_END,
+        let at = self.wal.len();
+        // The same rules as `replay`'s for which parts an end closes.
+        let (ty, open) = match (c.kind, self.open_parts) {
+            (CommitKind::Whole, _) => (REC_COMMIT, None),
+            (CommitKind::Part { index: 0 }, _) => (REC_PART, Some((at, 1))),
+            (CommitKind::Part { index }, Some((start, n))) if index == n => {
+                (REC_PART, Some((start, n + 1)))
+            }
+            (CommitKind::Part { .. }, _) => (REC_PART, None),
+            (CommitKind::End { parts }, open) => {
+                let have = open.map_or(0, |(_, n)| n);
+                if have != parts {
+                    // Replay would refuse this end, and with it the whole replica.
+                    return Err(StoreError::PartsMissing {
+                        tx: c.tx_id,
+                        want: parts,
+                        have,
+                    });
+                }
+                (REC_END, None)
+            }
         };
-        self.append(ty, &c.payload)
+        self.append(ty, &c.payload)?;
+        self.open_parts = open;
+        Ok(())
     }
 
     /// Records a new epoch, on disk before the caller acts on it.
     pub fn append_epoch(&mut self, epoch: u64) -> Result<(), StoreError> {
         self.append(REC_EPOCH, &epoch.to_le_bytes())?;
+        self.open_parts = None;
         self.wal.sync()
     }
 
@@ -220,10 +249,23 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `state` as the new image and empties the log.
+    /// Writes `state` as the new image and empties the log but for the parts of the
+    /// transaction in progress, which the image does not hold yet.
     pub fn checkpoint(&mut self, state: &ReplicaState) -> Result<(), StoreError> {
         write_image(&img_path(&self.dir), state)?;
-        self.wal.truncate_to(WAL_HEADER as u64)
+        let keep_from = self.open_parts.map(|(start, _)| start);
+        // Until the parts are back in the log, an end must not be logged.
+        let open = self.open_parts.take();
+        self.wal.truncate_keeping(WAL_HEADER as u64, keep_from)?;
+        self.open_parts = open.map(|(_, n)| (WAL_HEADER as u64, n));
+        Ok(())
+    }
+
+    /// Writes `state` as the new image and empties the log, parts in progress included
+    /// (a new heap replaces everything).
+    pub fn reset(&mut self, state: &ReplicaState) -> Result<(), StoreError> {
+        self.open_parts = None;
+        self.checkpoint(state)
     }
 }
 

@@ -13,6 +13,8 @@ use common::*;
 use hareplica::{diff_pages, ClientOptions, DiffRun, Mode, OnFailure, ReplicaClient};
 
 const KILLS: usize = 200;
+/// A small heap: each of the many checkpoints writes it whole.
+const SMALL_HEAP: usize = 256 << 10;
 
 /// Transaction `tx`: the workload's transactions 3tx..3tx+2 (a dozen pages or so), as
 /// runs against `shadow`, which is brought up to date.
@@ -50,23 +52,19 @@ fn every_restart_opens_and_holds_every_acknowledged_transaction() {
     // the backup, busy with a checkpoint, catches up, it mostly stops after a part:
     // the next checkpoint comes with the transaction in progress half logged. The
     // backup sleeps between frames (no busy-polling, as on a one-CPU host).
-    let mut backup = BackupProc::start(
-        &listen,
-        &dir,
-        &["--checkpoint-kb", "4", "--spin-us", "0"],
-    );
+    let mut backup = BackupProc::start(&listen, &dir, &["--checkpoint-kb", "4", "--spin-us", "0"]);
     let mut opts = ClientOptions::new(Mode::Async { max_lag: 256 });
     opts.on_failure = OnFailure::Reconnect {
         attempts: 400,
         delay: Duration::from_millis(10),
     };
     opts.ack_timeout = Duration::from_secs(5);
-    let mut c = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts).unwrap();
+    let mut c = ReplicaClient::connect_with(&backup.ep, SMALL_HEAP as u64, opts).unwrap();
     let acked = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (acked2, stop2) = (Arc::clone(&acked), Arc::clone(&stop));
     let worker = std::thread::spawn(move || {
-        let (mut heap, mut shadow) = (vec![0u8; HEAP], vec![0u8; HEAP]);
+        let (mut heap, mut shadow) = (vec![0u8; SMALL_HEAP], vec![0u8; SMALL_HEAP]);
         let mut rng = fastrand::Rng::with_seed(3);
         let mut tx = 0;
         while !stop2.load(Ordering::SeqCst) {
@@ -95,7 +93,8 @@ fn every_restart_opens_and_holds_every_acknowledged_transaction() {
         // Let the primary get past its reconnect, then kill anywhere in the stream.
         let before = acked.load(Ordering::SeqCst);
         assert!(
-            wait_for(Duration::from_secs(10), || acked.load(Ordering::SeqCst) > before),
+            wait_for(Duration::from_secs(10), || acked.load(Ordering::SeqCst)
+                > before),
             "kill {kill}: the primary made no progress after a restart"
         );
         std::thread::sleep(Duration::from_micros(rng.u64(0..8000)));
@@ -117,8 +116,5 @@ fn every_restart_opens_and_holds_every_acknowledged_transaction() {
     let (image, last_tx) = dump(&dir);
     assert_eq!(last_tx, n);
     assert!(image == heap, "the replica differs from the primary");
-    eprintln!(
-        "{KILLS} kills, {n} transactions in {:?}",
-        started.elapsed()
-    );
+    eprintln!("{KILLS} kills, {n} transactions in {:?}", started.elapsed());
 }

@@ -111,6 +111,36 @@ impl WalFile {
         Ok(())
     }
 
+    /// Empties the log down to its header, then appends again the records that started
+    /// at `keep_from` (when given): appended as any record is (durable at the next `sync`).
+    pub(super) fn truncate_keeping(
+        &mut self,
+        header: u64,
+        keep_from: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let kept = match keep_from {
+            Some(from) if from < self.len => self.read(from)?,
+            _ => Vec::new(),
+        };
+        self.truncate_to(header)?;
+        if !kept.is_empty() {
+            self.append(&kept, &[])?;
+        }
+        Ok(())
+    }
+
+    /// The log's bytes from `from` to its end.
+    fn read(&self, from: u64) -> Result<Vec<u8>, StoreError> {
+        if let Some(m) = &self.map {
+            return Ok(m[from as usize..self.len as usize].to_vec());
+        }
+        let mut buf = vec![0u8; (self.len - from) as usize];
+        self.file
+            .read_exact_at(&mut buf, from)
+            .map_err(io_err("read", &self.path))?;
+        Ok(buf)
+    }
+
     /// Pre-faults the next stretch of reserved space for writing; call when idle. Failure
     /// only means later stores fault on their own (a kernel before 5.14).
     pub(super) fn prepare(&mut self) {

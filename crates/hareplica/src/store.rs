@@ -14,6 +14,9 @@
 //! | 40..44 | digest_count | at most [`DIGEST_WINDOW`]; 12 bytes each: tx u64, crc u32 |
 //! | 44..48 | crc32        | of the whole file with this field zeroed                  |
 //!
+//! The directory is made 0700 and every file in it 0600 (the heap's bytes are the
+//! application's data); files an older version left readable are made 0600 on open.
+//!
 //! The file is only ever replaced whole: written to `replica.img.tmp`, fsynced, renamed,
 //! and the directory fsynced. A file that is truncated, oversized, of another magic or
 //! version, or fails its checksum is refused and left untouched.
@@ -39,7 +42,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -126,12 +129,17 @@ impl Store {
         dir: &Path,
         durable: bool,
     ) -> Result<(Store, ReplicaState, OpenReport), StoreError> {
-        fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err("create", dir))?;
         let lock_path = dir.join("lock");
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io_err("open", &lock_path))?;
         // SAFETY: flock only reads the descriptor, which `lock` keeps open for this call.
@@ -145,8 +153,13 @@ impl Store {
             .truncate(false)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(&wp)
             .map_err(io_err("open", &wp))?;
+        for (f, path) in [(&wal, &wp), (&lock, &lock_path)] {
+            f.set_permissions(fs::Permissions::from_mode(0o600))
+                .map_err(io_err("chmod", path))?;
+        }
         let wal_len = if valid_len < WAL_HEADER as u64 {
             wal.set_len(0).map_err(io_err("truncate", &wp))?;
             wal.write_all_at(&wal_header(), 0)
@@ -536,7 +549,7 @@ fn write_image(path: &Path, state: &ReplicaState) -> Result<(), StoreError> {
     }
     let hdr = image_header(state, &dig);
     let tmp = path.with_extension("img.tmp");
-    let f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    let f = create_private(&tmp)?;
     let total = (IMG_HEADER + state.image.len() + dig.len()) as u64;
     f.set_len(total).map_err(io_err("size", &tmp))?;
     f.write_all_at(&hdr, 0).map_err(io_err("write", &tmp))?;
@@ -549,6 +562,20 @@ fn write_image(path: &Path, state: &ReplicaState) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err("fsync", dir))
+}
+
+/// Creates (or empties) `path` for writing, mode 0600, whatever mode it had.
+fn create_private(path: &Path) -> Result<File, StoreError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    f.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(io_err("chmod", path))?;
+    Ok(f)
 }
 
 /// Writes `data` at `base`, leaving all-zero 64 KiB chunks as holes of the pre-sized file.
@@ -575,7 +602,7 @@ fn write_sparse(f: &File, data: &[u8], base: u64, path: &Path) -> Result<(), Sto
 /// Writes the raw heap image of `state` to `out` (temp file + rename), for `dump`.
 pub fn dump_raw(state: &ReplicaState, out: &Path) -> Result<(), StoreError> {
     let tmp = out.with_extension("tmp-dump");
-    let f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    let f = create_private(&tmp)?;
     f.set_len(state.image.len() as u64)
         .map_err(io_err("size", &tmp))?;
     write_sparse(&f, &state.image, 0, &tmp)?;

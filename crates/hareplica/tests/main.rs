@@ -4,6 +4,7 @@
 
 mod common;
 
+mod access;
 mod backup_faults;
 mod checkpoint_kills;
 mod malformed;

@@ -435,7 +435,39 @@ pub struct VmSpec {
     pub nics: Vec<String>,
 }
 
+/// One host path a VM spec names, and the field that names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPath {
+    pub field: &'static str,
+    pub path: String,
+}
+
 impl VmSpec {
+    /// Every host file or directory this spec makes the daemon open, create, map or
+    /// write: what a spec from someone other than the daemon's user (a cluster peer,
+    /// a snapshot's manifest) must not carry. Bridges are host resources but not
+    /// paths, and image names resolve inside the daemon's own image store.
+    pub fn host_paths(&self) -> Vec<HostPath> {
+        let one = |field, p: &Option<String>| p.clone().map(|path| HostPath { field, path });
+        let disks = self.disks.iter().map(|d| HostPath {
+            field: "disks",
+            // The entry's options are not paths: only what comes before them.
+            path: d.split(',').next().unwrap_or(d).to_string(),
+        });
+        let pmem = self.pmem.iter().map(|p| HostPath {
+            field: "pmem",
+            path: p.clone(),
+        });
+        one("kernel", &self.kernel)
+            .into_iter()
+            .chain(one("initrd", &self.initrd))
+            .chain(disks)
+            .chain(pmem)
+            .chain(one("crash.dump_dir", &self.crash.dump_dir))
+            .chain(one("crash.recover_from", &self.crash.recover_from))
+            .collect()
+    }
+
     /// The `disks` entries parsed (`validate` has checked them).
     pub fn disk_opts(&self) -> Result<Vec<crate::disk::DiskOpts>, SpecError> {
         self.disks.iter().map(|d| d.parse()).collect()

@@ -107,6 +107,11 @@ pub struct CohortConfig {
     /// so a coordinator that lost the cohort gives up first, and many times its
     /// default ping interval (1 s).
     pub hold_timeout: Duration,
+    /// Connections open at once; more are closed as they come. Default 64.
+    pub max_connections: usize,
+    /// Connections still in their handshake at once: peers without the token can
+    /// hold only these, for at most `handshake_timeout`. Default 16.
+    pub max_handshakes: usize,
 }
 
 impl Default for CohortConfig {
@@ -114,7 +119,22 @@ impl Default for CohortConfig {
         Self {
             handshake_timeout: Duration::from_secs(5),
             hold_timeout: Duration::from_secs(30),
+            max_connections: 64,
+            max_handshakes: 16,
         }
+    }
+}
+
+/// Counts refusals and says when one should be logged: the first ten, then the
+/// 16th, 32nd, 64th..., so a peer refused in a loop cannot flood the log.
+#[derive(Default)]
+struct Refusals(std::sync::atomic::AtomicU64);
+
+impl Refusals {
+    /// Counts one; `Some(total)` when this one is to be logged.
+    fn count(&self) -> Option<u64> {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        (n <= 10 || n.is_power_of_two()).then_some(n)
     }
 }
 
@@ -223,6 +243,9 @@ struct Shared {
     config: CohortConfig,
     tasks: Tasks,
     restores: Mutex<HashMap<String, RestoreSlot>>,
+    connections: Arc<tokio::sync::Semaphore>,
+    handshakes: Arc<tokio::sync::Semaphore>,
+    refused: Refusals,
 }
 
 /// A running cohort. Dropping it (or [`CohortHandle::shutdown`]) stops the listener,
@@ -268,17 +291,29 @@ fn spawn(
         token,
         vms,
         api,
-        config,
         tasks: Tasks::default(),
         restores: Mutex::new(HashMap::new()),
+        connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+        handshakes: Arc::new(tokio::sync::Semaphore::new(config.max_handshakes)),
+        refused: Refusals::default(),
+        config,
     });
     let s = shared.clone();
     shared.tasks.spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    let Ok(permit) = s.connections.clone().try_acquire_owned() else {
+                        if let Some(n) = s.refused.count() {
+                            warn!(%peer, "cohort closed a connection: {} open already ({n} refused so far)", s.config.max_connections);
+                        }
+                        continue;
+                    };
                     let s2 = s.clone();
-                    s.tasks.spawn(serve_conn(s2, stream, peer));
+                    s.tasks.spawn(async move {
+                        serve_conn(s2, stream, peer).await;
+                        drop(permit);
+                    });
                 }
                 Err(e) => {
                     warn!(%addr, "cohort cannot accept a connection: {e}");
@@ -329,14 +364,28 @@ impl Shared {
 
 async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
-    let (mut reader, mut writer) =
-        match server_handshake(stream, &shared.token, shared.config.handshake_timeout).await {
-            Ok(rw) => rw,
-            Err(e) => {
-                warn!(%peer, "cohort refused a connection: {}", error_chain(&e));
-                return;
+    let Ok(handshake) = shared.handshakes.clone().try_acquire_owned() else {
+        if let Some(n) = shared.refused.count() {
+            warn!(%peer, "cohort closed a connection: {} handshakes in flight already ({n} refused so far)", shared.config.max_handshakes);
+        }
+        return;
+    };
+    let (mut reader, mut writer) = match server_handshake(
+        stream,
+        &shared.token,
+        shared.config.handshake_timeout,
+    )
+    .await
+    {
+        Ok(rw) => rw,
+        Err(e) => {
+            if let Some(n) = shared.refused.count() {
+                warn!(%peer, "cohort refused a connection: {} ({n} refused so far)", error_chain(&e));
             }
-        };
+            return;
+        }
+    };
+    drop(handshake);
     debug!(%peer, "coordinator connected");
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
     let writer_task = shared.tasks.spawn(async move {

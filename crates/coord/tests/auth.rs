@@ -16,7 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::common::{
-    capture_logs, cohort, json, other_token, quick, raw_client, recv, token, StandInVms,
+    capture_logs, cohort, json, other_token, quick, quick_cohort, raw_client, recv, token,
+    StandInVms,
 };
 use crate::restore::vm;
 
@@ -154,6 +155,58 @@ async fn refused_peers_and_frames_leave_the_cohort_serving() {
     let report = restore(&plan, &token(), &quick()).await.unwrap();
     assert_eq!(report.outcome, Outcome::Restored);
     assert_eq!(vms.count("start", "ok"), 1);
+}
+
+/// Peers that connect and say nothing hold at most `max_handshakes` slots for at
+/// most the handshake timeout; connections past `max_connections` are closed at
+/// once; the refusals are counted in a bounded number of log lines; and a
+/// legitimate coordinator is served once the silent ones have timed out.
+#[tokio::test]
+async fn silent_and_surplus_connections_are_capped() {
+    let (logs, _guard) = capture_logs();
+    let vms = StandInVms::new(&[]);
+    let c = cohort(vms.clone(), token()).await;
+    let addr = c.local_addr();
+    let cfg = quick_cohort();
+    let total = cfg.max_connections + 36;
+    let mut silent = Vec::new();
+    for _ in 0..total {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Give the cohort a moment to accept them all, then count who it kept.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut open = 0;
+    for s in &mut silent {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
+            Err(_) => open += 1,             // nothing to read, still open
+            Ok(Ok(n)) if n > 0 => open += 1, // its server hello: mid-handshake
+            Ok(_) => {}                      // closed by the cohort
+        }
+    }
+    assert!(
+        open <= cfg.max_handshakes,
+        "{open} of {total} silent connections held open (at most {} handshakes)",
+        cfg.max_handshakes
+    );
+    let lines = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("cohort closed a connection"))
+        .count();
+    assert!(
+        (1..=16).contains(&lines),
+        "{lines} log lines for {total} refusals"
+    );
+    // After the handshake timeout the silent ones are gone and a coordinator is served.
+    tokio::time::sleep(cfg.handshake_timeout + Duration::from_millis(200)).await;
+    let plan = Plan {
+        restore_id: "after-flood".into(),
+        vms: vec![vm("ok", addr, &[])],
+    };
+    let report = restore(&plan, &token(), &quick()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Restored);
+    drop(silent);
 }
 
 #[test]

@@ -48,6 +48,7 @@ pub fn quick_cohort() -> CohortConfig {
     CohortConfig {
         handshake_timeout: Duration::from_secs(1),
         hold_timeout: Duration::from_millis(400),
+        ..CohortConfig::default()
     }
 }
 

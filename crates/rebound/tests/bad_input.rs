@@ -352,3 +352,26 @@ fn kvm_requested_where_unusable() {
     assert!(e.contains(&reason), "{e}");
     assert_eq!(env.get_ok("GET", "/v1/vms", None), json!([]));
 }
+
+/// A runtime directory (guest RAM, QEMU sockets) that is a link, or that another
+/// user made first at the predictable default path, is refused in one line, and
+/// nothing is created through it.
+#[test]
+fn a_runtime_directory_that_is_a_link_or_someone_elses_is_refused() {
+    let target = tempfile::tempdir_in("/dev/shm").unwrap();
+    let mut env = Env::bare();
+    let link = env.home.path().join("run-link");
+    std::os::unix::fs::symlink(target.path(), &link).unwrap();
+    env.set_env("REBOUND_RUN", link.to_str().unwrap());
+    let e = env.fails(&["daemon"]);
+    assert!(e.contains("is a symbolic link"), "{e}");
+    assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
+
+    let theirs = tempfile::tempdir_in("/dev/shm").unwrap();
+    std::os::unix::fs::chown(theirs.path(), Some(65534), Some(65534)).unwrap();
+    let mut env = Env::bare();
+    env.set_env("REBOUND_RUN", theirs.path().to_str().unwrap());
+    let e = env.fails(&["daemon"]);
+    assert!(e.contains("belongs to uid 65534"), "{e}");
+    assert_eq!(std::fs::read_dir(theirs.path()).unwrap().count(), 0);
+}

@@ -110,6 +110,21 @@ fn snapshot(env: &Env, name: &str) -> String {
     dir.to_str().unwrap().to_string()
 }
 
+/// A copy of snapshot `dir` in `to`'s snapshot store, as an operator ships a
+/// snapshot to the host that restores it.
+fn ship(dir: &str, to: &Env, name: &str) -> String {
+    let store = to.home.path().join("snapshots");
+    std::fs::create_dir_all(&store).unwrap();
+    let dst = store.join(name);
+    let st = std::process::Command::new("cp")
+        .args(["-a", "--sparse=always", dir])
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    dst.to_str().unwrap().to_string()
+}
+
 /// The `resumed` events' monotonic instants of a VM.
 fn resumed_mono(env: &Env, name: &str) -> Vec<u64> {
     env.events(name)
@@ -227,6 +242,19 @@ fn daemons_relay_calls_and_restore_a_cluster_in_dependency_order() {
     }
     let snap_a = snapshot(&one, "ka");
     let snap_b = snapshot(&two, "kb");
+    // A cohort restores only snapshots in its store or ones it wrote: A's snapshot,
+    // written by the first daemon, is refused on the second until it is shipped there.
+    let plan = json!({"plan": {"restore_id": "unshipped", "vms": [
+        {"vm": "ka3", "cohort": d2.addr(), "ws_pages": 0,
+         "args": {"dir": snap_a, "mode": "elastic"}}]}});
+    let report = one.get_ok("POST", "/v1/cluster/restore", Some(&plan));
+    assert_eq!(report["outcome"]["result"], "aborted", "{report:#}");
+    assert!(
+        report.to_string().contains("nor one it wrote"),
+        "{report:#}"
+    );
+    assert!(!vm_names(&two).contains(&"ka3".to_string()));
+    let (snap_a, snap_b) = (ship(&snap_a, &two, "ka"), ship(&snap_b, &one, "kb"));
     let plan = json!({
         "plan": {"restore_id": "pair", "vms": [
             {"vm": "ka2", "cohort": d2.addr(), "ws_pages": 0,
@@ -354,6 +382,95 @@ fn daemons_relay_calls_and_restore_a_cluster_in_dependency_order() {
     );
     eprintln!("cluster test took {:.1} s", t0.elapsed().as_secs_f64());
     drop((d1, d2));
+}
+
+/// What a token holder cannot make a daemon do through the relay: dump to, create,
+/// map or restore from host paths of its choosing. Each call is refused with its
+/// reason and nothing is written.
+#[test]
+fn the_relay_refuses_host_paths_and_everything_not_on_its_list() {
+    let keys = tempfile::tempdir().unwrap();
+    let token_file = keys.path().join("cluster.token");
+    let env = Env::bare();
+    env.ok(&["cluster", "token", token_file.to_str().unwrap()]);
+    let token = ClusterToken::from_file(&token_file).unwrap();
+    let d = Daemon::start(&env, &token_file, true);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let victim = tempfile::tempdir().unwrap();
+    let target = |n: &str| victim.path().join(n);
+    // A directory that looks like a snapshot, outside the daemon's store.
+    let fake = target("fake-snapshot");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("manifest.json"), "{}").unwrap();
+    let cases: Vec<(&str, String, Option<Value>, &str)> = vec![
+        (
+            "POST",
+            "/v1/vms/kb/dump".into(),
+            Some(json!({"out": target("x"), "mode": 420})),
+            "not relayed",
+        ),
+        (
+            "POST",
+            "/v1/vms".into(),
+            Some(json!({"name": "p", "pmem": [target("other-vm-disk.img")]})),
+            "pmem",
+        ),
+        (
+            "POST",
+            "/v1/vms".into(),
+            Some(
+                json!({"name": "p", "disks": [format!("{},size=1M", target("new.img").display())]}),
+            ),
+            "disks",
+        ),
+        (
+            "POST",
+            "/v1/restore".into(),
+            Some(json!({"dir": fake, "name": "r"})),
+            "not relayed",
+        ),
+        (
+            "POST",
+            "/v1/vms/kb/snapshot".into(),
+            Some(json!({"out": target("snap")})),
+            "snapshot store",
+        ),
+        (
+            "POST",
+            "/v1/memory/plan".into(),
+            Some(json!({})),
+            "not relayed",
+        ),
+    ];
+    for (method, path, body, why) in &cases {
+        let a = rt
+            .block_on(relay::call(d.addr(), &token, method, path, body.as_ref()))
+            .unwrap();
+        assert_eq!(a.status, 403, "{method} {path}: {:?}", a.body);
+        let e = a.body["error"].as_str().unwrap();
+        assert!(e.contains(why), "{method} {path}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+    // A cohort asked to restore from the fake directory refuses it by name.
+    let coord = Env::bare();
+    let _dc = Daemon::start(&coord, &token_file, false);
+    let plan = json!({"plan": {"restore_id": "stray", "vms": [
+        {"vm": "stray", "cohort": d.addr(), "ws_pages": 0,
+         "args": {"dir": fake, "mode": "lazy"}}]}});
+    let report = coord.get_ok("POST", "/v1/cluster/restore", Some(&plan));
+    assert_eq!(report["outcome"]["result"], "aborted", "{report:#}");
+    assert!(
+        report.to_string().contains("nor one it wrote"),
+        "{report:#}"
+    );
+    let mut left: Vec<_> = std::fs::read_dir(victim.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["fake-snapshot"], "something was written");
+    assert_eq!(vm_names(&env), Vec::<String>::new());
+    assert!(!env.home.path().join("snapshots").join("snap").exists());
 }
 
 impl Drop for Daemon {

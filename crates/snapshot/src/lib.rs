@@ -1,5 +1,6 @@
 //! Snapshot directories of QEMU guests, as `docs/snapshot-format.md` describes them:
 //!
+//! - [`catalog`]: the snapshots a daemon wrote, which a cluster peer may restore;
 //! - [`manifest`]: the versioned manifest, a directory that is complete or absent
 //!   ([`SnapshotDir`]), opening and checking one ([`Snapshot`]);
 //! - [`image`]: the RAM image, copied sparse, fast and durable, with per-chunk
@@ -9,11 +10,13 @@
 //! - [`load`]: reading an image's pages into the page cache in the order a restore
 //!   mode wants, before and after the guest starts.
 
+pub mod catalog;
 pub mod image;
 pub mod load;
 pub mod manifest;
 pub mod trace;
 
+pub use catalog::{Catalog, CatalogError};
 pub use image::{
     cached_bytes, copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError,
 };

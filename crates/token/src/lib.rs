@@ -33,7 +33,7 @@ pub enum TokenError {
     },
     #[error("cluster token file {path} is accessible by group or others (mode {mode:03o}); chmod 600 it")]
     Permissions { path: PathBuf, mode: u32 },
-    #[error("cluster token file {path} is owned by uid {owner}, not by this daemon's user (uid {me}); chown it")]
+    #[error("cluster token file {path} belongs to uid {owner}, not to this user (uid {me}); a token file must be the daemon user's own")]
     Owner { path: PathBuf, owner: u32, me: u32 },
     #[error("cluster token file {path} holds {len} bytes; a token needs at least {MIN_TOKEN_LEN} random bytes")]
     TooShort { path: PathBuf, len: usize },
@@ -71,7 +71,7 @@ impl ClusterToken {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
         if meta.uid() != me {
-            // Another user could replace the token with one it knows.
+            // Whoever owns the file can change the token under us.
             return Err(TokenError::Owner {
                 path: path.to_owned(),
                 owner: meta.uid(),
@@ -246,11 +246,13 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_file_owned_by_another_user() {
+    fn refuses_a_file_another_user_owns() {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            panic!("this test chowns a file: run it as root (make test does)");
-        }
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            root,
+            "this test gives a file to another user: run it as root, as make test does"
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "theirs", &[7; 40], 0o600);
         std::os::unix::fs::chown(&path, Some(65534), None).unwrap();

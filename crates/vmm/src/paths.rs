@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub enum PathsError {
     #[error("cannot find a home directory: set REBOUND_HOME or HOME")]
     NoHome,
+    #[error("{0:?} must be a plain relative path or lie inside {1}")]
+    Outside(String, PathBuf),
 }
 
 /// Root directories of one Rebound installation.
@@ -57,6 +59,17 @@ impl Paths {
         self.home.join("reboundd.log")
     }
 
+    /// Snapshots made or restored on behalf of someone other than the daemon's user
+    /// (a cluster peer): their paths are confined here ([`inside`]).
+    pub fn snapshot_store(&self) -> PathBuf {
+        self.home.join("snapshots")
+    }
+
+    /// The snapshots this daemon wrote (`rebound_snapshot::Catalog`).
+    pub fn snapshot_catalog(&self) -> PathBuf {
+        self.home.join("snapshots.list")
+    }
+
     /// Directory holding one directory per VM record.
     pub fn vms_dir(&self) -> PathBuf {
         self.home.join("vms")
@@ -68,21 +81,48 @@ impl Paths {
     }
 
     /// A crashed VM's RAM, moved out of its run directory until it is dumped (the
-    /// same tmpfs, so the move is a rename).
+    /// same tmpfs, so the move is a rename). Paths derived from a VM's name carry
+    /// `@`, which no VM name may hold, so no VM's run directory is ever one of them.
     pub fn crashed_ram(&self, name: &str, id: &str) -> PathBuf {
-        self.run.join(format!("{name}.crash-{id}.ram"))
+        self.run.join(format!("{name}@crash-{id}.ram"))
     }
 
     /// Sockets of a VM's disk backends: outside its run directory, which a crash
     /// clears, because the backends outlive the crashed QEMU and serve the recovery VM.
     pub fn blk_dir(&self, name: &str) -> PathBuf {
-        self.run.join(format!("{name}.blk"))
+        self.run.join(format!("{name}@blk"))
     }
 
     /// Runtime files of one VM.
     pub fn run_dir(&self, name: &str) -> RunDir {
         RunDir(self.run.join(name))
     }
+}
+
+/// `given` as a path inside `root`: a relative path of plain components is taken
+/// under `root`; an absolute one must already lie inside it. `..` and `.` are refused
+/// either way, so the answer is lexically inside `root` (a symbolic link inside
+/// `root` can still point out: callers that open existing paths also compare
+/// canonical paths).
+pub fn inside(root: &Path, given: &str) -> Result<PathBuf, PathsError> {
+    use std::path::Component;
+    let p = Path::new(given);
+    let outside = || PathsError::Outside(given.to_string(), root.to_path_buf());
+    let plain = |q: &Path| q.components().all(|c| matches!(c, Component::Normal(_)));
+    if given.is_empty() {
+        return Err(outside());
+    }
+    if p.is_absolute() {
+        let rest = p.strip_prefix(root).map_err(|_| outside())?;
+        if rest.as_os_str().is_empty() || !plain(rest) {
+            return Err(outside());
+        }
+        return Ok(p.to_path_buf());
+    }
+    if !plain(p) {
+        return Err(outside());
+    }
+    Ok(root.join(p))
 }
 
 /// A VM's persistent directory: `$REBOUND_HOME/vms/NAME`.
@@ -154,5 +194,47 @@ impl RunDir {
     /// QEMU's own stdout/stderr.
     pub fn qemu_log(&self) -> PathBuf {
         self.0.join("qemu.log")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_run_paths_are_no_vm_name() {
+        let p = Paths {
+            home: "/h".into(),
+            run: "/r".into(),
+        };
+        for derived in [p.blk_dir("x"), p.crashed_ram("x", "1")] {
+            let name = derived.file_name().unwrap().to_str().unwrap();
+            assert!(
+                rebound_api::spec::validate_name(name).is_err(),
+                "VM {name:?} would collide with a derived path"
+            );
+        }
+    }
+
+    #[test]
+    fn inside_takes_plain_relative_paths_and_absolute_ones_under_the_root() {
+        let root = Path::new("/home/r/snapshots");
+        assert_eq!(inside(root, "c1/vm").unwrap(), root.join("c1/vm"));
+        assert_eq!(
+            inside(root, "/home/r/snapshots/c1").unwrap(),
+            root.join("c1")
+        );
+        for bad in [
+            "",
+            "/tmp/x",
+            "../x",
+            "c1/../../x",
+            "./c1",
+            "/home/r/snapshots",
+            "/home/r/snapshots/../vms",
+            "/home/r/snapshotsX/y",
+        ] {
+            assert!(inside(root, bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -34,6 +34,54 @@ pub fn create_dir_all(path: &Path) -> io::Result<()> {
         .create(path)
 }
 
+/// Why a directory that must be this user's alone is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnDirError {
+    #[error("cannot create {0}")]
+    Create(std::path::PathBuf, #[source] io::Error),
+    #[error("{0} is a symbolic link: it must be a directory of this user's, mode 0700")]
+    Symlink(std::path::PathBuf),
+    #[error("{0} is not a directory")]
+    NotDir(std::path::PathBuf),
+    #[error("{0} belongs to uid {1}, not to this user (uid {2}): another user made it first; remove it or choose another path")]
+    Owner(std::path::PathBuf, u32, u32),
+    #[error("cannot make {0} private")]
+    Chmod(std::path::PathBuf, #[source] io::Error),
+}
+
+/// Makes sure `path` is a directory of this user's that nobody else can enter:
+/// created 0700 when missing; refused when it is a symbolic link, not a directory,
+/// or another user's (a predictable path in a shared directory such as /dev/shm can
+/// be made first by anyone); tightened to 0700 when it is ours but open.
+pub fn own_dir(path: &Path) -> Result<(), OwnDirError> {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(parent) = path.parent() {
+        create_dir_all(parent).map_err(|e| OwnDirError::Create(parent.to_path_buf(), e))?;
+    }
+    match DirBuilder::new().mode(DIR_MODE).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(OwnDirError::Create(path.to_path_buf(), e)),
+    }
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|e| OwnDirError::Create(path.to_path_buf(), e))?;
+    if meta.file_type().is_symlink() {
+        return Err(OwnDirError::Symlink(path.to_path_buf()));
+    }
+    if !meta.is_dir() {
+        return Err(OwnDirError::NotDir(path.to_path_buf()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(OwnDirError::Owner(path.to_path_buf(), meta.uid(), me));
+    }
+    if is_open(meta.mode()) {
+        std::fs::set_permissions(path, Permissions::from_mode(DIR_MODE))
+            .map_err(|e| OwnDirError::Chmod(path.to_path_buf(), e))?;
+    }
+    Ok(())
+}
+
 /// Opens `path` for writing with mode 0600 if it is created: `append` or truncate.
 pub fn create_file(path: &Path, append: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
@@ -134,6 +182,34 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn own_dir_refuses_links_files_and_other_users_dirs() {
+        let t = tempfile::tempdir().unwrap();
+        let fresh = t.path().join("a/run");
+        own_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, Permissions::from_mode(0o755)).unwrap();
+        own_dir(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        assert!(matches!(own_dir(&link), Err(OwnDirError::Symlink(_))));
+        let file = t.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(matches!(own_dir(&file), Err(OwnDirError::NotDir(_))));
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test gives a directory to another user: run it as root, as make test does"
+        );
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = own_dir(&theirs).unwrap_err();
+        assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
     }
 
     #[test]

@@ -137,9 +137,24 @@ pub fn is_our_qemu(pid: u32, run_dir: &Path) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    let needle = run_dir.to_string_lossy();
     // Zombies have an empty cmdline: they are gone for our purposes.
-    !cmdline.is_empty() && String::from_utf8_lossy(&cmdline).contains(needle.as_ref())
+    !cmdline.is_empty() && names_path(&cmdline, run_dir.as_os_str().as_encoded_bytes())
+}
+
+/// Whether one of the NUL-separated arguments `cmdline` names `path` or a file under
+/// it: as a whole argument or a `key=value` option's value, followed by its end, a
+/// `/` or the next option's `,` (so `/run/a` is not found in `/run/ab/qmp.sock`).
+fn names_path(cmdline: &[u8], path: &[u8]) -> bool {
+    if path.is_empty() {
+        return false;
+    }
+    cmdline.split(|&b| b == 0).any(|arg| {
+        (0..arg.len().saturating_sub(path.len() - 1)).any(|i| {
+            arg[i..].starts_with(path)
+                && (i == 0 || matches!(arg[i - 1], b'=' | b','))
+                && matches!(arg.get(i + path.len()), None | Some(b'/') | Some(b','))
+        })
+    })
 }
 
 /// Whether a process exists at all (zombies count as gone).
@@ -238,6 +253,21 @@ mod tests {
             find_qemu_in(None, "/nonexistent".into()),
             Err(ProcessError::NotOnPath)
         ));
+    }
+
+    #[test]
+    fn a_run_dir_is_found_only_as_a_whole_path() {
+        let cmd = b"qemu\0-chardev\0socket,id=qmp,path=/r/ab/qmp.sock,server=on\0-pidfile\0/r/ab/qemu.pid\0";
+        assert!(names_path(cmd, b"/r/ab"));
+        assert!(!names_path(cmd, b"/r/a"), "a prefix of another VM's name");
+        assert!(!names_path(cmd, b"/r/ab/q"));
+        assert!(!names_path(b"qemu\0/r/ab@blk/s.sock\0", b"/r/ab"));
+        assert!(names_path(
+            b"x\0--socket=/r/ab@blk/s.sock\0",
+            b"/r/ab@blk/s.sock"
+        ));
+        assert!(!names_path(b"x\0/x/r/ab\0", b"/r/ab"));
+        assert!(!names_path(cmd, b""));
     }
 
     #[test]

@@ -202,7 +202,11 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     r: &mut R,
     buf: &mut String,
 ) -> Result<usize, QmpError> {
+    use tokio::io::AsyncReadExt;
+    // Capped while reading: a QEMU (run by a guest that took it over) sending an
+    // endless line must not make us buffer it whole.
     let n = r
+        .take(MAX_LINE as u64 + 1)
         .read_line(buf)
         .await
         .map_err(|e| QmpError::Io(e.to_string()))?;
@@ -312,6 +316,34 @@ mod tests {
         assert!(parse(r#"{"return":"#).is_err());
         assert!(parse("[1,2]").is_err());
         assert!(parse(r#"{"event":5}"#).is_err());
+    }
+
+    /// A QEMU that sends one endless line: the client gives up after the cap, having
+    /// read little more than it, instead of buffering everything sent.
+    #[tokio::test]
+    async fn an_endless_line_is_refused_at_the_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("q.sock");
+        let l = tokio::net::UnixListener::bind(&p).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let chunk = vec![b'a'; 64 << 10];
+            let mut sent = 0u64;
+            while s.write_all(&chunk).await.is_ok() {
+                sent += chunk.len() as u64;
+                if sent > 1 << 30 {
+                    break;
+                }
+            }
+            sent
+        });
+        let e = Qmp::connect(&p)
+            .await
+            .err()
+            .expect("an endless line is refused");
+        assert!(e.to_string().contains("line longer than"), "{e}");
+        let sent = server.await.unwrap();
+        assert!(sent < 8 << 20, "{sent} bytes were read before refusing");
     }
 
     /// A QMP server that is a real socket speaking like QEMU, to test the session

@@ -41,6 +41,8 @@ pub enum ServerError {
     AlreadyRunning(PathBuf),
     #[error("cannot create {0}")]
     Dir(PathBuf, #[source] std::io::Error),
+    #[error("the runtime directory is unsafe")]
+    RunDir(#[from] private::OwnDirError),
     #[error("cannot lock {0}")]
     Lock(PathBuf, #[source] std::io::Error),
     #[error("cannot listen on {0}")]
@@ -92,7 +94,10 @@ fn answers(socket: &Path) -> bool {
 /// Runs the daemon in the foreground until shut down.
 pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<(), ServerError> {
     private::restrict_umask();
-    for dir in [&paths.home, &paths.run, &paths.vms_dir()] {
+    // The run dir's default is a predictable path in the shared /dev/shm: anyone may
+    // have made it first, or made it a link to where they can read guest RAM.
+    private::own_dir(&paths.run)?;
+    for dir in [&paths.home, &paths.vms_dir()] {
         private::create_dir_all(dir).map_err(|e| ServerError::Dir(dir.clone(), e))?;
     }
     if let Some(parent) = socket.parent() {

@@ -1,7 +1,8 @@
 //! The daemon's VMs as a cluster restore's cohort drives them
 //! ([`rebound_coord::CohortVms`]), in-process:
 //!
-//! - `load`: a restore of the snapshot in `args` into a new VM named after the plan's
+//! - `load`: a restore of the snapshot in `args` (one in this daemon's snapshot store
+//!   or one it wrote, [`super::confine`]) into a new VM named after the plan's
 //!   VM, held paused (`paused: true`); done once the restore report's phase is
 //!   `held`. `args` is `{"dir": absolute snapshot dir, "mode": "elastic" |
 //!   "working-set" | "eager" | "lazy" | "stock", "forwards": [{host, guest}] | null,
@@ -93,8 +94,24 @@ impl CohortVms for DaemonVms {
         let d = self.daemon()?;
         let a = LoadArgs::deserialize(args)
             .map_err(|e| format!("the LOAD arguments of VM {vm} are invalid: {e}"))?;
+        // The coordinator is a peer: it names only snapshots this daemon may restore.
+        let dir = super::confine::snapshot_dir(&d.paths, &a.dir)?;
+        let replay = match a.replay {
+            Some(nics) => Some(
+                nics.into_iter()
+                    .map(|n| {
+                        let pcap = super::confine::replay_file(&dir, &n.pcap)?;
+                        Ok(ReplayNic {
+                            nic: n.nic,
+                            pcap: pcap.display().to_string(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, String>>()?,
+            ),
+            None => None,
+        };
         let req = RestoreRequest {
-            dir: a.dir,
+            dir: dir.display().to_string(),
             name: vm.to_owned(),
             mode: a.mode,
             ws_pages: (ws_pages > 0).then_some(ws_pages),
@@ -102,7 +119,7 @@ impl CohortVms for DaemonVms {
             rest_order: a.rest_order,
             watch_s: a.watch_s,
             forwards: a.forwards,
-            replay: a.replay,
+            replay,
         };
         let t = Instant::now();
         tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");

@@ -12,6 +12,7 @@
 //! weakly: the cohort lives inside the daemon and must not keep it alive.
 
 pub mod cohort;
+pub mod confine;
 pub mod relay;
 
 use std::net::SocketAddr;

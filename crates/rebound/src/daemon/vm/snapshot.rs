@@ -248,6 +248,10 @@ impl Owner {
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?
             .map_err(failed)?;
+        // Listed as this daemon's own: a cluster peer may have it restored.
+        if let Err(e) = rebound_snapshot::Catalog::new(self.paths.snapshot_catalog()).record(&out) {
+            tracing::warn!(vm = %self.vm.name, "{}", crate::daemon::error::chain(&e));
+        }
         Ok(SnapshotResult {
             dir: out.display().to_string(),
             vm: self.vm.name.clone(),

@@ -4,6 +4,11 @@
 //! backup's epoch); a promote or a takeover bumps the epoch, after which the old session's
 //! commits are refused. Acknowledgements are sent once no further frame is already
 //! buffered, after one log barrier: a pipelining primary gets one fsync per burst.
+//!
+//! A TCP connection first proves it holds the token ([`crate::auth`]); a TCP listener
+//! without a token is refused. A connection that has started no session (hello or
+//! attach) by `hello_timeout` after it was accepted is dropped, so at most
+//! `MAX_CONNECTIONS` peers can be silent at a time, and each only that long.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,13 +17,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rebound_token::ClusterToken;
+
 use crate::auth::{self, AuthError};
 use crate::endpoint::{Endpoint, EndpointError, Listener, PollingReader, Stream};
 use crate::replica::{ReplicaState, Verdict};
 use crate::spin::{Spin, Spinner};
 use crate::store::{OpenReport, Store, StoreError};
-use rebound_token::ClusterToken;
-
 use crate::wire::{
     self, Commit, CommitKind, CompactCommit, ErrorCode, FrameReader, Hello, HelloKind, Message,
     Mode, PrimaryInfo, StatusInfo, WireError, IMAGE_CHUNK,

@@ -50,8 +50,7 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use rebound_token::{hmac_bytes, hmac_verify};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -72,8 +71,6 @@ pub const CLIENT_HELLO_LEN: usize = 4 + 1 + NONCE_LEN;
 pub const SERVER_HELLO_LEN: usize = 4 + 1 + NONCE_LEN + TAG_LEN;
 pub const CLIENT_PROOF_LEN: usize = TAG_LEN;
 const MIN_FRAME_LEN: usize = 8 + TAG_LEN;
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// Why a connection was refused or dropped.
 #[derive(Debug, thiserror::Error)]
@@ -112,27 +109,6 @@ fn io_err(e: std::io::Error) -> WireError {
     } else {
         WireError::Io(e)
     }
-}
-
-fn hmac(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-    // HMAC takes a key of any length, so `new_from_slice` cannot fail.
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => unreachable!("HMAC accepts keys of every length"),
-    };
-    for p in parts {
-        mac.update(p);
-    }
-    mac
-}
-
-fn hmac_bytes(key: &[u8], parts: &[&[u8]]) -> [u8; TAG_LEN] {
-    hmac(key, parts).finalize().into_bytes().into()
-}
-
-/// Verifies `tag` against `HMAC(key, parts)` in constant time.
-fn hmac_verify(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
-    hmac(key, parts).verify_slice(tag).is_ok()
 }
 
 fn nonce() -> Result<[u8; NONCE_LEN], WireError> {

@@ -195,6 +195,8 @@ extern "C" {
  *
  * `engine`: "auto", "mprotect", "uffd", "scan" or "log"; null means "auto".
  * `backup`: "tcp:HOST:PORT" or "unix:PATH" of a running backup, or null for a local heap.
+ * A TCP backup needs its token: the file named by the REBOUND_HA_TOKEN_FILE environment
+ * variable (at least 32 random bytes, owned by this user, mode 0600).
  * `flags`: 0, or any of HAHEAP_FLAG_ASYNC, HAHEAP_FLAG_SPIN or HAHEAP_FLAG_NO_SPIN, and
  * HAHEAP_FLAG_BLOCK (with its timeout in the upper bits).
  *

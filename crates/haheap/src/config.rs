@@ -108,7 +108,8 @@ pub struct HeapConfig {
     /// Bytes; rounded up to whole pages.
     pub size: usize,
     pub engine: EngineKind,
-    /// Backup endpoint, `tcp:HOST:PORT` or `unix:PATH`; `None` keeps the heap local.
+    /// Backup endpoint, `tcp:HOST:PORT` or `unix:PATH`; `None` keeps the heap local. A TCP
+    /// backup's token is read from the file `REBOUND_HA_TOKEN_FILE` names.
     pub backup: Option<String>,
     pub mode: ReplMode,
     /// What a commit does while the backup is gone; the backup must be reachable when the

@@ -11,6 +11,12 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::time::Duration;
 
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rebound_token::{ClusterToken, TokenError};
+
+use crate::auth::{self, AuthError};
 use crate::diff::DiffRun;
 use crate::endpoint::{Endpoint, EndpointError, PollingReader, Stream};
 use crate::spin::{Spin, Spinner};
@@ -40,7 +46,21 @@ pub enum Error {
     LagTooLarge(u32),
     #[error("the backup is at tx {backup} but tx {acked} was acknowledged: it lost acknowledged transactions")]
     Diverged { backup: u64, acked: u64 },
+    #[error("a tcp backup needs its token: set {TOKEN_FILE_ENV} to the token file (or ClientOptions::token)")]
+    NoToken,
+    #[error("cannot read the backup's token")]
+    Token(#[source] TokenError),
+    #[error("token handshake with {endpoint} failed")]
+    Auth {
+        endpoint: String,
+        #[source]
+        source: AuthError,
+    },
 }
+
+/// The environment variable naming the token file of a TCP backup, read when
+/// [`ClientOptions::token`] is not set (haheap's primaries, C programs, tools).
+pub const TOKEN_FILE_ENV: &str = "REBOUND_HA_TOKEN_FILE";
 
 /// Largest `max_lag`: acknowledgements are read only when the lag is exceeded, and this
 /// many of them (24 bytes each) must fit in a socket buffer, or both sides would block.
@@ -56,7 +76,7 @@ pub enum OnFailure {
     Reconnect { attempts: u32, delay: Duration },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClientOptions {
     pub mode: Mode,
     pub on_failure: OnFailure,
@@ -67,6 +87,9 @@ pub struct ClientOptions {
     /// How to wait for an awaited acknowledgement: busy-polling saves the sleeping
     /// reader's wake-up on an idle machine and burns a CPU meanwhile (see [`Spin`]).
     pub spin: Spin,
+    /// The token a TCP backup requires; `None`: read the file named by
+    /// [`TOKEN_FILE_ENV`] when connecting over TCP.
+    pub token: Option<ClusterToken>,
 }
 
 impl ClientOptions {
@@ -77,7 +100,17 @@ impl ClientOptions {
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
             spin: Spin::PRIMARY,
+            token: None,
         }
+    }
+
+    /// The token for a TCP connection: the one set, or the file [`TOKEN_FILE_ENV`] names.
+    fn tcp_token(&self) -> Result<ClusterToken, Error> {
+        if let Some(t) = &self.token {
+            return Ok(t.clone());
+        }
+        let path = std::env::var_os(TOKEN_FILE_ENV).ok_or(Error::NoToken)?;
+        ClusterToken::from_file(&PathBuf::from(path)).map_err(Error::Token)
     }
 }
 
@@ -137,11 +170,12 @@ impl ReplicaClient {
     }
 
     pub fn connect_with(ep: &Endpoint, heap_size: u64, opts: ClientOptions) -> Result<Self, Error> {
+        let mode = opts.mode;
         let mut c = Self::unconnected(ep, heap_size, opts)?;
         let mut conn = c.open()?;
         let hello = Hello {
             kind: HelloKind::Fresh,
-            mode: opts.mode,
+            mode,
             heap_size,
             epoch: 0,
         };
@@ -164,9 +198,10 @@ impl ReplicaClient {
     }
 
     pub fn attach_with(ep: &Endpoint, opts: ClientOptions) -> Result<(Self, Vec<u8>, u64), Error> {
+        let mode = opts.mode;
         let mut c = Self::unconnected(ep, 0, opts)?;
         let mut conn = c.open()?;
-        c.send_msg(&mut conn, &Message::Attach { mode: opts.mode })?;
+        c.send_msg(&mut conn, &Message::Attach { mode })?;
         let mut image: Option<Vec<u8>> = None;
         let (last_tx, epoch) = loop {
             match c.read_msg(&mut conn)? {
@@ -223,6 +258,7 @@ impl ReplicaClient {
             }
         }
         Ok(ReplicaClient {
+            spinner: Spinner::new(opts.spin),
             ep: ep.clone(),
             opts,
             heap_size,
@@ -234,7 +270,6 @@ impl ReplicaClient {
             streaming: None,
             spare: Vec::new(),
             stats: ClientStats::default(),
-            spinner: Spinner::new(opts.spin),
         })
     }
 
@@ -550,7 +585,22 @@ impl ReplicaClient {
 
     fn open(&self) -> Result<Conn, Error> {
         let map = |e: EndpointError| unavailable(&self.ep, e);
-        let writer = self.ep.connect(self.opts.connect_timeout).map_err(map)?;
+        let token = match self.ep {
+            Endpoint::Tcp(_) => Some(self.opts.tcp_token()?),
+            Endpoint::Unix(_) => None,
+        };
+        let deadline = Instant::now() + self.opts.connect_timeout;
+        let mut writer = self.ep.connect(self.opts.connect_timeout).map_err(map)?;
+        if let Some(token) = token {
+            auth::client(&mut writer, &token, deadline).map_err(|e| match e {
+                // A backup that went away mid-handshake is unavailable, as on connect.
+                AuthError::Io(_) | AuthError::Deadline => unavailable(&self.ep, e),
+                source => Error::Auth {
+                    endpoint: self.ep.to_string(),
+                    source,
+                },
+            })?;
+        }
         let io = |e: std::io::Error| unavailable(&self.ep, e);
         writer
             .set_read_timeout(Some(self.opts.ack_timeout))
@@ -623,7 +673,16 @@ fn refusal(code: ErrorCode, message: String) -> Error {
 
 /// Asks a running backup for its state.
 pub fn query_status(ep: &Endpoint, timeout: Duration) -> Result<crate::wire::StatusInfo, Error> {
-    match admin_request(ep, timeout, &Message::Status)? {
+    query_status_with(ep, admin_options(timeout))
+}
+
+/// [`query_status`] with options: `connect_timeout` and `ack_timeout` bound the request,
+/// `token` is the TCP backup's token.
+pub fn query_status_with(
+    ep: &Endpoint,
+    opts: ClientOptions,
+) -> Result<crate::wire::StatusInfo, Error> {
+    match admin_request(ep, opts, &Message::Status)? {
         Message::StatusReply(s) => Ok(s),
         m => Err(Error::Protocol(format!(
             "expected StatusReply, got {}",
@@ -635,7 +694,12 @@ pub fn query_status(ep: &Endpoint, timeout: Duration) -> Result<crate::wire::Sta
 /// Promotes a running backup: bumps its epoch so the current primary is fenced and a new
 /// primary may attach. Returns (new epoch, last tx).
 pub fn promote(ep: &Endpoint, timeout: Duration) -> Result<(u64, u64), Error> {
-    match admin_request(ep, timeout, &Message::Promote)? {
+    promote_with(ep, admin_options(timeout))
+}
+
+/// [`promote`] with options, as [`query_status_with`].
+pub fn promote_with(ep: &Endpoint, opts: ClientOptions) -> Result<(u64, u64), Error> {
+    match admin_request(ep, opts, &Message::Promote)? {
         Message::Welcome { last_tx, epoch, .. } => Ok((epoch, last_tx)),
         m => Err(Error::Protocol(format!(
             "expected Welcome, got {}",
@@ -644,10 +708,15 @@ pub fn promote(ep: &Endpoint, timeout: Duration) -> Result<(u64, u64), Error> {
     }
 }
 
-fn admin_request(ep: &Endpoint, timeout: Duration, msg: &Message) -> Result<Message, Error> {
+/// Options of an operator's request that must finish within `timeout`.
+pub fn admin_options(timeout: Duration) -> ClientOptions {
     let mut opts = ClientOptions::new(Mode::Sync);
     opts.connect_timeout = timeout;
     opts.ack_timeout = timeout;
+    opts
+}
+
+fn admin_request(ep: &Endpoint, opts: ClientOptions, msg: &Message) -> Result<Message, Error> {
     let c = ReplicaClient::unconnected(ep, 0, opts)?;
     let mut conn = c.open()?;
     c.send_msg(&mut conn, msg)?;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -92,7 +92,8 @@ impl Endpoint {
     }
 
     /// Binds a listener. A unix socket file left by a dead listener is replaced; one
-    /// that still answers is refused.
+    /// that still answers is refused. A unix socket is mode 0600: only its owner (and
+    /// root) can connect.
     pub fn listen(&self) -> Result<Listener, EndpointError> {
         let err = |e| EndpointError::Listen(self.to_string(), e);
         match self {
@@ -106,23 +107,31 @@ impl Endpoint {
                         std::fs::remove_file(p).map_err(err)?;
                     }
                 }
-                // Bound under a temporary name and renamed into place: the socket
-                // file appears only once it listens (between bind and listen a
-                // client that saw the file would be refused).
+                // Bound in a private directory, made 0600 and renamed into place: the
+                // socket file appears only once it listens (between bind and listen a
+                // client that saw the file would be refused) and is never open to
+                // others, not even for an instant.
                 let mut tmp = p.as_os_str().to_owned();
-                tmp.push(format!(".{}", std::process::id()));
-                let tmp = std::path::PathBuf::from(tmp);
+                tmp.push(format!(".{}.d", std::process::id()));
+                let tmp_dir = std::path::PathBuf::from(tmp);
+                let _ = std::fs::remove_dir_all(&tmp_dir);
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&tmp_dir)
+                    .map_err(err)?;
+                let tmp = tmp_dir.join("s");
+                let bound = UnixListener::bind(&tmp).and_then(|l| {
+                    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+                    std::fs::rename(&tmp, p)?;
+                    Ok(l)
+                });
                 let _ = std::fs::remove_file(&tmp);
-                match UnixListener::bind(&tmp) {
-                    Ok(l) => match std::fs::rename(&tmp, p) {
-                        Ok(()) => Ok(Listener::Unix(l, p.clone())),
-                        Err(e) => {
-                            let _ = std::fs::remove_file(&tmp);
-                            Err(err(e))
-                        }
-                    },
-                    // The longer name does not fit a socket address: the name itself.
-                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => UnixListener::bind(p)
+                let _ = std::fs::remove_dir(&tmp_dir);
+                match bound {
+                    Ok(l) => Ok(Listener::Unix(l, p.clone())),
+                    // The longer name does not fit a socket address: bind the name
+                    // itself.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => bind_private(p)
                         .map(|l| Listener::Unix(l, p.clone()))
                         .map_err(err),
                     Err(e) => Err(err(e)),
@@ -130,6 +139,15 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// Binds `p` and makes it 0600. Until the chmod the socket has the mode the umask gives
+/// (0755 under the usual 022, which lets no one else connect: connecting needs write
+/// permission). The umask is not changed instead: it is the whole process's.
+fn bind_private(p: &std::path::Path) -> io::Result<UnixListener> {
+    let l = UnixListener::bind(p)?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
 }
 
 impl Stream {
@@ -467,6 +485,24 @@ mod tests {
         };
         assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
         assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 5);
+    }
+
+    #[test]
+    fn unix_sockets_are_private_however_long_their_name() {
+        let dir = tempfile::tempdir().unwrap();
+        // The second name leaves no room for the private directory's suffix.
+        let long = "x".repeat(100 - dir.path().as_os_str().len());
+        for name in ["s", long.as_str()] {
+            let ep = Endpoint::Unix(dir.path().join(name));
+            let _l = ep.listen().unwrap();
+            let Endpoint::Unix(p) = &ep else {
+                unreachable!()
+            };
+            let mode = std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{name}");
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temporary names left behind: {left:?}");
     }
 
     #[test]

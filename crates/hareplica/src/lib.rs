@@ -11,6 +11,7 @@
 //! Modules, in the order data flows: [`diff`] → [`wire`] (frames, caps) → [`client`] →
 //! [`server`] → [`replica`] (the acceptance rules) → [`store`] (image file and log).
 
+pub mod auth;
 pub mod client;
 pub mod diff;
 pub mod endpoint;
@@ -21,10 +22,12 @@ pub mod store;
 pub mod wire;
 
 pub use client::{
-    promote, query_status, ClientOptions, ClientStats, Error, OnFailure, ReplicaClient,
+    admin_options, promote, promote_with, query_status, query_status_with, ClientOptions,
+    ClientStats, Error, OnFailure, ReplicaClient, TOKEN_FILE_ENV,
 };
 pub use diff::{diff_pages, prefetch_page, DiffRun};
 pub use endpoint::Endpoint;
+pub use rebound_token::ClusterToken;
 pub use server::{BackupConfig, BackupHandle, BackupServer};
 pub use spin::Spin;
 pub use wire::{Mode, StatusInfo};

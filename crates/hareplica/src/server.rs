@@ -4,6 +4,11 @@
 //! backup's epoch); a promote or a takeover bumps the epoch, after which the old session's
 //! commits are refused. Acknowledgements are sent once no further frame is already
 //! buffered, after one log barrier: a pipelining primary gets one fsync per burst.
+//!
+//! A TCP connection first proves it holds the token ([`crate::auth`]); a TCP listener
+//! without a token is refused. A connection that has started no session (hello or
+//! attach) by `hello_timeout` after it was accepted is dropped, so at most
+//! `MAX_CONNECTIONS` peers can be silent at a time, and each only that long.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,6 +17,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rebound_token::ClusterToken;
+
+use crate::auth::{self, AuthError};
 use crate::endpoint::{Endpoint, EndpointError, Listener, PollingReader, Stream};
 use crate::replica::{ReplicaState, Verdict};
 use crate::spin::{Spin, Spinner};
@@ -46,6 +54,8 @@ pub enum ServerError {
     Endpoint(#[from] EndpointError),
     #[error("cannot accept connections")]
     Accept(#[source] std::io::Error),
+    #[error("a tcp listener needs a token file (--token-file, at least 32 random bytes, mode 0600); use unix:PATH for a backup on this host")]
+    NoToken,
 }
 
 /// Settings of a backup.
@@ -66,6 +76,12 @@ pub struct BackupConfig {
     /// How to wait for the next frame: busy-polling saves the sleeping reader's wake-up
     /// on an idle machine and burns a CPU meanwhile (see [`Spin`]).
     pub spin: Spin,
+    /// The shared secret a TCP peer must prove it holds (required for a TCP listener).
+    pub token: Option<ClusterToken>,
+    /// A connection that has not started a primary session (hello or attach) this long
+    /// after it was accepted is dropped, token handshake included: silent or slow peers
+    /// cannot keep the connection slots from a primary.
+    pub hello_timeout: Duration,
 }
 
 impl BackupConfig {
@@ -78,6 +94,8 @@ impl BackupConfig {
             checkpoint_bytes: 0,
             frame_timeout: Duration::from_secs(30),
             spin: Spin::BACKUP,
+            token: None,
+            hello_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -195,6 +213,9 @@ pub struct BackupHandle {
 impl BackupServer {
     /// Opens the replica directory (replaying its log) and binds the endpoint.
     pub fn bind(cfg: BackupConfig) -> Result<(BackupServer, OpenReport), ServerError> {
+        if matches!(cfg.listen, Endpoint::Tcp(_)) && cfg.token.is_none() {
+            return Err(ServerError::NoToken);
+        }
         let listener = cfg.listen.listen()?;
         let local = listener.local_endpoint().map_err(ServerError::Accept)?;
         let (shared, report) = Shared::open(cfg)?;
@@ -264,6 +285,7 @@ impl BackupServer {
                 continue;
             }
             std::thread::spawn(move || {
+                let deadline = Instant::now() + shared.cfg.hello_timeout;
                 let conn_id = shared.conn_seq.fetch_add(1, Ordering::SeqCst);
                 if let Ok(clone) = stream.try_clone() {
                     shared
@@ -272,7 +294,19 @@ impl BackupServer {
                         .expect("streams")
                         .push((conn_id, clone));
                 }
-                Connection::new(&shared, stream).run();
+                let mut stream = stream;
+                match authenticate(&shared, &mut stream, deadline) {
+                    Ok(()) => Connection::new(&shared, stream, deadline).run(),
+                    Err(e) => {
+                        if let Some(more) = shared.peer_warnings.allow() {
+                            tracing::warn!(
+                                suppressed = more,
+                                "{}: dropping the connection: {e}",
+                                stream.peer_name()
+                            );
+                        }
+                    }
+                }
                 shared
                     .open_streams
                     .lock()
@@ -341,6 +375,14 @@ impl Drop for BackupHandle {
     }
 }
 
+/// A TCP peer proves it holds the token before anything else is read from it.
+fn authenticate(shared: &Shared, stream: &mut Stream, deadline: Instant) -> Result<(), AuthError> {
+    match (&shared.cfg.token, &*stream) {
+        (Some(token), Stream::Tcp(_)) => auth::server(stream, token, deadline),
+        _ => Ok(()),
+    }
+}
+
 fn lock(shared: &Shared) -> MutexGuard<'_, Inner> {
     // A panic in one connection must not take the replica down with it; the state is
     // only changed by judged, complete commits.
@@ -405,10 +447,12 @@ struct Connection<'a> {
     /// Largest commit payload accepted: small until a session names its heap size.
     commit_cap: u32,
     spinner: Spinner,
+    /// Until a session starts, the connection is dropped at this instant.
+    hello_deadline: Instant,
 }
 
 impl<'a> Connection<'a> {
-    fn new(shared: &'a Shared, stream: Stream) -> Self {
+    fn new(shared: &'a Shared, stream: Stream, hello_deadline: Instant) -> Self {
         let peer = stream.peer_name();
         // A tick lets the frame reader notice stalls inside a frame.
         if let Err(e) = stream.set_read_timeout(Some(READ_TICK)) {
@@ -425,16 +469,25 @@ impl<'a> Connection<'a> {
             parts_bytes: 0,
             commit_cap: PRE_SESSION_COMMIT_CAP,
             spinner: Spinner::new(shared.cfg.spin),
+            hello_deadline,
         }
     }
 
     fn run(mut self) {
         loop {
-            let frames = FrameReader {
+            let mut frames = FrameReader {
                 stall_limit: self.shared.cfg.frame_timeout,
                 idle_limit: None,
                 commit_cap: self.commit_cap,
             };
+            if self.session.is_none() {
+                // Operators' requests and a new primary's hello come at once.
+                let left = self
+                    .hello_deadline
+                    .saturating_duration_since(Instant::now());
+                frames.idle_limit = Some(left);
+                frames.stall_limit = frames.stall_limit.min(left);
+            }
             let start = self.spinner.wait(&mut self.reader);
             let read = frames.read(&mut self.reader);
             self.spinner.waited(start);
@@ -450,9 +503,10 @@ impl<'a> Connection<'a> {
                         );
                     }
                     let code = match e {
-                        WireError::Io(_) | WireError::Truncated { .. } | WireError::Stalled(_) => {
-                            None
-                        }
+                        WireError::Io(_)
+                        | WireError::Truncated { .. }
+                        | WireError::Stalled(_)
+                        | WireError::IdleTimeout(_) => None,
                         _ => Some(ErrorCode::Malformed),
                     };
                     if let Some(code) = code {
@@ -600,7 +654,7 @@ impl<'a> Connection<'a> {
                     ..ReplicaState::default()
                 };
                 fresh.reset(h.heap_size);
-                inner.store.checkpoint(&fresh).map_err(internal)?;
+                inner.store.reset(&fresh).map_err(internal)?;
                 *st = fresh;
                 tracing::info!(
                     "{}: new heap of {} bytes, epoch {}",

@@ -14,6 +14,9 @@
 //! | 40..44 | digest_count | at most [`DIGEST_WINDOW`]; 12 bytes each: tx u64, crc u32 |
 //! | 44..48 | crc32        | of the whole file with this field zeroed                  |
 //!
+//! The directory is made 0700 and every file in it 0600 (the heap's bytes are the
+//! application's data); files an older version left readable are made 0600 on open.
+//!
 //! The file is only ever replaced whole: written to `replica.img.tmp`, fsynced, renamed,
 //! and the directory fsynced. A file that is truncated, oversized, of another magic or
 //! version, or fails its checksum is refused and left untouched.
@@ -27,7 +30,9 @@
 //! transaction is its part records (logged as they arrive) closed by its end record, which
 //! counts them: on replay, part 0 starts a transaction afresh, and parts that no end
 //! closes (a primary that gave up or a link that broke) are dropped by the next whole
-//! commit, end, or epoch record. On start, complete records are replayed over the image through the
+//! commit, end, or epoch record. A checkpoint keeps the part records of the transaction
+//! in progress (copied to the front of the emptied log), and an end record is written only
+//! after all its parts: a log never holds an end whose parts it lost. On start, complete records are replayed over the image through the
 //! same rules as live commits (records the image already holds are skipped); an
 //! incomplete or corrupt tail, what a crash mid-write leaves, is cut off. A checkpoint
 //! writes a new image and then empties the log. While a backup runs, the file also holds
@@ -37,7 +42,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -75,6 +80,8 @@ pub enum StoreError {
     BadImage { path: PathBuf, why: String },
     #[error("{path}: {why}; refusing to use it (it is left untouched)")]
     BadWal { path: PathBuf, why: String },
+    #[error("tx {tx} ends after {want} parts but the log holds {have} of them")]
+    PartsMissing { tx: u64, want: u32, have: u32 },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
@@ -102,6 +109,9 @@ pub struct Store {
     dir: PathBuf,
     wal: WalFile,
     durable: bool,
+    /// The part records of the streamed transaction in progress, as replay would collect
+    /// them: where the first starts in the log, and how many there are.
+    open_parts: Option<(u64, u32)>,
     _lock: File,
 }
 
@@ -119,12 +129,17 @@ impl Store {
         dir: &Path,
         durable: bool,
     ) -> Result<(Store, ReplicaState, OpenReport), StoreError> {
-        fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err("create", dir))?;
         let lock_path = dir.join("lock");
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io_err("open", &lock_path))?;
         // SAFETY: flock only reads the descriptor, which `lock` keeps open for this call.
@@ -138,8 +153,13 @@ impl Store {
             .truncate(false)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(&wp)
             .map_err(io_err("open", &wp))?;
+        for (f, path) in [(&wal, &wp), (&lock, &lock_path)] {
+            f.set_permissions(fs::Permissions::from_mode(0o600))
+                .map_err(io_err("chmod", path))?;
+        }
         let wal_len = if valid_len < WAL_HEADER as u64 {
             wal.set_len(0).map_err(io_err("truncate", &wp))?;
             wal.write_all_at(&wal_header(), 0)
@@ -160,6 +180,8 @@ impl Store {
             dir: dir.to_path_buf(),
             wal: WalFile::new(wal, &wp, wal_len),
             durable,
+            // Parts a previous run left open are given up: their primary resends them.
+            open_parts: None,
             _lock: lock,
         };
         Ok((store, state, report))
@@ -189,17 +211,37 @@ impl Store {
     /// Appends a commit record (whole, part or end, as `c.kind` says); call
     /// [`barrier`](Self::barrier) before acknowledging it.
     pub fn append_commit(&mut self, c: &Commit) -> Result<(), StoreError> {
-        let ty = match c.kind {
-            CommitKind::Whole => REC_COMMIT,
-            CommitKind::Part { .. } => REC_PART,
-            CommitKind::End { .. } => REC_END,
+        let at = self.wal.len();
+        // The same rules as `replay`'s for which parts an end closes.
+        let (ty, open) = match (c.kind, self.open_parts) {
+            (CommitKind::Whole, _) => (REC_COMMIT, None),
+            (CommitKind::Part { index: 0 }, _) => (REC_PART, Some((at, 1))),
+            (CommitKind::Part { index }, Some((start, n))) if index == n => {
+                (REC_PART, Some((start, n + 1)))
+            }
+            (CommitKind::Part { .. }, _) => (REC_PART, None),
+            (CommitKind::End { parts }, open) => {
+                let have = open.map_or(0, |(_, n)| n);
+                if have != parts {
+                    // Replay would refuse this end, and with it the whole replica.
+                    return Err(StoreError::PartsMissing {
+                        tx: c.tx_id,
+                        want: parts,
+                        have,
+                    });
+                }
+                (REC_END, None)
+            }
         };
-        self.append(ty, &c.payload)
+        self.append(ty, &c.payload)?;
+        self.open_parts = open;
+        Ok(())
     }
 
     /// Records a new epoch, on disk before the caller acts on it.
     pub fn append_epoch(&mut self, epoch: u64) -> Result<(), StoreError> {
         self.append(REC_EPOCH, &epoch.to_le_bytes())?;
+        self.open_parts = None;
         self.wal.sync()
     }
 
@@ -220,10 +262,23 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `state` as the new image and empties the log.
+    /// Writes `state` as the new image and empties the log but for the parts of the
+    /// transaction in progress, which the image does not hold yet.
     pub fn checkpoint(&mut self, state: &ReplicaState) -> Result<(), StoreError> {
         write_image(&img_path(&self.dir), state)?;
-        self.wal.truncate_to(WAL_HEADER as u64)
+        let keep_from = self.open_parts.map(|(start, _)| start);
+        // Until the parts are back in the log, an end must not be logged.
+        let open = self.open_parts.take();
+        self.wal.truncate_keeping(WAL_HEADER as u64, keep_from)?;
+        self.open_parts = open.map(|(_, n)| (WAL_HEADER as u64, n));
+        Ok(())
+    }
+
+    /// Writes `state` as the new image and empties the log, parts in progress included
+    /// (a new heap replaces everything).
+    pub fn reset(&mut self, state: &ReplicaState) -> Result<(), StoreError> {
+        self.open_parts = None;
+        self.checkpoint(state)
     }
 }
 
@@ -494,7 +549,7 @@ fn write_image(path: &Path, state: &ReplicaState) -> Result<(), StoreError> {
     }
     let hdr = image_header(state, &dig);
     let tmp = path.with_extension("img.tmp");
-    let f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    let f = create_private(&tmp)?;
     let total = (IMG_HEADER + state.image.len() + dig.len()) as u64;
     f.set_len(total).map_err(io_err("size", &tmp))?;
     f.write_all_at(&hdr, 0).map_err(io_err("write", &tmp))?;
@@ -507,6 +562,20 @@ fn write_image(path: &Path, state: &ReplicaState) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err("fsync", dir))
+}
+
+/// Creates (or empties) `path` for writing, mode 0600, whatever mode it had.
+fn create_private(path: &Path) -> Result<File, StoreError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    f.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(io_err("chmod", path))?;
+    Ok(f)
 }
 
 /// Writes `data` at `base`, leaving all-zero 64 KiB chunks as holes of the pre-sized file.
@@ -533,7 +602,7 @@ fn write_sparse(f: &File, data: &[u8], base: u64, path: &Path) -> Result<(), Sto
 /// Writes the raw heap image of `state` to `out` (temp file + rename), for `dump`.
 pub fn dump_raw(state: &ReplicaState, out: &Path) -> Result<(), StoreError> {
     let tmp = out.with_extension("tmp-dump");
-    let f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    let f = create_private(&tmp)?;
     f.set_len(state.image.len() as u64)
         .map_err(io_err("size", &tmp))?;
     write_sparse(&f, &state.image, 0, &tmp)?;

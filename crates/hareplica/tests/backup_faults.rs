@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::*;
 use hareplica::{ClientOptions, Error, Mode, OnFailure, ReplicaClient};
 
-fn opts(mode: Mode, on_failure: OnFailure) -> ClientOptions {
-    let mut o = ClientOptions::new(mode);
+fn opts(backup: &BackupProc, mode: Mode, on_failure: OnFailure) -> ClientOptions {
+    let mut o = backup.options(mode);
     o.on_failure = on_failure;
     o.ack_timeout = Duration::from_secs(5);
     o
@@ -28,7 +28,8 @@ fn blocking_mode_resumes(listen: &str, mode: Mode, extra: &[&str]) {
     let listen = listen.replace("DIR", tmp.path().to_str().unwrap());
     let dir = tmp.path().join("replica");
     let mut backup = BackupProc::start(&listen, &dir, extra);
-    let client = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts(mode, RETRY)).unwrap();
+    let client =
+        ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts(&backup, mode, RETRY)).unwrap();
     let mut primary = Primary::new(client, vec![0; HEAP], 0);
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -91,9 +92,12 @@ fn fail_mode_fails_cleanly_then_resumes_the_same_tx() {
     let dir = tmp.path().join("replica");
     let listen = format!("unix:{}/b.sock", tmp.path().display());
     let mut backup = BackupProc::start(&listen, &dir, &[]);
-    let client =
-        ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts(Mode::Sync, OnFailure::Fail))
-            .unwrap();
+    let client = ReplicaClient::connect_with(
+        &backup.ep,
+        HEAP as u64,
+        opts(&backup, Mode::Sync, OnFailure::Fail),
+    )
+    .unwrap();
     let mut primary = Primary::new(client, vec![0; HEAP], 0);
     for _ in 0..20 {
         primary.step().unwrap();
@@ -143,9 +147,12 @@ fn kill9_mid_stream_keeps_acknowledged_txs_and_no_partial_one() {
         let extra = &extra[..];
         let mut backup = BackupProc::start(&listen, &dir, extra);
         let mode = Mode::Async { max_lag: 32 };
-        let client =
-            ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts(mode, OnFailure::Fail))
-                .unwrap();
+        let client = ReplicaClient::connect_with(
+            &backup.ep,
+            HEAP as u64,
+            opts(&backup, mode, OnFailure::Fail),
+        )
+        .unwrap();
         let worker = std::thread::spawn(move || {
             let mut primary = Primary::new(client, vec![0; HEAP], 0);
             // Runs until the backup's death makes a commit fail.

@@ -4,7 +4,9 @@
 
 mod common;
 
+mod access;
 mod backup_faults;
+mod checkpoint_kills;
 mod malformed;
 mod spin;
 mod streamed;

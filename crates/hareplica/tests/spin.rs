@@ -21,7 +21,7 @@ fn delivers(listen: &str, mode: Mode, client_spin: Spin, backup_spin_us: Option<
         None => vec![],
     };
     let backup = BackupProc::start(&listen, &dir, &args);
-    let mut opts = ClientOptions::new(mode);
+    let mut opts = backup.options(mode);
     opts.spin = client_spin;
     let client = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts).unwrap();
     let mut primary = Primary::new(client, vec![0; HEAP], 0);

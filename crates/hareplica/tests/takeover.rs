@@ -92,7 +92,8 @@ fn promote_fences_the_old_primary_and_lets_a_new_one_attach() {
     let dir = tmp.path().join("replica");
     let backup = BackupProc::start("tcp:127.0.0.1:0", &dir, &[]);
     let ep = backup.ep.to_string();
-    let client = ReplicaClient::connect(&backup.ep, HEAP as u64, Mode::Sync).unwrap();
+    let opts = backup.options(Mode::Sync);
+    let client = ReplicaClient::connect_with(&backup.ep, HEAP as u64, opts.clone()).unwrap();
     let mut old = Primary::new(client, vec![0; HEAP], 0);
     for _ in 0..5 {
         old.step().unwrap();
@@ -104,14 +105,15 @@ fn promote_fences_the_old_primary_and_lets_a_new_one_attach() {
     assert!(st.bytes_applied > 0 && st.wal_bytes > st.bytes_applied);
     assert!(st.ms_since_commit.is_some());
     // A second primary may not take over while the first is current.
-    match ReplicaClient::attach(&backup.ep, Mode::Sync) {
+    match ReplicaClient::attach_with(&backup.ep, opts.clone()) {
         Err(Error::Rejected {
             code: ErrorCode::PrimaryActive,
             ..
         }) => {}
         other => panic!("attach beside a live primary: {:?}", other.map(|r| r.2)),
     }
-    let out = cli(&["promote", "--connect", &ep, "--json"]);
+    let token = token_file().to_str().unwrap();
+    let out = cli(&["promote", "--connect", &ep, "--token-file", token, "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -128,7 +130,7 @@ fn promote_fences_the_old_primary_and_lets_a_new_one_attach() {
 
     let err = old.step().unwrap_err();
     assert!(matches!(err, Error::Fenced(_)), "{err}");
-    let (client, image, last_tx) = ReplicaClient::attach(&backup.ep, Mode::Sync).unwrap();
+    let (client, image, last_tx) = ReplicaClient::attach_with(&backup.ep, opts).unwrap();
     assert_eq!(last_tx, 5);
     assert!(image == model(5));
     let mut new = Primary::new(client, image, last_tx);

@@ -5,6 +5,11 @@
 //! the region's preallocated bitmap, and mprotects that one page writable. A fault outside
 //! every tracked region goes to the handler that was installed before ours, or to the default
 //! action, so real segfaults still kill the process.
+//!
+//! Unregistering waits for handlers in flight: a handler announces itself in the slot's
+//! in-flight count before it confirms the slot is live, and leaves after its bitmap write
+//! and `mprotect`; [`Registration`]'s drop unpublishes the slot and then waits for the count
+//! to reach zero, so no handler can write into a bitmap the engine frees next.
 
 use std::io;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -34,6 +39,8 @@ struct Slot {
     end: AtomicUsize,
     page_shift: AtomicUsize,
     bitmap: AtomicPtr<PageBitmap>,
+    /// Handlers between their confirming the slot live and their last use of it.
+    in_flight: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only used to initialise TABLE
@@ -43,6 +50,7 @@ const EMPTY: Slot = Slot {
     end: AtomicUsize::new(0),
     page_shift: AtomicUsize::new(12),
     bitmap: AtomicPtr::new(std::ptr::null_mut()),
+    in_flight: AtomicUsize::new(0),
 };
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// The SIGSEGV disposition before ours, for chaining.
@@ -86,7 +94,20 @@ pub unsafe fn register(
 impl Drop for Registration {
     fn drop(&mut self) {
         let slot = &TABLE[self.0];
-        slot.state.store(CLAIMED, Ordering::Release);
+        // SeqCst pairs with the handler's SeqCst increment and re-check: either the handler
+        // sees CLAIMED and leaves the slot alone, or we see its count and wait for it.
+        slot.state.store(CLAIMED, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while slot.in_flight.load(Ordering::SeqCst) != 0 {
+            // A handler runs a bitmap write and one mprotect: microseconds, unless its
+            // thread is descheduled, when yielding lets it finish.
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
         slot.bitmap.store(std::ptr::null_mut(), Ordering::Relaxed);
         slot.state.store(FREE, Ordering::Release);
     }
@@ -129,37 +150,54 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 /// Marks and unprotects the page holding `addr` if a tracked region contains it.
 fn handle(addr: usize) -> bool {
     for slot in TABLE.iter() {
-        if slot.state.load(Ordering::Acquire) != LIVE {
+        // A cheap look first: most slots are free or hold other regions.
+        if slot.state.load(Ordering::Acquire) != LIVE || !in_range(slot, addr) {
             continue;
         }
-        let start = slot.start.load(Ordering::Relaxed);
-        let end = slot.end.load(Ordering::Relaxed);
-        if addr < start || addr >= end {
-            continue;
+        slot.in_flight.fetch_add(1, Ordering::SeqCst);
+        // Confirmed after announcing ourselves: a drop that unpublished the slot before
+        // our increment is seen here; one after it waits for our decrement below. Until
+        // then the slot cannot be freed and registered again, so its fields stay.
+        let ours = slot.state.load(Ordering::SeqCst) == LIVE && in_range(slot, addr);
+        let handled = ours && mark(slot, addr);
+        slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if ours {
+            return handled;
         }
-        let shift = slot.page_shift.load(Ordering::Relaxed);
-        let page = (addr - start) >> shift;
-        let bitmap = slot.bitmap.load(Ordering::Relaxed);
-        if bitmap.is_null() {
-            return false;
-        }
-        // SAFETY: register()'s contract keeps the bitmap alive while the slot is LIVE, and
-        // Registration::drop retires the slot before the engine frees the bitmap.
-        unsafe { (*bitmap).set(page) };
-        let page_addr = start + (page << shift);
-        // SAFETY: the page lies inside a region its Heap owns and tracks; making it writable
-        // is exactly what the faulting store needs. mprotect is a plain syscall (async-signal-safe
-        // in practice).
-        let rc = unsafe {
-            libc::mprotect(
-                page_addr as *mut libc::c_void,
-                1 << shift,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        return rc == 0;
     }
     false
+}
+
+fn in_range(slot: &Slot, addr: usize) -> bool {
+    (slot.start.load(Ordering::Relaxed)..slot.end.load(Ordering::Relaxed)).contains(&addr)
+}
+
+/// Records the page of `addr` in the live `slot`'s bitmap and makes that page writable.
+fn mark(slot: &Slot, addr: usize) -> bool {
+    let start = slot.start.load(Ordering::Relaxed);
+    let shift = slot.page_shift.load(Ordering::Relaxed);
+    let page = (addr - start) >> shift;
+    let bitmap = slot.bitmap.load(Ordering::Relaxed);
+    if bitmap.is_null() {
+        return false;
+    }
+    #[cfg(test)]
+    tests::pause_at(addr);
+    // SAFETY: register()'s contract keeps the bitmap alive until the Registration is
+    // dropped, and its drop waits for this handler (counted in `in_flight`) to finish.
+    unsafe { (*bitmap).set(page) };
+    let page_addr = start + (page << shift);
+    // SAFETY: the page lies inside a region its Heap owns and tracks (the registration
+    // cannot end before we return); making it writable is exactly what the faulting store
+    // needs. mprotect is a plain syscall (async-signal-safe in practice).
+    let rc = unsafe {
+        libc::mprotect(
+            page_addr as *mut libc::c_void,
+            1 << shift,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    rc == 0
 }
 
 /// Passes a fault that is not ours to the previous handler, or restores the default action
@@ -186,4 +224,78 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: resetting SIGSEGV to its default is async-signal-safe; the re-executed fault
     // then terminates the process with SIGSEGV.
     unsafe { libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
+    /// Test-only widening of a real race: a handler for a store to this address waits
+    /// here, between confirming its slot and writing the bitmap, for `PAUSE`.
+    static PAUSE_ADDR: AtomicUsize = AtomicUsize::new(0);
+    static PAUSED: AtomicBool = AtomicBool::new(false);
+    const PAUSE: Duration = Duration::from_millis(200);
+
+    pub(super) fn pause_at(addr: usize) {
+        if addr != PAUSE_ADDR.load(Ordering::SeqCst) {
+            return;
+        }
+        PAUSED.store(true, Ordering::SeqCst);
+        // clock_gettime is async-signal-safe.
+        let t = Instant::now();
+        while t.elapsed() < PAUSE {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn drop_waits_for_a_handler_past_its_check() {
+        // SAFETY: a fresh private anonymous page, ours alone, read-only so a store faults.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let addr = page as usize;
+        let bitmap = Box::new(PageBitmap::new(1));
+        // SAFETY: the bitmap outlives the registration (dropped below, before it) and
+        // covers the one page.
+        let reg = unsafe { register(addr, 4096, 4096, bitmap.as_ptr()) }.unwrap();
+        PAUSE_ADDR.store(addr, Ordering::SeqCst);
+        let writer = std::thread::spawn(move || {
+            // SAFETY: the page is mapped; the store faults and our handler makes it
+            // writable before the store is retried.
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 1) };
+        });
+        while !PAUSED.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        drop(reg);
+        // From here the engine would free the bitmap: nothing may write it any more.
+        let mut at_drop = Vec::new();
+        bitmap.drain(&mut at_drop);
+        writer.join().unwrap();
+        let mut later = Vec::new();
+        bitmap.drain(&mut later);
+        PAUSE_ADDR.store(0, Ordering::SeqCst);
+        // SAFETY: the page mapped above; no one uses it any more.
+        unsafe { libc::munmap(page, 4096) };
+        assert!(
+            later.is_empty(),
+            "a handler wrote the bitmap after its registration was dropped"
+        );
+        assert_eq!(
+            at_drop,
+            vec![0],
+            "the handler's write came before the drop ended"
+        );
+    }
 }

@@ -188,7 +188,14 @@ fn connect(shared: &Shared) -> (Connection<'_>, Peer) {
         sock: ours,
         buf: Vec::new(),
     };
-    (Connection::new(shared, Stream::Unix(theirs)), peer)
+    (
+        Connection::new(
+            shared,
+            Stream::Unix(theirs),
+            Instant::now() + Duration::from_secs(3600),
+        ),
+        peer,
+    )
 }
 
 fn commit_msg(tx: u64, epoch: u64, runs: &[DiffRun], heap: &[u8]) -> Message {

@@ -286,3 +286,84 @@ fn without_fallocate_the_log_appends_with_write() {
     assert_eq!(got, want);
     assert_eq!(report.records_replayed, 9);
 }
+
+/// Transaction `tx` streamed as `parts` parts and an end, each with a few random runs.
+fn streamed(state: &ReplicaState, tx: u64, parts: u32, seed: u64) -> (Vec<Commit>, Commit) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut heap = state.image.clone();
+    let mut frame = |kind: CommitKind| {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let off = rng.u64(..HEAP - 64);
+            let len = rng.u32(1..64);
+            rng.fill(&mut heap[off as usize..(off + u64::from(len)) as usize]);
+            runs.push(DiffRun { offset: off, len });
+        }
+        let mut buf = Vec::new();
+        wire::encode_commit_frame(kind, tx, state.epoch, &runs, &heap, &mut buf).unwrap();
+        Commit::parse_as(kind.frame_type(), buf[wire::HEADER_LEN..].to_vec()).unwrap()
+    };
+    let p = (0..parts)
+        .map(|index| frame(CommitKind::Part { index }))
+        .collect();
+    (p, frame(CommitKind::End { parts }))
+}
+
+fn checkpoint_between_parts(plain: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut want = populated(dir.path(), 3);
+    let (mut s, _, _) = Store::open(dir.path(), false).unwrap();
+    if plain {
+        s.wal.force_plain();
+    }
+    let (parts, end) = streamed(&want, 4, 3, 4);
+    s.append_commit(&parts[0]).unwrap();
+    s.append_commit(&parts[1]).unwrap();
+    // The image written does not hold tx 4: its parts so far must stay in the log.
+    s.checkpoint(&want).unwrap();
+    s.append_commit(&parts[2]).unwrap();
+    s.append_commit(&end).unwrap();
+    assert_eq!(want.judge_tx(&parts, &end), Verdict::Apply);
+    want.apply_tx(&parts, &end);
+    drop(s);
+    let (_s, got, report) = Store::open(dir.path(), false).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(report.records_replayed, 4, "three parts and the end");
+}
+
+#[test]
+fn a_checkpoint_keeps_the_parts_of_the_transaction_in_progress() {
+    checkpoint_between_parts(false);
+    checkpoint_between_parts(true);
+}
+
+#[test]
+fn an_end_whose_parts_are_not_in_the_log_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = populated(dir.path(), 2);
+    let (mut s, _, _) = Store::open(dir.path(), false).unwrap();
+    let (parts, end) = streamed(&want, 3, 2, 3);
+    s.append_commit(&parts[0]).unwrap();
+    let err = s.append_commit(&end).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::PartsMissing {
+                tx: 3,
+                want: 2,
+                have: 1
+            }
+        ),
+        "{err}"
+    );
+    // A new heap gives up the parts in progress.
+    s.append_commit(&parts[1]).unwrap();
+    s.reset(&want).unwrap();
+    assert!(matches!(
+        s.append_commit(&end),
+        Err(StoreError::PartsMissing { have: 0, .. })
+    ));
+    drop(s);
+    let (_s, got, _) = Store::open(dir.path(), false).unwrap();
+    assert_eq!(got, want, "the log opens, without tx 3");
+}

@@ -4,8 +4,10 @@
 //! round trip. A `write` to an ext4 file cost 2–3 µs here (a 6.18 kernel under a
 //! hypervisor); copying into a shared mapping of space reserved ahead costs a `memcpy`.
 //! The space is reserved with `fallocate`, so a full disk fails the reservation with an
-//! error instead of killing the backup with SIGBUS on a store into the mapping, and it is
-//! pre-faulted for writing a little ahead (`MADV_POPULATE_WRITE`) while the backup is idle.
+//! error instead of killing the backup with SIGBUS on a store into the mapping (on ext4,
+//! xfs and tmpfs; see the SAFETY comment in `reserve` for copy-on-write file systems), and
+//! it is pre-faulted for writing a little ahead (`MADV_POPULATE_WRITE`) while the backup
+//! is idle.
 //! What is appended is in the page cache at once, as a `write` would put it: it survives the
 //! backup's death; `sync` (fdatasync) makes it survive power loss.
 //!
@@ -111,6 +113,36 @@ impl WalFile {
         Ok(())
     }
 
+    /// Empties the log down to its header, then appends again the records that started
+    /// at `keep_from` (when given): appended as any record is (durable at the next `sync`).
+    pub(super) fn truncate_keeping(
+        &mut self,
+        header: u64,
+        keep_from: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let kept = match keep_from {
+            Some(from) if from < self.len => self.read(from)?,
+            _ => Vec::new(),
+        };
+        self.truncate_to(header)?;
+        if !kept.is_empty() {
+            self.append(&kept, &[])?;
+        }
+        Ok(())
+    }
+
+    /// The log's bytes from `from` to its end.
+    fn read(&self, from: u64) -> Result<Vec<u8>, StoreError> {
+        if let Some(m) = &self.map {
+            return Ok(m[from as usize..self.len as usize].to_vec());
+        }
+        let mut buf = vec![0u8; (self.len - from) as usize];
+        self.file
+            .read_exact_at(&mut buf, from)
+            .map_err(io_err("read", &self.path))?;
+        Ok(buf)
+    }
+
     /// Pre-faults the next stretch of reserved space for writing; call when idle. Failure
     /// only means later stores fault on their own (a kernel before 5.14).
     pub(super) fn prepare(&mut self) {
@@ -157,10 +189,21 @@ impl WalFile {
             return Err(io_err("reserve space in", &self.path)(e));
         }
         self.map = None;
-        // SAFETY: the file is ours alone (the directory's lock keeps other backups out) and
-        // is only shortened by `truncate_to`, which drops this mapping first; every mapped
-        // byte lies inside the file, allocated just above, so no access can fault with
-        // SIGBUS. The mapping lives in `self` next to the file.
+        // SAFETY: the file is ours alone (its directory is 0700 and its lock keeps other
+        // backups out) and is only shortened by `truncate_to`, which drops this mapping
+        // first, so every mapped byte lies inside the file: no access faults for being past
+        // its end. The mapping lives in `self` next to the file, and no reference into it
+        // outlives a call. When the file system runs out of space: `fallocate` above
+        // fails with ENOSPC before any byte is mapped, the append returns that error, the
+        // connection refuses the commit (nothing unlogged is acknowledged) and the log
+        // keeps every record before it. On ext4, xfs and tmpfs the blocks fallocate
+        // reserved are the ones later stores fill, so a store into the mapping never
+        // needs new space. On a copy-on-write file system (btrfs) or a thin-provisioned
+        // device, allocated space is no promise for later writes: a store can still fault
+        // with SIGBUS, which kills the backup before it acknowledges the record being
+        // written (a restart replays the complete records and cuts the torn one), or
+        // writeback can fail later, which `sync` reports (a --durable backup then withholds
+        // its acknowledgements; a backup without it does not notice).
         let map = unsafe { MmapOptions::new().len(new as usize).map_mut(&self.file) }
             .map_err(io_err("map", &self.path))?;
         self.map = Some(map);

@@ -4,10 +4,12 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use hareplica::{diff_pages, DiffRun, Endpoint, ReplicaClient, StatusInfo};
+use hareplica::{
+    diff_pages, ClientOptions, ClusterToken, DiffRun, Endpoint, Mode, ReplicaClient, StatusInfo,
+};
 
 pub const PAGE: usize = 4096;
 pub const HEAP: usize = 1 << 20;
@@ -24,6 +26,23 @@ pub fn cli(args: &[&str]) -> Output {
         .expect("run rebound-ha")
 }
 
+/// The token file of these tests' TCP backups (mode 0600, 64 hex digits), made once.
+pub fn token_file() -> &'static Path {
+    static FILE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &FILE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("token");
+            ClusterToken::create_file(&path).unwrap();
+            (dir, path)
+        })
+        .1
+}
+
+pub fn token() -> ClusterToken {
+    ClusterToken::from_file(token_file()).unwrap()
+}
+
 /// A `rebound-ha backup` child process.
 pub struct BackupProc {
     pub child: Child,
@@ -37,7 +56,11 @@ pub struct BackupProc {
 impl BackupProc {
     /// Starts a backup on `listen` (`tcp:127.0.0.1:0` picks a port) with replica `dir`.
     pub fn start(listen: &str, dir: &Path, extra: &[&str]) -> BackupProc {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if listen.starts_with("tcp:") {
+            extra.push("--token-file".into());
+            extra.push(token_file().display().to_string());
+        }
         let (child, ep, log) = spawn(listen, dir, &extra);
         BackupProc {
             child,
@@ -63,8 +86,19 @@ impl BackupProc {
         self.log = log;
     }
 
+    /// Client options for this backup: its token when it listens on TCP.
+    pub fn options(&self, mode: Mode) -> ClientOptions {
+        let mut o = ClientOptions::new(mode);
+        if let Endpoint::Tcp(_) = self.ep {
+            o.token = Some(token());
+        }
+        o
+    }
+
     pub fn status(&self) -> StatusInfo {
-        hareplica::query_status(&self.ep, Duration::from_secs(5)).expect("status")
+        let mut o = hareplica::admin_options(Duration::from_secs(5));
+        o.token = self.options(Mode::Sync).token;
+        hareplica::query_status_with(&self.ep, o).expect("status")
     }
 
     pub fn log_text(&self) -> String {

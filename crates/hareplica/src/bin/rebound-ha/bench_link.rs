@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hareplica::{diff_pages, DiffRun, Endpoint, Mode, ReplicaClient};
+use hareplica::{diff_pages, ClientOptions, ClusterToken, DiffRun, Endpoint, Mode, ReplicaClient};
 use serde::Serialize;
 
 const PAGE: usize = 4096;
@@ -60,6 +60,8 @@ struct Row {
 struct Backup {
     child: Child,
     ep: Endpoint,
+    /// A TCP backup's token (its file in the scratch directory).
+    token: Option<ClusterToken>,
     _dir: tempfile::TempDir,
 }
 
@@ -79,6 +81,12 @@ fn start_backup(listen: &str, durable: bool) -> Result<Backup> {
     cmd.args(["backup", "--allow-reset", "--listen", &listen, "--dir"])
         .arg(dir.path().join("replica"))
         .stderr(Stdio::piped());
+    let mut token = None;
+    if listen.starts_with("tcp:") {
+        let path = dir.path().join("token");
+        token = Some(ClusterToken::create_file(&path)?);
+        cmd.arg("--token-file").arg(&path);
+    }
     if durable {
         cmd.arg("--durable");
     }
@@ -100,6 +108,7 @@ fn start_backup(listen: &str, durable: bool) -> Result<Backup> {
     Ok(Backup {
         child,
         ep,
+        token,
         _dir: dir,
     })
 }
@@ -132,7 +141,8 @@ pub fn run(args: Args) -> Result<()> {
             "B shipped"
         );
     }
-    for (name, ep, _) in &links {
+    for (name, ep, backup) in &links {
+        let token = backup.as_ref().and_then(|b| b.token.clone());
         for &pages in &args.pages {
             for mode in [
                 Mode::Sync,
@@ -140,7 +150,7 @@ pub fn run(args: Args) -> Result<()> {
                     max_lag: args.max_lag,
                 },
             ] {
-                let row = measure(name, ep, mode, pages, &args)
+                let row = measure(name, ep, &token, mode, pages, &args)
                     .with_context(|| format!("{name} {mode:?} {pages} pages"))?;
                 if !args.json {
                     println!(
@@ -160,13 +170,23 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn measure(name: &str, ep: &Endpoint, mode: Mode, pages: usize, args: &Args) -> Result<Row> {
+fn measure(
+    name: &str,
+    ep: &Endpoint,
+    token: &Option<ClusterToken>,
+    mode: Mode,
+    pages: usize,
+    args: &Args,
+) -> Result<Row> {
     let heap_size = args.heap_mb << 20;
     let npages = heap_size / PAGE;
     if pages == 0 || pages > npages {
         bail!("pages per transaction must be in 1..={npages}");
     }
-    let mut client = ReplicaClient::connect(ep, heap_size as u64, mode)?;
+    let mut opts = ClientOptions::new(mode);
+    // None: an outside backup's token comes from REBOUND_HA_TOKEN_FILE.
+    opts.token = token.clone();
+    let mut client = ReplicaClient::connect_with(ep, heap_size as u64, opts)?;
     let mut rng = fastrand::Rng::with_seed(42);
     let mut heap = vec![0u8; heap_size];
     let mut shadow = heap.clone();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use hareplica::store::Store;
-use hareplica::{BackupConfig, BackupServer, Endpoint, Spin, StatusInfo};
+use hareplica::{BackupConfig, BackupServer, ClusterToken, Endpoint, Spin, StatusInfo};
 
 #[derive(Parser)]
 #[command(
@@ -30,9 +30,19 @@ struct Cli {
 enum Cmd {
     /// Hold a replica: apply primaries' commits, serve takeover.
     Backup {
-        /// tcp:HOST:PORT or unix:PATH
+        /// unix:PATH (the socket is made mode 0600: only this user connects), or
+        /// tcp:HOST:PORT, which needs --token-file.
         #[arg(long)]
         listen: Endpoint,
+        /// The token a TCP peer must prove it holds (a file of at least 32 random bytes,
+        /// owned by this user, mode 0600, as `rebound cluster token` makes; primaries
+        /// name the same file in REBOUND_HA_TOKEN_FILE).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Drop a connection that has not said hello (or attached) this many
+        /// milliseconds after it was accepted, token handshake included.
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+        hello_timeout_ms: u64,
         /// Directory for the replica image and its write-ahead log.
         #[arg(long)]
         dir: PathBuf,
@@ -65,6 +75,9 @@ enum Cmd {
         /// connected primary and the lag.
         #[arg(long)]
         connect: Option<Endpoint>,
+        /// The token file of a TCP backup (default: $REBOUND_HA_TOKEN_FILE).
+        #[arg(long, requires = "connect")]
+        token_file: Option<PathBuf>,
         /// Print one JSON object instead of lines.
         #[arg(long)]
         json: bool,
@@ -74,6 +87,9 @@ enum Cmd {
         /// The backup's endpoint (tcp:HOST:PORT or unix:PATH).
         #[arg(long)]
         connect: Endpoint,
+        /// The token file of a TCP backup (default: $REBOUND_HA_TOKEN_FILE).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Print one JSON object instead of lines.
         #[arg(long)]
         json: bool,
@@ -127,6 +143,8 @@ fn run(cmd: Cmd) -> Result<()> {
             checkpoint_kb,
             frame_timeout_ms,
             spin_us,
+            token_file,
+            hello_timeout_ms,
         } => {
             let cfg = BackupConfig {
                 durable,
@@ -138,6 +156,8 @@ fn run(cmd: Cmd) -> Result<()> {
                     Some(0) => Spin::Off,
                     Some(us) => Spin::Fixed(Duration::from_micros(us)),
                 },
+                token: read_token(token_file.as_deref())?,
+                hello_timeout: Duration::from_millis(hello_timeout_ms),
                 ..BackupConfig::new(listen, &dir)
             };
             let (server, report) =
@@ -168,9 +188,11 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Status {
             connect: Some(ep),
             json,
+            token_file,
             ..
         } => {
-            let st = hareplica::query_status(&ep, ADMIN_TIMEOUT).context("status")?;
+            let st = hareplica::query_status_with(&ep, admin_options(token_file.as_deref())?)
+                .context("status")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {
@@ -179,9 +201,14 @@ fn run(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Status { .. } => bail!("give --dir or --connect"),
-        Cmd::Promote { connect, json } => {
+        Cmd::Promote {
+            connect,
+            token_file,
+            json,
+        } => {
             let (epoch, last_tx) =
-                hareplica::promote(&connect, ADMIN_TIMEOUT).context("promote")?;
+                hareplica::promote_with(&connect, admin_options(token_file.as_deref())?)
+                    .context("promote")?;
             if json {
                 println!(
                     "{}",
@@ -195,6 +222,18 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Dump { dir, out } => dump(&dir, &out),
         Cmd::BenchLink(args) => bench_link::run(args),
     }
+}
+
+fn read_token(path: Option<&Path>) -> Result<Option<ClusterToken>> {
+    path.map(|p| ClusterToken::from_file(p).context("token"))
+        .transpose()
+}
+
+/// An operator request's options: bounded by [`ADMIN_TIMEOUT`], with the token given.
+fn admin_options(token_file: Option<&Path>) -> Result<hareplica::ClientOptions> {
+    let mut opts = hareplica::admin_options(ADMIN_TIMEOUT);
+    opts.token = read_token(token_file)?;
+    Ok(opts)
 }
 
 fn status_dir(dir: &Path, json: bool) -> Result<()> {

@@ -24,8 +24,11 @@ pub use snapshot::{snapshot_fixture, snapshot_manifest, snapshot_trace, TRACE_BL
 /// What a parser said about one input.
 pub type Verdict = Result<(), String>;
 
+/// A target's entry point.
+pub type Target = fn(&[u8]) -> Verdict;
+
 /// Every target: its name (the cargo-fuzz target and corpus directory) and entry point.
-pub const TARGETS: &[(&str, fn(&[u8]) -> Verdict)] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("agent_msg", agent_msg),
     ("snapshot_manifest", snapshot_manifest),
     ("snapshot_trace", snapshot_trace),
@@ -39,6 +42,10 @@ pub const TARGETS: &[(&str, fn(&[u8]) -> Verdict)] = &[
 pub use ring::evict_ring;
 
 thread_local! {
+    /// The frame reader is async; the bytes are all there, so one thread runs it.
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime");
     static SCRATCH: RefCell<Option<tempfile::TempDir>> = const { RefCell::new(None) };
 }
 
@@ -61,9 +68,16 @@ pub(crate) fn scratch() -> PathBuf {
 /// Writes `data` to `name` in the scratch directory and returns its path.
 pub(crate) fn scratch_file(name: &str, data: &[u8]) -> PathBuf {
     let p = scratch().join(name);
-    let mut f = std::fs::File::create(&p).expect("scratch file");
-    f.write_all(data).expect("scratch write");
+    replace_file(&p, data);
     p
+}
+
+/// Writes a new file at `p` in place of the old one. Unlinked first: ext4 flushes a
+/// file truncated and rewritten when it is closed, which made a run take milliseconds.
+pub(crate) fn replace_file(p: &Path, data: &[u8]) {
+    let _ = std::fs::remove_file(p);
+    let mut f = std::fs::File::create(p).expect("scratch file");
+    f.write_all(data).expect("scratch write");
 }
 
 fn err(e: impl std::error::Error) -> String {
@@ -140,38 +154,37 @@ pub const COORD_KEY: [u8; 32] = [0x5a; 32];
 pub fn coord_frame(data: &[u8]) -> Verdict {
     use rebound_coord::msg::Message;
     use rebound_coord::wire::{FrameReader, FrameWriter, WireError};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a current-thread runtime");
-    rt.block_on(async {
-        let decode = |p: &[u8]| {
-            serde_json::from_slice::<Message>(p)
-                .map(|m| {
-                    let _ = (m.kind(), m.restore_id().map(str::len));
-                })
-                .map_err(|e| e.to_string())
-        };
-        let mut verdict = Ok(());
-        let mut reader = FrameReader::new(data, COORD_KEY);
-        loop {
-            match reader.read().await {
-                Ok(p) => verdict = verdict.and(decode(&p)),
-                Err(WireError::Closed) => break,
-                Err(e) => {
-                    verdict = verdict.and(Err(err(e)));
-                    break;
+    RUNTIME.with(|rt| {
+        rt.block_on(async {
+            let decode = |p: &[u8]| {
+                serde_json::from_slice::<Message>(p)
+                    .map(|m| {
+                        let _ = (m.kind(), m.restore_id().map(str::len));
+                    })
+                    .map_err(|e| e.to_string())
+            };
+            let mut verdict = Ok(());
+            let mut reader = FrameReader::new(data, COORD_KEY);
+            loop {
+                match reader.read().await {
+                    Ok(p) => verdict = verdict.and(decode(&p)),
+                    Err(WireError::Closed) => break,
+                    Err(e) => {
+                        verdict = verdict.and(Err(err(e)));
+                        break;
+                    }
                 }
             }
-        }
-        if data.first().is_some_and(|b| b & 1 == 1) {
-            let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
-            if let Ok(frame) = w.encode_next(&data[1..]) {
-                let mut r = FrameReader::new(&frame[..], COORD_KEY);
-                let p = r.read().await.expect("a frame this side encoded");
-                let _ = decode(&p);
+            if data.first().is_some_and(|b| b & 1 == 1) {
+                let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
+                if let Ok(frame) = w.encode_next(&data[1..]) {
+                    let mut r = FrameReader::new(&frame[..], COORD_KEY);
+                    let p = r.read().await.expect("a frame this side encoded");
+                    let _ = decode(&p);
+                }
             }
-        }
-        verdict
+            verdict
+        })
     })
 }
 

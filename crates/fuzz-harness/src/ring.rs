@@ -27,9 +27,7 @@ impl RingSource for Mem {
             None => (&self.head, gpa),
         };
         let at = usize::try_from(at).map_err(|_| outside())?;
-        let src = at
-            .checked_add(buf.len())
-            .and_then(|end| mem.get(at..end));
+        let src = at.checked_add(buf.len()).and_then(|end| mem.get(at..end));
         // Header reads run past the header's 64 bytes into the chunk table: zeros, as
         // in the guest's page.
         match src {
@@ -63,7 +61,11 @@ pub fn evict_ring(data: &[u8]) -> Verdict {
     for _ in 0..2 {
         let batch = reader.poll(&mem).map_err(err)?;
         let _ = reader.pending(&mem);
-        let _ = (batch.evicted.len(), batch.copies.len(), batch.released.len());
+        let _ = (
+            batch.evicted.len(),
+            batch.copies.len(),
+            batch.released.len(),
+        );
     }
     Ok(())
 }

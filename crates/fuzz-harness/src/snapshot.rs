@@ -8,7 +8,7 @@ use rebound_snapshot::{
     TraceInfo, TracePage, FORMAT_VERSION, MANIFEST_FORMAT,
 };
 
-use crate::{err, scratch, scratch_file, Verdict};
+use crate::{err, replace_file, scratch, scratch_file, Verdict};
 
 /// Pages of each RAM block of the guest a fuzzed trace is read for (as a restore
 /// passes the manifest's blocks): one as the fixture's, one small.
@@ -39,12 +39,19 @@ pub fn snapshot_fixture(dir: &Path) -> Result<PathBuf, String> {
     .map_err(err)?;
     block.id = "pc.ram".into();
     block.file = "ram-pc.ram.img".into();
-    std::fs::write(sd.path().join("device.state"), b"QEVM\0\0\0\x03device state").map_err(|e| e.to_string())?;
+    std::fs::write(
+        sd.path().join("device.state"),
+        b"QEVM\0\0\0\x03device state",
+    )
+    .map_err(|e| e.to_string())?;
     let dev = hash_file(&sd.path().join("device.state")).map_err(err)?;
     std::fs::write(dir.join("disk"), vec![7u8; 8192]).map_err(|e| e.to_string())?;
     let disk = copy_file(&dir.join("disk"), &sd.path().join("disk-disk0.raw")).map_err(err)?;
     let trace = Trace {
-        pages: vec![TracePage { block: 0, page: 10 }, TracePage { block: 0, page: 1 }],
+        pages: vec![
+            TracePage { block: 0, page: 10 },
+            TracePage { block: 0, page: 1 },
+        ],
     };
     trace.write(&sd.path().join("trace.fafl")).map_err(err)?;
     let m = Manifest {
@@ -92,11 +99,16 @@ thread_local! {
 /// manifest, and its VM spec read as the daemon reads it.
 pub fn snapshot_manifest(data: &[u8]) -> Verdict {
     let dir = FIXTURE.with(PathBuf::clone);
-    std::fs::write(dir.join("manifest.json"), data).map_err(|e| e.to_string())?;
+    replace_file(&dir.join("manifest.json"), data);
     let snap = Snapshot::open(&dir).map_err(err)?;
     let spec = serde_json::from_value::<rebound_api::VmSpec>(snap.manifest().spec.clone());
     if let Ok(spec) = spec {
-        let _ = (spec.validate(), spec.disk_opts(), spec.nic_opts(), spec.service_port());
+        let _ = (
+            spec.validate(),
+            spec.disk_opts(),
+            spec.nic_opts(),
+            spec.service_port(),
+        );
     }
     snap.trace().map_err(err)?;
     if let Some(t) = &snap.manifest().trace {

@@ -41,7 +41,10 @@ fn every_corpus_input_is_parsed_without_a_panic_and_seeds_get_their_verdict() {
             }
         }
     }
-    assert!(total < 1 << 20, "the corpus is {total} bytes, keep it under 1 MiB");
+    assert!(
+        total < 1 << 20,
+        "the corpus is {total} bytes, keep it under 1 MiB"
+    );
 }
 
 fn ok_seeds(target: &str) -> impl Iterator<Item = (String, Vec<u8>)> {

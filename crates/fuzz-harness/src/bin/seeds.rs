@@ -17,12 +17,27 @@ fn put(target: &str, name: &str, data: &[u8]) -> Result<()> {
 
 fn agent() -> Result<()> {
     let ok: &[(&str, &str)] = &[
-        ("ok-ready", r#"{"type":"ready","agent_version":1,"kernel_release":"6.1.0-28-amd64","mem_total_kib":200000,"vmcoreinfo":{"paddr":123,"size":4096},"evict_ring":{"gpa":8388608,"bytes":1048576},"workload":"web","service_port":8080,"uptime_ms":1500}"#),
+        (
+            "ok-ready",
+            r#"{"type":"ready","agent_version":1,"kernel_release":"6.1.0-28-amd64","mem_total_kib":200000,"vmcoreinfo":{"paddr":123,"size":4096},"evict_ring":{"gpa":8388608,"bytes":1048576},"workload":"web","service_port":8080,"uptime_ms":1500}"#,
+        ),
         ("ok-heartbeat", r#"{"type":"heartbeat","seq":7}"#),
-        ("ok-marker", r#"{"type":"marker","id":3,"paddr":1048576,"len":4096}"#),
-        ("ok-cachelist", r#"{"type":"cachelist","id":2,"last":1,"files":"/data/a 0 3\n","cached_files":1,"cached_pages":3}"#),
-        ("ok-memfill", r#"{"type":"memfill","filled_kib":1024,"rounds":1,"errors":0}"#),
-        ("ok-error", r#"{"type":"error","message":"no such command"}"#),
+        (
+            "ok-marker",
+            r#"{"type":"marker","id":3,"paddr":1048576,"len":4096}"#,
+        ),
+        (
+            "ok-cachelist",
+            r#"{"type":"cachelist","id":2,"last":1,"files":"/data/a 0 3\n","cached_files":1,"cached_pages":3}"#,
+        ),
+        (
+            "ok-memfill",
+            r#"{"type":"memfill","filled_kib":1024,"rounds":1,"errors":0}"#,
+        ),
+        (
+            "ok-error",
+            r#"{"type":"error","message":"no such command"}"#,
+        ),
         ("ok-rebooting", r#"{"type":"rebooting"}"#),
     ];
     let mut all = Vec::new();
@@ -33,9 +48,21 @@ fn agent() -> Result<()> {
     }
     put("agent_msg", "ok-stream", &all)?;
     put("agent_msg", "bad-truncated", b"{\"type\":\"ready\"\n")?;
-    put("agent_msg", "bad-not-utf8", b"{\"type\":\"error\",\"message\":\"\xff\xfe\"}\n")?;
-    put("agent_msg", "bad-unknown-type", b"{\"type\":\"format-disk\"}\n")?;
-    put("agent_msg", "bad-wrong-field-type", b"{\"type\":\"heartbeat\",\"seq\":-1}\n")
+    put(
+        "agent_msg",
+        "bad-not-utf8",
+        b"{\"type\":\"error\",\"message\":\"\xff\xfe\"}\n",
+    )?;
+    put(
+        "agent_msg",
+        "bad-unknown-type",
+        b"{\"type\":\"format-disk\"}\n",
+    )?;
+    put(
+        "agent_msg",
+        "bad-wrong-field-type",
+        b"{\"type\":\"heartbeat\",\"seq\":-1}\n",
+    )
 }
 
 fn snapshot() -> Result<()> {
@@ -45,23 +72,47 @@ fn snapshot() -> Result<()> {
     put("snapshot_manifest", "ok-manifest.json", &manifest)?;
     let text = String::from_utf8(manifest.clone())?;
     let swaps = [
-        ("bad-file-outside", "\"device.state\"", "\"../device.state\""),
+        (
+            "bad-file-outside",
+            "\"device.state\"",
+            "\"../device.state\"",
+        ),
         ("bad-version", "\"version\": 1", "\"version\": 9"),
-        ("bad-chunk-size", "\"chunk_bytes\": 16384", "\"chunk_bytes\": 3"),
-        ("bad-ram-size", "\"size\": 65536", "\"size\": 18446744073709551615"),
+        (
+            "bad-chunk-size",
+            "\"chunk_bytes\": 16384",
+            "\"chunk_bytes\": 3",
+        ),
+        (
+            "bad-ram-size",
+            "\"size\": 65536",
+            "\"size\": 18446744073709551615",
+        ),
     ];
     for (name, from, to) in swaps {
         anyhow::ensure!(text.contains(from), "the fixture's manifest has no {from}");
-        put("snapshot_manifest", name, text.replacen(from, to, 1).as_bytes())?;
+        put(
+            "snapshot_manifest",
+            name,
+            text.replacen(from, to, 1).as_bytes(),
+        )?;
     }
-    put("snapshot_manifest", "bad-not-json", &manifest[..manifest.len() / 2])?;
+    put(
+        "snapshot_manifest",
+        "bad-not-json",
+        &manifest[..manifest.len() / 2],
+    )?;
 
     let trace = std::fs::read(snap.join("trace.fafl"))?;
     put("snapshot_trace", "ok-trace.fafl", &trace)?;
     let t = rebound_snapshot::Trace {
         pages: (0..4)
             .map(|page| rebound_snapshot::TracePage { block: 1, page })
-            .chain((0..16).rev().map(|page| rebound_snapshot::TracePage { block: 0, page }))
+            .chain(
+                (0..16)
+                    .rev()
+                    .map(|page| rebound_snapshot::TracePage { block: 0, page }),
+            )
             .collect(),
     };
     let p = dir.path().join("t2");
@@ -70,7 +121,11 @@ fn snapshot() -> Result<()> {
     let mut flipped = trace.clone();
     flipped[24] ^= 1;
     put("snapshot_trace", "bad-checksum.fafl", &flipped)?;
-    put("snapshot_trace", "bad-truncated.fafl", &trace[..trace.len() - 3])?;
+    put(
+        "snapshot_trace",
+        "bad-truncated.fafl",
+        &trace[..trace.len() - 3],
+    )?;
     let mut huge = trace.clone();
     huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
     put("snapshot_trace", "bad-count.fafl", &huge)
@@ -89,16 +144,29 @@ fn ipv4_frame(s: u8, d: u8, proto: u8, l4: &[u8]) -> Vec<u8> {
 
 fn pcap() -> Result<()> {
     use rebound_cluster::pcap::write_pcap;
-    let mut tcp = vec![0x9c, 0x40, 0x1f, 0x90, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0];
+    let mut tcp = vec![
+        0x9c, 0x40, 0x1f, 0x90, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0,
+    ];
     tcp.extend_from_slice(b"GET / HTTP/1.0\r\n\r\n");
     let udp = [0x13, 0x88, 0x13, 0x89, 0, 12, 0, 0, 1, 2, 3, 4];
-    let mut arp = vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0, 0, 0, 1, 0x08, 0x06];
+    let mut arp = vec![
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0, 0, 0, 1, 0x08, 0x06,
+    ];
     arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-    arp.extend_from_slice(&[0x52, 0x54, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2]);
+    arp.extend_from_slice(&[
+        0x52, 0x54, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2,
+    ]);
     let a = ipv4_frame(1, 2, 6, &tcp);
     let b = ipv4_frame(2, 1, 17, &udp);
     let mut out = Vec::new();
-    write_pcap(&mut out, &[(1_700_000_000_000_001, &a), (1_700_000_000_000_900, &b), (1_700_000_000_001_000, &arp)])?;
+    write_pcap(
+        &mut out,
+        &[
+            (1_700_000_000_000_001, &a),
+            (1_700_000_000_000_900, &b),
+            (1_700_000_000_001_000, &arp),
+        ],
+    )?;
     put("pcap", "ok-tcp-udp-arp.pcap", &out)?;
     put("pcap", "cut-mid-record.pcap", &out[..out.len() - 10])?;
     let mut big = out.clone();
@@ -150,16 +218,25 @@ fn coord() -> Result<()> {
         stream.extend(w.encode_next(&serde_json::to_vec(m)?)?);
     }
     put("coord_frame", "ok-restore-stream", &stream)?;
-    let first = FrameWriter::new(Vec::new(), COORD_KEY).encode_next(&serde_json::to_vec(&msgs[0])?)?;
+    let first =
+        FrameWriter::new(Vec::new(), COORD_KEY).encode_next(&serde_json::to_vec(&msgs[0])?)?;
     let mut flipped = first.clone();
     flipped[20] ^= 1;
     put("coord_frame", "bad-mac", &flipped)?;
-    put("coord_frame", "bad-replayed", &[first.clone(), first.clone()].concat())?;
+    put(
+        "coord_frame",
+        "bad-replayed",
+        &[first.clone(), first.clone()].concat(),
+    )?;
     let mut long = first.clone();
     long[..4].copy_from_slice(&u32::MAX.to_be_bytes());
     put("coord_frame", "bad-oversized", &long)?;
     let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
-    put("coord_frame", "bad-not-a-message", &w.encode_next(b"{\"type\":\"FORMAT\"}")?)
+    put(
+        "coord_frame",
+        "bad-not-a-message",
+        &w.encode_next(b"{\"type\":\"FORMAT\"}")?,
+    )
 }
 
 /// A ring of `cap` entries as `guest/evict/ring.h` lays it out, in the evict_ring
@@ -192,11 +269,20 @@ fn ring(cap: u64, head: u64, copies: bool, notices: &[(u64, u64)]) -> Vec<u8> {
 fn evict() -> Result<()> {
     let evicted = |pfn: u64| pfn | 1 << 56;
     let released = |pfn: u64| pfn | 2 << 56;
-    let n = [(1, evicted(0x100)), (2, released(0x101)), (3, evicted(0x2000)), (4, evicted(7))];
+    let n = [
+        (1, evicted(0x100)),
+        (2, released(0x101)),
+        (3, evicted(0x2000)),
+        (4, evicted(7)),
+    ];
     put("evict_ring", "ok-copies", &ring(8, 4, true, &n))?;
     put("evict_ring", "ok-notices-only", &ring(8, 4, false, &n))?;
     let wrapped: Vec<_> = (9..=13).map(|s| (s, evicted(s))).collect();
-    put("evict_ring", "ok-wrapped-lost", &ring(4, 13, true, &wrapped))?;
+    put(
+        "evict_ring",
+        "ok-wrapped-lost",
+        &ring(4, 13, true, &wrapped),
+    )?;
     let mut magic = ring(8, 4, true, &n);
     magic[4] ^= 1;
     put("evict_ring", "bad-magic", &magic)?;
@@ -219,11 +305,23 @@ fn dump(dir: &Path) -> Result<()> {
     }
     std::fs::write(&ram, &bytes)?;
     let mem = GuestMemory::open_ram_file(&ram, Layout::with_below_4g(RAM, RAM)?)?;
-    let notes = [Note::vmcoreinfo("OSRELEASE=6.1.0-28-amd64\nPAGESIZE=4096\n")];
+    let notes = [Note::vmcoreinfo(
+        "OSRELEASE=6.1.0-28-amd64\nPAGESIZE=4096\n",
+    )];
     for (name, format) in [
         ("ok-elf", Format::Elf),
-        ("ok-kdump-zlib", Format::Kdump { compress: Compress::Zlib }),
-        ("ok-kdump-zstd", Format::Kdump { compress: Compress::Zstd }),
+        (
+            "ok-kdump-zlib",
+            Format::Kdump {
+                compress: Compress::Zlib,
+            },
+        ),
+        (
+            "ok-kdump-zstd",
+            Format::Kdump {
+                compress: Compress::Zstd,
+            },
+        ),
     ] {
         let out = dir.join(name);
         let opts = DumpOptions {
@@ -234,7 +332,9 @@ fn dump(dir: &Path) -> Result<()> {
         };
         struct Quiet;
         impl rebound_dump::Progress for Quiet {}
-        Dumper::new(&mem).notes(&notes).write(&out, &opts, &mut Quiet)?;
+        Dumper::new(&mem)
+            .notes(&notes)
+            .write(&out, &opts, &mut Quiet)?;
         let data = std::fs::read(&out)?;
         put("dump_header", name, &data)?;
         if name == "ok-elf" {
@@ -254,7 +354,13 @@ fn ha() -> Result<()> {
     use hareplica::wire::{encode, encode_commit, Hello, HelloKind, Message, Mode};
     use hareplica::DiffRun;
     let heap: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
-    let runs = [DiffRun { offset: 16, len: 8 }, DiffRun { offset: 4096, len: 100 }];
+    let runs = [
+        DiffRun { offset: 16, len: 8 },
+        DiffRun {
+            offset: 4096,
+            len: 100,
+        },
+    ];
     let mut frame = Vec::new();
     let mut hello = Vec::new();
     encode(
@@ -300,7 +406,11 @@ fn ha() -> Result<()> {
     let mut len = hello.clone();
     len[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     put("ha_frame", "bad-oversized", &len)?;
-    put("ha_frame", "bad-compact-length", &[0xC3, 0xff, 0xff, 0xff, 0xff, 0x7f])?;
+    put(
+        "ha_frame",
+        "bad-compact-length",
+        &[0xC3, 0xff, 0xff, 0xff, 0xff, 0x7f],
+    )?;
     put("ha_frame", "bad-truncated", &stream[..stream.len() / 2])
 }
 

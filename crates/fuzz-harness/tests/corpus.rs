@@ -137,3 +137,23 @@ fn valid_dumps_inspect_as_complete() {
         assert!(info.complete && info.missing.is_empty(), "{name}: {info:?}");
     }
 }
+
+#[test]
+fn every_fuzz_target_has_an_entry_point_and_a_corpus() {
+    let dir = corpus_dir("").join("../fuzz_targets");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().replace(".rs", ""))
+        .collect();
+    files.sort();
+    let mut names: Vec<String> = TARGETS.iter().map(|(n, _)| n.to_string()).collect();
+    names.sort();
+    assert_eq!(files, names);
+    for n in names {
+        let src = std::fs::read_to_string(dir.join(format!("{n}.rs"))).unwrap();
+        assert!(
+            src.contains(&format!("rebound_fuzz_harness::{n}(")),
+            "{n}.rs calls another entry point"
+        );
+    }
+}

@@ -172,7 +172,8 @@ impl DumpPages {
                 let idx = rank[word] + before;
                 let mut d = [0u8; PAGE_DESC_SIZE as usize];
                 // Offsets come from the file: past the end of u64 is past the end of it.
-                let inside = |at: u64, len: u64| at.checked_add(len).is_some_and(|e| e <= *file_len);
+                let inside =
+                    |at: u64, len: u64| at.checked_add(len).is_some_and(|e| e <= *file_len);
                 let at = idx
                     .checked_mul(PAGE_DESC_SIZE)
                     .and_then(|o| desc_offset.checked_add(o))

@@ -256,11 +256,17 @@ fn a_kdump_page_descriptor_past_the_end_of_u64_is_a_page_not_held() {
         .layout
         .desc_offset() as usize;
     let mut page = vec![0u8; 4096];
-    assert!(DumpPages::open(&good).unwrap().read_page(0, &mut page).unwrap());
+    assert!(DumpPages::open(&good)
+        .unwrap()
+        .read_page(0, &mut page)
+        .unwrap());
     assert_eq!(page, page_pattern(0));
     let p = damaged(&good, "desc-offset", |b| put64(b, desc, u64::MAX - 8));
     let pages = DumpPages::open(&p).unwrap();
-    assert!(!pages.read_page(0, &mut page).unwrap(), "page 0 is not in the file");
+    assert!(
+        !pages.read_page(0, &mut page).unwrap(),
+        "page 0 is not in the file"
+    );
     assert!(pages.read_page(1, &mut page).unwrap());
     assert_eq!(page, page_pattern(1));
 }

@@ -43,6 +43,12 @@ test-debug-kernel: image
 	scripts/debug-kernel.sh
 	$(CARGO) test --release -p rebound-dump --test integration backtrace:: -- --ignored --test-threads=1
 
+# Every parser of untrusted bytes under cargo-fuzz on nightly, FUZZ_SECONDS (20) each:
+# a few minutes after the first build. `make test` runs the corpus on stable.
+.PHONY: fuzz
+fuzz:
+	scripts/fuzz.sh
+
 clean:
 	$(CARGO) clean
 	$(MAKE) -C guest/agent clean

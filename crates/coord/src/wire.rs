@@ -224,7 +224,9 @@ pub struct FrameReader<R> {
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    fn new(inner: R, key: [u8; TAG_LEN]) -> Self {
+    /// A reader of frames MACed under `key`. A connection's key comes from the
+    /// handshake; the fuzz harness passes its own to reach the checks after the MAC.
+    pub fn new(inner: R, key: [u8; TAG_LEN]) -> Self {
         Self {
             inner,
             key,
@@ -275,7 +277,8 @@ pub struct FrameWriter<W> {
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
-    fn new(inner: W, key: [u8; TAG_LEN]) -> Self {
+    /// A writer of frames MACed under `key` (see [`FrameReader::new`]).
+    pub fn new(inner: W, key: [u8; TAG_LEN]) -> Self {
         Self {
             inner,
             key,

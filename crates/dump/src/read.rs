@@ -146,8 +146,9 @@ impl DumpPages {
                 if gpa + PAGE_SIZE > r.end {
                     return Ok(false);
                 }
+                // Within the segment's bytes, which the header check kept inside u64.
                 self.file
-                    .read_exact_at(buf, off + gpa - r.start)
+                    .read_exact_at(buf, off + (gpa - r.start))
                     .map_err(io)?;
                 Ok(true)
             }
@@ -170,13 +171,19 @@ impl DumpPages {
                     );
                 let idx = rank[word] + before;
                 let mut d = [0u8; PAGE_DESC_SIZE as usize];
-                let at = desc_offset + idx * PAGE_DESC_SIZE;
-                if at + PAGE_DESC_SIZE > *file_len {
+                // Offsets come from the file: past the end of u64 is past the end of it.
+                let inside =
+                    |at: u64, len: u64| at.checked_add(len).is_some_and(|e| e <= *file_len);
+                let at = idx
+                    .checked_mul(PAGE_DESC_SIZE)
+                    .and_then(|o| desc_offset.checked_add(o))
+                    .unwrap_or(u64::MAX);
+                if !inside(at, PAGE_DESC_SIZE) {
                     return Ok(false);
                 }
                 self.file.read_exact_at(&mut d, at).map_err(io)?;
                 let d = PageDesc::decode(&d);
-                if d.offset == 0 || d.size == 0 || d.offset + u64::from(d.size) > *file_len {
+                if d.offset == 0 || d.size == 0 || !inside(d.offset, u64::from(d.size)) {
                     // Never written: the writer stopped before this page.
                     return Ok(false);
                 }

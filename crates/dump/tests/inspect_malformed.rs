@@ -240,3 +240,33 @@ fn damaged_elf_dumps_are_errors_or_say_what_is_missing() {
     assert_eq!(i.missing, vec![13 * MIB..16 * MIB]);
     assert_eq!(i.osrelease.as_deref(), Some("6.1.0-malformed"));
 }
+
+/// Found by the `dump_header` fuzz target: a page descriptor whose offset plus size
+/// passes the end of u64 overflowed the reader's bounds check (a panic with overflow
+/// checks; without them, a read at an absurd offset). It is a page the dump does not
+/// hold, as one past the end of the file is.
+#[test]
+fn a_kdump_page_descriptor_past_the_end_of_u64_is_a_page_not_held() {
+    use rebound_dump::kdump::read_kdump;
+    use rebound_dump::DumpPages;
+    let dir = tempfile::tempdir().unwrap();
+    let good = dump(dir.path(), Format::kdump(Compress::Zstd));
+    let desc = read_kdump(&std::fs::File::open(&good).unwrap())
+        .unwrap()
+        .layout
+        .desc_offset() as usize;
+    let mut page = vec![0u8; 4096];
+    assert!(DumpPages::open(&good)
+        .unwrap()
+        .read_page(0, &mut page)
+        .unwrap());
+    assert_eq!(page, page_pattern(0));
+    let p = damaged(&good, "desc-offset", |b| put64(b, desc, u64::MAX - 8));
+    let pages = DumpPages::open(&p).unwrap();
+    assert!(
+        !pages.read_page(0, &mut page).unwrap(),
+        "page 0 is not in the file"
+    );
+    assert!(pages.read_page(1, &mut page).unwrap());
+    assert_eq!(page, page_pattern(1));
+}

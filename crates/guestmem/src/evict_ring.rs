@@ -68,6 +68,8 @@ pub enum RingError {
     Capacity { capacity: u64, bytes: u64 },
     #[error("ring entries at offset {0}, expected {ENTRIES_OFF}")]
     EntriesOffset(u32),
+    #[error("ring head {0} is more notices than a guest can have written")]
+    Head(u64),
     #[error("ring page copies are wrong: {0}")]
     Slots(String),
     #[error("cannot read the ring")]
@@ -159,6 +161,10 @@ pub fn parse_header(h: &[u8], gpa: u64, bytes: u64) -> Result<Header, RingError>
     };
     if u64::from(entries_off) != ENTRIES_OFF {
         return Err(RingError::EntriesOffset(entries_off));
+    }
+    // The reader counts up to head + 1: a head of u64::MAX would overflow it.
+    if head == u64::MAX {
+        return Err(RingError::Head(head));
     }
     let fits = capacity
         .checked_mul(ENTRY)
@@ -627,6 +633,25 @@ mod tests {
             .copy_from_slice(&(!4095u64).to_le_bytes());
         let e = RingReader::open(&m, 0, BYTES).unwrap_err().to_string();
         assert!(e.contains("chunk 0 at"), "{e}");
+    }
+
+    /// Found by the `evict_ring` fuzz target: the reader counted to head + 1, which
+    /// overflowed (a panic with overflow checks, a reader at notice 0 without).
+    #[test]
+    fn a_head_at_the_end_of_the_count_is_refused() {
+        let m = mem();
+        m.bytes.borrow_mut()[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            RingReader::open(&m, 0, BYTES),
+            Err(RingError::Head(u64::MAX))
+        ));
+        m.bytes.borrow_mut()[24..32].copy_from_slice(&0u64.to_le_bytes());
+        let mut r = RingReader::open(&m, 0, BYTES).unwrap();
+        m.bytes.borrow_mut()[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(r.poll(&m), Err(RingError::Head(u64::MAX))));
+        m.bytes.borrow_mut()[24..32].copy_from_slice(&0u64.to_le_bytes());
+        push(&mut m.bytes.borrow_mut(), 8, KIND_EVICTED);
+        assert_eq!(poll(&mut r, &m).evicted, vec![8]);
     }
 
     #[test]

@@ -1,0 +1,276 @@
+//! One entry point per parser of untrusted bytes, each calling the public function
+//! production code calls. The cargo-fuzz targets in `fuzz/` are one line each over
+//! these, and `tests/corpus.rs` runs every file of `fuzz/corpus/<target>/` through the
+//! same function on stable, so a crash the fuzzer found stays fixed.
+//!
+//! Each entry point returns whether the input was accepted as a whole (`Ok`) or
+//! refused (`Err`, the parser's message): the corpus test checks that the seeds named
+//! `ok-*` are accepted and those named `bad-*` refused. A panic, an overflow, a huge
+//! allocation or a hang is the bug either way.
+//!
+//! Where a parser takes a path, the bytes go to a file in a per-process scratch
+//! directory (under `$TMPDIR`) first. Where a checksum or a MAC guards the parser, an
+//! input is also tried with the guard made right, so the checks behind it are reached.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+mod ring;
+mod snapshot;
+
+pub use snapshot::{snapshot_fixture, snapshot_manifest, snapshot_trace, TRACE_BLOCK_PAGES};
+
+/// What a parser said about one input.
+pub type Verdict = Result<(), String>;
+
+/// A target's entry point.
+pub type Target = fn(&[u8]) -> Verdict;
+
+/// Every target: its name (the cargo-fuzz target and corpus directory) and entry point.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("agent_msg", agent_msg),
+    ("snapshot_manifest", snapshot_manifest),
+    ("snapshot_trace", snapshot_trace),
+    ("pcap", pcap),
+    ("coord_frame", coord_frame),
+    ("evict_ring", evict_ring),
+    ("dump_header", dump_header),
+    ("ha_frame", ha_frame),
+];
+
+pub use ring::evict_ring;
+
+thread_local! {
+    /// The frame reader is async; the bytes are all there, so one thread runs it.
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime");
+    static SCRATCH: RefCell<Option<tempfile::TempDir>> = const { RefCell::new(None) };
+}
+
+/// This process's scratch directory (made once; removed at thread exit where the
+/// process exits normally).
+pub(crate) fn scratch() -> PathBuf {
+    SCRATCH.with(|s| {
+        s.borrow_mut()
+            .get_or_insert_with(|| {
+                tempfile::Builder::new()
+                    .prefix("rebound-fuzz-")
+                    .tempdir()
+                    .expect("a scratch directory under $TMPDIR")
+            })
+            .path()
+            .to_path_buf()
+    })
+}
+
+/// Writes `data` to `name` in the scratch directory and returns its path.
+pub(crate) fn scratch_file(name: &str, data: &[u8]) -> PathBuf {
+    let p = scratch().join(name);
+    replace_file(&p, data);
+    p
+}
+
+/// Writes a new file at `p` in place of the old one. Unlinked first: ext4 flushes a
+/// file truncated and rewritten when it is closed, which made a run take milliseconds.
+pub(crate) fn replace_file(p: &Path, data: &[u8]) {
+    let _ = std::fs::remove_file(p);
+    let mut f = std::fs::File::create(p).expect("scratch file");
+    f.write_all(data).expect("scratch write");
+}
+
+fn err(e: impl std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// The guest agent's channel: bytes split into lines as the daemon's link splits
+/// them (in two reads, cut where the first byte says), each line parsed as a message;
+/// a message that is a `ready` has its facts looked at as the daemon does.
+pub fn agent_msg(data: &[u8]) -> Verdict {
+    use rebound_vmm::agent::{parse_line, AgentMsg, LineSplitter};
+    let cut = data.first().map_or(0, |&b| usize::from(b)).min(data.len());
+    let mut split = LineSplitter::default();
+    let mut lines = split.push(&data[..cut]);
+    lines.extend(split.push(&data[cut..]));
+    let mut verdict = Ok(());
+    for line in lines {
+        match line.and_then(|l| parse_line(&l)) {
+            Ok(AgentMsg::Ready(info)) => {
+                // The daemon reads the ring the guest announces through the ring reader,
+                // which checks the placement itself (see `evict_ring`).
+                let _ = (info.vmcoreinfo, info.evict_ring);
+            }
+            Ok(_) => {}
+            Err(e) => verdict = verdict.and(Err(e.to_string())),
+        }
+    }
+    verdict
+}
+
+/// A packet dump as `filter-dump` writes it: every record, and every frame under each
+/// virtio-net header choice the reader offers.
+pub fn pcap(data: &[u8]) -> Verdict {
+    use rebound_cluster::pcap::{PcapOptions, PcapReader, VnetHdr};
+    let mut verdict = Ok(());
+    for vnet_hdr in [VnetHdr::Off, VnetHdr::Detect, VnetHdr::Len(10)] {
+        let options = PcapOptions {
+            vnet_hdr,
+            ..PcapOptions::default()
+        };
+        let frames = match PcapReader::new(data, options) {
+            Ok(r) => r.frames(),
+            Err(e) => return Err(err(e)),
+        };
+        for f in frames {
+            match f {
+                Ok(f) => {
+                    let _ = f.payload_len();
+                }
+                // Off is what Rebound's taps produce; the other choices only exercise.
+                Err(e) if vnet_hdr == VnetHdr::Off => verdict = verdict.and(Err(err(e))),
+                Err(_) => {}
+            }
+        }
+    }
+    verdict
+}
+
+/// The key the coordinator-frame target MACs under (any key works: the fuzzer cannot
+/// forge a MAC, so valid frames are made with this one to reach the checks behind it).
+pub const COORD_KEY: [u8; 32] = [0x5a; 32];
+
+/// Frames between a coordinator and a cohort, after the handshake. The input is read
+/// as the byte stream a peer sent (stopping at the first refused frame), then, if
+/// its first byte is odd, the rest is sent as one frame's payload by a peer holding
+/// the token; every payload that passes is decoded as a protocol message.
+pub fn coord_frame(data: &[u8]) -> Verdict {
+    use rebound_coord::msg::Message;
+    use rebound_coord::wire::{FrameReader, FrameWriter, WireError};
+    RUNTIME.with(|rt| {
+        rt.block_on(async {
+            let decode = |p: &[u8]| {
+                serde_json::from_slice::<Message>(p)
+                    .map(|m| {
+                        let _ = (m.kind(), m.restore_id().map(str::len));
+                    })
+                    .map_err(|e| e.to_string())
+            };
+            let mut verdict = Ok(());
+            let mut reader = FrameReader::new(data, COORD_KEY);
+            loop {
+                match reader.read().await {
+                    Ok(p) => verdict = verdict.and(decode(&p)),
+                    Err(WireError::Closed) => break,
+                    Err(e) => {
+                        verdict = verdict.and(Err(err(e)));
+                        break;
+                    }
+                }
+            }
+            if data.first().is_some_and(|b| b & 1 == 1) {
+                let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
+                if let Ok(frame) = w.encode_next(&data[1..]) {
+                    let mut r = FrameReader::new(&frame[..], COORD_KEY);
+                    let p = r.read().await.expect("a frame this side encoded");
+                    let _ = decode(&p);
+                }
+            }
+            verdict
+        })
+    })
+}
+
+/// A vmcore read back: what `rebound dump inspect` reports, the pages a resumed dump
+/// takes from it, and the notes of QEMU's register-only ELF.
+pub fn dump_header(data: &[u8]) -> Verdict {
+    use rebound_dump::{inspect, notes_from_qemu_elf, DumpPages};
+    let path = scratch_file("vmcore", data);
+    let verdict = inspect(&path).map(|_| ()).map_err(err);
+    if let Ok(pages) = DumpPages::open(&path) {
+        let mut buf = vec![0u8; 4096];
+        // The first pages of the first extents: where a resumed dump starts reading.
+        for r in pages.extents().into_iter().take(4) {
+            for pfn in (r.start / 4096..r.end.div_ceil(4096)).take(4) {
+                let _ = pages.read_page(pfn, &mut buf);
+            }
+        }
+    }
+    let _ = notes_from_qemu_elf(&path);
+    let _ = rebound_dump::notes::parse_notes(data);
+    verdict
+}
+
+/// The frame types of the HA protocol, in their wire order.
+const HA_TYPES: [hareplica::wire::FrameType; 12] = {
+    use hareplica::wire::FrameType::*;
+    [
+        Hello,
+        Welcome,
+        Attach,
+        Image,
+        Commit,
+        Ack,
+        Status,
+        StatusReply,
+        Promote,
+        Error,
+        CommitPart,
+        CommitEnd,
+    ]
+};
+
+/// A heap size for bounds checks of decoded commits (a backup's is the primary's).
+const HA_HEAP: u64 = 1 << 20;
+
+/// Frames between an HA primary and its backup. The input is read as the stream a
+/// peer sent, frame after frame, as the backup's reader does (stopping at the first
+/// refused one); then, past the checksum, the rest of it is decoded as the payload of
+/// the frame type its first byte names.
+pub fn ha_frame(data: &[u8]) -> Verdict {
+    use hareplica::wire::{decode, FrameReader, Message};
+    let look = |m: &Message| match m {
+        Message::Commit(c) => {
+            let _ = (c.out_of_bounds(HA_HEAP), c.data_bytes(), c.runs().count());
+        }
+        Message::Compact(c) => {
+            if let Ok(c) = c.expand(1, 1) {
+                let _ = (c.out_of_bounds(HA_HEAP), c.runs().count());
+            }
+        }
+        _ => {}
+    };
+    let reader = FrameReader::default();
+    let mut input = data;
+    let mut verdict = Ok(());
+    while !input.is_empty() {
+        match reader.read(&mut input) {
+            Ok(m) => look(&m),
+            Err(e) => {
+                verdict = Err(err(e));
+                break;
+            }
+        }
+    }
+    if let Some((&t, rest)) = data.split_first() {
+        let ty = HA_TYPES[usize::from(t) % HA_TYPES.len()];
+        if let Ok(m) = decode(ty, rest.to_vec()) {
+            look(&m);
+        }
+    }
+    verdict
+}
+
+/// The corpus directory of a target in this repository.
+pub fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}

@@ -92,6 +92,7 @@ fn answers(socket: &Path) -> bool {
 /// Runs the daemon in the foreground until shut down.
 pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<(), ServerError> {
     private::restrict_umask();
+    super::fault::init();
     for dir in [&paths.home, &paths.run, &paths.vms_dir()] {
         private::create_dir_all(dir).map_err(|e| ServerError::Dir(dir.clone(), e))?;
     }

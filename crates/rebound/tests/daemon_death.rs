@@ -66,13 +66,12 @@ fn no_hidden_qemu(env: &Env) {
         };
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.starts_with("qemu-system") || cmd.contains("/qemu-system") {
-            if cmd.contains(&run) {
-                assert!(
-                    listed.contains(&pid),
-                    "QEMU {pid} runs but vm list shows only {listed:?}: {vms}"
-                );
-            }
+        let qemu = cmd.starts_with("qemu-system") || cmd.contains("/qemu-system");
+        if qemu && cmd.contains(&run) {
+            assert!(
+                listed.contains(&pid),
+                "QEMU {pid} runs but vm list shows only {listed:?}: {vms}"
+            );
         }
     }
 }

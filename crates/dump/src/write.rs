@@ -6,7 +6,9 @@
 //! and flushed; then it is renamed to `<out>` and the directory flushed. A
 //! dump that stops (no space, a read error, the process killed) stays
 //! `.partial`, and everything reported durable is in it: [`crate::inspect`]
-//! says which guest ranges it holds.
+//! says which guest ranges it holds. A dump never replaces a file already at
+//! `<out>` (refused before anything is written, and the rename itself does not
+//! replace): a file at `<out>` is always a finished dump.
 
 use std::fs::{File, OpenOptions};
 use std::ops::Range;
@@ -45,6 +47,9 @@ pub enum DumpError {
     /// The VMCOREINFO text does not parse.
     #[error("the VMCOREINFO text is not usable")]
     Vmcoreinfo(#[from] VmcoreinfoError),
+    /// Something is already at the output path.
+    #[error("{0} already exists: a dump never replaces a file")]
+    Exists(PathBuf),
     /// The output file could not be created.
     #[error("cannot create {path}")]
     Create {
@@ -125,6 +130,9 @@ pub trait Progress {
 
     /// After a flush: `gpa` is in the file durably; its RAM may be released.
     fn durable(&mut self, _gpa: Range<u64>) {}
+
+    /// Every byte is written and flushed; the rename to the final name comes next.
+    fn renaming(&mut self) {}
 }
 
 /// No progress reports.
@@ -315,6 +323,38 @@ enum SliceOut {
 fn is_zero(page: &[u8]) -> bool {
     page.chunks(64)
         .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}
+
+/// Renames `from` to `to` unless something is at `to` (then `AlreadyExists`):
+/// `renameat2(RENAME_NOREPLACE)`, or a hard link and an unlink where the file
+/// system lacks it (either way, a file at `to` is never replaced).
+pub fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both paths are NUL-terminated strings that live across the call;
+    // renameat2 only reads them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EINVAL) {
+        return Err(e);
+    }
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
 }
 
 /// Appends `.partial` to the file name.
@@ -542,6 +582,9 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
             warnings.push("no NT_PRSTATUS notes: the dump has no CPU registers".into());
         }
 
+        if out.symlink_metadata().is_ok() {
+            return Err(DumpError::Exists(out.to_path_buf()));
+        }
         let partial = partial_path(out);
         match std::fs::remove_file(&partial) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -611,7 +654,8 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
                 }
             }
             file.sync_all()?;
-            std::fs::rename(&partial, out)?;
+            progress.renaming();
+            rename_noreplace(&partial, out)?;
             let dir = match out.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => Path::new("."),

@@ -382,3 +382,42 @@ fn lz4_and_bad_options_are_refused() {
     assert!(e.to_string().contains("batch_fsync"), "{e}");
     assert!(!out.exists() && !rebound_dump::write::partial_path(&out).exists());
 }
+
+#[test]
+fn a_dump_never_replaces_a_file_at_its_path() {
+    let r = ram(8, 0);
+    let mem = GuestMemory::open_ram_file(&r.path, r.layout).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("vmcore");
+    // A finished dump is there already: a second dump to that path is refused
+    // before it writes anything, and the first stays byte for byte.
+    Dumper::new(&mem)
+        .vmcoreinfo(&r.text)
+        .write(&out, &opts(Format::Elf, 4, 1, 1), &mut ())
+        .unwrap();
+    let before = std::fs::read(&out).unwrap();
+    let e = Dumper::new(&mem)
+        .write(&out, &opts(Format::kdump(Compress::Zlib), 4, 1, 1), &mut ())
+        .unwrap_err();
+    assert!(matches!(e, DumpError::Exists(_)), "{e}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    assert!(!rebound_dump::write::partial_path(&out).exists());
+
+    // Something appears at the path while a dump is written: the rename does not
+    // replace it, and the finished dump stays in the partial file.
+    struct Squatter<'a>(&'a Path);
+    impl Progress for Squatter<'_> {
+        fn renaming(&mut self) {
+            std::fs::write(self.0, b"not a dump").unwrap();
+        }
+    }
+    let other = dir.path().join("vmcore2");
+    let e = Dumper::new(&mem)
+        .vmcoreinfo(&r.text)
+        .write(&other, &opts(Format::Elf, 4, 1, 1), &mut Squatter(&other))
+        .unwrap_err();
+    assert!(matches!(e, DumpError::Stopped { .. }), "{e}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"not a dump");
+    let partial = rebound_dump::write::partial_path(&other);
+    assert_eq!(std::fs::read(&partial).unwrap(), before);
+}

@@ -12,6 +12,7 @@ mod byo_kernel;
 mod cluster_daemons;
 mod cluster_net;
 mod crash_recovery;
+mod daemon_death;
 mod evict;
 mod files;
 mod hcache_stress;

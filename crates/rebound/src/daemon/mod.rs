@@ -9,7 +9,9 @@
 //! - [`guest`]: reading the guest from the host (VMCOREINFO).
 //! - [`crashes`]: crash reports read back from disk.
 //! - [`metrics`]: counters and gauges for operators.
+//! - [`replace`]: a start over a stopped VM's name; QEMUs no record owns.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
+//! - [`fault`]: `REBOUND_FAULT`, the daemon killing itself at a named step (tests).
 //! - [`cluster`]: cluster restores across daemons (`rebound-coord`): the cohort over
 //!   TCP, the API relay, the coordinator endpoint.
 //! - [`api`]: HTTP routes.
@@ -18,10 +20,12 @@ pub mod api;
 pub mod cluster;
 pub mod crashes;
 pub mod error;
+pub mod fault;
 pub mod guest;
 pub mod metrics;
 pub mod mrc;
 pub mod plan;
+pub mod replace;
 pub mod server;
 pub mod state;
 pub mod vm;

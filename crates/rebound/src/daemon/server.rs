@@ -94,6 +94,7 @@ fn answers(socket: &Path) -> bool {
 /// Runs the daemon in the foreground until shut down.
 pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<(), ServerError> {
     private::restrict_umask();
+    super::fault::init();
     // The run dir's default is a predictable path in the shared /dev/shm: anyone may
     // have made it first, or made it a link to where they can read guest RAM.
     private::own_dir(&paths.run)?;

@@ -229,16 +229,30 @@ impl Daemon {
             vms.insert(name.to_string(), h.clone());
             (h, jobs, previous)
         };
+        // A stopped VM of that name keeps its record and disks until the new one
+        // runs (`replace`).
+        if previous.is_some() {
+            if let Err(e) = super::replace::set_aside(&vm.dir) {
+                let mut vms = self.vms.lock().expect("vms lock");
+                if let Some(old) = previous {
+                    vms.insert(old.name.clone(), old);
+                }
+                return Err(OpError::Internal(super::error::chain(&e)));
+            }
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         start_owner(self, vm.clone(), jobs, init(tx));
         let result = rx
             .await
             .unwrap_or_else(|_| Err(OpError::OwnerGone(vm.name.clone())));
-        if result.is_err() {
+        if result.is_ok() {
+            super::replace::drop_aside(&vm.dir);
+        } else {
             let mut vms = self.vms.lock().expect("vms lock");
             match previous {
                 // A stopped VM of that name stays as it was.
                 Some(old) => {
+                    super::replace::put_back(&old.dir);
                     if let Err(e) = old.record().save(&old.dir.record()) {
                         tracing::error!(vm = %old.name, "{}", super::error::chain(&e));
                     }
@@ -259,16 +273,49 @@ impl Daemon {
         let Ok(entries) = std::fs::read_dir(self.paths.vms_dir()) else {
             return;
         };
-        let mut pending = Vec::new();
+        let mut records = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let rec = match VmRecord::load(&self.paths.vm(&name).record()) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(vm = %name, "skipping VM: {}", super::error::chain(&e));
-                    continue;
+            let dir = self.paths.vm(&name);
+            let mut rec = VmRecord::load(&dir.record());
+            if super::replace::pending(&dir) {
+                // A start over a stopped VM's name was under way: if it never
+                // answered, its QEMU (killed below, owned by no record) and files
+                // go and the stopped VM comes back; if it did, the old files go.
+                let unfinished = rec.as_ref().map_or(true, |r| {
+                    matches!(r.state, VmState::Starting | VmState::Restoring)
+                });
+                if unfinished {
+                    super::replace::put_back(&dir);
+                    rec = VmRecord::load(&dir.record());
+                } else {
+                    super::replace::drop_aside(&dir);
                 }
-            };
+            }
+            match rec {
+                Ok(r) => records.push((name, r)),
+                Err(e) => tracing::warn!(vm = %name, "skipping VM: {}", super::error::chain(&e)),
+            }
+        }
+        // QEMUs that no record owns: started by a daemon that died before it
+        // recorded them (they never ran guest code), or a settle's second QEMU.
+        let owned: Vec<u32> = records
+            .iter()
+            .filter(|(_, r)| r.state.has_qemu())
+            .filter_map(|(_, r)| r.qemu_pid)
+            .collect();
+        for (run, _) in super::replace::kill_unowned(&self.paths, &owned).await {
+            // The run dir of a VM that runs no QEMU any more holds only that QEMU's
+            // RAM and sockets.
+            let live = records
+                .iter()
+                .any(|(n, r)| r.state.has_qemu() && run == self.paths.run_dir(n).path());
+            if !live {
+                let _ = std::fs::remove_dir_all(&run);
+            }
+        }
+        let mut pending = Vec::new();
+        for (name, rec) in records {
             let live = rec.state.has_qemu();
             let (vm, jobs) = VmHandle::new(&self.paths, rec);
             self.vms.lock().expect("vms lock").insert(name, vm.clone());

@@ -224,6 +224,10 @@ impl Env {
         self.extra_env.push((k.to_string(), v.to_string()));
     }
 
+    pub fn unset_env(&mut self, k: &str) {
+        self.extra_env.retain(|(key, _)| key != k);
+    }
+
     /// The daemon's pid from /v1/health.
     pub fn daemon_pid(&self) -> u32 {
         self.get_ok("GET", "/v1/health", None)["pid"]

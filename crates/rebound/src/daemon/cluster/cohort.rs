@@ -131,6 +131,7 @@ impl CohortVms for DaemonVms {
             ));
         }
         self.held().insert(key(restore_id, vm));
+        crate::daemon::fault::point("cohort:held");
         Ok(LoadInfo {
             pages: report.pages_loaded_before_start,
             load_s: t.elapsed().as_secs_f64(),

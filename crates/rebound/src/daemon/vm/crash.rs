@@ -342,7 +342,22 @@ impl Owner {
         let rec = self.vm.record();
         let policy = report.policy.clone();
         let crashed_ram = self.paths.crashed_ram(&self.vm.name, &report.id);
-        let dump_unfinished = report.dump_path.is_some() && report.dump_s.is_none();
+        let mut dump_unfinished = report.dump_path.is_some() && report.dump_s.is_none();
+        if dump_unfinished && finished_dump(&mut report)? {
+            dump_unfinished = false;
+        }
+        if !dump_unfinished {
+            if let Some(out) = &report.dump_path {
+                // Finished: what an earlier daemon kept for it is no longer needed.
+                let out = Path::new(out);
+                let _ = std::fs::remove_file(&crashed_ram);
+                let _ = std::fs::remove_file(rebound_dump::write::partial_path(out));
+                let mut n = 1;
+                while std::fs::remove_file(resume_path(out, n)).is_ok() {
+                    n += 1;
+                }
+            }
+        }
         if dump_unfinished && !crashed_ram.exists() {
             return Err(format!("its RAM file {} is gone", crashed_ram.display()));
         }
@@ -642,6 +657,9 @@ impl Owner {
             Some(DumpProgress::Done(r)) => r,
             None => Err("the dump task ended without reporting".to_string()),
         };
+        if done.is_ok() {
+            crate::daemon::fault::point("crash:after-rename");
+        }
         h.progress = None;
         self.release_held_loader();
         let h = self.crash.as_mut().expect("crash handling");
@@ -657,12 +675,6 @@ impl Owner {
                 h.report.pages_written = Some(d.pages_written);
                 h.report.pages_skipped = d.pages_skipped;
                 h.report.notes.extend(d.notes);
-                // Everything is in the dump: the crashed memory and the partial dumps
-                // of earlier daemons are no longer needed.
-                let _ = std::fs::remove_file(&h.crashed_ram);
-                for p in h.earlier.drain(..) {
-                    let _ = std::fs::remove_file(p);
-                }
                 (Some(d.bytes), None)
             }
             Err(e) => {
@@ -678,6 +690,13 @@ impl Owner {
         let id = h.report.id.clone();
         let d = h.dumped_bytes;
         sample(h, d, Some("dump finished"));
+        if bytes.is_some() {
+            // Everything is in the dump: once the report says so, the crashed
+            // memory and the partial dumps of earlier daemons go.
+            self.save_report();
+            crate::daemon::fault::point("crash:after-report");
+            discard_dumped(self.crash.as_mut().expect("crash handling"));
+        }
         self.event(EventData::DumpFinished {
             id,
             bytes,
@@ -890,6 +909,51 @@ impl Owner {
         if let Err(e) = rebound_vmm::private::write_atomic(&h.dir.join("report.json"), &data) {
             tracing::error!(vm = %self.vm.name, "cannot save the crash report: {e}");
         }
+    }
+}
+
+/// A dump the report says is unfinished may have been finished by the daemon that
+/// stopped (renamed into place, not yet reported): the file at the dump's path says
+/// so, since a dump is only ever renamed there whole and flushed. `Ok(true)`: it is
+/// finished, and the report now says what the file holds; `Ok(false)`: nothing is
+/// there, resume it; `Err`: something that is not a whole dump is there, which is
+/// never replaced.
+fn finished_dump(report: &mut CrashReport) -> Result<bool, String> {
+    let Some(out) = report.dump_path.clone() else {
+        return Ok(false);
+    };
+    if std::fs::symlink_metadata(&out).is_err() {
+        return Ok(false);
+    }
+    let info = rebound_dump::inspect(&out).map_err(|e| {
+        format!(
+            "{out} is there but is no dump ({}); it is kept as it is",
+            crate::daemon::error::chain(&e)
+        )
+    })?;
+    if !info.complete {
+        return Err(format!(
+            "its dump {out} is there but damaged ({}); it is kept as it is",
+            info.problems.join("; ")
+        ));
+    }
+    // dump_s counts from the crash: when it finished is not known, only that it
+    // had by now.
+    report.dump_s = Some(mono_ns().saturating_sub(report.crashed_mono_ns) as f64 / 1e9);
+    report.dump_bytes = Some(info.file_bytes);
+    report.pages_written = Some(info.pages_dumped);
+    report
+        .notes
+        .push("the dump was finished before the daemon stopped: recognised from the file".into());
+    Ok(true)
+}
+
+/// Removes what a finished dump holds: the crashed RAM and the partial dumps of
+/// earlier daemons.
+fn discard_dumped(h: &mut Handling) {
+    let _ = std::fs::remove_file(&h.crashed_ram);
+    for p in h.earlier.drain(..) {
+        let _ = std::fs::remove_file(p);
     }
 }
 

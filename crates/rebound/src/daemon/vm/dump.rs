@@ -109,6 +109,13 @@ impl Progress for Punch<'_> {
         self.last = (written, std::time::Instant::now());
     }
 
+    fn renaming(&mut self) {
+        // A crash's dump (the one that reports to the owner).
+        if self.tx.is_some() {
+            crate::daemon::fault::point("crash:before-rename");
+        }
+    }
+
     fn durable(&mut self, gpa: Range<u64>) {
         self.durable += gpa.end - gpa.start;
         self.punch(gpa);

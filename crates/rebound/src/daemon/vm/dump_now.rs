@@ -31,6 +31,12 @@ impl Owner {
                 req.out
             )));
         }
+        if out.symlink_metadata().is_ok() {
+            return Err(OpError::BadRequest(format!(
+                "{} already exists: a dump never replaces a file",
+                out.display()
+            )));
+        }
         let parent = out.parent().unwrap_or(std::path::Path::new("/"));
         if !parent.is_dir() {
             return Err(OpError::BadRequest(format!(
@@ -108,7 +114,7 @@ impl Owner {
             .map_err(|e| OpError::Io(format!("cannot open {}", partial.display()), e))?;
         f.sync_all()
             .map_err(|e| OpError::Io(format!("cannot flush {}", partial.display()), e))?;
-        std::fs::rename(&partial, out)
+        rebound_dump::write::rename_noreplace(&partial, out)
             .map_err(|e| OpError::Io(format!("cannot rename to {}", out.display()), e))?;
         let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
         Ok(DumpResult {

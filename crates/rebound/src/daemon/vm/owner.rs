@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use super::machine::{next, Trigger};
 use super::{Done, Job, Request, VmHandle};
 use crate::daemon::error::OpError;
+use crate::daemon::fault;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::state::Daemon;
 
@@ -205,7 +206,28 @@ impl Owner {
                 // A crash whose dump ran with no QEMU left (dump-then-recover): only
                 // the crash is taken over.
                 let dumping_only = rec.state == VmState::Dumping && rec.qemu_pid.is_none();
-                if !dumping_only {
+                // A start or restore that never answered: its QEMU (paused before
+                // its first instruction, or still loading) goes, the VM is stopped.
+                let unfinished = matches!(rec.state, VmState::Starting | VmState::Restoring);
+                if unfinished {
+                    if let Some(pid) = rec.qemu_pid {
+                        if process::is_our_qemu(pid, &rec.run_dir) {
+                            process::sigkill(pid);
+                            process::wait_gone(pid, Duration::from_secs(10)).await;
+                        }
+                    }
+                    self.finish(EventData::Stopped {
+                        how: Some("sigkill".into()),
+                        reason: Some(format!(
+                            "the daemon stopped while this VM was {}; the next daemon ended it",
+                            if rec.state == VmState::Starting {
+                                "starting"
+                            } else {
+                                "restoring"
+                            }
+                        )),
+                    });
+                } else if !dumping_only {
                     if let Err(why) = self.reattach().await {
                         self.finish(EventData::Stopped {
                             how: None,
@@ -341,15 +363,21 @@ impl Owner {
 
     /// Spawns QEMU as `res` says, records it and takes over its QMP session and
     /// agent link (`query_state`: apply QEMU's run state at once; a restore moves
-    /// its state itself).
+    /// its state itself). QEMU always starts with its vCPUs stopped (`-S`) and runs
+    /// guest code only once its pid is in the record (a `cont` here, or the
+    /// restore's own start): a daemon that dies in between leaves a QEMU that the
+    /// next daemon finds, by the record or the run dir's pidfile, before it ran.
     pub(super) async fn spawn_resolved(
         &mut self,
         spec: &VmSpec,
-        res: Resolved,
+        mut res: Resolved,
         recovering: bool,
         query_state: bool,
     ) -> Result<VmStatus, OpError> {
         let run = self.vm.run.clone();
+        let restore = res.command.incoming.is_some();
+        let run_after = !res.command.paused;
+        res.command.paused = true;
         let args = res.command.args()?;
         let blk = self.ensure_backends(&res.backends).await?;
         let group = self.qemu_group(recovering);
@@ -364,6 +392,11 @@ impl Owner {
         };
         let pid = child.id().unwrap_or(0);
         self.child = Some(child);
+        fault::point(if restore {
+            "restore:spawned"
+        } else {
+            "start:spawned"
+        });
         let t0 = mono_ns();
         let prev_state = self.vm.record().state;
         self.vm.update(|r| {
@@ -396,6 +429,11 @@ impl Owner {
             // A new QEMU has all the memory it boots with.
             r.allocation_mib = None;
         });
+        fault::point(if restore {
+            "restore:recorded"
+        } else {
+            "start:recorded"
+        });
         if recovering {
             self.apply(Trigger::RecoveryBegins);
         }
@@ -419,6 +457,18 @@ impl Owner {
                 return Err(OpError::QemuFailed(msg));
             }
         };
+        if run_after {
+            if let Err(e) = qmp.execute("cont", None).await {
+                process::sigkill(pid);
+                self.reap(pid).await;
+                let msg = format!("QEMU did not start its vCPUs: {e}");
+                self.finish(EventData::Exited {
+                    exit_code: None,
+                    error: Some(msg.clone()),
+                });
+                return Err(OpError::QemuFailed(msg));
+            }
+        }
         if query_state {
             let st = qmp.run_state().await.unwrap_or_else(|_| "running".into());
             self.apply(Trigger::QemuStatus(&st));

@@ -415,6 +415,7 @@ impl Owner {
             Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),
         )
         .await?;
+        crate::daemon::fault::point("restore:loading");
         wait_migration(&q, "loading the device state").await?;
         if let Some(what) = stamp.as_ref().and_then(ImageStamp::change) {
             return Err(OpError::SnapshotInput(what));

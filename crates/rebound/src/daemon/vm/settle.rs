@@ -102,6 +102,7 @@ impl Owner {
             rebound_vmm::process::spawn_qemu(&qemu, &args, &side.join("qemu.log"), group.as_ref())
                 .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
         let new_pid = child.id().unwrap_or(0);
+        crate::daemon::fault::point("settle:spawned");
         let connected =
             Self::connect_qmp(&side.join("qmp.sock"), &side.join("qemu.log"), new_pid).await;
         let (dq, devents) = match connected {
@@ -172,6 +173,7 @@ impl Owner {
         let _ = src.execute("quit", None).await;
         let _ = rebound_vmm::process::wait_gone(old_pid, Duration::from_secs(10)).await;
         self.reap(old_pid).await;
+        crate::daemon::fault::point("settle:migrated");
         if let Some(r) = self.restore.take() {
             r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }

@@ -1,0 +1,272 @@
+//! The daemon dies at the worst moments (`REBOUND_FAULT` makes it SIGKILL itself at
+//! a named step) and the next daemon finds everything as a user expects: a crash
+//! dump that is whole and never overwritten, no QEMU that `vm list` does not show,
+//! and the disk of a stopped VM whose name a dying start or restore reused intact.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{eventually, Env};
+use serde_json::Value;
+
+/// Restarts the daemon with the fault `step` armed; returns its pid.
+fn arm(env: &mut Env, step: &str) -> u32 {
+    env.kill_daemon();
+    env.set_env("REBOUND_FAULT", step);
+    env.ok(&["vm", "list"]);
+    env.daemon_pid()
+}
+
+/// Waits for the armed daemon `pid` to have killed itself.
+fn wait_dead(pid: u32, step: &str) {
+    eventually(
+        Duration::from_secs(120),
+        &format!("the daemon to die at {step}"),
+        || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z');
+            (stat.is_empty() || zombie).then_some(())
+        },
+    );
+}
+
+/// Starts a daemon without the fault.
+fn restart(env: &mut Env) {
+    env.unset_env("REBOUND_FAULT");
+    env.ok(&["vm", "list"]);
+}
+
+/// Waits for the armed daemon `pid` to have killed itself, then starts a plain one.
+fn died(env: &mut Env, pid: u32, step: &str) {
+    wait_dead(pid, step);
+    restart(env);
+}
+
+/// Every QEMU running on this test's run dir is one `vm list` shows.
+fn no_hidden_qemu(env: &Env) {
+    let (_, vms) = env.call("GET", "/v1/vms", None).unwrap();
+    let listed: Vec<u64> = vms
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["qemu_pid"].as_u64())
+        .collect();
+    let run = env.run.path().to_string_lossy().to_string();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        let qemu = cmd.starts_with("qemu-system") || cmd.contains("/qemu-system");
+        if qemu && cmd.contains(&run) {
+            assert!(
+                listed.contains(&pid),
+                "QEMU {pid} runs but vm list shows only {listed:?}: {vms}"
+            );
+        }
+    }
+}
+
+fn report(env: &Env, name: &str) -> Value {
+    eventually(Duration::from_secs(180), "the crash to be handled", || {
+        let (code, r) = env
+            .call("GET", &format!("/v1/vms/{name}/crashes/latest"), None)
+            .ok()?;
+        (code == 200 && (r["phase"] == "done" || r["phase"] == "failed")).then_some(r)
+    })
+}
+
+fn osrelease(dump: &str, step: &str) -> String {
+    let out = Command::new("crash")
+        .args(["--osrelease", dump])
+        .output()
+        .expect("run crash (Debian package crash)");
+    let rel = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success() && rel.contains("amd64"),
+        "{step}: crash --osrelease {dump}: {rel} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rel
+}
+
+#[test]
+fn a_crash_dump_is_whole_and_kept_whatever_step_the_daemon_dies_at() {
+    let mut env = Env::new();
+    env.ok(&[
+        "vm",
+        "start",
+        "c1",
+        "--memory",
+        "192M",
+        "--on-crash",
+        "dump-then-recover",
+        "--filter",
+        "zero,free",
+    ]);
+    let ready = "/v1/vms/c1/wait?for=ready&timeout_ms=120000";
+    env.get_ok("POST", ready, None);
+    let mut ids = Vec::new();
+    for step in [
+        "crash:before-rename",
+        "crash:after-rename",
+        "crash:after-report",
+    ] {
+        let daemon = arm(&mut env, step);
+        env.get_ok("POST", ready, None);
+        env.ok(&["vm", "crash", "c1"]);
+        wait_dead(daemon, step);
+        // What the dead daemon had renamed into place, if anything, is never
+        // written again (read before a new daemon can touch it).
+        let crashes = env.home.path().join("vms/c1/crashes");
+        let mut dirs: Vec<_> = std::fs::read_dir(&crashes)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        let r: Value = serde_json::from_slice(
+            &std::fs::read(dirs.last().unwrap().join("report.json")).unwrap(),
+        )
+        .unwrap();
+        let dump = r["dump_path"].as_str().unwrap().to_string();
+        let before = std::fs::read(&dump).ok();
+        assert_eq!(
+            before.is_some(),
+            step != "crash:before-rename",
+            "{step}: {r}"
+        );
+        restart(&mut env);
+
+        let r = report(&env, "c1");
+        assert_eq!(r["phase"], "done", "{step}: {r}");
+        assert!(!ids.contains(&r["id"]), "{step}: a new crash: {r}");
+        ids.push(r["id"].clone());
+        if let Some(b) = &before {
+            assert!(
+                std::fs::read(&dump).unwrap() == *b,
+                "{step}: the dump changed"
+            );
+        }
+        osrelease(&dump, step);
+        let text = env.ok(&["crash", "report", "c1"]);
+        assert!(!text.contains("damaged"), "{step}: {text}");
+        // Nothing of the crash is left on tmpfs, nor beside the dump.
+        let left: Vec<_> = std::fs::read_dir(env.run.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains(".crash-"))
+            .collect();
+        assert!(left.is_empty(), "{step}: {left:?}");
+        let dir = Path::new(&dump).parent().unwrap();
+        let extra: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains(".partial") || n.contains(".resume"))
+            .collect();
+        assert!(extra.is_empty(), "{step}: {extra:?}");
+        // The recovery VM serves again (and is the guest of the next step).
+        env.get_ok("POST", ready, None);
+        no_hidden_qemu(&env);
+    }
+}
+
+#[test]
+fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
+    let mut env = Env::new();
+    env.ok(&["vm", "start", "old", "--workload", "kv", "--memory", "192M"]);
+    env.get_ok("POST", "/v1/vms/old/wait?for=ready&timeout_ms=120000", None);
+    let snap = env.home.path().join("snap-old");
+    let d = snap.to_str().unwrap().to_string();
+    env.ok(&["vm", "snapshot", "old", "--out", &d, "--trace-s", "0"]);
+    env.ok(&["vm", "stop", "old"]);
+    let disk = env.home.path().join("vms/old/disk0.qcow2");
+    let bytes = std::fs::read(&disk).unwrap();
+    let intact = |env: &Env, what: &str| {
+        assert_eq!(env.status("old")["state"], "stopped", "{what}");
+        assert!(
+            std::fs::read(&disk).ok().as_ref() == Some(&bytes),
+            "{what}: the stopped VM's disk changed"
+        );
+        no_hidden_qemu(env);
+    };
+
+    // A start and a restore over the stopped VM's name, the daemon killed at each
+    // step: the stopped VM is back as it was, and no QEMU runs unseen.
+    let start = ["vm", "start", "old", "--workload", "kv", "--memory", "192M"];
+    let restore = ["vm", "restore", &d, "--name", "old", "--mode", "lazy"];
+    for (step, cmd) in [
+        ("start:spawned", &start[..]),
+        ("start:recorded", &start[..]),
+        ("restore:spawned", &restore[..]),
+        ("restore:recorded", &restore[..]),
+        ("restore:loading", &restore[..]),
+    ] {
+        let daemon = arm(&mut env, step);
+        let o = env.rebound(cmd);
+        assert!(!o.status.success(), "{step}: the start answered");
+        died(&mut env, daemon, step);
+        intact(&env, step);
+    }
+    // A restore that fails by itself over that name leaves it too.
+    let bad = env.home.path().join("snap-bad");
+    let st = Command::new("cp")
+        .args(["-a", &d])
+        .arg(&bad)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Made on another machine type: found out once its QEMU is up.
+    let manifest = bad.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["machine"] = "pc-i440fx-2.0".into();
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    env.fails(&["vm", "restore", bad.to_str().unwrap(), "--name", "old"]);
+    intact(&env, "a failed restore");
+
+    // Settling onto shared RAM starts a second QEMU: killed with the daemon before
+    // the record names it, it does not run on unseen.
+    for (name, step) in [("s1", "settle:spawned"), ("s2", "settle:migrated")] {
+        let daemon = arm(&mut env, step);
+        // The settle begins once the watch window is over, which may be before the
+        // CLI has its answer: whether it does is not the point.
+        let _ = env.rebound(&[
+            "vm",
+            "restore",
+            &d,
+            "--name",
+            name,
+            "--mode",
+            "lazy",
+            "--watch-s",
+            "1",
+        ]);
+        died(&mut env, daemon, step);
+        no_hidden_qemu(&env);
+        assert!(!env.run.path().join(name).join("settle").exists(), "{step}");
+        let st = env.status(name);
+        match step {
+            // The restored QEMU still holds the guest, which answers.
+            "settle:spawned" => {
+                assert_eq!(st["state"], "running", "{step}: {st}");
+                let port = env.host_port(name, 7070);
+                assert_eq!(common::kv(port, "GET nothing").unwrap(), "NOTFOUND");
+            }
+            // The guest had moved into the QEMU nobody recorded: it is stopped,
+            // not left running where nothing shows it.
+            _ => assert_eq!(st["state"], "stopped", "{step}: {st}"),
+        }
+    }
+    intact(&env, "the end");
+}

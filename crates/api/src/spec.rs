@@ -36,7 +36,7 @@ pub enum SpecError {
     AgentWithoutImage,
     #[error("--workload needs an image with the guest agent")]
     WorkloadWithoutImage,
-    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer or none")]
+    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer, flood or none")]
     Workload(String),
     #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds, io_rounds, evict, evict_misbehave or peers, peer_port, peer_hb_ms, peer_dead_ms, peer_req_ms, peer_req_bytes")]
     WorkloadArg(String),
@@ -189,6 +189,10 @@ pub enum Workload {
     /// (`peers`, `peer_port`, `peer_hb_ms`, `peer_dead_ms`, `peer_req_ms`,
     /// `peer_req_bytes`) and answers host clients' `QUERY`.
     Peer,
+    /// Behaves as a hostile guest: writes its serial console and the agent channel
+    /// as fast as it can (`error` lines, `ready` with a new eviction ring each time),
+    /// to show what the host holds to a limit.
+    Flood,
     None,
 }
 
@@ -201,6 +205,7 @@ impl Workload {
             Workload::Counter => "counter",
             Workload::Io => "io",
             Workload::Peer => "peer",
+            Workload::Flood => "flood",
             Workload::None => "none",
         }
     }
@@ -226,6 +231,7 @@ impl FromStr for Workload {
             "counter" => Workload::Counter,
             "io" => Workload::Io,
             "peer" => Workload::Peer,
+            "flood" => Workload::Flood,
             "none" => Workload::None,
             _ => return Err(SpecError::Workload(s.to_string())),
         })

@@ -14,6 +14,7 @@ mod cluster_net;
 mod crash_recovery;
 mod evict;
 mod files;
+mod flood;
 mod hcache_stress;
 mod host_cache;
 mod memory_plan;

@@ -658,10 +658,13 @@ impl VmSpec {
                             && v.starts_with("pmem")
                             && v.as_bytes()[4].is_ascii_digit())
                 }
+                // It goes on the guest's kernel command line: no space or control
+                // character may start another parameter there.
                 "io_target" => {
                     (v.starts_with("/data/") || v.starts_with("/dev/vd"))
                         && !v.contains("..")
                         && v.len() < 64
+                        && v.bytes().all(|b| b.is_ascii_graphic())
                 }
                 "io_seconds" => v.parse::<u32>().is_ok_and(|n| (1..=3600).contains(&n)),
                 "io_delay_s" => v.parse::<u32>().is_ok_and(|n| n <= 3600),
@@ -853,6 +856,9 @@ mod tests {
             ("io_dir", "/data/../etc", false),
             ("io_dir", "/data/", false),
             ("io_dir", "/data/a b", false),
+            ("io_target", "/data/io.bin", true),
+            ("io_target", "/data/x rebound.workload=flood", false),
+            ("io_target", "/data/x\tinit=/bin/sh", false),
             ("io_pattern", "class", true),
             ("io_pattern", "zipfian", false),
             ("io_zipf", "0.8", true),

@@ -128,7 +128,7 @@ fn a_flooding_guest_stays_within_its_caps() {
         .max()
         .unwrap_or_else(|| panic!("no flood line in the log's tail: {tail:?}"));
     assert!(
-        last_line * 200 > 2 * SERIAL_CAP,
+        last_line * 200 > SERIAL_CAP,
         "the guest wrote only {last_line} console lines"
     );
     let default_tail = env.get_ok("GET", "/v1/vms/flood1/logs", None);
@@ -159,6 +159,12 @@ fn a_flooding_guest_stays_within_its_caps() {
         .collect();
     assert_eq!(seqs, (first + 1..first + 11).collect::<Vec<_>>());
 
+    eprintln!(
+        "flood: {last_line} console lines, {dropped} agent messages dropped; serial log {} B, \
+         events {} B; daemon RSS {rss0} -> max {rss_max} kB, threads {threads0} -> max {threads_max}",
+        on_disk(&serial),
+        on_disk(&events)
+    );
     // Bounded: the daemon did not keep what the guest sent, nor start a reader for
     // every ring it announced.
     assert!(

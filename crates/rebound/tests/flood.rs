@@ -87,11 +87,8 @@ fn a_flooding_guest_stays_within_its_caps() {
         std::thread::sleep(Duration::from_secs(3));
         rss_max = rss_max.max(proc_status(pid, "VmRSS"));
         threads_max = threads_max.max(proc_status(pid, "Threads"));
-        assert!(
-            on_disk(&serial) <= SERIAL_CAP,
-            "serial log {}",
-            on_disk(&serial)
-        );
+        let s = on_disk(&serial);
+        assert!(s > 0 && s <= SERIAL_CAP, "serial log {s} B");
         assert!(
             on_disk(&events) <= EVENTS_CAP,
             "event log {}",
@@ -168,7 +165,7 @@ fn a_flooding_guest_stays_within_its_caps() {
     // Bounded: the daemon did not keep what the guest sent, nor start a reader for
     // every ring it announced.
     assert!(
-        rss_max < rss0 + 48 * 1024,
+        rss_max < rss0 + 24 * 1024,
         "daemon RSS grew from {rss0} kB to {rss_max} kB"
     );
     assert!(

@@ -663,12 +663,14 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap(), AgentMsg::Throttled { dropped: 50 });
         assert_eq!(rx.try_recv().unwrap(), hb(0));
         // A supervisor that does not read: the queue stays bounded.
-        let t3 = t + Duration::from_secs(5);
-        for i in 0..(QUEUE as u64 + 10) {
-            let _ = a.offer(&tx, hb(i), t3).unwrap();
+        for w in 0..2u64 {
+            let tw = t + Duration::from_secs(5) + Duration::from_millis(1100 * w);
+            for i in 0..RATE as u64 {
+                let _ = a.offer(&tx, hb(i), tw).unwrap();
+            }
         }
         assert_eq!(tx.capacity(), 0);
-        assert_eq!(a.dropped, 10);
+        assert_eq!(a.dropped, 2 * RATE as u64 - QUEUE as u64);
         // `ready` has its own, lower rate.
         let mut b = Admission::new();
         let (tx, _rx) = channel();

@@ -571,6 +571,7 @@ static void spawn(struct child *ch)
 		case WL_IO: rc = wl_io(&ctx); break;
 		case WL_COUNTER: rc = wl_counter(&ctx); break;
 		case WL_PEER: rc = wl_peer(&ctx); break;
+		case WL_FLOOD: rc = wl_flood(&ctx); break;
 		}
 		_exit(rc);
 	}

@@ -24,7 +24,7 @@ int path_segments_ok(const char *p);
 
 /* ---- config.c: kernel command line ---- */
 #define MAX_WORKLOADS 4
-enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO, WL_PEER };
+enum workload_kind { WL_WEB, WL_KV, WL_MEMFILL, WL_COUNTER, WL_IO, WL_PEER, WL_FLOOD };
 #define IO_MAX_PHASES 8
 #define FILES_MAX 100000 /* f00000..f99999 */
 enum files_pattern { FP_SEQ, FP_RANDOM, FP_ZIPF, FP_CLASS };
@@ -157,6 +157,7 @@ int wl_counter(struct wl_ctx *ctx);
 int wl_io(struct wl_ctx *ctx);
 int wl_files(struct wl_ctx *ctx); /* wl_io with rebound.io_files set */
 int wl_peer(struct wl_ctx *ctx);
+int wl_flood(struct wl_ctx *ctx);
 /* The peer workload's stateless replies (HB, REQ, anything unknown), exposed for the unit
  * tests: writes the reply line into out and returns 0, or returns -1 for lines the caller
  * handles itself (QUERY, STATS). */

@@ -89,6 +89,7 @@ const char *workload_name(enum workload_kind k)
 	case WL_COUNTER: return "counter";
 	case WL_IO: return "io";
 	case WL_PEER: return "peer";
+	case WL_FLOOD: return "flood";
 	}
 	return "?";
 }
@@ -117,6 +118,8 @@ static int parse_workloads(const char *v, struct config *cfg)
 			k = WL_IO;
 		else if (strcmp(tok, "peer") == 0)
 			k = WL_PEER;
+		else if (strcmp(tok, "flood") == 0)
+			k = WL_FLOOD;
 		else
 			return -1;
 		for (int i = 0; i < cfg->nworkloads; i++)

@@ -193,6 +193,8 @@ static void test_sizes_and_cmdline(void)
 	CHECK(parse_cmdline("a rebound.workload=kv rebound.port=9000 rebound.memfill=1G rebound.counter_hz=50 b\n", &cfg, err, sizeof(err)) == 0);
 	CHECK(cfg.nworkloads == 1 && cfg.workloads[0] == WL_KV && service_port(&cfg) == 9000);
 	CHECK(cfg.memfill_bytes == 1ULL << 30 && cfg.counter_hz == 50 && cfg.disk_io_bytes == 0);
+	CHECK(parse_cmdline("rebound.workload=flood", &cfg, err, sizeof(err)) == 0);
+	CHECK(cfg.nworkloads == 1 && cfg.workloads[0] == WL_FLOOD && service_port(&cfg) == 0);
 	CHECK(parse_cmdline("rebound.workload=web rebound.disk_io=200M", &cfg, err, sizeof(err)) == 0);
 	CHECK(cfg.disk_io_bytes == 200ULL << 20);
 	CHECK(parse_cmdline("rebound.workload=web rebound.disk_io=lots", &cfg, err, sizeof(err)) == 1);

@@ -2,7 +2,7 @@
 //! the answer of `GET /v1/vms/{name}/events`.
 //!
 //! Format, version [`EVENT_LOG_VERSION`]:
-//! `{"v":1,"wall":"<RFC 3339>","mono_ns":<CLOCK_MONOTONIC ns>,"kind":"<kind>","detail":{...}}`.
+//! `{"v":1,"seq":<n>,"wall":"<RFC 3339>","mono_ns":<CLOCK_MONOTONIC ns>,"kind":"<kind>","detail":{...}}`.
 //! `kind` names one variant of [`EventData`] and `detail` holds its fields (absent for
 //! kinds without fields). Lines written before versioning have no `v` (read as 0)
 //! and the same kinds and fields. A reader skips lines it cannot parse (a torn last
@@ -22,6 +22,11 @@ pub struct Event {
     /// Format version of this line (0: before versioning).
     #[serde(default)]
     pub v: u32,
+    /// Position in the VM's log, from 1, never reused (the log is rotated: the
+    /// oldest lines go); `GET .../events?since=SEQ` pages by it. 0 in lines written
+    /// before it existed.
+    #[serde(default)]
+    pub seq: u64,
     /// Wall-clock time, RFC 3339 with milliseconds.
     pub wall: String,
     /// CLOCK_MONOTONIC nanoseconds: exact intervals even if the wall clock jumps.
@@ -98,6 +103,9 @@ pub enum EventData {
     },
     /// The agent reported an error.
     AgentError { message: String },
+    /// The agent sent more than its VM's rate allows: `dropped` messages were
+    /// dropped since the last such event (written at most once per window).
+    AgentThrottled { dropped: u64 },
     /// A crash was requested, through the agent (`sysrq`) or an NMI.
     CrashRequested { via: String },
     /// The agent wrote a marker into guest RAM.
@@ -290,6 +298,7 @@ impl EventData {
             EventData::Balloon { .. } => "balloon",
             EventData::Memfill { .. } => "memfill",
             EventData::AgentError { .. } => "agent_error",
+            EventData::AgentThrottled { .. } => "agent_throttled",
             EventData::CrashRequested { .. } => "crash_requested",
             EventData::Marker { .. } => "marker",
             EventData::Stopped { .. } => "stopped",
@@ -318,7 +327,7 @@ impl EventData {
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 37] = [
+    pub const KINDS: [&'static str; 38] = [
         "started",
         "reattached",
         "agent_ready",
@@ -332,6 +341,7 @@ impl EventData {
         "balloon",
         "memfill",
         "agent_error",
+        "agent_throttled",
         "crash_requested",
         "marker",
         "stopped",
@@ -392,6 +402,7 @@ mod tests {
     fn ev(data: EventData) -> Event {
         Event {
             v: EVENT_LOG_VERSION,
+            seq: 3,
             wall: "2026-11-23T00:00:00.000Z".into(),
             mono_ns: 7,
             data,
@@ -404,7 +415,7 @@ mod tests {
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(
             v,
-            json!({"v":1,"wall":"2026-11-23T00:00:00.000Z","mono_ns":7,"kind":"killed","detail":{"pid":9}})
+            json!({"v":1,"seq":3,"wall":"2026-11-23T00:00:00.000Z","mono_ns":7,"kind":"killed","detail":{"pid":9}})
         );
         let e2: Event = serde_json::from_value(v).unwrap();
         assert_eq!(e2, e);

@@ -36,7 +36,7 @@ pub enum SpecError {
     AgentWithoutImage,
     #[error("--workload needs an image with the guest agent")]
     WorkloadWithoutImage,
-    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer or none")]
+    #[error("unknown workload {0:?}: expected web, kv, memfill, counter, io, peer, flood or none")]
     Workload(String),
     #[error("unknown workload argument {0:?}: expected memfill, disk_io, counter_hz, port, watchdog_s, io, io_target, io_size, io_bs, io_direct, io_seconds, io_rounds, evict, evict_misbehave or peers, peer_port, peer_hb_ms, peer_dead_ms, peer_req_ms, peer_req_bytes")]
     WorkloadArg(String),
@@ -189,6 +189,10 @@ pub enum Workload {
     /// (`peers`, `peer_port`, `peer_hb_ms`, `peer_dead_ms`, `peer_req_ms`,
     /// `peer_req_bytes`) and answers host clients' `QUERY`.
     Peer,
+    /// Behaves as a hostile guest: writes its serial console and the agent channel
+    /// as fast as it can (`error` lines, `ready` with a new eviction ring each time),
+    /// to show what the host holds to a limit.
+    Flood,
     None,
 }
 
@@ -201,6 +205,7 @@ impl Workload {
             Workload::Counter => "counter",
             Workload::Io => "io",
             Workload::Peer => "peer",
+            Workload::Flood => "flood",
             Workload::None => "none",
         }
     }
@@ -226,6 +231,7 @@ impl FromStr for Workload {
             "counter" => Workload::Counter,
             "io" => Workload::Io,
             "peer" => Workload::Peer,
+            "flood" => Workload::Flood,
             "none" => Workload::None,
             _ => return Err(SpecError::Workload(s.to_string())),
         })
@@ -735,10 +741,13 @@ impl VmSpec {
                             && v.starts_with("pmem")
                             && v.as_bytes()[4].is_ascii_digit())
                 }
+                // It goes on the guest's kernel command line: no space or control
+                // character may start another parameter there.
                 "io_target" => {
                     (v.starts_with("/data/") || v.starts_with("/dev/vd"))
                         && !v.contains("..")
                         && v.len() < 64
+                        && v.bytes().all(|b| b.is_ascii_graphic())
                 }
                 "io_seconds" => v.parse::<u32>().is_ok_and(|n| (1..=3600).contains(&n)),
                 "io_delay_s" => v.parse::<u32>().is_ok_and(|n| n <= 3600),
@@ -970,6 +979,9 @@ mod tests {
             ("io_dir", "/data/../etc", false),
             ("io_dir", "/data/", false),
             ("io_dir", "/data/a b", false),
+            ("io_target", "/data/io.bin", true),
+            ("io_target", "/data/x rebound.workload=flood", false),
+            ("io_target", "/data/x\tinit=/bin/sh", false),
             ("io_pattern", "class", true),
             ("io_pattern", "zipfian", false),
             ("io_zipf", "0.8", true),

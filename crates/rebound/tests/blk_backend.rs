@@ -193,7 +193,7 @@ fn a_killed_backend_is_replaced_and_the_guest_sees_no_error() {
     let new = pids_naming(&socket);
     assert_eq!(new.len(), 1);
     assert_ne!(new, old);
-    let serial = std::fs::read_to_string(env.run.path().join("f1/serial.log")).unwrap();
+    let serial = std::fs::read_to_string(env.home.path().join("vms/f1/serial.log")).unwrap();
     for bad in ["I/O error", "EXT4-fs error", "Buffer I/O"] {
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }

@@ -125,7 +125,7 @@ fn evicted_pages_enter_the_exclusive_host_cache_and_reads_hit_it_unchanged() {
         s2["cache"]["hits"].as_u64().unwrap() > hits0 + 1000,
         "the second pass did not hit the host cache: {s} -> {s2}"
     );
-    let serial = std::fs::read_to_string(env.run.path().join("ev1/serial.log")).unwrap();
+    let serial = std::fs::read_to_string(env.home.path().join("vms/ev1/serial.log")).unwrap();
     for bad in ["I/O error", "EXT4-fs error", "Buffer I/O", "BUG", "Oops"] {
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }

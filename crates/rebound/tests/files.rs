@@ -87,7 +87,8 @@ fn wait_report(env: &Env, name: &str, requests: u64) -> Vec<Value> {
 
 /// The agent's console lines: the file set must be the host's, kept, not rewritten.
 fn assert_kept(env: &Env, name: &str) {
-    let serial = std::fs::read_to_string(env.run.path().join(name).join("serial.log")).unwrap();
+    let serial =
+        std::fs::read_to_string(env.home.path().join("vms").join(name).join("serial.log")).unwrap();
     assert!(
         serial.contains("files: 96 files of 1024 KiB in /data/files: 0 created, 96 kept"),
         "the agent did not keep the host's file set:\n{serial}"

@@ -99,7 +99,7 @@ fn churned_files_read_back_right_through_the_exclusive_host_cache_round_after_ro
     assert!(c["invalidations"].as_u64().unwrap() > 0, "{s}");
     assert!(s["notices_admitted"].as_u64().unwrap() > 1000, "{s}");
     assert!(s["notices_released"].as_u64().unwrap() > 100, "{s}");
-    let serial = std::fs::read_to_string(env.run.path().join("st1/serial.log")).unwrap();
+    let serial = std::fs::read_to_string(env.home.path().join("vms/st1/serial.log")).unwrap();
     for bad in ["I/O error", "EXT4-fs error", "Buffer I/O", "BUG", "Oops"] {
         assert!(!serial.contains(bad), "the guest saw {bad:?}:\n{serial}");
     }

@@ -15,6 +15,7 @@ mod crash_recovery;
 mod daemon_death;
 mod evict;
 mod files;
+mod flood;
 mod hcache_stress;
 mod host_cache;
 mod memory_plan;

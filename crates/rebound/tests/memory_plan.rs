@@ -149,7 +149,9 @@ fn plans_divide_what_the_vms_hold_by_their_curves_and_apply_moves_it() {
         assert!(m["guest_bytes"].as_u64().unwrap() >= 128 * MIB, "{m}");
         let st = json(&env, &["vm", "status", name, "--json"]);
         assert_eq!(st["state"], "running", "{st}");
-        let serial = std::fs::read_to_string(env.run.path().join(name).join("serial.log")).unwrap();
+        let serial =
+            std::fs::read_to_string(env.home.path().join("vms").join(name).join("serial.log"))
+                .unwrap();
         for bad in ["Out of memory", "I/O error", "EXT4-fs error", "BUG", "Oops"] {
             assert!(!serial.contains(bad), "{name} saw {bad:?}:\n{serial}");
         }

@@ -5,6 +5,14 @@
 //! sends `hello` until the agent answers with `ready`, so a new daemon learns the
 //! facts again. Guest input is untrusted: lines over 64 KiB, invalid UTF-8 and unknown
 //! or malformed messages are dropped and reported, never fatal.
+//!
+//! A guest must not be able to make the host do work at the rate it sends: messages
+//! go to the supervisor on a bounded queue ([`QUEUE`]) and at most [`RATE`] a second
+//! ([`READY_RATE`] for `ready`, each of which the supervisor records on disk); what
+//! does not fit is dropped and counted, and the count goes to the supervisor as
+//! [`AgentMsg::Throttled`] with the next message let through. A dropped `ready` is
+//! asked for again with `hello`. Answers to the host's own requests are routed
+//! before any limit.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +28,17 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Longest line the protocol allows.
 pub const MAX_LINE: usize = 64 * 1024;
+
+/// Messages waiting for the supervisor, at most.
+pub const QUEUE: usize = 256;
+
+/// Messages a second the supervisor gets from one guest (a `counter` workload at
+/// 100 Hz plus heartbeats and reports fit).
+pub const RATE: u32 = 200;
+
+/// `ready` messages per [`READY_WINDOW`] the supervisor gets from one guest.
+pub const READY_RATE: u32 = 5;
+pub const READY_WINDOW: Duration = Duration::from_secs(10);
 
 /// Errors on the agent link.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -88,6 +107,12 @@ pub enum AgentMsg {
     PeerEvent(rebound_api::PeerEvent),
     Error {
         message: String,
+    },
+    /// Made by the link, never read from the guest: this many messages were
+    /// dropped (over the rate or the queue) before the one that follows.
+    #[serde(skip_deserializing)]
+    Throttled {
+        dropped: u64,
     },
 }
 
@@ -185,8 +210,9 @@ impl Drop for AgentLink {
 }
 
 impl AgentLink {
-    /// Starts connecting to `socket`; messages go to `msgs`.
-    pub fn start(socket: &Path, msgs: mpsc::UnboundedSender<AgentMsg>) -> AgentLink {
+    /// Starts connecting to `socket`; messages go to `msgs` (make it with
+    /// [`channel`]).
+    pub fn start(socket: &Path, msgs: mpsc::Sender<AgentMsg>) -> AgentLink {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let markers: Markers = Arc::default();
         let connected = Arc::new(AtomicBool::new(false));
@@ -310,6 +336,63 @@ impl AgentLink {
     }
 }
 
+/// The bounded queue from a link to its supervisor.
+pub fn channel() -> (mpsc::Sender<AgentMsg>, mpsc::Receiver<AgentMsg>) {
+    mpsc::channel(QUEUE)
+}
+
+/// What a link lets through to its supervisor.
+struct Admission {
+    all: crate::ratelimit::RateLimit,
+    ready: crate::ratelimit::RateLimit,
+    dropped: u64,
+}
+
+impl Admission {
+    fn new() -> Admission {
+        Admission {
+            all: crate::ratelimit::RateLimit::new(RATE, Duration::from_secs(1)),
+            ready: crate::ratelimit::RateLimit::new(READY_RATE, READY_WINDOW),
+            dropped: 0,
+        }
+    }
+
+    /// Hands `m` on if the rates and the queue allow; false when it was dropped.
+    fn offer(
+        &mut self,
+        msgs: &mpsc::Sender<AgentMsg>,
+        m: AgentMsg,
+        now: std::time::Instant,
+    ) -> Result<bool, ()> {
+        let ok = self.all.admit(now).is_some()
+            && (!matches!(m, AgentMsg::Ready(_)) || self.ready.admit(now).is_some());
+        if !ok {
+            self.dropped += 1;
+            return Ok(false);
+        }
+        // Room for the count and the message, or neither goes.
+        let need = if self.dropped > 0 { 2 } else { 1 };
+        if msgs.is_closed() {
+            return Err(());
+        }
+        if msgs.capacity() < need {
+            self.dropped += 1;
+            return Ok(false);
+        }
+        if self.dropped > 0 {
+            let dropped = std::mem::take(&mut self.dropped);
+            tracing::warn!(
+                dropped,
+                "agent link: a guest sent more than its rate allows"
+            );
+            msgs.try_send(AgentMsg::Throttled { dropped })
+                .map_err(|_| ())?;
+        }
+        msgs.try_send(m).map_err(|_| ())?;
+        Ok(true)
+    }
+}
+
 /// Routes an answer to the command waiting for it; a message that answers nothing
 /// goes on to the supervisor (returned).
 fn route(markers: &Markers, m: AgentMsg) -> Option<AgentMsg> {
@@ -363,7 +446,7 @@ fn route(markers: &Markers, m: AgentMsg) -> Option<AgentMsg> {
 
 async fn run(
     socket: PathBuf,
-    msgs: mpsc::UnboundedSender<AgentMsg>,
+    msgs: mpsc::Sender<AgentMsg>,
     mut cmd_rx: mpsc::UnboundedReceiver<String>,
     markers: Markers,
     connected: Arc<AtomicBool>,
@@ -387,7 +470,7 @@ async fn run(
 /// One connection; `Err` means the message receiver is gone.
 async fn session(
     stream: UnixStream,
-    msgs: &mpsc::UnboundedSender<AgentMsg>,
+    msgs: &mpsc::Sender<AgentMsg>,
     cmd_rx: &mut mpsc::UnboundedReceiver<String>,
     markers: &Markers,
 ) -> Result<(), ()> {
@@ -395,6 +478,7 @@ async fn session(
     let mut split = LineSplitter::default();
     let mut buf = vec![0u8; 8192];
     let mut ready_seen = false;
+    let mut admit = Admission::new();
     // The guest controls these bytes: a few warnings a minute at most.
     let mut bad = crate::ratelimit::RateLimit::new(5, Duration::from_secs(60));
     let mut hello = tokio::time::interval(Duration::from_secs(2));
@@ -406,8 +490,10 @@ async fn session(
                     match line.and_then(|l| parse_line(&l)) {
                         Ok(m) => {
                             if let Some(m) = route(markers, m) {
-                                ready_seen |= matches!(m, AgentMsg::Ready(_));
-                                msgs.send(m).map_err(|_| ())?;
+                                let ready = matches!(m, AgentMsg::Ready(_));
+                                let passed = admit.offer(msgs, m, std::time::Instant::now())?;
+                                // A dropped `ready` is asked for again (`hello`).
+                                ready_seen |= ready && passed;
                             }
                         }
                         Err(e) => {
@@ -522,6 +608,11 @@ mod tests {
             );
         }
         assert_eq!(parse_line(b"\xff\xfe"), Err(AgentError::NotUtf8));
+        // Only the link says how much it dropped.
+        assert!(matches!(
+            parse_line(br#"{"type":"throttled","dropped":1}"#),
+            Err(AgentError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -551,5 +642,44 @@ mod tests {
         let out = s.push(&big);
         assert_eq!(out[0], Err(AgentError::LineTooLong));
         assert_eq!(out[1].as_ref().unwrap(), b"ok2");
+    }
+
+    #[test]
+    fn admission_holds_a_flood_to_the_rate_and_counts_the_rest() {
+        let (tx, mut rx) = channel();
+        let mut a = Admission::new();
+        let t = std::time::Instant::now();
+        let hb = |seq| AgentMsg::Heartbeat { seq };
+        let mut passed = 0;
+        for i in 0..(RATE as u64 + 50) {
+            passed += u32::from(a.offer(&tx, hb(i), t).unwrap());
+            // The supervisor keeps up.
+            while rx.try_recv().is_ok() {}
+        }
+        assert_eq!(passed, RATE);
+        // The next window: the count comes first, then the message.
+        let t2 = t + Duration::from_millis(1100);
+        assert!(a.offer(&tx, hb(0), t2).unwrap());
+        assert_eq!(rx.try_recv().unwrap(), AgentMsg::Throttled { dropped: 50 });
+        assert_eq!(rx.try_recv().unwrap(), hb(0));
+        // A supervisor that does not read: the queue stays bounded.
+        for w in 0..2u64 {
+            let tw = t + Duration::from_secs(5) + Duration::from_millis(1100 * w);
+            for i in 0..RATE as u64 {
+                let _ = a.offer(&tx, hb(i), tw).unwrap();
+            }
+        }
+        assert_eq!(tx.capacity(), 0);
+        assert_eq!(a.dropped, 2 * RATE as u64 - QUEUE as u64);
+        // `ready` has its own, lower rate.
+        let mut b = Admission::new();
+        let (tx, _rx) = channel();
+        let ready = || {
+            parse_line(br#"{"type":"ready","agent_version":1,"kernel_release":"x","vmcoreinfo":null,"service_port":null}"#).unwrap()
+        };
+        let n = (0..20)
+            .filter(|_| b.offer(&tx, ready(), t).unwrap())
+            .count();
+        assert_eq!(n, READY_RATE as usize);
     }
 }

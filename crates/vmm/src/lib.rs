@@ -11,16 +11,19 @@
 //!   [`qemu::QemuCommand`] (accelerator, the VM's own disk copy, image files, ports);
 //! - [`process`]: spawning QEMU in its own session and watching the process;
 //! - [`cgroup`]: memory groups (v1 and v2) that hold a VM's QEMUs to a budget;
-//! - [`qmp`], [`agent`], [`readiness`]: talking to QEMU and to the guest;
-//! - [`record`], [`events`]: the VM's persistent record and its event log;
+//! - [`qmp`], [`agent`], [`console`], [`readiness`]: talking to QEMU and to the guest;
+//! - [`record`], [`events`], [`logcap`]: the VM's persistent record, its event log and
+//!   the caps on every log a guest can fill;
 //! - [`ratelimit`]: warnings about input a guest controls, rate-limited.
 
 pub mod accel;
 pub mod agent;
 pub mod cgroup;
+pub mod console;
 pub mod disks;
 pub mod events;
 pub mod images;
+pub mod logcap;
 pub mod net;
 pub mod paths;
 pub mod private;

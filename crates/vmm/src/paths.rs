@@ -1,8 +1,9 @@
 //! Where Rebound keeps its state.
 //!
-//! Persistent state (images, VM records, event logs, the daemon socket and log) lives
-//! under `$REBOUND_HOME`. Per-VM runtime files (guest RAM, QEMU sockets, serial log)
-//! live on tmpfs under `$REBOUND_RUN`, so guest RAM never touches a disk.
+//! Persistent state (images, VM records, event logs, serial and QEMU logs, the daemon
+//! socket and log) lives under `$REBOUND_HOME`. Per-VM runtime files (guest RAM, QEMU
+//! sockets) live on tmpfs under `$REBOUND_RUN`, so guest RAM never touches a disk and
+//! nothing a guest writes grows on the tmpfs that holds every VM's RAM.
 
 use std::path::{Path, PathBuf};
 
@@ -151,13 +152,18 @@ impl VmDir {
     pub fn crash_dir(&self, id: &str) -> PathBuf {
         self.0.join("crashes").join(id)
     }
-    /// Serial log kept after the run dir is removed.
     /// The guest's cached file pages, listed before a warm reboot (`warm` module).
     pub fn warm_cache_list(&self) -> PathBuf {
         self.0.join("warm-cache.list")
     }
+    /// The serial console log, capped (`logcap`); the previous generation is
+    /// `serial.log.1`.
     pub fn serial_log(&self) -> PathBuf {
         self.0.join("serial.log")
+    }
+    /// QEMU's own stdout/stderr, capped the same way.
+    pub fn qemu_log(&self) -> PathBuf {
+        self.0.join("qemu.log")
     }
 }
 
@@ -185,15 +191,12 @@ impl RunDir {
     pub fn serial_sock(&self) -> PathBuf {
         self.0.join("serial.sock")
     }
-    pub fn serial_log(&self) -> PathBuf {
-        self.0.join("serial.log")
+    /// Where a terminal attaches to the console (served by the daemon's link).
+    pub fn console_sock(&self) -> PathBuf {
+        self.0.join("console.sock")
     }
     pub fn pidfile(&self) -> PathBuf {
         self.0.join("qemu.pid")
-    }
-    /// QEMU's own stdout/stderr.
-    pub fn qemu_log(&self) -> PathBuf {
-        self.0.join("qemu.log")
     }
 }
 

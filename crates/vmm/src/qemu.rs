@@ -228,8 +228,13 @@ pub enum Serial {
     None,
     /// Appended to a file.
     File(PathBuf),
-    /// A socket others can attach to, logged to a file as well.
-    Socket { socket: PathBuf, log: PathBuf },
+    /// A socket others can attach to; with `log`, QEMU also appends all output to
+    /// that file, uncapped (Rebound's VMs log through the host's client instead,
+    /// `console`, which caps the log).
+    Socket {
+        socket: PathBuf,
+        log: Option<PathBuf>,
+    },
 }
 
 /// How QEMU starts: running, or waiting for a migration stream.
@@ -470,15 +475,17 @@ impl QemuCommand {
             Serial::None => {}
             Serial::File(p) => a.push(&["-serial", &format!("file:{}", p.to_string_lossy())]),
             Serial::Socket { socket, log } => {
-                a.push(&[
-                    "-chardev",
-                    &format!(
-                        // Appended: a settle's second QEMU logs into the same file.
-                        "socket,id=serial0,path={},server=on,wait=off,logfile={},logappend=on",
-                        opt_path(socket),
-                        opt_path(log)
-                    ),
-                ]);
+                // Without a client QEMU drops the guest's output (wait=off): nothing
+                // blocks and nothing grows.
+                let mut dev = format!(
+                    "socket,id=serial0,path={},server=on,wait=off",
+                    opt_path(socket)
+                );
+                if let Some(log) = log {
+                    // Appended: a settle's second QEMU logs into the same file.
+                    dev.push_str(&format!(",logfile={},logappend=on", opt_path(log)));
+                }
+                a.push(&["-chardev", &dev]);
                 a.push(&["-serial", "chardev:serial0"]);
             }
         }

@@ -15,6 +15,10 @@ use tokio::net::TcpStream;
 use super::qmp::Qmp;
 use rebound_api::ReadySpec;
 
+/// How much of the end of the serial log a serial probe reads (it runs every
+/// 250 ms: a guest's prompt is in the last lines; a flooding guest's log is not read whole).
+const SERIAL_TAIL: u64 = 64 * 1024;
+
 /// How long an accepted connection must stay open to count as a listening guest.
 const SETTLE: Duration = Duration::from_millis(300);
 
@@ -37,7 +41,7 @@ pub async fn probe(
             Some(p) => http_ok(p, path).await,
             None => false,
         },
-        ReadySpec::Serial(re) => match std::fs::read(serial_log) {
+        ReadySpec::Serial(re) => match crate::logcap::tail(serial_log, SERIAL_TAIL) {
             Ok(b) => re.is_match(&String::from_utf8_lossy(&b)),
             Err(_) => false,
         },

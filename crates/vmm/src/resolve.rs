@@ -205,7 +205,8 @@ pub fn vm_command(
         agent: Some(run.agent()),
         serial: Serial::Socket {
             socket: run.serial_sock(),
-            log: run.serial_log(),
+            // The daemon's console link logs, capped, off the RAM tmpfs.
+            log: None,
         },
         pidfile: Some(run.pidfile()),
     };

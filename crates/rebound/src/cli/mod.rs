@@ -250,7 +250,7 @@ pub struct StartArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1)]
     pub cpus: u32,
-    /// web, kv, memfill, counter, io or none; a comma list runs several (`web,io`:
+    /// web, kv, memfill, counter, io, peer, flood or none; a comma list runs several (`web,io`:
     /// the first is the VM's workload, the others its `also` argument).
     #[arg(long)]
     pub workload: Option<String>,
@@ -505,10 +505,16 @@ pub enum VmCmd {
         #[arg(short, long)]
         follow: bool,
     },
-    /// Print the VM's event log (JSON lines).
+    /// Print the VM's event log (JSON lines), oldest first.
     Events {
         /// The VM's name.
         name: String,
+        /// Only events after this sequence number (each event's `seq`).
+        #[arg(long)]
+        since: Option<u64>,
+        /// At most this many events.
+        #[arg(long)]
+        limit: Option<u64>,
     },
     /// Wait until the VM is ready, panicked, paused or stopped.
     Wait {
@@ -656,6 +662,25 @@ pub struct DaemonArgs {
     /// [default: 30]
     #[arg(long, value_parser = parse_seconds)]
     pub cluster_hold_timeout: Option<f64>,
+    /// Most disk space each VM's serial console log takes (with its previous
+    /// generation), e.g. 4M; the oldest output goes first.
+    #[arg(long, value_parser = parse_log_cap, default_value = "4M")]
+    pub serial_log_max: u64,
+    /// Most disk space each VM's QEMU log (QEMU's own stdout and stderr) takes.
+    #[arg(long, value_parser = parse_log_cap, default_value = "4M")]
+    pub qemu_log_max: u64,
+    /// Most disk space each VM's event log takes; the oldest events go first.
+    #[arg(long, value_parser = parse_log_cap, default_value = "4M")]
+    pub event_log_max: u64,
+}
+
+/// A log cap: a size from 64K to 1G.
+fn parse_log_cap(s: &str) -> Result<u64, String> {
+    let min = rebound_vmm::logcap::MIN_CAP;
+    match rebound_api::spec::parse_size(s) {
+        Ok(n) if (min..=1 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a size from 64K to 1G (e.g. 4M)")),
+    }
 }
 
 /// A positive number of seconds, at most a day.
@@ -901,6 +926,11 @@ async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
                     listen: a.listen,
                     hold_timeout,
                 }),
+                logs: crate::daemon::LogCaps {
+                    serial: a.serial_log_max,
+                    qemu: a.qemu_log_max,
+                    events: a.event_log_max,
+                },
             };
             Ok(crate::daemon::run(paths.clone(), socket, opts).await?)
         }

@@ -110,16 +110,24 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             if v.state == VmState::Stopped {
                 bail!("VM {name:?} is stopped");
             }
-            super::console::attach(&Path::new(&v.run_dir).join("serial.sock")).await
+            super::console::attach(&Path::new(&v.run_dir).join("console.sock")).await
         }
         VmCmd::Logs { name, follow } => logs(paths, &name, follow).await,
-        VmCmd::Events { name } => {
+        VmCmd::Events { name, since, limit } => {
             let c = connect(paths).await?;
-            let v: Vec<Event> = c
-                .call(Method::GET, &format!("/v1/vms/{}/events", enc(&name)), None)
-                .await?;
-            for e in v {
-                println!("{}", serde_json::to_string(&e)?);
+            // Page by page, so the daemon never holds the whole log for us.
+            let (mut since, mut left) = (since.unwrap_or(0), limit.unwrap_or(u64::MAX));
+            while left > 0 {
+                let n = left.min(1000);
+                let path = format!("/v1/vms/{}/events?since={since}&limit={n}", enc(&name));
+                let v: Vec<Event> = c.call(Method::GET, &path, None).await?;
+                for e in &v {
+                    println!("{}", serde_json::to_string(e)?);
+                }
+                match v.last() {
+                    Some(e) if v.len() as u64 == n => (since, left) = (e.seq, left - n),
+                    _ => break,
+                }
             }
             Ok(())
         }
@@ -525,18 +533,24 @@ async fn wait_ready(
 async fn logs(paths: &Paths, name: &str, follow: bool) -> anyhow::Result<()> {
     let c = connect(paths).await?;
     let path = format!("/v1/vms/{}/logs", enc(name));
-    let mut printed = 0usize;
+    // The end of what was printed: the next tail goes on after it.
+    let mut last: Vec<u8> = Vec::new();
     loop {
         let text = c.text(&path).await?;
+        let b = text.as_bytes();
+        let from = match last.is_empty() {
+            true => 0,
+            false => b
+                .windows(last.len())
+                .rposition(|w| w == last.as_slice())
+                .map_or(0, |i| i + last.len()), // not found: a new boot, or far behind
+        };
         let mut out = std::io::stdout();
-        if text.len() >= printed {
-            out.write_all(&text.as_bytes()[printed..])?;
-        } else {
-            // The log restarted (new boot): print it whole.
-            out.write_all(text.as_bytes())?;
-        }
+        out.write_all(&b[from..])?;
         out.flush()?;
-        printed = text.len();
+        if from < b.len() || last.is_empty() {
+            last = b[b.len().saturating_sub(256)..].to_vec();
+        }
         if !follow {
             return Ok(());
         }

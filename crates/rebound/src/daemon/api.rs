@@ -246,27 +246,55 @@ async fn marker(
     }
 }
 
-async fn events(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+/// Events one page holds without `limit`.
+const EVENTS_PAGE: u64 = 1000;
+/// Serial log bytes served without `bytes` (at most the log's cap).
+const LOGS_TAIL: u64 = 1 << 20;
+
+/// Query parameter `key` as a number from 0 to `max`, if given.
+fn query_u64(q: &HashMap<String, String>, key: &str, max: u64) -> Result<Option<u64>, OpError> {
+    q.get(key)
+        .map(|v| match v.parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(OpError::BadRequest(format!(
+                "{key} {v:?} is not a number from 0 to {max}"
+            ))),
+        })
+        .transpose()
+}
+
+/// A page of the event log: after `since` (a `seq`), oldest first; else the newest.
+async fn events(
+    State(d): D,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
     let vm = vm_or_404(&d, &name)?;
+    let since = query_u64(&q, "since", u64::MAX)?;
+    let max = rebound_vmm::events::MAX_PAGE as u64;
+    let limit = query_u64(&q, "limit", max)?.unwrap_or(EVENTS_PAGE);
     let evs = vm
         .events
-        .read_all()
+        .page(since, limit as usize)
         .map_err(|e| OpError::Internal(chain(&e)))?;
     Ok(Json(evs))
 }
 
-async fn logs(State(d): D, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+/// The tail of the serial log: the last `bytes` (default [`LOGS_TAIL`]).
+async fn logs(
+    State(d): D,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
     let vm = vm_or_404(&d, &name)?;
-    let live = vm.run.serial_log();
-    let path = if live.exists() {
-        live
-    } else {
-        vm.dir.serial_log()
-    };
-    let bytes = std::fs::read(&path).unwrap_or_default();
+    let max = d.logs.serial;
+    let bytes = query_u64(&q, "bytes", max)?.unwrap_or(LOGS_TAIL.min(max));
+    let path = vm.dir.serial_log();
+    let tail = rebound_vmm::logcap::tail(&path, bytes)
+        .map_err(|e| OpError::Io(format!("cannot read {}", path.display()), e))?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        String::from_utf8_lossy(&bytes).into_owned(),
+        String::from_utf8_lossy(&tail).into_owned(),
     ))
 }
 

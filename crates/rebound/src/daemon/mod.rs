@@ -32,3 +32,4 @@ pub mod vm;
 
 pub use cluster::ClusterOptions;
 pub use server::{run, ServeOptions, ServerError};
+pub use state::LogCaps;

@@ -32,6 +32,8 @@ pub struct ServeOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Take part in cluster restores (token, and the cohort's TCP address).
     pub cluster: Option<super::ClusterOptions>,
+    /// Caps on the logs a guest can fill.
+    pub logs: super::state::LogCaps,
 }
 
 /// Errors running the daemon.
@@ -157,7 +159,7 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
             .map_err(|e| ServerError::SocketGroup(socket.clone(), e))?;
     }
 
-    let d = Arc::new(Daemon::new(paths, socket.clone()));
+    let d = Arc::new(Daemon::new(paths, socket.clone()).with_log_caps(opts.logs));
     d.reattach_all().await;
     if let Some(c) = cluster {
         let c = c.start(&d)?;

@@ -27,6 +27,26 @@ pub struct Daemon {
     pub shutdown: tokio::sync::Notify,
     /// The cluster side, when the daemon runs with a cluster token.
     pub cluster: std::sync::OnceLock<super::cluster::Cluster>,
+    pub logs: LogCaps,
+}
+
+/// Caps, in bytes on disk, of each VM's logs that its guest can fill (each log
+/// and its previous generation together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogCaps {
+    pub serial: u64,
+    pub qemu: u64,
+    pub events: u64,
+}
+
+impl Default for LogCaps {
+    fn default() -> Self {
+        LogCaps {
+            serial: rebound_vmm::console::DEFAULT_CAP,
+            qemu: rebound_vmm::console::DEFAULT_CAP,
+            events: rebound_vmm::events::DEFAULT_CAP,
+        }
+    }
 }
 
 /// What `wait` can wait for.
@@ -82,7 +102,13 @@ impl Daemon {
             vms: Mutex::new(HashMap::new()),
             shutdown: tokio::sync::Notify::new(),
             cluster: std::sync::OnceLock::new(),
+            logs: LogCaps::default(),
         }
+    }
+
+    pub fn with_log_caps(mut self, logs: LogCaps) -> Daemon {
+        self.logs = logs;
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<VmHandle>> {
@@ -225,7 +251,7 @@ impl Daemon {
                 }
             }
             let rec = VmRecord::new(spec, &self.paths.run_dir(name));
-            let (h, jobs) = VmHandle::new(&self.paths, rec);
+            let (h, jobs) = VmHandle::new(&self.paths, rec, self.logs.events);
             vms.insert(name.to_string(), h.clone());
             (h, jobs, previous)
         };
@@ -317,7 +343,7 @@ impl Daemon {
         let mut pending = Vec::new();
         for (name, rec) in records {
             let live = rec.state.has_qemu();
-            let (vm, jobs) = VmHandle::new(&self.paths, rec);
+            let (vm, jobs) = VmHandle::new(&self.paths, rec, self.logs.events);
             self.vms.lock().expect("vms lock").insert(name, vm.clone());
             if live {
                 let (done, settled) = tokio::sync::oneshot::channel();

@@ -184,11 +184,20 @@ impl Env {
             .unwrap_or_else(|| panic!("no disk on Rebound's backend: {d}"))
     }
 
+    /// Every event the VM's log keeps, page by page.
     pub fn events(&self, name: &str) -> Vec<Value> {
-        self.get_ok("GET", &format!("/v1/vms/{name}/events"), None)
-            .as_array()
-            .unwrap()
-            .clone()
+        const PAGE: usize = 10_000;
+        let mut all: Vec<Value> = Vec::new();
+        loop {
+            let since = all.last().map_or(0, |e| e["seq"].as_u64().unwrap());
+            let path = format!("/v1/vms/{name}/events?since={since}&limit={PAGE}");
+            let page = self.get_ok("GET", &path, None).as_array().unwrap().clone();
+            let n = page.len();
+            all.extend(page);
+            if n < PAGE {
+                return all;
+            }
+        }
     }
 
     pub fn event_kinds(&self, name: &str) -> Vec<String> {
@@ -226,6 +235,25 @@ impl Env {
 
     pub fn unset_env(&mut self, k: &str) {
         self.extra_env.retain(|(key, _)| key != k);
+    }
+
+    /// Starts `rebound daemon ARGS` in the foreground (output to `daemon-fg.log` in
+    /// the home) and waits until it answers.
+    pub fn spawn_daemon(&self, args: &[&str]) -> std::process::Child {
+        let log = std::fs::File::create(self.home.path().join("daemon-fg.log")).unwrap();
+        let mut a = vec!["daemon"];
+        a.extend_from_slice(args);
+        let child = self
+            .cmd(&a)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        eventually(Duration::from_secs(20), "the daemon to answer", || {
+            self.call("GET", "/v1/health", None).ok().map(|_| ())
+        });
+        child
     }
 
     /// The daemon's pid from /v1/health.

@@ -39,7 +39,7 @@ fn vm() -> QemuCommand {
         agent: Some("/run/x,y/agent.sock".into()),
         serial: Serial::Socket {
             socket: "/run/x,y/serial.sock".into(),
-            log: "/run/x,y/serial.log".into(),
+            log: Some("/run/x,y/serial.log".into()),
         },
         pidfile: Some("/run/x,y/qemu.pid".into()),
     };
@@ -182,6 +182,17 @@ fn forwards_and_sockets() {
     assert!(ch[0].contains("path=/run/x,,y/agent.sock"));
     assert!(ch[1].contains("path=/run/x,,y/serial.sock"));
     assert!(ch[1].contains("logfile=/run/x,,y/serial.log"));
+    // Without a log, QEMU keeps none (the host's client logs).
+    let mut q = vm();
+    q.control.serial = Serial::Socket {
+        socket: "/r/serial.sock".into(),
+        log: None,
+    };
+    let a2 = q.args().unwrap();
+    assert_eq!(
+        after(&a2, "-chardev")[1],
+        "socket,id=serial0,path=/r/serial.sock,server=on,wait=off"
+    );
     assert!(ch[2].starts_with("socket,id=qmp0,path=/run/x,,y/qmp.sock,server=on,wait=off"));
     assert_eq!(after(&a, "-mon"), ["chardev=qmp0,mode=control"]);
     assert!(after(&a, "-device")

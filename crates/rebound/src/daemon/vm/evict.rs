@@ -3,7 +3,7 @@
 //! it lets go of, with a copy of an evicted page, into a ring in guest memory; the agent
 //! says where (`ready.evict_ring`). Each disk's backend reads the ring itself through
 //! its mapping of guest memory, before every request it serves (`rebound_blk::ring`):
-//! a thread per VM here tells every backend where the ring is every [`POLL`] (every
+//! one thread per VM here (whatever the guest announces: a new ring only retargets it) tells every backend where the ring is every [`POLL`] (every
 //! [`BUSY_POLL`] while the guest evicts much), which also makes it take what the ring
 //! holds when the guest does no I/O, and sums what the backends answer. Only the
 //! backend whose I/O put a block in a page has a mapping for it, the others refuse the
@@ -74,12 +74,14 @@ pub struct EvictStats {
     pub last_error: Option<String>,
 }
 
-/// The VM's forwarder: which one is current (a new ring replaces it) and its counters.
+/// The VM's forwarder: which ring is current (a new ring replaces it), its counters,
+/// and whether the VM's one forwarder thread runs.
 #[derive(Debug, Default)]
 pub struct EvictSlot {
     generation: u64,
     key: Option<(EvictRingAddr, std::path::PathBuf)>,
     stats: Arc<Mutex<EvictStats>>,
+    running: bool,
 }
 
 impl EvictSlot {
@@ -115,9 +117,32 @@ impl VmHandle {
             ..EvictStats::default()
         };
         slot.stats = Arc::new(Mutex::new(stats));
-        if let Some(r) = ring {
-            let (vm, gen, stats) = (self.clone(), slot.generation, slot.stats.clone());
-            std::thread::spawn(move || forward(vm, gen, r, ram, stats));
+        // One thread per VM, however many rings the guest announces: a running one
+        // takes the new ring at its next poll.
+        if ring.is_some() && !slot.running {
+            slot.running = true;
+            let vm = self.clone();
+            std::thread::spawn(move || forward_current(vm));
+        }
+    }
+
+    /// The ring the forwarder should read now, the one ending with `ended` (its
+    /// generation) aside; `None` tells the thread to end, which it then does.
+    #[allow(clippy::type_complexity)]
+    fn evict_next(
+        &self,
+        ended: Option<u64>,
+    ) -> Option<(u64, EvictRingAddr, PathBuf, Arc<Mutex<EvictStats>>)> {
+        let mut slot = self.evict.lock().expect("evict slot");
+        if ended == Some(slot.generation) {
+            slot.key = None;
+        }
+        match slot.key.clone() {
+            Some((ring, ram)) => Some((slot.generation, ring, ram, slot.stats.clone())),
+            None => {
+                slot.running = false;
+                None
+            }
         }
     }
 
@@ -143,7 +168,16 @@ impl VmHandle {
     }
 }
 
-/// The forwarder thread: until the VM stops or another ring replaces this one.
+/// The VM's forwarder thread: the current ring, then the next, until none is left.
+fn forward_current(vm: Arc<VmHandle>) {
+    let mut ended = None;
+    while let Some((gen, ring, ram, stats)) = vm.evict_next(ended) {
+        forward(vm.clone(), gen, ring, ram, stats);
+        ended = Some(gen);
+    }
+}
+
+/// Forwards one ring: until the VM stops or another ring replaces this one.
 fn forward(
     vm: Arc<VmHandle>,
     gen: u64,

@@ -121,12 +121,16 @@ pub struct VmHandle {
 
 impl VmHandle {
     /// A handle and the receiving end of its job queue, for its owner.
-    pub fn new(paths: &Paths, rec: VmRecord) -> (Arc<VmHandle>, mpsc::UnboundedReceiver<Request>) {
+    pub fn new(
+        paths: &Paths,
+        rec: VmRecord,
+        events_cap: u64,
+    ) -> (Arc<VmHandle>, mpsc::UnboundedReceiver<Request>) {
         let name = rec.spec.name.clone();
         let dir = paths.vm(&name);
         let (jobs, rx) = mpsc::unbounded_channel();
         let h = Arc::new(VmHandle {
-            events: EventLog::new(&dir.events()),
+            events: EventLog::with_cap(&dir.events(), events_cap),
             run: paths.run_dir(&name),
             dir,
             name,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rebound_api::spec::BootSource;
 use rebound_api::{EventData, MarkerReply, ReadySpec, VmSpec, VmState, VmStatus};
 use rebound_vmm::agent::{AgentLink, AgentMsg};
+use rebound_vmm::console::{ConsoleLink, ConsolePaths};
 use rebound_vmm::events::{mono_ns, wall_now};
 use rebound_vmm::paths::Paths;
 use rebound_vmm::process;
@@ -15,7 +16,7 @@ use rebound_vmm::qmp::{Qmp, QmpEvent};
 use rebound_vmm::readiness;
 use rebound_vmm::record::VmRecord;
 use rebound_vmm::resolve::{self, Resolved};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
 use tokio::sync::oneshot;
 
 use super::machine::{next, Trigger};
@@ -66,7 +67,10 @@ pub(super) struct Owner {
     pub(super) qmp: Option<Arc<Qmp>>,
     pub(super) qmp_events: Option<UnboundedReceiver<QmpEvent>>,
     pub(super) agent: Option<Arc<AgentLink>>,
-    pub(super) agent_msgs: Option<UnboundedReceiver<AgentMsg>>,
+    pub(super) agent_msgs: Option<Receiver<AgentMsg>>,
+    /// The serial console's reader, which keeps the serial and QEMU logs.
+    console: Option<ConsoleLink>,
+    logs: crate::daemon::state::LogCaps,
     child: Option<tokio::process::Child>,
     pub(super) ready: ReadySpec,
     probe_port: Option<u16>,
@@ -104,6 +108,8 @@ pub fn start_owner(
         qmp_events: None,
         agent: None,
         agent_msgs: None,
+        console: None,
+        logs: d.logs,
         child: None,
         ready: ReadySpec::Agent,
         probe_port: None,
@@ -117,10 +123,30 @@ pub fn start_owner(
     tokio::spawn(owner.run(jobs, init));
 }
 
+/// A channel's receiving end, bounded or not.
+pub(super) trait Inbox {
+    type Item;
+    async fn next(&mut self) -> Option<Self::Item>;
+}
+
+impl<T> Inbox for UnboundedReceiver<T> {
+    type Item = T;
+    async fn next(&mut self) -> Option<T> {
+        self.recv().await
+    }
+}
+
+impl<T> Inbox for Receiver<T> {
+    type Item = T;
+    async fn next(&mut self) -> Option<T> {
+        self.recv().await
+    }
+}
+
 /// The next item of an optional channel; never, if there is none.
-pub(super) async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
+pub(super) async fn recv_opt<I: Inbox>(rx: &mut Option<I>) -> Option<I::Item> {
     match rx {
-        Some(r) => r.recv().await,
+        Some(r) => r.next().await,
         None => std::future::pending().await,
     }
 }
@@ -353,8 +379,11 @@ impl Owner {
         .map_err(|e| OpError::Internal(e.to_string()))??)
     }
 
-    /// An empty run dir (RAM file, sockets, logs) for a new QEMU.
+    /// An empty run dir (RAM file, sockets) for a new QEMU, whose boot starts a new
+    /// serial log (the last one, a crash's trace say, becomes `serial.log.1`).
     pub(super) fn prepare_run_dir(&self) -> Result<(), OpError> {
+        let serial = self.vm.dir.serial_log();
+        let _ = rebound_vmm::logcap::RotatingFile::new(&serial, self.logs.serial).rotate();
         let run = &self.vm.run;
         let _ = std::fs::remove_dir_all(run.path());
         rebound_vmm::private::create_dir_all(run.path())
@@ -381,7 +410,8 @@ impl Owner {
         let args = res.command.args()?;
         let blk = self.ensure_backends(&res.backends).await?;
         let group = self.qemu_group(recovering);
-        let child = match process::spawn_qemu(&res.qemu, &args, &run.qemu_log(), group.as_ref()) {
+        let qemu_log = self.vm.dir.qemu_log();
+        let child = match process::spawn_qemu(&res.qemu, &args, &qemu_log, group.as_ref()) {
             Ok(c) => c,
             Err(e) => {
                 if !recovering {
@@ -444,7 +474,7 @@ impl Owner {
             qemu: res.qemu.display().to_string(),
             argv: args,
         });
-        let connected = Self::connect_qmp(&self.vm.run.qmp(), &self.vm.run.qemu_log(), pid).await;
+        let connected = Self::connect_qmp(&self.vm.run.qmp(), &qemu_log, pid).await;
         let (qmp, events) = match connected {
             Ok(q) => q,
             Err(msg) => {
@@ -533,8 +563,17 @@ impl Owner {
         ready: ReadySpec,
     ) {
         let rec = self.vm.record();
+        let (run, dir) = (&self.vm.run, &self.vm.dir);
+        self.console = Some(ConsoleLink::start(ConsolePaths {
+            serial: run.serial_sock(),
+            attach: run.console_sock(),
+            log: dir.serial_log(),
+            log_cap: self.logs.serial,
+            qemu_log: dir.qemu_log(),
+            qemu_log_cap: self.logs.qemu,
+        }));
         if matches!(ready, ReadySpec::Agent) || rec.spec.kernel.is_none() {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (tx, rx) = rebound_vmm::agent::channel();
             self.agent = Some(Arc::new(AgentLink::start(&self.vm.run.agent(), tx)));
             self.agent_msgs = Some(rx);
         }
@@ -670,6 +709,7 @@ impl Owner {
                 }
             }
             AgentMsg::Error { message } => self.event(EventData::AgentError { message }),
+            AgentMsg::Throttled { dropped } => self.event(EventData::AgentThrottled { dropped }),
             AgentMsg::Io(r) => self.event(EventData::Io(r)),
             AgentMsg::Files(r) => self.event(EventData::Files(r)),
             AgentMsg::PeerEvent(p) => self.event(EventData::Peer(p)),
@@ -698,7 +738,7 @@ impl Owner {
         let (ready, port, serial, qmp) = (
             self.ready.clone(),
             self.probe_port,
-            self.vm.run.serial_log(),
+            self.vm.dir.serial_log(),
             self.qmp.clone(),
         );
         tokio::spawn(async move {
@@ -899,15 +939,15 @@ impl Owner {
         self.qmp_events = None;
         self.agent = None;
         self.agent_msgs = None;
+        self.console = None;
     }
 
-    /// Keeps the serial log with the record and removes the run dir (RAM, sockets).
+    /// Removes the run dir (RAM, sockets); the logs stay with the record.
     pub(super) fn cleanup_run_dir(&self) {
-        let _ = std::fs::copy(self.vm.run.serial_log(), self.vm.dir.serial_log());
         let _ = std::fs::remove_dir_all(self.vm.run.path());
     }
 
-    /// Drops the connections, keeps the serial log, removes the run dir (RAM,
+    /// Drops the connections, removes the run dir (RAM,
     /// sockets), marks the VM stopped and logs why.
     fn finish(&mut self, data: EventData) {
         if let Some(r) = self.restore.take() {

@@ -761,7 +761,7 @@ impl Owner {
             Answer::Kv(port) => Some(*port),
         };
         let host = guest.and_then(|g| rec.forwards.iter().find(|f| f.guest == g).map(|f| f.host));
-        let (serial, qmp) = (self.vm.run.serial_log(), self.qmp.clone());
+        let (serial, qmp) = (self.vm.dir.serial_log(), self.qmp.clone());
         Some(Box::pin(async move {
             let end = Instant::now() + RESPONSIVE_WAIT;
             while Instant::now() < end {

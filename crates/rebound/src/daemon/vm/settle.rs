@@ -98,13 +98,13 @@ impl Owner {
         }
         let args = dest.args()?;
         let group = self.qemu_group(false);
-        let child =
-            rebound_vmm::process::spawn_qemu(&qemu, &args, &side.join("qemu.log"), group.as_ref())
-                .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
+        // Both QEMUs append to the VM's one capped QEMU log, off the RAM tmpfs.
+        let qemu_log = self.vm.dir.qemu_log();
+        let child = rebound_vmm::process::spawn_qemu(&qemu, &args, &qemu_log, group.as_ref())
+            .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
         let new_pid = child.id().unwrap_or(0);
         crate::daemon::fault::point("settle:spawned");
-        let connected =
-            Self::connect_qmp(&side.join("qmp.sock"), &side.join("qemu.log"), new_pid).await;
+        let connected = Self::connect_qmp(&side.join("qmp.sock"), &qemu_log, new_pid).await;
         let (dq, devents) = match connected {
             Ok(q) => q,
             Err(why) => {

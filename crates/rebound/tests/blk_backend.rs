@@ -69,7 +69,7 @@ fn a_guest_reads_through_the_backend_and_its_recovery_vm_finds_the_cache_warm() 
         "web",
         &["--disk-cache", "32M", "--on-crash", "recover"],
     );
-    let blk: PathBuf = env.run.path().join("b1.blk");
+    let blk: PathBuf = env.run.path().join("b1@blk");
     let (socket, control) = (blk.join("disk0.sock"), blk.join("disk0.ctl"));
     let argv = first_argv(&env, "b1");
     assert!(
@@ -166,7 +166,7 @@ fn the_backend_refuses_what_it_cannot_serve_in_one_line() {
     let e = env.fails(&["vm", "start", "x", "--disk-backend", "nvme"]);
     assert!(e.contains("unknown disk backend"), "{e}");
     // Nothing was left running.
-    assert!(pids_naming(&env.run.path().join("x.blk")).is_empty());
+    assert!(pids_naming(&env.run.path().join("x@blk")).is_empty());
 }
 
 #[test]
@@ -174,7 +174,7 @@ fn a_killed_backend_is_replaced_and_the_guest_sees_no_error() {
     let env = Env::new();
     let img = rebound_image::open(env.home.path(), "default").unwrap();
     start_on_backend(&env, "f1", "web", &[]);
-    let socket = env.run.path().join("f1.blk/disk0.sock");
+    let socket = env.run.path().join("f1@blk/disk0.sock");
     let old = pids_naming(&socket);
     assert_eq!(old.len(), 1);
     // SIGKILL, as a crash of the backend would: nothing of it gets to clean up.
@@ -284,14 +284,14 @@ fn a_disk_entry_chooses_its_backend_and_cache_and_every_written_block_reaches_th
             "{p}"
         );
     }
-    let s = stats(&env, &env.run.path().join("io1.blk/disk1.ctl"));
+    let s = stats(&env, &env.run.path().join("io1@blk/disk1.ctl"));
     assert_eq!(s["cache"]["capacity_bytes"], 16 << 20, "{s}");
     assert!(
         s["cache"]["written_bytes"].as_u64().unwrap() >= 8 << 20,
         "{s}"
     );
     assert!(
-        !env.run.path().join("io1.blk/disk0.sock").exists(),
+        !env.run.path().join("io1@blk/disk0.sock").exists(),
         "the image's disk is QEMU's"
     );
     env.ok(&["vm", "stop", "io1"]);
@@ -349,13 +349,13 @@ fn a_full_backing_filesystem_fails_those_writes_and_nothing_else() {
         },
     );
     assert!(err.contains("Input/output error"), "{err}");
-    let socket = env.run.path().join("full1.blk/disk1.sock");
+    let socket = env.run.path().join("full1@blk/disk1.sock");
     let pids = pids_naming(&socket);
     assert_eq!(pids.len(), 1, "the backend went away");
     // The guest lives on: its agent answers and its data disk (another backend) reads.
     let st = env.status("full1");
     assert_eq!(st["state"], "running", "{st}");
-    let s = stats(&env, &env.run.path().join("full1.blk/disk1.ctl"));
+    let s = stats(&env, &env.run.path().join("full1@blk/disk1.ctl"));
     assert!(
         s["cache"]["written_bytes"].as_u64().unwrap() < 4 << 20,
         "{s}"
@@ -369,7 +369,7 @@ fn a_restarted_daemon_keeps_the_backends_and_still_replaces_one_that_dies() {
     let env = Env::new();
     let img = rebound_image::open(env.home.path(), "default").unwrap();
     start_on_backend(&env, "d1", "web", &[]);
-    let socket = env.run.path().join("d1.blk/disk0.sock");
+    let socket = env.run.path().join("d1@blk/disk0.sock");
     let before = pids_naming(&socket);
     env.kill_daemon();
     // The guest and its backend run on without a daemon; a new one adopts both.

@@ -101,7 +101,7 @@ fn recover_brings_the_service_back_on_the_same_port() {
     let left: Vec<_> = std::fs::read_dir(env.run.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .filter(|e| e.file_name().to_string_lossy().contains("@crash-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
@@ -335,7 +335,7 @@ fn a_full_dump_disk_loses_nothing_and_the_service_still_comes_back() {
     let kept: Vec<_> = std::fs::read_dir(env.run.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .filter(|e| e.file_name().to_string_lossy().contains("@crash-"))
         .collect();
     assert_eq!(kept.len(), 1, "the crashed memory was dropped");
     use std::os::unix::fs::MetadataExt;
@@ -532,7 +532,7 @@ fn a_daemon_killed_mid_dump_finishes_it_after_a_restart() {
     let left: Vec<_> = std::fs::read_dir(env.run.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains(".crash-"))
+        .filter(|e| e.file_name().to_string_lossy().contains("@crash-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let dir = std::path::Path::new(&dump).parent().unwrap();

@@ -165,7 +165,7 @@ fn a_crash_dump_is_whole_and_kept_whatever_step_the_daemon_dies_at() {
             .unwrap()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().to_string())
-            .filter(|n| n.contains(".crash-"))
+            .filter(|n| n.contains("@crash-"))
             .collect();
         assert!(left.is_empty(), "{step}: {left:?}");
         let dir = Path::new(&dump).parent().unwrap();

@@ -58,16 +58,34 @@ impl Catalog {
         f.write_all(&line).map_err(werr)
     }
 
+    /// Every directory listed (canonical when recorded).
+    pub fn dirs(&self) -> Result<Vec<PathBuf>, CatalogError> {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(self
+            .read()?
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| PathBuf::from(std::ffi::OsStr::from_bytes(l)))
+            .collect())
+    }
+
     /// Whether `dir` (canonicalized) is listed.
     pub fn contains(&self, dir: &Path) -> Result<bool, CatalogError> {
         self.lists(&canonical(dir)?)
     }
 
     fn lists(&self, dir: &Path) -> Result<bool, CatalogError> {
+        let text = self.read()?;
+        let want = dir.as_os_str().as_encoded_bytes();
+        Ok(text.split(|&b| b == b'\n').any(|l| l == want))
+    }
+
+    /// The catalog's bytes (none when it does not exist yet).
+    fn read(&self) -> Result<Vec<u8>, CatalogError> {
         let rerr = |e| CatalogError::Read(self.path.clone(), e);
         let f = match std::fs::File::open(&self.path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(rerr(e)),
         };
         let mut text = Vec::new();
@@ -75,8 +93,7 @@ impl Catalog {
         if text.len() as u64 > MAX_BYTES {
             return Err(CatalogError::TooLarge(self.path.clone()));
         }
-        let want = dir.as_os_str().as_encoded_bytes();
-        Ok(text.split(|&b| b == b'\n').any(|l| l == want))
+        Ok(text)
     }
 }
 
@@ -107,6 +124,7 @@ mod tests {
         assert!(c.contains(&t.path().join("link")).unwrap());
         let text = std::fs::read_to_string(t.path().join("catalog")).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
+        assert_eq!(c.dirs().unwrap(), [std::fs::canonicalize(&a).unwrap()]);
         assert!(c.contains(&t.path().join("missing")).is_err());
     }
 }

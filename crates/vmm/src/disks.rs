@@ -43,7 +43,7 @@ const MAX_CHAIN: usize = 8;
 /// an external file. The format is the one the snapshot declares, never probed
 /// from the content: a guest can write a qcow2 header into a raw disk. Backing
 /// files inside `roots[0]` (the snapshot) are checked in turn; other roots are the
-/// daemon's own read-only images.
+/// daemon's own (its read-only images, snapshots it wrote).
 pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result<(), DiskError> {
     let refuse = |p: &Path, why: String| Err(DiskError::Layer(p.to_path_buf(), why));
     let mut cur = (path.to_path_buf(), format);

@@ -903,13 +903,20 @@ impl Owner {
 
 /// The snapshot's disks as QEMU may open them: each of the format its manifest
 /// declares (never probed from content a guest wrote), raw or a qcow2 whose backing
-/// chain stays inside the snapshot and the daemon's images.
+/// chain stays inside the snapshot, the daemon's images and the snapshots the daemon
+/// wrote (a snapshot of a restored VM keeps its disk's base, the earlier snapshot's
+/// copy, by reference).
 fn check_disk_layers(
     snap: &Snapshot,
     paths: &rebound_vmm::paths::Paths,
 ) -> Result<Vec<(PathBuf, rebound_vmm::qemu::DiskFormat)>, OpError> {
     use rebound_vmm::qemu::DiskFormat;
-    let roots = [snap.path().to_path_buf(), paths.home.join("images")];
+    let mut roots = vec![snap.path().to_path_buf(), paths.home.join("images")];
+    roots.extend(
+        rebound_snapshot::Catalog::new(paths.snapshot_catalog())
+            .dirs()
+            .map_err(|e| OpError::Internal(crate::daemon::error::chain(&e)))?,
+    );
     let mut out = Vec::new();
     for d in &snap.manifest().disks {
         let fmt = match d.format.as_str() {

@@ -10,29 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hareplica::{diff_pages, ClientOptions, DiffRun, Mode, OnFailure, ReplicaClient};
+use hareplica::{ClientOptions, Mode, OnFailure, ReplicaClient};
 
 const KILLS: usize = 200;
 /// A small heap: each of the many checkpoints writes it whole.
 const SMALL_HEAP: usize = 256 << 10;
-
-/// Transaction `tx`: the workload's transactions 3tx..3tx+2 (a dozen pages or so), as
-/// runs against `shadow`, which is brought up to date.
-fn big_tx(heap: &mut [u8], shadow: &mut [u8], tx: u64) -> Vec<DiffRun> {
-    let mut pages = Vec::new();
-    for k in 0..3 {
-        pages.extend(apply_tx(heap, tx * 3 + k));
-    }
-    pages.sort_unstable();
-    pages.dedup();
-    let mut runs = Vec::new();
-    diff_pages(shadow, heap, &pages, PAGE, &mut runs);
-    for r in &runs {
-        let (s, e) = (r.offset as usize, r.end() as usize);
-        shadow[s..e].copy_from_slice(&heap[s..e]);
-    }
-    runs
-}
 
 fn spin_for(d: Duration) {
     let t = Instant::now();

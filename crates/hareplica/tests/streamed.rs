@@ -7,25 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use hareplica::{diff_pages, ClientOptions, DiffRun, Mode, OnFailure, ReplicaClient};
-
-/// Runs workload transaction `tx` on `heap` three times over (more pages) and returns
-/// its runs against `shadow`, which is brought up to date.
-fn big_tx(heap: &mut [u8], shadow: &mut [u8], tx: u64) -> Vec<DiffRun> {
-    let mut pages = Vec::new();
-    for k in 0..3 {
-        pages.extend(apply_tx(heap, tx * 3 + k));
-    }
-    pages.sort_unstable();
-    pages.dedup();
-    let mut runs = Vec::new();
-    diff_pages(shadow, heap, &pages, PAGE, &mut runs);
-    for r in &runs {
-        let (s, e) = (r.offset as usize, r.end() as usize);
-        shadow[s..e].copy_from_slice(&heap[s..e]);
-    }
-    runs
-}
+use hareplica::{ClientOptions, DiffRun, Mode, OnFailure, ReplicaClient};
 
 /// Sends `runs` as up to three parts and an end (or whole, when there are few runs).
 fn stream(c: &mut ReplicaClient, tx: u64, runs: &[DiffRun], heap: &[u8]) {

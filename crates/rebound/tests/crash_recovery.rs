@@ -25,16 +25,6 @@ fn crash_until_recovered(env: &Env, name: &str) -> u16 {
     port
 }
 
-/// Waits for the crash to be handled to its end and returns the report.
-fn settled_report(env: &Env, name: &str) -> Value {
-    eventually(Duration::from_secs(180), "the crash to be handled", || {
-        let (code, r) = env
-            .call("GET", &format!("/v1/vms/{name}/crashes/latest"), None)
-            .ok()?;
-        (code == 200 && (r["phase"] == "done" || r["phase"] == "failed")).then_some(r)
-    })
-}
-
 /// The guest kernel's log, as makedumpfile reads it out of a dump.
 fn dmesg(env: &Env, dump: &str) -> String {
     let out_file = env.home.path().join("dmesg.txt");
@@ -67,7 +57,7 @@ fn recover_brings_the_service_back_on_the_same_port() {
     assert_eq!(env.host_port("r1", 8080), port, "the service moved");
     assert_eq!(http_get(port, "/").unwrap().0, 200);
 
-    let r = settled_report(&env, "r1");
+    let r = env.settled_crash_report("r1");
     assert_eq!(r["phase"], "done", "{r}");
     assert_eq!(r["cause"], "panic");
     assert!(r["downtime_s"].as_f64().unwrap() > 0.0);
@@ -145,7 +135,7 @@ fn dump_and_recover_within_a_memory_budget() {
     );
     env.get_ok("POST", "/v1/vms/d1/wait?for=ready&timeout_ms=180000", None);
 
-    let r = settled_report(&env, "d1");
+    let r = env.settled_crash_report("d1");
     let m = &r["memory_limit"];
     assert!(
         m["enforced_by"].as_str().unwrap().starts_with("cgroup"),
@@ -319,7 +309,7 @@ fn a_full_dump_disk_loses_nothing_and_the_service_still_comes_back() {
     );
     let port = env.host_port("f1", 8080);
     env.ok(&["vm", "crash", "f1"]);
-    let r = settled_report(&env, "f1");
+    let r = env.settled_crash_report("f1");
     assert_eq!(r["phase"], "failed", "{r}");
     let notes = r["notes"].to_string();
     assert!(
@@ -369,7 +359,7 @@ fn a_recovery_vm_that_cannot_start_is_reported_and_the_dump_still_finishes() {
     // crashed QEMU let it go): the recovery VM cannot forward it and QEMU refuses to
     // start.
     let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-    let r = settled_report(&env, "b1");
+    let r = env.settled_crash_report("b1");
     assert_eq!(r["phase"], "failed", "{r}");
     let notes = r["notes"].to_string();
     assert!(
@@ -411,7 +401,7 @@ fn auto_io_policy_gives_a_disk_bound_service_the_disk_first() {
         ("io3", "dump-first", "memory-critical"),
     ] {
         crash_until_recovered(&env, name);
-        let r = settled_report(&env, name);
+        let r = env.settled_crash_report(name);
         assert_eq!(r["phase"], "done", "{r}");
         assert_eq!(r["io_policy"], format!("auto: {chose}"), "{r}");
         let notes = r["notes"].to_string();
@@ -449,7 +439,7 @@ fn the_service_answers_while_a_rate_limited_dump_still_runs() {
         "the dump ended before the service came back: {kinds:?}"
     );
     assert_eq!(env.status("s1")["job"], "dump");
-    let r = settled_report(&env, "s1");
+    let r = env.settled_crash_report("s1");
     assert_eq!(r["phase"], "done", "{r}");
     // The rate held: the dump took at least its bytes at 5 MB/s (less one chunk,
     // which goes out before the first wait).
@@ -503,7 +493,7 @@ fn a_daemon_killed_mid_dump_finishes_it_after_a_restart() {
 
     // A new daemon (the CLI starts it) finishes the dump, then recovers.
     env.ok(&["vm", "list"]);
-    let r = settled_report(&env, "k1");
+    let r = env.settled_crash_report("k1");
     assert_eq!(r["phase"], "done", "{r}");
     assert!(r["notes"].to_string().contains("resumed the dump"), "{r}");
     env.wait_event("k1", "recovered");
@@ -574,7 +564,7 @@ fn without_vmcoreinfo_the_dump_is_whole_and_says_so() {
         ram.write_all_at(&[0u8; 4096], paddr).unwrap();
     }
     crash_until_recovered(&env, "v1");
-    let r = settled_report(&env, "v1");
+    let r = env.settled_crash_report("v1");
     assert_eq!(r["phase"], "done", "{r}");
     let notes = r["notes"].to_string();
     assert!(
@@ -673,7 +663,7 @@ fn a_recovery_vm_restored_from_a_post_boot_snapshot_serves_its_state() {
         "{restore}"
     );
 
-    let r = settled_report(&env, "kr");
+    let r = env.settled_crash_report("kr");
     assert_eq!(r["phase"], "done", "{r}");
     assert_eq!(r["recovered_from"], s, "{r}");
     assert!(

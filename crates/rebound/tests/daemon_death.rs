@@ -76,15 +76,6 @@ fn no_hidden_qemu(env: &Env) {
     }
 }
 
-fn report(env: &Env, name: &str) -> Value {
-    eventually(Duration::from_secs(180), "the crash to be handled", || {
-        let (code, r) = env
-            .call("GET", &format!("/v1/vms/{name}/crashes/latest"), None)
-            .ok()?;
-        (code == 200 && (r["phase"] == "done" || r["phase"] == "failed")).then_some(r)
-    })
-}
-
 fn osrelease(dump: &str, step: &str) -> String {
     let out = Command::new("crash")
         .args(["--osrelease", dump])
@@ -147,7 +138,7 @@ fn a_crash_dump_is_whole_and_kept_whatever_step_the_daemon_dies_at() {
         );
         restart(&mut env);
 
-        let r = report(&env, "c1");
+        let r = env.settled_crash_report("c1");
         assert_eq!(r["phase"], "done", "{step}: {r}");
         assert!(!ids.contains(&r["id"]), "{step}: a new crash: {r}");
         ids.push(r["id"].clone());

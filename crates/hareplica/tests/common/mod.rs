@@ -143,6 +143,24 @@ fn spawn(listen: &str, dir: &Path, extra: &[String]) -> (Child, Endpoint, Arc<Mu
     (child, ep, log)
 }
 
+/// The workload's transactions 3tx..3tx+2 run on `heap` (a dozen pages or so), as
+/// runs against `shadow`, which is brought up to date.
+pub fn big_tx(heap: &mut [u8], shadow: &mut [u8], tx: u64) -> Vec<DiffRun> {
+    let mut pages = Vec::new();
+    for k in 0..3 {
+        pages.extend(apply_tx(heap, tx * 3 + k));
+    }
+    pages.sort_unstable();
+    pages.dedup();
+    let mut runs = Vec::new();
+    diff_pages(shadow, heap, &pages, PAGE, &mut runs);
+    for r in &runs {
+        let (s, e) = (r.offset as usize, r.end() as usize);
+        shadow[s..e].copy_from_slice(&heap[s..e]);
+    }
+    runs
+}
+
 /// Transaction `tx` of the deterministic workload: writes into 1..=6 random pages.
 /// Returns the written pages, sorted.
 pub fn apply_tx(heap: &mut [u8], tx: u64) -> Vec<usize> {

@@ -256,6 +256,17 @@ impl Env {
         child
     }
 
+    /// Waits for the latest crash of `name` to be handled to its end (done or
+    /// failed) and returns its report.
+    pub fn settled_crash_report(&self, name: &str) -> Value {
+        eventually(Duration::from_secs(180), "the crash to be handled", || {
+            let (code, r) = self
+                .call("GET", &format!("/v1/vms/{name}/crashes/latest"), None)
+                .ok()?;
+            (code == 200 && (r["phase"] == "done" || r["phase"] == "failed")).then_some(r)
+        })
+    }
+
     /// The daemon's pid from /v1/health.
     pub fn daemon_pid(&self) -> u32 {
         self.get_ok("GET", "/v1/health", None)["pid"]

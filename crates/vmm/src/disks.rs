@@ -163,8 +163,9 @@ fn qemu_img() -> String {
 
 /// Creates (replacing any old one) a qcow2 overlay at `overlay` backed by `base`.
 pub fn create_overlay(base: &Path, overlay: &Path) -> Result<Disk, DiskError> {
-    let fmt = detect_format(base)?;
-    create_overlay_as(base, fmt, overlay)
+    let base = std::fs::canonicalize(base).map_err(|e| DiskError::Read(base.to_path_buf(), e))?;
+    let fmt = detect_format(&base)?;
+    create_overlay_as(&base, fmt, overlay)
 }
 
 /// Like [`create_overlay`], with the base's format given rather than probed (a

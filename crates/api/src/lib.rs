@@ -31,5 +31,5 @@ pub use snapshot::{
     ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
     SnapshotRequest, SnapshotResult, StockSave,
 };
-pub use spec::{AccelChoice, Forward, ReadySpec, SpecError, VmSpec, Workload};
+pub use spec::{AccelChoice, Forward, NamedFiles, ReadySpec, SpecError, VmSpec, Workload};
 pub use status::{Accel, EvictRingAddr, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

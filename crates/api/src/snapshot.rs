@@ -186,6 +186,29 @@ pub struct RestoreRequest {
     /// wait in QEMU's network queue and reach the guest when `vm resume` starts it).
     #[serde(default)]
     pub replay: Option<Vec<ReplayNic>>,
+    /// The kernel of a snapshot whose VM booted the user's own (absolute host path):
+    /// a snapshot's host paths are never opened on its say-so, so the user names
+    /// the file again. Only for such a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// The initrd of a snapshot whose VM had one of the user's, named again (as `kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    /// The files of the snapshot's VM's pmem devices, named again (absolute host
+    /// paths, one per device, in its spec's order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pmem: Vec<String>,
+}
+
+impl RestoreRequest {
+    /// The host files this request names for the snapshot's VM.
+    pub fn named_files(&self) -> crate::spec::NamedFiles {
+        crate::spec::NamedFiles {
+            kernel: self.kernel.clone(),
+            initrd: self.initrd.clone(),
+            pmem: self.pmem.clone(),
+        }
+    }
 }
 
 /// One bridge NIC's frames to replay into a restored guest.

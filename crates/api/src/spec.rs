@@ -448,6 +448,26 @@ pub struct HostPath {
     pub path: String,
 }
 
+/// Host files a user names again for a restore (`vm restore --kernel, --initrd,
+/// --pmem`): the snapshot's own words for them are never used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamedFiles {
+    pub kernel: Option<String>,
+    pub initrd: Option<String>,
+    pub pmem: Vec<String>,
+}
+
+impl NamedFiles {
+    /// Each file with the flag that names it.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &String)> {
+        self.kernel
+            .iter()
+            .map(|p| ("--kernel", p))
+            .chain(self.initrd.iter().map(|p| ("--initrd", p)))
+            .chain(self.pmem.iter().map(|p| ("--pmem", p)))
+    }
+}
+
 impl VmSpec {
     /// Every host file or directory this spec makes the daemon open, create, map or
     /// write: what a spec from someone other than the daemon's user (a cluster peer,
@@ -479,21 +499,56 @@ impl VmSpec {
     /// snapshot's own copies (`disk_copies`, one per extra disk, files inside the
     /// snapshot), keeping their options but `size=`; a dump directory or a
     /// `recover_from` is dropped, with a note saying so; a kernel, initrd or pmem
-    /// file (host files QEMU would open or map) refuses the restore.
-    pub fn for_restore(mut self, disk_copies: &[String]) -> Result<(VmSpec, Vec<String>), String> {
-        let refused = |what: &str, path: &str| {
-            Err(format!(
-                "the snapshot's VM used the host file {path:?} as its {what}: a snapshot's host paths are never opened on its say-so, so it cannot be restored here (start a VM with that {what} instead)"
-            ))
-        };
-        if let Some(k) = &self.kernel {
-            return refused("kernel", k);
+    /// file (host files QEMU would open or map) must be named again by the user
+    /// (`named`), each one the VM had and no other: the restored devices must be
+    /// the ones its device state holds.
+    pub fn for_restore(
+        mut self,
+        disk_copies: &[String],
+        named: &NamedFiles,
+    ) -> Result<(VmSpec, Vec<String>), String> {
+        for (flag, p) in named.iter() {
+            if !p.starts_with('/') {
+                return Err(format!("{flag} {p:?} must be an absolute path"));
+            }
         }
-        if let Some(i) = &self.initrd {
-            return refused("initrd", i);
+        for (what, flag, had, given) in [
+            ("kernel", "--kernel", &mut self.kernel, &named.kernel),
+            ("initrd", "--initrd", &mut self.initrd, &named.initrd),
+        ] {
+            match (had.as_ref(), given) {
+                (Some(p), None) => {
+                    return Err(format!(
+                        "the snapshot's VM booted the host file {p:?} as its {what}, and a snapshot's host paths are never opened on its say-so: pass {flag} FILE to name it again"
+                    ))
+                }
+                (None, Some(g)) => {
+                    return Err(format!(
+                        "{flag} {g:?} names a file the snapshot's VM did not have (it booted no {what} of the user's): a restore's devices must be the snapshot's"
+                    ))
+                }
+                (Some(_), Some(g)) => *had = Some(g.clone()),
+                (None, None) => {}
+            }
         }
-        if let Some(p) = self.pmem.first() {
-            return refused("pmem device", p);
+        match (self.pmem.len(), named.pmem.len()) {
+            (had, given) if had == given => self.pmem.clone_from(&named.pmem),
+            (had, 0) => {
+                return Err(format!(
+                    "the snapshot's VM mapped the host file {:?} as a pmem device ({had} in all), and a snapshot's host paths are never opened on its say-so: pass --pmem FILE for each, in order",
+                    self.pmem[0]
+                ))
+            }
+            (0, given) => {
+                return Err(format!(
+                    "--pmem names {given} file(s) but the snapshot's VM had no pmem device: a restore's devices must be the snapshot's"
+                ))
+            }
+            (had, given) => {
+                return Err(format!(
+                    "--pmem names {given} file(s) but the snapshot's VM had {had} pmem devices: name one file for each, in order"
+                ))
+            }
         }
         if disk_copies.len() != self.disks.len() {
             return Err(format!(
@@ -804,10 +859,13 @@ mod tests {
 
     #[test]
     fn a_snapshots_spec_opens_no_host_path() {
+        let none = NamedFiles::default();
         let s = spec(serde_json::json!({"name": "a",
             "disks": ["/home/u/data.img,backend=rebound,cache=host:64M,size=1G"],
             "crash": {"dump_dir": "/root/.ssh", "recover_from": "/s"}}));
-        let (r, notes) = s.for_restore(&["/snap/disk-disk1.qcow2".into()]).unwrap();
+        let (r, notes) = s
+            .for_restore(&["/snap/disk-disk1.qcow2".into()], &none)
+            .unwrap();
         assert_eq!(
             r.disks,
             ["/snap/disk-disk1.qcow2,backend=rebound,cache=host:64M"]
@@ -815,27 +873,120 @@ mod tests {
         assert_eq!((&r.crash.dump_dir, &r.crash.recover_from), (&None, &None));
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(r.host_paths().iter().all(|h| h.path.starts_with("/snap/")));
-        for (field, v) in [
+        // A kernel, initrd or pmem file of the snapshot's is never taken: the
+        // refusal names the flag that names it again.
+        for (field, flag, v) in [
             (
                 "kernel",
+                "pass --kernel FILE",
                 serde_json::json!({"name": "a", "kernel": "/boot/x"}),
             ),
             (
                 "initrd",
+                "pass --initrd FILE",
                 serde_json::json!({"name": "a", "initrd": "/boot/i"}),
             ),
             (
-                "pmem",
+                "pmem device",
+                "pass --pmem FILE for each",
                 serde_json::json!({"name": "a", "pmem": ["/var/lib/other.img"]}),
             ),
         ] {
-            let e = spec(v).for_restore(&[]).unwrap_err();
-            assert!(e.contains(field) && e.contains("never opened"), "{e}");
+            let e = spec(v).for_restore(&[], &none).unwrap_err();
+            assert!(
+                e.contains(field) && e.contains("never opened") && e.contains(flag),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
         }
         let e = spec(serde_json::json!({"name": "a", "disks": ["/x"]}))
-            .for_restore(&[])
+            .for_restore(&[], &none)
             .unwrap_err();
         assert!(e.contains("does not fit together"), "{e}");
+    }
+
+    #[test]
+    fn a_restore_takes_the_files_the_user_names_again_and_only_those() {
+        let named = |k: Option<&str>, i: Option<&str>, p: &[&str]| NamedFiles {
+            kernel: k.map(Into::into),
+            initrd: i.map(Into::into),
+            pmem: p.iter().map(|s| s.to_string()).collect(),
+        };
+        let byo = || {
+            spec(
+                serde_json::json!({"name": "a", "kernel": "/old/k", "initrd": "/old/i",
+                "append": "console=ttyS0", "ready": "tcp:22",
+                "pmem": ["/old/p0", "/old/p1"]}),
+            )
+        };
+        // Each file named again: the restored spec names the user's, never the snapshot's.
+        let (r, notes) = byo()
+            .for_restore(
+                &[],
+                &named(Some("/new/k"), Some("/new/i"), &["/new/p0", "/new/p1"]),
+            )
+            .unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(
+            (r.kernel.as_deref(), r.initrd.as_deref()),
+            (Some("/new/k"), Some("/new/i"))
+        );
+        assert_eq!(r.pmem, ["/new/p0", "/new/p1"]);
+        assert_eq!(r.append.as_deref(), Some("console=ttyS0"));
+        assert!(r.host_paths().iter().all(|h| h.path.starts_with("/new/")));
+        // One missing: refused, naming the flag.
+        for (n, want) in [
+            (
+                named(None, Some("/n/i"), &["/a", "/b"]),
+                "pass --kernel FILE",
+            ),
+            (
+                named(Some("/n/k"), None, &["/a", "/b"]),
+                "pass --initrd FILE",
+            ),
+            (named(Some("/n/k"), Some("/n/i"), &[]), "pass --pmem FILE"),
+            (
+                named(Some("/n/k"), Some("/n/i"), &["/a"]),
+                "--pmem names 1 file(s) but the snapshot's VM had 2 pmem devices",
+            ),
+            (
+                named(Some("/n/k"), Some("/n/i"), &["/a", "/b", "/c"]),
+                "--pmem names 3 file(s) but the snapshot's VM had 2",
+            ),
+            (
+                named(Some("k"), Some("/n/i"), &["/a", "/b"]),
+                "--kernel \"k\" must be an absolute path",
+            ),
+            (
+                named(Some("/n/k"), Some("/n/i"), &["/a", "p1"]),
+                "--pmem \"p1\" must be an absolute path",
+            ),
+        ] {
+            let e = byo().for_restore(&[], &n).unwrap_err();
+            assert!(e.contains(want), "{n:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        // A file the snapshot's VM did not have: refused (its devices would not
+        // match its device state).
+        let plain = || spec(serde_json::json!({"name": "a"}));
+        for (n, want) in [
+            (named(Some("/k"), None, &[]), "--kernel \"/k\" names a file"),
+            (named(None, Some("/i"), &[]), "--initrd \"/i\" names a file"),
+            (
+                named(None, None, &["/p"]),
+                "--pmem names 1 file(s) but the snapshot's VM had no pmem device",
+            ),
+        ] {
+            let e = plain().for_restore(&[], &n).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // A kernel without an initrd, named alone, restores.
+        let k = spec(serde_json::json!({"name": "a", "kernel": "/old/k", "ready": "tcp:22"}));
+        let (r, _) = k
+            .for_restore(&[], &named(Some("/new/k"), None, &[]))
+            .unwrap();
+        assert_eq!((r.kernel.as_deref(), r.initrd), (Some("/new/k"), None));
+        assert!(r.pmem.is_empty());
     }
 
     #[test]

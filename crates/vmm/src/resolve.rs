@@ -97,6 +97,22 @@ fn must_exist(p: &str, err: fn(PathBuf) -> BootError) -> Result<PathBuf, BootErr
     }
 }
 
+/// Checks the host files a spec boots from or maps (kernel, initrd, pmem files) as
+/// a start does: each a regular file, a pmem file raw and a whole number of 2 MiB.
+/// A restore runs it on the files its user named before anything is loaded.
+pub fn check_host_files(spec: &VmSpec) -> Result<(), BootError> {
+    if let Some(k) = &spec.kernel {
+        must_exist(k, BootError::NoKernel)?;
+    }
+    if let Some(i) = &spec.initrd {
+        must_exist(i, BootError::NoInitrd)?;
+    }
+    for p in &spec.pmem {
+        disks::pmem_size_mib(Path::new(p))?;
+    }
+    Ok(())
+}
+
 /// The kernel command line for one of our images: the image's own plus the workload.
 pub fn image_append(base: &str, spec: &VmSpec) -> String {
     let mut a = base.trim().to_string();

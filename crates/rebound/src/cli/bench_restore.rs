@@ -326,6 +326,9 @@ impl Bench {
                     .collect(),
             ),
             replay: None,
+            kernel: None,
+            initrd: None,
+            pmem: Vec::new(),
         };
         let load = (workload == "kv").then(|| self.kv_load());
         let t0 = Instant::now();

@@ -734,6 +734,17 @@ pub struct RestoreArgs {
     /// frames in flight to it at a cluster snapshot's cut.
     #[arg(long = "replay", value_parser = parse_replay)]
     pub replay: Vec<rebound_api::ReplayNic>,
+    /// The kernel of a snapshot whose VM booted your own: a snapshot's host paths
+    /// are never opened on its say-so, so name the file again.
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// The initrd of a snapshot whose VM had your own, named again.
+    #[arg(long)]
+    pub initrd: Option<PathBuf>,
+    /// The file of each pmem device of the snapshot's VM, named again (repeatable,
+    /// in the order the VM had them).
+    #[arg(long)]
+    pub pmem: Vec<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,

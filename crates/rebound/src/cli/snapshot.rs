@@ -11,7 +11,7 @@ use rebound_api::{RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult
 use rebound_snapshot::Snapshot;
 use rebound_vmm::paths::Paths;
 
-use super::vm::{enc, show_progress};
+use super::vm::{abs_file, enc, show_progress};
 use super::{connect, RestoreArgs, SnapshotCmd};
 
 pub(crate) fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
@@ -94,6 +94,21 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         watch_s: a.watch_s,
         forwards: (!a.forwards.is_empty()).then(|| a.forwards.clone()),
         replay: (!a.replay.is_empty()).then(|| a.replay.clone()),
+        kernel: a
+            .kernel
+            .as_deref()
+            .map(|k| abs_file(k, "kernel"))
+            .transpose()?,
+        initrd: a
+            .initrd
+            .as_deref()
+            .map(|i| abs_file(i, "initrd"))
+            .transpose()?,
+        pmem: a
+            .pmem
+            .iter()
+            .map(|p| abs_file(p, "pmem"))
+            .collect::<anyhow::Result<_>>()?,
     };
     let body = serde_json::to_value(&req)?;
     let call = {

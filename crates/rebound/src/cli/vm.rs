@@ -351,7 +351,7 @@ async fn simple(paths: &Paths, name: &str, op: &str, done: &str) -> anyhow::Resu
     Ok(())
 }
 
-fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
+pub(crate) fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
     if !p.is_file() {
         bail!("{what} file {} not found", p.display());
     }

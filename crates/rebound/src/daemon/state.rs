@@ -188,7 +188,14 @@ impl Daemon {
             .skip(m.disks.len().saturating_sub(spec.disks.len()))
             .map(|d| snap.path_of(&d.file).display().to_string())
             .collect();
-        let (mut spec, notes) = spec.for_restore(&copies).map_err(OpError::SnapshotInput)?;
+        // Its kernel, initrd and pmem files are the ones the user names again.
+        let (mut spec, notes) = spec
+            .for_restore(&copies, &req.named_files())
+            .map_err(OpError::SnapshotInput)?;
+        let named = spec.clone();
+        tokio::task::spawn_blocking(move || rebound_vmm::resolve::check_host_files(&named))
+            .await
+            .map_err(|e| OpError::Internal(e.to_string()))??;
         spec.name = req.name.clone();
         // The snapshot's VM may still run: the copy gets host ports of its own,
         // unless the request names them.

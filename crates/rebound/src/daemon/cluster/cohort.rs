@@ -120,6 +120,11 @@ impl CohortVms for DaemonVms {
             watch_s: a.watch_s,
             forwards: a.forwards,
             replay,
+            // A peer names no host file: a snapshot whose VM had a kernel, initrd or
+            // pmem file of the user's is refused here (`VmSpec::for_restore`).
+            kernel: None,
+            initrd: None,
+            pmem: Vec::new(),
         };
         let t = Instant::now();
         tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");

@@ -144,6 +144,10 @@ impl Owner {
                 watch_s: rebound_api::snapshot::default_watch_s(),
                 forwards: None,
                 replay: None,
+                // The recovery VM's spec is the crashed VM's own, not the snapshot's.
+                kernel: None,
+                initrd: None,
+                pmem: Vec::new(),
             },
             snap,
             recovery: Some(Recovery {

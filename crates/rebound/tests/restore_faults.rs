@@ -11,6 +11,7 @@
 use crate::common;
 
 use std::fs::OpenOptions;
+use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -283,6 +284,53 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
         "lazy",
         &["disk layer", "outside the snapshot"],
     );
+    // A disk layer that reads through another snapshot this daemon wrote (`snap`,
+    // listed in its catalog): a snapshot dropped into the store cannot give its
+    // guest another snapshot's disk. Refused whether the catalog lists it not at
+    // all or from an older Rebound (a plain line, which recorded no bases).
+    let borrow = edited_copy(&snap, &home.join("borrow"), |_| {});
+    let disk = Path::new(&borrow).join("disk-disk0.qcow2");
+    std::fs::remove_file(&disk).unwrap();
+    let theirs = snap.join("disk-disk0.qcow2");
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(&theirs)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let len = std::fs::metadata(&disk).unwrap().len();
+    edited_copy_in_place(Path::new(&borrow), |v| v["disks"][0]["size"] = len.into());
+    let lies = format!("{} lies outside", theirs.display());
+    refused(
+        &borrow,
+        "borrow",
+        "lazy",
+        &["disk layer", &lies, "did not write the snapshot"],
+    );
+    let catalog = home.join("snapshots.list");
+    let mut f = OpenOptions::new().append(true).open(&catalog).unwrap();
+    let real = std::fs::canonicalize(&borrow).unwrap();
+    writeln!(f, "{}", real.display()).unwrap();
+    refused(&borrow, "borrow", "lazy", &[&lies, "older Rebound"]);
+    // A restore names only the files the snapshot's VM had: this one booted the
+    // image, so a kernel of the user's is refused.
+    let k = home.join("vmlinuz");
+    std::fs::write(&k, b"not a kernel").unwrap();
+    let e = env.fails(&[
+        "vm",
+        "restore",
+        s,
+        "--name",
+        "kernel",
+        "--kernel",
+        k.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("--kernel") && e.contains("names a file the snapshot's VM did not have"),
+        "{e}"
+    );
+    assert_eq!(vm_names(&env), ["src"], "{e}");
     // A RAM image that is a link (here to the real image elsewhere: same size).
     let linked = edited_copy(&snap, &home.join("linked"), |_| {});
     std::fs::remove_file(Path::new(&linked).join(IMAGE)).unwrap();

@@ -16,7 +16,7 @@ pub mod load;
 pub mod manifest;
 pub mod trace;
 
-pub use catalog::{Catalog, CatalogError};
+pub use catalog::{Base, Catalog, CatalogError, Listing};
 pub use image::{
     cached_bytes, copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError,
 };

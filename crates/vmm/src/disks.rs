@@ -34,18 +34,91 @@ pub enum DiskError {
     Layer(PathBuf, String),
 }
 
-/// How deep a snapshot's own chain of qcow2 layers may go.
-const MAX_CHAIN: usize = 8;
+/// How deep a snapshot's chain of qcow2 layers may go (each snapshot of a restored
+/// VM adds one).
+const MAX_CHAIN: usize = 32;
+
+/// Where a snapshot's disk layers may read through.
+#[derive(Debug, Clone)]
+pub struct LayerRoots {
+    /// The snapshot's directory: layers inside it are checked in turn.
+    pub snapshot: PathBuf,
+    /// The daemon's read-only images: trusted, a chain ends there.
+    pub images: PathBuf,
+    /// The files outside both that the daemon recorded, when it wrote this very
+    /// snapshot, as bases of its layers (canonical, with the format declared for
+    /// them): checked in turn.
+    pub bases: Vec<(PathBuf, DiskFormat)>,
+    /// Why a file outside that is none of `bases` is not allowed, for the refusal.
+    pub unrecorded: String,
+}
 
 /// Checks a disk layer that came from outside (a snapshot) before QEMU opens it:
 /// a regular file (no link, no device), raw, or qcow2 whose backing files are
-/// regular files inside `roots` with a declared format, and which keeps no data in
-/// an external file. The format is the one the snapshot declares, never probed
-/// from the content: a guest can write a qcow2 header into a raw disk. Backing
-/// files inside `roots[0]` (the snapshot) are checked in turn; other roots are the
-/// daemon's own (its read-only images, snapshots it wrote).
-pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result<(), DiskError> {
+/// regular files with a declared format, inside the snapshot or the daemon's
+/// images, or one of the bases the daemon recorded for this snapshot, and which
+/// keeps no data in an external file. The format is the one the snapshot declares,
+/// never probed from the content: a guest can write a qcow2 header into a raw disk.
+pub fn check_layer(path: &Path, format: DiskFormat, roots: &LayerRoots) -> Result<(), DiskError> {
+    walk_chain(path, format, roots, |p, b, fmt| {
+        match roots.bases.iter().find(|(f, _)| f == b) {
+            Some((_, recorded)) if *recorded == fmt => Ok(()),
+            Some((_, recorded)) => Err(DiskError::Layer(
+                p.to_path_buf(),
+                format!(
+                    "its backing file {} is declared {} but was recorded as {}",
+                    b.display(),
+                    fmt.as_str(),
+                    recorded.as_str()
+                ),
+            )),
+            None => Err(DiskError::Layer(
+                p.to_path_buf(),
+                format!(
+                    "its backing file {} lies outside the snapshot and the daemon's images, {}",
+                    b.display(),
+                    roots.unrecorded
+                ),
+            )),
+        }
+    })
+}
+
+/// The files outside `snapshot` and `images` that a layer of the snapshot reads
+/// through, down its whole chain, with their declared formats: what the daemon
+/// records for a snapshot it writes ([`LayerRoots::bases`]).
+pub fn external_bases(
+    path: &Path,
+    format: DiskFormat,
+    snapshot: &Path,
+    images: &Path,
+) -> Result<Vec<(PathBuf, DiskFormat)>, DiskError> {
+    let roots = LayerRoots {
+        snapshot: snapshot.to_path_buf(),
+        images: images.to_path_buf(),
+        bases: Vec::new(),
+        unrecorded: String::new(),
+    };
+    let mut out = Vec::new();
+    walk_chain(path, format, &roots, |_, b, fmt| {
+        out.push((b.to_path_buf(), fmt));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Follows a layer's backing chain, checking each layer; `outside` decides on
+/// each backing file outside the snapshot and the images (which it continues
+/// into when it allows it).
+fn walk_chain(
+    path: &Path,
+    format: DiskFormat,
+    roots: &LayerRoots,
+    mut outside: impl FnMut(&Path, &Path, DiskFormat) -> Result<(), DiskError>,
+) -> Result<(), DiskError> {
     let refuse = |p: &Path, why: String| Err(DiskError::Layer(p.to_path_buf(), why));
+    let inside =
+        |r: &Path, b: &Path| std::fs::canonicalize(r).is_ok_and(|r| b.starts_with(&r) && b != r);
     let mut cur = (path.to_path_buf(), format);
     for _ in 0..MAX_CHAIN {
         let (p, fmt) = cur;
@@ -93,19 +166,6 @@ pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result
         let b = std::fs::canonicalize(dir.join(backing)).map_err(|e| {
             DiskError::Layer(p.clone(), format!("its backing file {backing:?}: {e}"))
         })?;
-        let Some(root) = roots
-            .iter()
-            .filter_map(|r| std::fs::canonicalize(r).ok())
-            .position(|r| b.starts_with(&r) && b != r)
-        else {
-            return refuse(
-                &p,
-                format!(
-                    "its backing file {} lies outside the snapshot and the daemon's images",
-                    b.display()
-                ),
-            );
-        };
         let bfmt = match v["backing-filename-format"].as_str() {
             Some("raw") => DiskFormat::Raw,
             Some("qcow2") => DiskFormat::Qcow2,
@@ -116,7 +176,7 @@ pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result
                 )
             }
         };
-        if root != 0 {
+        if inside(&roots.images, &b) {
             // One of the daemon's own images: read-only and trusted.
             let md = std::fs::symlink_metadata(&b).map_err(|e| DiskError::Read(b.clone(), e))?;
             return if md.file_type().is_file() {
@@ -127,6 +187,9 @@ pub fn check_layer(path: &Path, format: DiskFormat, roots: &[PathBuf]) -> Result
                     format!("its backing file {} is not a regular file", b.display()),
                 )
             };
+        }
+        if !inside(&roots.snapshot, &b) {
+            outside(&p, &b, bfmt)?;
         }
         cur = (b, bfmt);
     }
@@ -302,7 +365,12 @@ mod layer_tests {
         for d in [&snap, &images, &elsewhere] {
             std::fs::create_dir(d).unwrap();
         }
-        let roots = [snap.clone(), images.clone()];
+        let roots = LayerRoots {
+            snapshot: snap.clone(),
+            images: images.clone(),
+            bases: Vec::new(),
+            unrecorded: "and this daemon did not write the snapshot".into(),
+        };
         let s = |n: &str| snap.join(n).to_str().unwrap().to_string();
         std::fs::write(images.join("base.img"), vec![1u8; 1 << 20]).unwrap();
         std::fs::write(elsewhere.join("secret"), vec![2u8; 1 << 20]).unwrap();
@@ -373,7 +441,7 @@ mod layer_tests {
         ]);
         std::os::unix::fs::symlink(&secret, snap.join("link.img")).unwrap();
         for (file, fmt, why) in [
-            ("out.qcow2", DiskFormat::Qcow2, "outside the snapshot"),
+            ("out.qcow2", DiskFormat::Qcow2, "did not write the snapshot"),
             ("deep.qcow2", DiskFormat::Qcow2, "outside the snapshot"),
             ("nbd.qcow2", DiskFormat::Qcow2, "not a plain path"),
             ("ext.qcow2", DiskFormat::Qcow2, "external file"),
@@ -385,6 +453,74 @@ mod layer_tests {
                 .to_string();
             assert!(e.contains(why), "{file}: {e}");
         }
+    }
+
+    #[test]
+    fn a_layer_reads_through_another_snapshot_only_where_its_own_record_says() {
+        let t = tempfile::tempdir().unwrap();
+        let d = |n: &str| {
+            let p = t.path().join(n);
+            std::fs::create_dir(&p).unwrap();
+            std::fs::canonicalize(p).unwrap()
+        };
+        let (images, s1, s2, s3) = (d("images"), d("s1"), d("s2"), d("s3"));
+        std::fs::write(images.join("base.img"), vec![1u8; 1 << 20]).unwrap();
+        // A chain as snapshots of restored VMs leave it: s3 over s2 over s1 over
+        // the image.
+        let layer = |dir: &Path, base: &Path, fmt: &str| {
+            let f = dir.join("disk-disk0.qcow2");
+            let (f_s, b_s) = (f.to_str().unwrap(), base.to_str().unwrap());
+            qemu_img_create(&["-f", "qcow2", "-b", b_s, "-F", fmt, f_s]);
+            f
+        };
+        let l1 = layer(&s1, &images.join("base.img"), "raw");
+        let l2 = layer(&s2, &l1, "qcow2");
+        let l3 = layer(&s3, &l2, "qcow2");
+        let q = DiskFormat::Qcow2;
+        // What the daemon records when it writes each: every file outside down the
+        // chain, the images excluded.
+        assert_eq!(external_bases(&l1, q, &s1, &images).unwrap(), []);
+        assert_eq!(
+            external_bases(&l3, q, &s3, &images).unwrap(),
+            [(l2.clone(), q), (l1.clone(), q)]
+        );
+        let roots = |snapshot: &Path, bases: Vec<(PathBuf, DiskFormat)>| LayerRoots {
+            snapshot: snapshot.to_path_buf(),
+            images: images.clone(),
+            bases,
+            unrecorded: "UNRECORDED".into(),
+        };
+        check_layer(&l3, q, &roots(&s3, vec![(l2.clone(), q), (l1.clone(), q)])).unwrap();
+        // A record that lacks a step down the chain, names another format, or
+        // belongs to another snapshot: refused.
+        for (r, why) in [
+            (roots(&s3, vec![(l2.clone(), q)]), "UNRECORDED"),
+            (roots(&s3, vec![]), "UNRECORDED"),
+            (
+                roots(&s3, vec![(l2.clone(), DiskFormat::Raw), (l1.clone(), q)]),
+                "was recorded as raw",
+            ),
+        ] {
+            let e = check_layer(&l3, q, &r).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+        // A crafted snapshot borrowing s1's disk, with s2's record: refused.
+        let s4 = d("s4");
+        let l4 = layer(&s4, &l1, "qcow2");
+        let e = check_layer(&l4, q, &roots(&s4, vec![]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("{} lies outside", l1.display())), "{e}");
+        // A recorded base whose own file was changed to lead elsewhere: refused
+        // where it leads, though the first step was recorded.
+        let other = d("other");
+        std::fs::write(other.join("secret"), vec![2u8; 1 << 20]).unwrap();
+        std::fs::remove_file(&l1).unwrap();
+        layer(&s1, &other.join("secret"), "raw");
+        let e = check_layer(&l2, q, &roots(&s2, vec![(l1.clone(), q)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("secret lies outside"), "{e}");
     }
 }
 

@@ -116,6 +116,13 @@ impl DiskFormat {
             DiskFormat::Qcow2 => "qcow2",
         }
     }
+
+    /// `raw` or `qcow2`; anything else is none of ours.
+    pub fn parse(s: &str) -> Option<DiskFormat> {
+        [DiskFormat::Raw, DiskFormat::Qcow2]
+            .into_iter()
+            .find(|f| f.as_str() == s)
+    }
 }
 
 /// What serves a disk's blocks.

@@ -260,6 +260,10 @@ mod tests {
             serde_json::json!({"dir": "/s", "replay_pcap": "/x"}),
             serde_json::json!({"dir": "/s", "replay": [{"nic": 1, "pcap": "/x", "queue": "tx"}]}),
             serde_json::json!({"dir": "/s", "replay": [{"nic": 1}]}),
+            // A peer names no host file for the restored VM to boot from or map.
+            serde_json::json!({"dir": "/s", "kernel": "/boot/vmlinuz"}),
+            serde_json::json!({"dir": "/s", "initrd": "/boot/initrd"}),
+            serde_json::json!({"dir": "/s", "pmem": ["/var/lib/other-vm.img"]}),
         ] {
             assert!(LoadArgs::deserialize(&bad).is_err(), "{bad}");
         }

@@ -93,7 +93,7 @@ pub(crate) mod tests {
         let e = snapshot_dir(&p, &mine).unwrap_err();
         assert!(e.contains("nor one it wrote"), "{e}");
         Catalog::new(p.snapshot_catalog())
-            .record(Path::new(&mine))
+            .record(Path::new(&mine), &[])
             .unwrap();
         assert!(snapshot_dir(&p, &mine).is_ok());
         for bad in ["/etc", "../../theirs", "/"] {

@@ -903,31 +903,41 @@ impl Owner {
 
 /// The snapshot's disks as QEMU may open them: each of the format its manifest
 /// declares (never probed from content a guest wrote), raw or a qcow2 whose backing
-/// chain stays inside the snapshot, the daemon's images and the snapshots the daemon
-/// wrote (a snapshot of a restored VM keeps its disk's base, the earlier snapshot's
-/// copy, by reference).
+/// chain stays inside the snapshot and the daemon's images, but for the bases the
+/// daemon recorded in its catalog when it wrote this very snapshot (a snapshot of a
+/// restored VM keeps its disk's base, the earlier snapshot's copy, by reference).
 fn check_disk_layers(
     snap: &Snapshot,
     paths: &rebound_vmm::paths::Paths,
 ) -> Result<Vec<(PathBuf, rebound_vmm::qemu::DiskFormat)>, OpError> {
+    use rebound_snapshot::Listing;
     use rebound_vmm::qemu::DiskFormat;
-    let mut roots = vec![snap.path().to_path_buf(), paths.home.join("images")];
-    roots.extend(
-        rebound_snapshot::Catalog::new(paths.snapshot_catalog())
-            .dirs()
-            .map_err(|e| OpError::Internal(crate::daemon::error::chain(&e)))?,
-    );
+    let listing = rebound_snapshot::Catalog::new(paths.snapshot_catalog())
+        .listing(snap.path())
+        .map_err(|e| OpError::Internal(crate::daemon::error::chain(&e)))?;
+    let (bases, unrecorded) = match listing {
+        Listing::NotListed => (Vec::new(), "and this daemon did not write the snapshot (only a snapshot it wrote may read through a base it recorded then)".to_string()),
+        Listing::WithoutBases => (Vec::new(), "and the snapshot catalog lists this snapshot from an older Rebound, which recorded no bases: it can no longer read through files outside (restore the snapshot it came from, or take it again)".to_string()),
+        Listing::Bases(b) => (
+            b.into_iter()
+                .filter_map(|b| Some((PathBuf::from(b.file), DiskFormat::parse(&b.format)?)))
+                .collect(),
+            "and is not a base this daemon recorded for this snapshot when it wrote it".to_string(),
+        ),
+    };
+    let roots = rebound_vmm::disks::LayerRoots {
+        snapshot: snap.path().to_path_buf(),
+        images: paths.home.join("images"),
+        bases,
+        unrecorded,
+    };
     let mut out = Vec::new();
     for d in &snap.manifest().disks {
-        let fmt = match d.format.as_str() {
-            "raw" => DiskFormat::Raw,
-            "qcow2" => DiskFormat::Qcow2,
-            other => {
-                return Err(OpError::SnapshotInput(format!(
-                    "disk {:?} has format {other:?}: a snapshot's disks are raw or qcow2",
-                    d.id
-                )))
-            }
+        let Some(fmt) = DiskFormat::parse(&d.format) else {
+            return Err(OpError::SnapshotInput(format!(
+                "disk {:?} has format {:?}: a snapshot's disks are raw or qcow2",
+                d.id, d.format
+            )));
         };
         let path = snap.path_of(&d.file);
         rebound_vmm::disks::check_layer(&path, fmt, &roots)

@@ -244,14 +244,19 @@ impl Owner {
             pause_ms,
             notes: notes.clone(),
         };
+        let layers: Vec<(String, String)> = manifest
+            .disks
+            .iter()
+            .map(|d| (d.file.clone(), d.format.clone()))
+            .collect();
         tokio::task::spawn_blocking(move || dir.commit(&manifest))
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?
             .map_err(failed)?;
-        // Listed as this daemon's own: a cluster peer may have it restored.
-        if let Err(e) = rebound_snapshot::Catalog::new(self.paths.snapshot_catalog()).record(&out) {
-            tracing::warn!(vm = %self.vm.name, "{}", crate::daemon::error::chain(&e));
-        }
+        let (paths, dir, vm) = (self.paths.clone(), out.clone(), self.vm.name.clone());
+        tokio::task::spawn_blocking(move || record_in_catalog(&paths, &dir, &layers, &vm))
+            .await
+            .map_err(|e| OpError::Internal(e.to_string()))?;
         Ok(SnapshotResult {
             dir: out.display().to_string(),
             vm: self.vm.name.clone(),
@@ -362,6 +367,46 @@ impl Owner {
         pc.and_then(|m| m["name"].as_str())
             .unwrap_or("pc")
             .to_string()
+    }
+}
+
+/// Lists a snapshot the daemon wrote in its catalog (a cluster peer may have it
+/// restored), with the files outside it that its disk layers read through: a
+/// restore of it allows those and no others. The record lives in the daemon's home,
+/// not in the snapshot, whose files anyone who can copy one into the store controls.
+fn record_in_catalog(
+    paths: &rebound_vmm::paths::Paths,
+    dir: &Path,
+    layers: &[(String, String)],
+    vm: &str,
+) {
+    use rebound_vmm::qemu::DiskFormat;
+    let images = paths.home.join("images");
+    let mut bases: Vec<rebound_snapshot::Base> = Vec::new();
+    for (file, format) in layers {
+        let Some(fmt) = DiskFormat::parse(format) else {
+            continue;
+        };
+        match rebound_vmm::disks::external_bases(&dir.join(file), fmt, dir, &images) {
+            Ok(found) => {
+                for (b, f) in found {
+                    let Some(b) = b.to_str() else { continue };
+                    let base = rebound_snapshot::Base {
+                        file: b.to_string(),
+                        format: f.as_str().to_string(),
+                    };
+                    if !bases.contains(&base) {
+                        bases.push(base);
+                    }
+                }
+            }
+            // Its restore refuses that layer for the same reason.
+            Err(e) => tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e)),
+        }
+    }
+    let catalog = rebound_snapshot::Catalog::new(paths.snapshot_catalog());
+    if let Err(e) = catalog.record(dir, &bases) {
+        tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e));
     }
 }
 

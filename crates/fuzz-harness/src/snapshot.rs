@@ -86,6 +86,7 @@ pub fn snapshot_fixture(dir: &Path) -> Result<PathBuf, String> {
         }),
         pause_ms: 9.5,
         notes: vec![],
+        pmem: vec![],
     };
     sd.commit(&m).map_err(err)
 }

@@ -187,6 +187,9 @@ fn a_user_kernel_snapshot_restores_only_with_its_files_named_again() {
     let bad = mine.path().join("odd.img");
     std::fs::write(&bad, vec![0u8; 3 << 20]).unwrap();
     let b = bad.to_str().unwrap();
+    let small = mine.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 2 << 20]).unwrap();
+    let sm = small.to_str().unwrap();
     let base = ["vm", "restore", s, "--name", "back", "--mode", "lazy"];
     for (flags, want) in [
         (vec![], "pass --kernel FILE"),
@@ -199,6 +202,12 @@ fn a_user_kernel_snapshot_restores_only_with_its_files_named_again() {
         (
             vec!["--kernel", k, "--initrd", i, "--pmem", b],
             "is 3145728 bytes: a virtio-pmem device needs",
+        ),
+        // A valid pmem file of another size than the snapshot's VM had: its guest
+        // would find a device larger than the file.
+        (
+            vec!["--kernel", k, "--initrd", i, "--pmem", sm],
+            "is 2097152 bytes but the snapshot's VM had 4194304 bytes on pmem0",
         ),
     ] {
         let args: Vec<&str> = base.iter().copied().chain(flags).collect();

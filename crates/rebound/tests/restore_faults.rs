@@ -101,6 +101,22 @@ fn edited_copy_in_place(dir: &Path, f: impl FnOnce(&mut Value)) {
     std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
 }
 
+/// Replaces the first disk layer of the snapshot at `dir` with a qcow2 that reads
+/// through `base` (of format `fmt`), its manifest entry following.
+fn layer_over(dir: &Path, base: &Path, fmt: &str) {
+    let disk = dir.join("disk-disk0.qcow2");
+    std::fs::remove_file(&disk).unwrap();
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", fmt, "-b"])
+        .arg(base)
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let len = std::fs::metadata(&disk).unwrap().len();
+    edited_copy_in_place(dir, |v| v["disks"][0]["size"] = len.into());
+}
+
 /// The first non-zero byte of the image at or after `from` (a page with data, not
 /// a hole).
 fn data_offset(image: &Path, from: u64) -> Option<u64> {
@@ -267,17 +283,7 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     assert!(std::fs::read(&victim).unwrap().iter().all(|&b| b == 0x11));
     // A disk layer whose backing file lies outside the snapshot and the images.
     let outside = edited_copy(&snap, &home.join("outside"), |_| {});
-    let disk = Path::new(&outside).join("disk-disk0.qcow2");
-    std::fs::remove_file(&disk).unwrap();
-    let st = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-        .arg(&victim)
-        .arg(&disk)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let len = std::fs::metadata(&disk).unwrap().len();
-    edited_copy_in_place(Path::new(&outside), |v| v["disks"][0]["size"] = len.into());
+    layer_over(Path::new(&outside), &victim, "raw");
     refused(
         &outside,
         "outside",
@@ -289,18 +295,8 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     // guest another snapshot's disk. Refused whether the catalog lists it not at
     // all or from an older Rebound (a plain line, which recorded no bases).
     let borrow = edited_copy(&snap, &home.join("borrow"), |_| {});
-    let disk = Path::new(&borrow).join("disk-disk0.qcow2");
-    std::fs::remove_file(&disk).unwrap();
     let theirs = snap.join("disk-disk0.qcow2");
-    let st = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(&theirs)
-        .arg(&disk)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let len = std::fs::metadata(&disk).unwrap().len();
-    edited_copy_in_place(Path::new(&borrow), |v| v["disks"][0]["size"] = len.into());
+    layer_over(Path::new(&borrow), &theirs, "qcow2");
     let lies = format!("{} lies outside", theirs.display());
     refused(
         &borrow,

@@ -22,8 +22,8 @@ pub use image::{
 };
 pub use load::{ImageFile, LoadError, LoadStats, Loader, RestOrder};
 pub use manifest::{
-    DiskEntry, FileEntry, Manifest, ManifestError, RamBlock, Snapshot, SnapshotDir, TraceInfo,
-    VerifyReport, FORMAT_VERSION, MANIFEST_FORMAT,
+    DiskEntry, FileEntry, Manifest, ManifestError, PmemEntry, RamBlock, Snapshot, SnapshotDir,
+    TraceInfo, VerifyReport, FORMAT_VERSION, MANIFEST_FORMAT,
 };
 pub use trace::{
     elastic_pages, estimate_wss, hit_rate_accuracy, unmap_for_trace, PagemapTracer, Trace,

@@ -92,6 +92,20 @@ pub struct Manifest {
     pub pause_ms: f64,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The VM's pmem devices, in its spec's order: their files are not in the
+    /// snapshot (the user names them again to restore), only their sizes, which the
+    /// files named must have.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pmem: Vec<PmemEntry>,
+}
+
+/// A pmem device as it was at the snapshot point.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PmemEntry {
+    /// `pmem0`, `pmem1`, ...
+    pub id: String,
+    /// Bytes of its file.
+    pub size: u64,
 }
 
 /// One RAM block's image.
@@ -645,6 +659,7 @@ mod tests {
             }),
             pause_ms: 12.0,
             notes: vec![],
+            pmem: vec![],
         };
         let partial = sd.path().to_path_buf();
         assert_eq!(sd.commit(&m).unwrap(), target);

@@ -192,8 +192,8 @@ impl Daemon {
         let (mut spec, notes) = spec
             .for_restore(&copies, &req.named_files())
             .map_err(OpError::SnapshotInput)?;
-        let named = spec.clone();
-        tokio::task::spawn_blocking(move || rebound_vmm::resolve::check_host_files(&named))
+        let (named, sizes) = (spec.clone(), m.pmem.clone());
+        tokio::task::spawn_blocking(move || check_named_files(&named, &sizes))
             .await
             .map_err(|e| OpError::Internal(e.to_string()))??;
         spec.name = req.name.clone();
@@ -424,4 +424,34 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Checks the files a restore's user named as a start checks its files, and each
+/// pmem file against the size the snapshot's VM had there (a smaller one would
+/// leave the guest a device larger than its file: QEMU dies of SIGBUS when the
+/// guest touches the rest). Snapshots from before sizes were recorded have none.
+fn check_named_files(spec: &VmSpec, sizes: &[rebound_snapshot::PmemEntry]) -> Result<(), OpError> {
+    rebound_vmm::resolve::check_host_files(spec)?;
+    if sizes.is_empty() {
+        return Ok(());
+    }
+    if sizes.len() != spec.pmem.len() {
+        return Err(OpError::SnapshotInput(format!(
+            "the snapshot records {} pmem devices but its VM spec lists {}: the manifest does not fit together",
+            sizes.len(),
+            spec.pmem.len()
+        )));
+    }
+    for (f, want) in spec.pmem.iter().zip(sizes) {
+        let len = std::fs::metadata(f)
+            .map_err(|e| OpError::Io(format!("cannot read pmem file {f}"), e))?
+            .len();
+        if len != want.size {
+            return Err(OpError::BadRequest(format!(
+                "--pmem {f} is {len} bytes but the snapshot's VM had {} bytes on {}: name the file it had there",
+                want.size, want.id
+            )));
+        }
+    }
+    Ok(())
 }

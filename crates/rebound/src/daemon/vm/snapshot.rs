@@ -243,6 +243,7 @@ impl Owner {
             trace: trace_info,
             pause_ms,
             notes: notes.clone(),
+            pmem: pmem_entries(&rec.spec.pmem)?,
         };
         let layers: Vec<(String, String)> = manifest
             .disks
@@ -368,6 +369,22 @@ impl Owner {
             .unwrap_or("pc")
             .to_string()
     }
+}
+
+/// The sizes of the VM's pmem files, which a restore's files must have.
+fn pmem_entries(files: &[String]) -> Result<Vec<rebound_snapshot::PmemEntry>, OpError> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let md = std::fs::metadata(f)
+                .map_err(|e| OpError::Io(format!("cannot read pmem file {f}"), e))?;
+            Ok(rebound_snapshot::PmemEntry {
+                id: format!("pmem{i}"),
+                size: md.len(),
+            })
+        })
+        .collect()
 }
 
 /// Lists a snapshot the daemon wrote in its catalog (a cluster peer may have it

@@ -310,7 +310,7 @@ mod tests {
             format!(r#"{{"v":2,"dir":"{dir}","bases":[{{"file":"/s/d","format":"vmdk"}}]}}"#),
             format!(r#"{{"v":2,"dir":"{dir}","bases":[{{"file":"/s/d"}}]}}"#),
             format!(r#"{{"v":2,"dir":"{dir}","bases":[],"extra":1}}"#),
-            format!(r#"{{"v":2,"dir":"relative","bases":[]}}"#),
+            r#"{"v":2,"dir":"relative","bases":[]}"#.to_string(),
             format!(r#"{{"v":2,"dir":"{dir}"}}"#),
             format!("{{{dir}"),
             format!(" {dir}"),

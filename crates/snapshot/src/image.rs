@@ -58,6 +58,10 @@ impl Aligned {
 // state), like a `Box<[u8]>`; moving it to another thread moves that ownership.
 unsafe impl Send for Aligned {}
 
+// SAFETY: the memory is reached only through `as_mut(&mut self)`: a shared
+// `&Aligned` gives no access to it at all.
+unsafe impl Sync for Aligned {}
+
 impl Drop for Aligned {
     fn drop(&mut self) {
         let layout =

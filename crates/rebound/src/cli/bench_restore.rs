@@ -314,6 +314,7 @@ impl Bench {
             ws_pages: self.args.ws_pages,
             paused: false,
             rest_order,
+            ram_check: rebound_api::RamCheck::Auto,
             watch_s: self.args.watch_s,
             // The host client's port.
             forwards: Some(

@@ -127,8 +127,9 @@ pub fn decide(asked: Option<RamCheck>, trust: Trust, maps: bool) -> Decision {
 pub fn trust(dir: &Path, image: &Path, listed: bool) -> io::Result<Trust> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    for p in [dir, image] {
-        let m = std::fs::symlink_metadata(p)?;
+    // The directory as its path resolves (a link to it is how some keep snapshots);
+    // the image itself, never a link (opening it refuses links anyway).
+    for m in [std::fs::metadata(dir)?, std::fs::symlink_metadata(image)?] {
         if (m.uid() != me && m.uid() != 0) || m.mode() & 0o022 != 0 {
             return Ok(Trust::Mutable);
         }

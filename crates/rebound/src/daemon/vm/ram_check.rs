@@ -52,11 +52,11 @@ pub(super) fn as_api(c: check::RamCheck) -> RamCheck {
     }
 }
 
-/// Checks a lazy restore's image chunk by chunk while its guest runs (QEMU `pid`),
-/// reading around the page cache so that the restore stays lazy; gives way to
-/// restores loading before their start; stops when that QEMU is gone. A damaged
-/// chunk stops the guest.
-pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, pid: u32) {
+/// Checks a lazy restore's image chunk by chunk while its guest runs, reading
+/// around the page cache so that the restore stays lazy; gives way to restores
+/// loading before their start; stops when the VM's QEMU is gone. A damaged chunk
+/// stops the guest.
+pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker) {
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let stop = std::sync::atomic::AtomicBool::new(false);
@@ -64,7 +64,9 @@ pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, p
             while super::restore::loading_before_start() {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            if vm.record().qemu_pid != Some(pid) {
+            // A settle moves the guest to another QEMU, with memory copied from the
+            // image: the check goes on while any QEMU runs this VM.
+            if !vm.record().state.has_qemu() {
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             if done.is_multiple_of(16) {

@@ -565,8 +565,8 @@ impl Owner {
             }
         }
         self.restore = Some(restoring);
-        if let (Some(c), Some(pid)) = (checked.lazy, self.vm.record().qemu_pid) {
-            super::ram_check::spawn_lazy_checker(self.vm.clone(), c, pid);
+        if let Some(c) = checked.lazy {
+            super::ram_check::spawn_lazy_checker(self.vm.clone(), c);
         }
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {

@@ -28,7 +28,7 @@ pub use reply::{
     MrcReport, PlanRequest, PlannedVm, VmcoreinfoReply,
 };
 pub use snapshot::{
-    ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
+    RamCheck, ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
     SnapshotRequest, SnapshotResult, StockSave,
 };
 pub use spec::{AccelChoice, Forward, NamedFiles, ReadySpec, SpecError, VmSpec, Workload};

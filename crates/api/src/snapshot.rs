@@ -112,6 +112,50 @@ impl RestoreMode {
     }
 }
 
+/// How a restore that runs from the snapshot's image (lazy, working-set, elastic)
+/// checks the image's RAM chunks against the manifest's checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RamCheck {
+    /// `background` for a snapshot this daemon wrote into a directory only its user
+    /// can change, `full` for any other; a snapshot another user can write is
+    /// restored by a checked copy instead.
+    #[default]
+    Auto,
+    /// Every chunk checked before the guest runs.
+    Full,
+    /// Chunks checked while the guest runs; a damaged one stops the guest.
+    Background,
+    /// Nothing checked.
+    Off,
+}
+
+impl RamCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RamCheck::Auto => "auto",
+            RamCheck::Full => "full",
+            RamCheck::Background => "background",
+            RamCheck::Off => "off",
+        }
+    }
+}
+
+impl FromStr for RamCheck {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            RamCheck::Auto,
+            RamCheck::Full,
+            RamCheck::Background,
+            RamCheck::Off,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
+        .ok_or_else(|| format!("unknown RAM check {s:?}: expected auto, full, background or off"))
+    }
+}
+
 impl FromStr for RestoreMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -172,6 +216,10 @@ pub struct RestoreRequest {
     pub paused: bool,
     #[serde(default)]
     pub rest_order: RestOrder,
+    /// How the image's RAM chunks are checked (lazy, working-set, elastic; eager
+    /// checks as it copies).
+    #[serde(default)]
+    pub ram_check: RamCheck,
     /// Seconds to watch the restored guest for the report (first accesses, faults,
     /// first service answer).
     #[serde(default = "default_watch_s")]
@@ -286,6 +334,21 @@ pub struct RestoreReport {
     /// A cluster restore's RESTORE_FIN waits for it.
     #[serde(default)]
     pub memory_loaded_s: Option<f64>,
+    /// How the RAM image was checked: `full` (before the guest ran; eager checks as
+    /// it copies), `background` (while it runs) or `off`; none for stock.
+    #[serde(default)]
+    pub ram_check: Option<RamCheck>,
+    /// The image's checksum chunks, those checked so far, and those checked before
+    /// the guest ran.
+    #[serde(default)]
+    pub ram_chunks: u64,
+    #[serde(default)]
+    pub ram_chunks_checked: u64,
+    #[serde(default)]
+    pub ram_chunks_checked_before_start: u64,
+    /// Seconds the check before the start took (`full`).
+    #[serde(default)]
+    pub ram_check_s: Option<f64>,
     /// Why the background loader stopped early (memory then never fully loads).
     #[serde(default)]
     pub background_error: Option<String>,

@@ -18,21 +18,13 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{eventually, kv, Env};
+use common::{eventually, free_port, kv, Env};
 use rebound_coord::relay::{self, ApiAnswer, RelayError};
 use rebound_coord::wire::WireError;
 use rebound_coord::ClusterToken;
 use serde_json::{json, Value};
 
 const HOLD_S: &str = "3";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A daemon run in the foreground by the test, its log in its home.
 struct Daemon {

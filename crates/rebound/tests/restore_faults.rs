@@ -133,6 +133,24 @@ fn data_offset(image: &Path, from: u64) -> Option<u64> {
     None
 }
 
+/// Flips one byte of the image, the first with data at or after `from`; returns
+/// how its chunk is named in errors.
+fn flip_a_byte(img: &Path, from: u64) -> String {
+    let off = data_offset(img, from)
+        .or_else(|| data_offset(img, 0))
+        .expect("the image has data");
+    let f = OpenOptions::new().read(true).write(true).open(img).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], off).unwrap();
+    let chunk = off / (64 << 20);
+    format!(
+        "chunk {chunk} (bytes {}..{})",
+        chunk * (64 << 20),
+        ((chunk + 1) * (64 << 20)).min(SIZE)
+    )
+}
+
 fn verify_ok(env: &Env, dir: &str) {
     let v = env.ok(&["snapshot", "verify", dir]);
     assert!(v.contains("every checksum matches"), "{v}");
@@ -187,32 +205,19 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     assert!(env.fails(&["snapshot", "verify", &trunc]).contains(&short));
 
     // One flipped byte in a page with data: the eager restore's checksums find it
-    // and name the chunk.
+    // and name the chunk; so does every restore that runs from the image, since a
+    // snapshot this daemon did not write is checked in full before the guest runs.
     let flip = edited_copy(&snap, &home.join("flip"), |_| {});
     let img = Path::new(&flip).join(IMAGE);
-    let off = data_offset(&img, 64 << 20)
-        .or_else(|| data_offset(&img, 0))
-        .expect("the image has data");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&img)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, off).unwrap();
-    f.write_all_at(&[b[0] ^ 0xff], off).unwrap();
-    let chunk = off / (64 << 20);
-    let bytes = format!(
-        "chunk {chunk} (bytes {}..{})",
-        chunk * (64 << 20),
-        ((chunk + 1) * (64 << 20)).min(SIZE)
-    );
-    refused(
-        &flip,
-        "flip",
-        "eager",
-        &["checksum mismatch", IMAGE, bytes.as_str()],
-    );
+    let bytes = flip_a_byte(&img, 64 << 20);
+    for mode in ["eager", "lazy", "elastic", "working-set"] {
+        refused(
+            &flip,
+            "flip",
+            mode,
+            &["checksum mismatch", IMAGE, bytes.as_str()],
+        );
+    }
     let e = env.fails(&["snapshot", "verify", &flip]);
     assert!(
         e.contains(&format!("{IMAGE}: checksum mismatch in {bytes}")),
@@ -528,4 +533,122 @@ fn a_snapshot_that_runs_out_of_space_leaves_the_guest_and_the_previous_snapshot(
     let r = restore_json(&env, &[a, "--name", "a", "--mode", "eager"]);
     assert_eq!(r["phase"], "done", "{r}");
     assert_counting_right(&env, "a", 5);
+}
+
+#[test]
+fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let home = env.home.path();
+    // Two snapshots this daemon wrote: one stays sound, one is damaged afterwards
+    // (as bit rot or a careless hand would).
+    let own = home.join("own");
+    snapshot_counter(&env, &own, "1");
+    let bad = home.join("bad");
+    let b = bad.to_str().unwrap();
+    env.ok(&["vm", "snapshot", "src", "--out", b, "--trace-s", "0"]);
+    let bytes = flip_a_byte(&bad.join(IMAGE), 200 << 20);
+
+    // The daemon's own snapshot runs at once, its chunks checked beside the guest:
+    // lazily by a checker of its own, in working-set mode as the loader completes
+    // them. All of them check.
+    for (name, mode) in [("lazy", "lazy"), ("ws", "working-set")] {
+        let own = own.to_str().unwrap();
+        let r = restore_json(&env, &[own, "--name", name, "--mode", mode]);
+        assert_eq!(r["ram_check"], "background", "{r}");
+        assert_eq!(r["ram_chunks"], 4, "{r}");
+        let notes = r["notes"].to_string();
+        assert!(notes.contains("checked in the background"), "{r}");
+        eventually(Duration::from_secs(30), "every chunk checked", || {
+            let rep = restore_report(&env, name);
+            (rep["ram_chunks_checked"] == 4).then_some(())
+        });
+        assert_counting_right(&env, name, 5);
+    }
+
+    // The damaged one, lazily: the guest is stopped once its chunk is read, the
+    // restore is reported failed naming the chunk, and so is the event log.
+    let r = env.get_ok(
+        "POST",
+        "/v1/restore",
+        Some(&json!({"dir": bad, "name": "rot", "mode": "lazy", "watch_s": 3.0})),
+    );
+    assert_eq!(r["ram_check"], "background", "{r}");
+    let rep = eventually(Duration::from_secs(30), "the restore to fail", || {
+        let rep = restore_report(&env, "rot");
+        (rep["phase"] == "failed").then_some(rep)
+    });
+    let error = rep["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("{IMAGE}: checksum mismatch in {bytes}")),
+        "{rep}"
+    );
+    assert!(error.contains("the guest was stopped"), "{rep}");
+    assert!(!error.contains('\n'), "{error}");
+    eventually(Duration::from_secs(10), "the guest stopped", || {
+        (env.status("rot")["state"] == "stopped").then_some(())
+    });
+    assert!(env.event_kinds("rot").contains(&"restore_failed".into()));
+    // Asked to check in full, the same restore is refused before QEMU runs anything.
+    let e = env.fails(&[
+        "vm",
+        "restore",
+        b,
+        "--name",
+        "full",
+        "--mode",
+        "lazy",
+        "--ram-check",
+        "full",
+    ]);
+    assert!(e.contains(&format!("checksum mismatch in {bytes}")), "{e}");
+    assert!(!vm_names(&env).contains(&"full".to_string()));
+    // Asked not to check, it runs, and says it runs unchecked.
+    let r = restore_json(
+        &env,
+        &[b, "--name", "off", "--mode", "lazy", "--ram-check", "off"],
+    );
+    assert_eq!(r["ram_check"], "off", "{r}");
+    assert_eq!(r["ram_chunks_checked"], 0, "{r}");
+    assert!(r["notes"].to_string().contains("RAM unchecked"), "{r}");
+    assert_eq!(env.status("off")["state"], "running");
+    let text = env.ok(&[
+        "vm",
+        "restore",
+        b,
+        "--name",
+        "off2",
+        "--mode",
+        "lazy",
+        "--ram-check",
+        "off",
+        "--watch-s",
+        "0",
+    ]);
+    assert!(text.contains("RAM image:        unchecked"), "{text}");
+
+    // A copy another user could still change: never mapped, restored by a checked
+    // copy instead (and a sound one runs).
+    let shared = home.join("shared");
+    copy_snapshot(&own, &shared);
+    std::fs::set_permissions(shared.join(IMAGE), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let r = restore_json(
+        &env,
+        &[
+            shared.to_str().unwrap(),
+            "--name",
+            "shared",
+            "--mode",
+            "lazy",
+        ],
+    );
+    assert_eq!(r["mode"], "eager", "{r}");
+    assert!(
+        r["notes"]
+            .to_string()
+            .contains("restored by a checked copy"),
+        "{r}"
+    );
+    assert_eq!(r["ram_chunks_checked_before_start"], 4, "{r}");
+    assert_counting_right(&env, "shared", 5);
 }

@@ -1,6 +1,8 @@
 //! Snapshot directories of QEMU guests, as `docs/snapshot-format.md` describes them:
 //!
 //! - [`catalog`]: the snapshots a daemon wrote, which a cluster peer may restore;
+//! - [`check`]: checking a RAM image's chunks while a restore runs from it, and how
+//!   far to trust a snapshot's files;
 //! - [`manifest`]: the versioned manifest, a directory that is complete or absent
 //!   ([`SnapshotDir`]), opening and checking one ([`Snapshot`]);
 //! - [`image`]: the RAM image, copied sparse, fast and durable, with per-chunk
@@ -11,12 +13,14 @@
 //!   mode wants, before and after the guest starts.
 
 pub mod catalog;
+pub mod check;
 pub mod image;
 pub mod load;
 pub mod manifest;
 pub mod trace;
 
 pub use catalog::{Base, Catalog, CatalogError, Listing};
+pub use check::{CheckError, ChunkChecker, Decision, RamCheck, Trust};
 pub use image::{
     cached_bytes, copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError,
 };

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::check::{CheckError, ChunkChecker};
 use crate::trace::{Trace, TracePage};
 use crate::PAGE_SIZE;
 
@@ -37,6 +38,8 @@ pub enum LoadError {
     OutOfRange(u16, u64),
     #[error("{0} is {1} bytes, expected {2}")]
     Size(PathBuf, u64, u64),
+    #[error(transparent)]
+    Check(#[from] CheckError),
 }
 
 /// One RAM block's image.
@@ -105,6 +108,11 @@ struct Image {
     has_data: Bitmap,
     /// Pages read already.
     loaded: Bitmap,
+    /// Checks each chunk once all its data pages are loaded, with the data pages
+    /// not loaded yet per chunk and the chunks whose last one just was.
+    checker: Option<ChunkChecker>,
+    pending: Vec<u32>,
+    complete: Vec<u64>,
 }
 
 impl Image {
@@ -115,12 +123,32 @@ impl Image {
             .read_exact_at(&mut buf[..(end - off) as usize], off)
             .map_err(|e| LoadError::Read(self.path.clone(), e))?;
         let mut new = 0;
+        let per_chunk = self.checker.as_ref().map(|c| c.chunk_bytes() / PAGE_SIZE);
         for p in off / PAGE_SIZE..end / PAGE_SIZE {
             if self.has_data.get(p) && self.loaded.set(p) {
                 new += 1;
+                if let Some(k) = per_chunk {
+                    let c = p / k;
+                    self.pending[c as usize] -= 1;
+                    if self.pending[c as usize] == 0 {
+                        self.complete.push(c);
+                    }
+                }
             }
         }
+        self.check_complete()?;
         Ok(new)
+    }
+
+    /// Checks the chunks loaded whole since the last call (their pages are in the
+    /// page cache: no disk reads).
+    fn check_complete(&mut self) -> Result<(), LoadError> {
+        if let Some(c) = self.checker.as_mut() {
+            for i in self.complete.drain(..) {
+                c.check(i)?;
+            }
+        }
+        Ok(())
     }
 
     /// Tells the kernel how the next reads go: exactly the pages asked for
@@ -178,6 +206,9 @@ impl Loader {
                 file,
                 size: i.size,
                 data,
+                checker: None,
+                pending: Vec::new(),
+                complete: Vec::new(),
             });
         }
         let trace = trace.map(|t| t.pages).unwrap_or_default();
@@ -203,6 +234,37 @@ impl Loader {
             total,
             done: 0,
         })
+    }
+
+    /// Checks the chunks of `block`'s image with `checker` as they are loaded whole
+    /// (from now on; chunks loaded already, and those without data, at once).
+    pub fn check_with(&mut self, block: u16, checker: ChunkChecker) -> Result<(), LoadError> {
+        let k = self
+            .images
+            .iter()
+            .position(|i| i.block == block)
+            .ok_or(LoadError::NoBlock(block))?;
+        let img = &mut self.images[k];
+        let per_chunk = checker.chunk_bytes() / PAGE_SIZE;
+        img.pending = vec![0; checker.chunks() as usize];
+        for p in 0..img.size / PAGE_SIZE {
+            if img.has_data.get(p) && !img.loaded.get(p) {
+                img.pending[(p / per_chunk) as usize] += 1;
+            }
+        }
+        img.complete = (0..checker.chunks())
+            .filter(|&c| img.pending[c as usize] == 0)
+            .collect();
+        img.checker = Some(checker);
+        img.check_complete()
+    }
+
+    /// Chunks checked and chunks in all, over the images checked.
+    pub fn chunks_checked(&self) -> (u64, u64) {
+        self.images
+            .iter()
+            .filter_map(|i| i.checker.as_ref())
+            .fold((0, 0), |(a, b), c| (a + c.checked(), b + c.chunks()))
     }
 
     /// Data bytes of all images: what an eager restore reads.
@@ -428,9 +490,58 @@ impl Bucket {
 mod tests {
     use super::*;
 
-    /// Which pages of `path` are in the page cache.
+    /// `cachestat(2)` (Linux 6.5), which libc does not declare for x86_64.
+    #[repr(C)]
+    struct CachestatRange {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+
+    /// Which pages of `path` were brought into the page cache: resident now, or
+    /// evicted since by the kernel's reclaim. Reclaim leaves a shadow entry where
+    /// it drops a page (`nr_evicted`); nothing else puts one there, as the images
+    /// are written without the cache. Residency alone raced with reclaim: a loaded
+    /// page evicted before `mincore` looked. On a kernel without `cachestat` only
+    /// resident pages count (the stricter check).
     fn resident(path: &std::path::Path) -> Vec<bool> {
-        crate::image::resident_pages(path).unwrap()
+        let mut r = crate::image::resident_pages(path).unwrap();
+        let f = File::open(path).unwrap();
+        for (p, cached) in r.iter_mut().enumerate().filter(|(_, c)| !**c) {
+            let range = CachestatRange {
+                off: p as u64 * PAGE_SIZE,
+                len: PAGE_SIZE,
+            };
+            let mut cs = Cachestat::default();
+            // SAFETY: cachestat reads `range` and writes one `struct cachestat` into
+            // `cs`; both are live locals with the kernel's layout (repr(C), five and
+            // two u64s); the fd is open for the call.
+            let ret = unsafe {
+                libc::syscall(
+                    SYS_CACHESTAT,
+                    f.as_raw_fd(),
+                    &range as *const CachestatRange,
+                    &mut cs as *mut Cachestat,
+                    0u32,
+                )
+            };
+            if ret != 0 {
+                let e = io::Error::last_os_error();
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSYS), "cachestat: {e}");
+                break;
+            }
+            *cached = cs.nr_evicted > 0;
+        }
+        r
     }
 
     fn tp(block: u16, page: u64) -> TracePage {
@@ -438,16 +549,46 @@ mod tests {
     }
 
     /// An image on disk (not tmpfs, where every page counts as cached) with 16
-    /// bytes of data in each page except the holes, out of the page cache.
+    /// bytes of data in each page except the holes, never in the page cache: written
+    /// with `O_DIRECT`, so no page of it is cached or was evicted (`resident` tells
+    /// the two apart only for pages the test's loads read).
     fn image(dir: &std::path::Path, name: &str, pages: u64, holes: Range<u64>) -> ImageFile {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(name);
-        let f = File::create(&path).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
         f.set_len(pages * PAGE_SIZE).unwrap();
-        for p in (0..pages).filter(|p| !holes.contains(p)) {
-            f.write_all_at(&[1u8; 16], p * PAGE_SIZE).unwrap();
+        // O_DIRECT wants a page-aligned buffer: take an aligned slice of a bigger one.
+        let run = 1024u64;
+        let mut v = vec![0u8; ((run + 1) * PAGE_SIZE) as usize];
+        let at = v.as_ptr().align_offset(PAGE_SIZE as usize);
+        let buf = &mut v[at..at + (run * PAGE_SIZE) as usize];
+        for p in (0..run as usize).map(|p| p * PAGE_SIZE as usize) {
+            buf[p..p + 16].fill(1);
+        }
+        let mut p = 0;
+        while p < pages {
+            if holes.contains(&p) {
+                p = holes.end;
+                continue;
+            }
+            let end = (p + run).min(pages);
+            let end = if p < holes.start {
+                end.min(holes.start)
+            } else {
+                end
+            };
+            let n = ((end - p) * PAGE_SIZE) as usize;
+            f.write_all_at(&buf[..n], p * PAGE_SIZE).unwrap();
+            p = end;
         }
         drop(f);
-        crate::image::drop_page_cache(&path).unwrap();
+        assert!(resident(&path).iter().all(|&c| !c), "{name} starts cached");
         ImageFile {
             block: 0,
             path,
@@ -591,5 +732,79 @@ mod tests {
         let mut i = mk("f.img");
         i.size += PAGE_SIZE;
         assert!(Loader::new(vec![i], None).is_err());
+    }
+
+    /// The chunk checksums (`chunk` bytes each) of a file as it is now.
+    fn sums(path: &std::path::Path, chunk: usize) -> Vec<String> {
+        std::fs::read(path)
+            .unwrap()
+            .chunks(chunk)
+            .map(|c| crate::image::hex(xxhash_rust::xxh3::xxh3_64(c)))
+            .collect()
+    }
+
+    #[test]
+    fn chunks_are_checked_as_they_are_loaded_whole_and_a_damaged_one_stops_the_load() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        // 64 pages in chunks of 16; pages 16..32 are a hole (chunk 1 has no data).
+        let img = image(d.path(), "ram.img", 64, 16..32);
+        let path = img.path.clone();
+        let chunk = 16 * PAGE_SIZE;
+        let good = sums(&path, chunk as usize);
+        let checker =
+            |sums: &[String]| ChunkChecker::new(&path, 64 * PAGE_SIZE, chunk, sums, false).unwrap();
+        let trace = Trace {
+            pages: (0..16).map(|p| tp(0, p)).chain([tp(0, 40)]).collect(),
+        };
+        let mut l = Loader::new(vec![img], Some(trace.clone())).unwrap();
+        l.check_with(0, checker(&good)).unwrap();
+        // The hole chunk is checked at once, without a read.
+        assert_eq!(l.chunks_checked(), (1, 4));
+        l.load_first(17).unwrap();
+        // Chunk 0 is loaded whole; chunk 2 only in part.
+        assert_eq!(l.chunks_checked(), (2, 4));
+        l.load_rest(
+            RestOrder::Fafl,
+            &AtomicBool::new(false),
+            None,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(l.chunks_checked(), (4, 4));
+
+        // One flipped byte in chunk 3: the load stops there, naming it.
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[7], 50 * PAGE_SIZE + 3).unwrap();
+        let img = ImageFile {
+            block: 0,
+            path: path.clone(),
+            size: 64 * PAGE_SIZE,
+        };
+        let mut l = Loader::new(vec![img], Some(trace)).unwrap();
+        l.check_with(0, checker(&good)).unwrap();
+        l.load_first(17).unwrap();
+        let e = l
+            .load_rest(
+                RestOrder::Fafl,
+                &AtomicBool::new(false),
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("checksum mismatch in chunk 3 (bytes 196608..262144)"),
+            "{e}"
+        );
+        // A hole chunk whose checksum says it held data fails before any load.
+        let mut lying = good.clone();
+        lying[1] = good[0].clone();
+        let img = ImageFile {
+            block: 0,
+            path: path.clone(),
+            size: 64 * PAGE_SIZE,
+        };
+        let mut l = Loader::new(vec![img], None).unwrap();
+        assert!(l.check_with(0, checker(&lying)).is_err());
     }
 }

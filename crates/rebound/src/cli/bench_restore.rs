@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hyper::Method;
 use rebound_api::{
-    Forward, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
+    Forward, RamCheck, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
     SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
 };
 use rebound_vmm::paths::Paths;
@@ -41,13 +41,18 @@ use crate::client::Client;
 
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
-const MODES: [&str; 6] = [
+const MODES: [&str; 9] = [
     "stock",
     "eager",
     "lazy",
     "working-set",
     "elastic",
     "elastic-file",
+    // The same restores with the RAM image unchecked, or checked whole before the
+    // start: what the check costs (not in the default list).
+    "lazy-unchecked",
+    "elastic-unchecked",
+    "lazy-full",
 ];
 /// The size of each kv value (a line holds at most 4 KiB).
 const KV_VALUE: u64 = 4000;
@@ -73,7 +78,9 @@ pub struct RestoreArgs {
     /// Workloads: idle, kv, memfill, mixed.
     #[arg(long, default_value = "idle,kv,memfill,mixed")]
     workloads: String,
-    /// Modes: stock, eager, lazy, working-set, elastic, elastic-file.
+    /// Modes: stock, eager, lazy, working-set, elastic, elastic-file; lazy-unchecked,
+    /// elastic-unchecked (`--ram-check off`) and lazy-full (`--ram-check full`) show
+    /// what checking the RAM image costs.
     #[arg(
         long,
         default_value = "stock,eager,lazy,working-set,elastic,elastic-file"
@@ -159,12 +166,18 @@ fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> anyhow::Result<Vec<&'
     Ok(v)
 }
 
-fn mode_of(id: &str) -> (RestoreMode, RestOrder) {
-    match id {
-        "elastic-file" => (RestoreMode::Elastic, RestOrder::FileOrder),
+fn mode_of(id: &str) -> (RestoreMode, RestOrder, RamCheck) {
+    let (base, check) = match id.split_once('-') {
+        Some((b, "unchecked")) => (b, RamCheck::Off),
+        Some((b, "full")) => (b, RamCheck::Full),
+        _ => (id, RamCheck::Auto),
+    };
+    match base {
+        "elastic-file" => (RestoreMode::Elastic, RestOrder::FileOrder, check),
         other => (
             other.parse().expect("mode ids are checked"),
             RestOrder::Fafl,
+            check,
         ),
     }
 }
@@ -306,7 +319,7 @@ impl Bench {
         name: &str,
     ) -> anyhow::Result<Record> {
         drop_cache(snap)?;
-        let (mode, rest_order) = mode_of(mode_id);
+        let (mode, rest_order, ram_check) = mode_of(mode_id);
         let req = RestoreRequest {
             dir: snap.display().to_string(),
             name: name.into(),
@@ -314,6 +327,7 @@ impl Bench {
             ws_pages: self.args.ws_pages,
             paused: false,
             rest_order,
+            ram_check,
             watch_s: self.args.watch_s,
             // The host client's port.
             forwards: Some(
@@ -908,9 +922,24 @@ mod tests {
     fn modes_and_lists_are_checked() {
         assert_eq!(
             mode_of("elastic-file"),
-            (RestoreMode::Elastic, RestOrder::FileOrder)
+            (RestoreMode::Elastic, RestOrder::FileOrder, RamCheck::Auto)
         );
-        assert_eq!(mode_of("stock"), (RestoreMode::Stock, RestOrder::Fafl));
+        assert_eq!(
+            mode_of("stock"),
+            (RestoreMode::Stock, RestOrder::Fafl, RamCheck::Auto)
+        );
+        assert_eq!(
+            mode_of("working-set"),
+            (RestoreMode::WorkingSet, RestOrder::Fafl, RamCheck::Auto)
+        );
+        assert_eq!(
+            mode_of("lazy-unchecked"),
+            (RestoreMode::Lazy, RestOrder::Fafl, RamCheck::Off)
+        );
+        assert_eq!(
+            mode_of("lazy-full"),
+            (RestoreMode::Lazy, RestOrder::Fafl, RamCheck::Full)
+        );
         assert!(pick("idle,bogus", &WORKLOADS, "workload").is_err());
         assert_eq!(pick("kv", &WORKLOADS, "workload").unwrap(), ["kv"]);
     }

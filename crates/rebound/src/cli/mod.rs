@@ -722,6 +722,12 @@ pub struct RestoreArgs {
     /// the trace in first-access order, then the image) or file-order.
     #[arg(long, default_value = "fafl")]
     pub rest_order: rebound_api::RestOrder,
+    /// How a restore that runs from the snapshot's image (lazy, working-set,
+    /// elastic) checks its RAM chunks: auto (a snapshot this daemon wrote in the
+    /// background, any other in full before the guest runs), full, background (a
+    /// damaged chunk stops the guest, which may have read it) or off (unchecked).
+    #[arg(long, default_value = "auto")]
+    pub ram_check: rebound_api::RamCheck,
     /// Seconds to watch the restored guest for the report.
     #[arg(long, default_value_t = rebound_api::snapshot::default_watch_s())]
     pub watch_s: f64,

@@ -91,6 +91,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         ws_pages: a.ws_pages,
         paused: a.paused,
         rest_order: a.rest_order,
+        ram_check: a.ram_check,
         watch_s: a.watch_s,
         forwards: (!a.forwards.is_empty()).then(|| a.forwards.clone()),
         replay: (!a.replay.is_empty()).then(|| a.replay.clone()),
@@ -205,6 +206,21 @@ pub fn report_text(r: &RestoreReport) -> String {
             "  background:       {} pages in {s:.2} s\n",
             r.background_pages
         );
+    }
+    match r.ram_check {
+        Some(rebound_api::RamCheck::Off) => o += "  RAM image:        unchecked\n",
+        Some(c) => {
+            o += &format!(
+                "  RAM image:        {} of {} chunks checked ({}), {} before the start{}\n",
+                r.ram_chunks_checked,
+                r.ram_chunks,
+                c.as_str(),
+                r.ram_chunks_checked_before_start,
+                r.ram_check_s
+                    .map_or(String::new(), |s| format!(" in {s:.2} s"))
+            )
+        }
+        None => {}
     }
     if r.trace_recorded {
         o += "  this restore recorded the snapshot's working-set trace\n";

@@ -267,6 +267,28 @@ impl Env {
         })
     }
 
+    /// Nothing of a handled crash is left behind: no crashed RAM on the run dir's
+    /// tmpfs, no partial or kept-aside dump beside `dump`.
+    pub fn no_crash_leftovers(&self, dump: &str, what: &str) {
+        let names = |dir: &Path| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        };
+        let left: Vec<_> = names(self.run.path())
+            .into_iter()
+            .filter(|n| n.contains("@crash-"))
+            .collect();
+        assert!(left.is_empty(), "{what}: crashed RAM left: {left:?}");
+        let extra: Vec<_> = names(Path::new(dump).parent().unwrap())
+            .into_iter()
+            .filter(|n| n.contains(".partial") || n.contains(".resume"))
+            .collect();
+        assert!(extra.is_empty(), "{what}: beside the dump: {extra:?}");
+    }
+
     /// The daemon's pid from /v1/health.
     pub fn daemon_pid(&self) -> u32 {
         self.get_ok("GET", "/v1/health", None)["pid"]
@@ -375,6 +397,15 @@ pub fn kv(port: u16, line: &str) -> Result<String> {
         out.push(b[0]);
     }
     Ok(String::from_utf8(out)?.trim_end().to_string())
+}
+
+/// A TCP port on 127.0.0.1 free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Reads a file from an ext4 image without mounting it.

@@ -14,6 +14,7 @@ pub mod machine;
 mod memory;
 pub use memory::MemoryRequest;
 mod owner;
+mod ram_check;
 mod reboot;
 mod recover_restore;
 pub mod replay;

@@ -141,6 +141,7 @@ impl Owner {
                 ws_pages,
                 paused: false,
                 rest_order: RestOrder::Fafl,
+                ram_check: rebound_api::RamCheck::Auto,
                 watch_s: rebound_api::snapshot::default_watch_s(),
                 forwards: None,
                 replay: None,

@@ -62,6 +62,11 @@ pub struct RestoreJob {
 /// ahead of its start) only gains pages it would otherwise fault in.
 static LOADING_BEFORE_START: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether a restore is loading before its start (background readers wait).
+pub(super) fn loading_before_start() -> bool {
+    LOADING_BEFORE_START.load(Ordering::Relaxed) > 0
+}
+
 /// Counts one restore in [`LOADING_BEFORE_START`] while it lives.
 struct BeforeStart;
 
@@ -124,6 +129,7 @@ impl Restoring {
             done.clone(),
             self.t0,
         );
+        let rt = tokio::runtime::Handle::current();
         let task = tokio::task::spawn_blocking(move || {
             while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
@@ -134,14 +140,16 @@ impl Restoring {
             };
             let mut show = |d: u64, _total: u64| {
                 bytes.store(d, Ordering::Relaxed);
-                while LOADING_BEFORE_START.load(Ordering::Relaxed) > 0
-                    && !stop.load(Ordering::Relaxed)
-                {
+                while loading_before_start() && !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             };
             let s = loader.load_rest(order, &stop, None, &mut show);
             let stopped = stop.load(Ordering::Relaxed);
+            let (checked, _) = loader.chunks_checked();
+            if checked > 0 {
+                vm.update_restore_report(|rep| rep.ram_chunks_checked = checked);
+            }
             match &s {
                 Ok(s) => vm.update_restore_report(|rep| {
                     rep.background_pages = s.pages;
@@ -150,6 +158,12 @@ impl Restoring {
                         rep.memory_loaded_s = Some(t0.elapsed().as_secs_f64());
                     }
                 }),
+                Err(e @ rebound_snapshot::LoadError::Check(_)) => {
+                    rt.spawn(super::ram_check::stop_damaged(
+                        vm.clone(),
+                        crate::daemon::error::chain(e),
+                    ));
+                }
                 Err(e) => {
                     let e = crate::daemon::error::chain(e);
                     tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
@@ -160,6 +174,64 @@ impl Restoring {
         });
         Background { task, done, base }
     }
+}
+
+/// The RAM check done before the start, and what is left for the background.
+struct CheckedBefore {
+    /// Chunks checked before the start.
+    before: u64,
+    /// Seconds of a full check.
+    full_s: Option<f64>,
+    /// A lazy restore's checker, to run while the guest runs.
+    lazy: Option<rebound_snapshot::ChunkChecker>,
+}
+
+/// Sets up the check of a restore that maps its image: a full one runs now (the
+/// restore fails at a damaged chunk, before QEMU is given anything); a background
+/// one goes with the loader (working-set, elastic: chunks checked as they are
+/// loaded whole, those of the working set before the start) or, for a lazy restore,
+/// is handed back to run beside the guest.
+#[allow(clippy::too_many_arguments)]
+fn check_before_start(
+    loader: &mut Loader,
+    image: &std::path::Path,
+    size: u64,
+    chunk: u64,
+    checksums: &[String],
+    mode: RestoreMode,
+    check: rebound_snapshot::RamCheck,
+    vm: &super::VmHandle,
+) -> Result<CheckedBefore, OpError> {
+    use rebound_snapshot::RamCheck as C;
+    let input = |e: &(dyn std::error::Error + 'static)| {
+        OpError::SnapshotInput(crate::daemon::error::chain(e))
+    };
+    let mut out = CheckedBefore {
+        before: 0,
+        full_s: None,
+        lazy: None,
+    };
+    if matches!(mode, RestoreMode::Eager | RestoreMode::Stock) || check == C::Off {
+        return Ok(out);
+    }
+    let direct = mode == RestoreMode::Lazy && check == C::Background;
+    let mut c = rebound_snapshot::ChunkChecker::new(image, size, chunk, checksums, direct)
+        .map_err(|e| input(&e))?;
+    match check {
+        C::Full => {
+            let t = Instant::now();
+            let mut show = |d: u64, n: u64| vm.set_progress(Some((d * chunk, n * chunk)));
+            let r = c.check_all(&AtomicBool::new(false), &mut show);
+            vm.set_progress(None);
+            r.map_err(|e| input(&e))?;
+            out.before = c.checked();
+            out.full_s = Some(t.elapsed().as_secs_f64());
+        }
+        C::Background if mode == RestoreMode::Lazy => out.lazy = Some(c),
+        C::Background => loader.check_with(0, c).map_err(|e| input(&e))?,
+        C::Off => {}
+    }
+    Ok(out)
 }
 
 /// A trace task armed before the guest's first instruction.
@@ -260,6 +332,16 @@ impl Owner {
             ));
             mode = RestoreMode::Eager;
         }
+        // What the RAM image is checked against before and while the guest runs.
+        let ram_check = super::ram_check::decide(&self.paths, &snap, &image, req.ram_check, mode)?;
+        if ram_check.copy_instead && mode != RestoreMode::Eager {
+            mode = RestoreMode::Eager;
+        }
+        report.notes.extend(ram_check.note.clone());
+        if mode != RestoreMode::Stock {
+            report.ram_check = Some(super::ram_check::as_api(ram_check.check));
+            report.ram_chunks = block.checksums.len() as u64;
+        }
         report.mode = mode;
         if mode == RestoreMode::Stock && !snap.path_of("stock.mig").is_file() {
             return Err(OpError::SnapshotInput(
@@ -303,15 +385,17 @@ impl Owner {
             path: image.clone(),
             size,
         }];
-        let (loader, before) = {
+        let (loader, before, checked) = {
             let (vm, trace, run_ram) = (self.vm.clone(), trace.clone(), self.vm.run.ram());
             let (image, checksums, chunk) =
                 (image.clone(), block.checksums.clone(), block.chunk_bytes);
+            let check = ram_check.check;
             tokio::task::spawn_blocking(move || -> Result<_, OpError> {
-                let mut loader = Loader::new(images, trace)
-                    .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+                let input = |e: &(dyn std::error::Error + 'static)| OpError::SnapshotInput(crate::daemon::error::chain(e));
+                let mut loader = Loader::new(images, trace).map_err(|e| input(&e))?;
                 let t = Instant::now();
                 let _first = BeforeStart::enter();
+                let checked = check_before_start(&mut loader, &image, size, chunk, &checksums, mode, check, &vm)?;
                 let stats = match mode {
                     RestoreMode::Eager => {
                         let mut show = |d: u64, t: u64| vm.set_progress(Some((d, t)));
@@ -334,11 +418,24 @@ impl Owner {
                     }
                     RestoreMode::Lazy | RestoreMode::Stock => None,
                 };
-                Ok((loader, stats.map(|s| (s, t.elapsed().as_secs_f64()))))
+                let mut checked = checked;
+                if checked.lazy.is_none() && mode != RestoreMode::Eager {
+                    checked.before = checked.before.max(loader.chunks_checked().0);
+                }
+                if mode == RestoreMode::Eager {
+                    // The copy compared every chunk.
+                    checked.before = checksums.len() as u64;
+                }
+                Ok((loader, stats.map(|s| (s, t.elapsed().as_secs_f64())), checked))
             })
             .await
             .map_err(|e| OpError::Internal(e.to_string()))??
         };
+        if mode != RestoreMode::Stock {
+            report.ram_chunks_checked = checked.before;
+            report.ram_chunks_checked_before_start = checked.before;
+            report.ram_check_s = checked.full_s;
+        }
         if let Some(((pages, bytes), secs)) = before {
             report.pages_loaded_before_start = pages;
             report.bytes_loaded_before_start = bytes;
@@ -468,6 +565,9 @@ impl Owner {
             }
         }
         self.restore = Some(restoring);
+        if let Some(c) = checked.lazy {
+            super::ram_check::spawn_lazy_checker(self.vm.clone(), c);
+        }
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {
             report.phase = "held".into();

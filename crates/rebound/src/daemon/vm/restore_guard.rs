@@ -104,7 +104,7 @@ pub(super) fn spawn(vm: Arc<VmHandle>, stamp: ImageStamp) {
 }
 
 /// Marks the restore failed and logs why.
-fn fail(vm: &VmHandle, error: String) {
+pub(super) fn fail(vm: &VmHandle, error: String) {
     tracing::warn!(vm = %vm.name, "{error}");
     vm.update_restore_report(|r| {
         r.phase = "failed".into();

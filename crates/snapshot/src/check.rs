@@ -1,0 +1,454 @@
+//! Checking a RAM image against its manifest's chunk checksums while a restore runs
+//! from it, and choosing how (a snapshot is a file from elsewhere: `docs/security.md`).
+//!
+//! A lazy restore maps the image private: the host kernel, not Rebound, hands the
+//! guest each page from the page cache on its first touch, so on this path no page
+//! can be checked *between* the disk and the guest. What can be done:
+//! - `Full`: every chunk is read and checked before the guest's first instruction
+//!   (the reads also warm the page cache; the restore loses its head start);
+//! - `Background`: chunks are checked as the loader completes them (through the
+//!   page cache, cheap) or, in a lazy restore, by a checker reading the image
+//!   straight from the disk (`O_DIRECT`, so lazy loading stays lazy); a mismatch
+//!   stops the guest, which may already have read the damaged page;
+//! - `Off`: nothing is checked, and the restore says so.
+//!
+//! [`decide`] picks one from what was asked and how far the snapshot is to be
+//! trusted ([`Trust`]): a snapshot this daemon wrote into a directory only its user
+//! can change is checked in the background, any other one in full before the start,
+//! and one that another user can still write is not mapped at all (restored by a
+//! checked copy instead), since it could change after any check.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::image::{hash_zeros, Aligned};
+use crate::PAGE_SIZE;
+
+/// Errors checking an image.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("cannot read {0}")]
+    Read(PathBuf, #[source] io::Error),
+    #[error("{file}: checksum mismatch in chunk {chunk} (bytes {start}..{end}): the snapshot's RAM image is damaged")]
+    Mismatch {
+        file: PathBuf,
+        chunk: u64,
+        start: u64,
+        end: u64,
+    },
+    #[error("{0}: {1} checksums for {2} chunks of {3} bytes")]
+    Count(PathBuf, usize, u64, u64),
+    #[error("{0}: checksum {1:?} is not 16 hex digits")]
+    Digits(PathBuf, String),
+}
+
+/// How a restore checks the RAM image it runs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamCheck {
+    Full,
+    Background,
+    Off,
+}
+
+/// How far a snapshot's files can be trusted not to change or lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// Written by this daemon (its catalog lists it), and only its user (or root)
+    /// can change the directory and the image.
+    Own,
+    /// Only the daemon's user (or root) can change it, but this daemon did not
+    /// write it: copied from another host, from a backup, by hand.
+    Stable,
+    /// Another user can write the image or replace it in its directory.
+    Mutable,
+}
+
+/// What a restore does about its RAM image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub check: RamCheck,
+    /// Copy the image (checked as it is copied) instead of mapping it.
+    pub copy_instead: bool,
+    /// What the restore's report says about it, if anything.
+    pub note: Option<String>,
+}
+
+/// The check for a restore that maps the image (`maps`: lazy, working-set,
+/// elastic) or copies it (eager, checked as copied), given what was asked (`None`:
+/// the default) and the snapshot's trust.
+pub fn decide(asked: Option<RamCheck>, trust: Trust, maps: bool) -> Decision {
+    let d = |check, copy_instead, note: Option<&str>| Decision {
+        check,
+        copy_instead,
+        note: note.map(str::to_string),
+    };
+    if !maps {
+        return d(RamCheck::Full, false, None);
+    }
+    match (asked, trust) {
+        (Some(RamCheck::Off), _) => d(
+            RamCheck::Off,
+            false,
+            Some("RAM unchecked (--ram-check off): the guest runs on the image's bytes as they are"),
+        ),
+        (_, Trust::Mutable) => d(
+            RamCheck::Full,
+            true,
+            Some("the RAM image or its directory can be written by a user other than the daemon's, so it could change after any check: restored by a checked copy instead of mapping it"),
+        ),
+        (Some(RamCheck::Full), _) => d(RamCheck::Full, false, None),
+        (Some(RamCheck::Background), _) => d(
+            RamCheck::Background,
+            false,
+            Some("RAM checked in the background (--ram-check background): the guest may read a page before its chunk is checked; a damaged chunk stops it"),
+        ),
+        (None, Trust::Own) => d(
+            RamCheck::Background,
+            false,
+            Some("RAM checked in the background (the snapshot is this daemon's own): the guest may read a page before its chunk is checked; a damaged chunk stops it"),
+        ),
+        (None, Trust::Stable) => d(
+            RamCheck::Full,
+            false,
+            Some("the snapshot is not one this daemon wrote: every RAM chunk was checked before the guest ran (--ram-check background skips the wait)"),
+        ),
+    }
+}
+
+/// The trust of a snapshot directory and its RAM image: `Mutable` unless both are
+/// owned by this process's user or root and writable by their owner alone;
+/// `listed`: the daemon's catalog names the directory.
+pub fn trust(dir: &Path, image: &Path, listed: bool) -> io::Result<Trust> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    // The directory as its path resolves (a link to it is how some keep snapshots);
+    // the image itself, never a link (opening it refuses links anyway).
+    for m in [std::fs::metadata(dir)?, std::fs::symlink_metadata(image)?] {
+        if (m.uid() != me && m.uid() != 0) || m.mode() & 0o022 != 0 {
+            return Ok(Trust::Mutable);
+        }
+    }
+    Ok(if listed { Trust::Own } else { Trust::Stable })
+}
+
+/// Bytes read at a time: small, so that a guest's fault on the same disk waits
+/// behind at most one such read.
+const PIECE: usize = 256 << 10;
+
+/// Checks chunks of one RAM image.
+pub struct ChunkChecker {
+    path: PathBuf,
+    file: File,
+    /// Whether `file` reads around the page cache.
+    direct: bool,
+    size: u64,
+    chunk: u64,
+    sums: Vec<u64>,
+    checked: Vec<bool>,
+    count: u64,
+    buf: Aligned,
+    zero_chunk: Option<u64>,
+}
+
+impl ChunkChecker {
+    /// Opens `path` (`size` bytes, checksums `sums` of `chunk`-byte pieces, as the
+    /// manifest records them), reading around the page cache if `direct` and the
+    /// file system allows it.
+    pub fn new(
+        path: &Path,
+        size: u64,
+        chunk: u64,
+        sums: &[String],
+        direct: bool,
+    ) -> Result<ChunkChecker, CheckError> {
+        let rerr = |e| CheckError::Read(path.to_path_buf(), e);
+        let chunks = size.div_ceil(chunk.max(1));
+        if sums.len() as u64 != chunks || !chunk.is_multiple_of(PAGE_SIZE) || chunk == 0 {
+            return Err(CheckError::Count(
+                path.to_path_buf(),
+                sums.len(),
+                chunks,
+                chunk,
+            ));
+        }
+        let sums = sums
+            .iter()
+            .map(|s| match u64::from_str_radix(s, 16) {
+                Ok(v) if s.len() == 16 => Ok(v),
+                _ => Err(CheckError::Digits(path.to_path_buf(), s.clone())),
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        let open = |flags| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | flags)
+                .open(path)
+        };
+        // tmpfs and some others refuse O_DIRECT: through the page cache then.
+        let (file, direct) = match direct.then(|| open(libc::O_DIRECT)) {
+            Some(Ok(f)) => (f, true),
+            _ => (open(0).map_err(rerr)?, false),
+        };
+        if !direct {
+            // Exactly the pages asked for: readahead would read what the guest never asked for.
+            // SAFETY: posix_fadvise on an fd this checker owns; no memory is involved.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        }
+        Ok(ChunkChecker {
+            path: path.to_path_buf(),
+            file,
+            direct,
+            size,
+            chunk,
+            sums,
+            checked: vec![false; chunks as usize],
+            count: 0,
+            buf: Aligned::new(PIECE),
+            zero_chunk: None,
+        })
+    }
+
+    pub fn chunks(&self) -> u64 {
+        self.sums.len() as u64
+    }
+
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk
+    }
+
+    /// Chunks checked so far.
+    pub fn checked(&self) -> u64 {
+        self.count
+    }
+
+    pub fn is_checked(&self, i: u64) -> bool {
+        self.checked[i as usize]
+    }
+
+    /// Reads chunk `i` (its holes as zeros, never read) and checks it; checking a
+    /// chunk again reads nothing.
+    pub fn check(&mut self, i: u64) -> Result<(), CheckError> {
+        if self.checked[i as usize] {
+            return Ok(());
+        }
+        let rerr = |e| CheckError::Read(self.path.clone(), e);
+        let start = i * self.chunk;
+        let end = (start + self.chunk).min(self.size);
+        let extents = crate::image::data_extents_in(&self.file, start..end).map_err(rerr)?;
+        let sum = if extents.is_empty() {
+            let len = self.chunk;
+            let full = end - start == len;
+            match self.zero_chunk {
+                Some(z) if full => z,
+                _ => {
+                    let mut h = Xxh3::new();
+                    hash_zeros(&mut h, end - start);
+                    let z = h.digest();
+                    if full {
+                        self.zero_chunk = Some(z);
+                    }
+                    z
+                }
+            }
+        } else {
+            let mut h = Xxh3::new();
+            let mut at = start;
+            for e in extents {
+                // Whole pages: what O_DIRECT reads, and a page's hole part reads as zeros.
+                let (s, t) = (
+                    (e.start / PAGE_SIZE * PAGE_SIZE).max(at),
+                    e.end.div_ceil(PAGE_SIZE) * PAGE_SIZE,
+                );
+                let t = t.min(end).max(s);
+                hash_zeros(&mut h, s - at);
+                let mut p = s;
+                while p < t {
+                    let n = ((t - p) as usize).min(PIECE);
+                    self.read(p, n)?;
+                    h.update(&self.buf.as_mut()[..n]);
+                    p += n as u64;
+                }
+                at = t;
+            }
+            hash_zeros(&mut h, end - at);
+            h.digest()
+        };
+        if sum != self.sums[i as usize] {
+            return Err(CheckError::Mismatch {
+                file: self.path.clone(),
+                chunk: i,
+                start,
+                end,
+            });
+        }
+        self.checked[i as usize] = true;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Reads `n` bytes at `at` into the buffer.
+    fn read(&mut self, at: u64, n: usize) -> Result<(), CheckError> {
+        let r = self.file.read_exact_at(&mut self.buf.as_mut()[..n], at);
+        match r {
+            // Some file systems take O_DIRECT at open and refuse it per read.
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.file = crate::manifest::open_nofollow(&self.path)
+                    .map_err(|e| CheckError::Read(self.path.clone(), e))?;
+                self.direct = false;
+                self.read(at, n)
+            }
+            r => r.map_err(|e| CheckError::Read(self.path.clone(), e)),
+        }
+    }
+
+    /// Checks every chunk not checked yet, in file order, until `stop` is set;
+    /// `between(done, total)` runs after each chunk (progress, giving way).
+    pub fn check_all(
+        &mut self,
+        stop: &AtomicBool,
+        between: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), CheckError> {
+        for i in 0..self.chunks() {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            self.check(i)?;
+            between(self.count, self.chunks());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 4-chunk image of 64 KiB chunks: data, a hole, data with a hole inside, data.
+    fn image(dir: &Path) -> (PathBuf, Vec<String>) {
+        let p = dir.join("ram");
+        let f = File::create(&p).unwrap();
+        f.set_len(256 << 10).unwrap();
+        let fill = |at: u64, len: usize, b: u8| f.write_all_at(&vec![b; len], at).unwrap();
+        fill(0, 64 << 10, 1);
+        fill(128 << 10, 4096, 2);
+        fill(128 << 10 | 32 << 10, 4096, 3);
+        fill(192 << 10, 64 << 10, 4);
+        let data = std::fs::read(&p).unwrap();
+        let sums = data
+            .chunks(64 << 10)
+            .map(|c| crate::image::hex(xxhash_rust::xxh3::xxh3_64(c)))
+            .collect();
+        (p, sums)
+    }
+
+    #[test]
+    fn every_chunk_of_a_sound_image_checks_directly_and_through_the_cache() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, sums) = image(d.path());
+        for direct in [false, true] {
+            let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, direct).unwrap();
+            c.check_all(&AtomicBool::new(false), &mut |_, _| {})
+                .unwrap();
+            assert_eq!((c.checked(), c.chunks()), (4, 4));
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_names_its_chunk_and_a_punched_hole_too() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, sums) = image(d.path());
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(&[9], (192 << 10) + 77).unwrap();
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, false).unwrap();
+        c.check(0).unwrap();
+        let e = c.check(3).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum mismatch in chunk 3 (bytes 196608..262144)"),
+            "{e}"
+        );
+        assert!(!c.is_checked(3));
+        // A hole where data was: chunk 0's bytes now read as zeros.
+        // SAFETY: fallocate on a file this test owns; no memory is involved.
+        let r = unsafe {
+            libc::fallocate(
+                std::os::unix::io::AsRawFd::as_raw_fd(&f),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                64 << 10,
+            )
+        };
+        assert_eq!(r, 0);
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, true).unwrap();
+        let e = c
+            .check_all(&AtomicBool::new(false), &mut |_, _| {})
+            .unwrap_err();
+        assert!(e.to_string().contains("chunk 0 "), "{e}");
+    }
+
+    #[test]
+    fn checksums_that_do_not_fit_the_image_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, sums) = image(d.path());
+        let e = |r: Result<ChunkChecker, CheckError>| r.err().unwrap().to_string();
+        assert!(e(ChunkChecker::new(
+            &p,
+            256 << 10,
+            64 << 10,
+            &sums[..3],
+            false
+        ))
+        .contains("3 checksums for 4 chunks"));
+        assert!(e(ChunkChecker::new(&p, 256 << 10, 0, &sums, false)).contains("checksums for"));
+        let mut bad = sums.clone();
+        bad[1] = "xyz".into();
+        assert!(e(ChunkChecker::new(&p, 256 << 10, 64 << 10, &bad, false))
+            .contains("\"xyz\" is not 16 hex digits"));
+    }
+
+    #[test]
+    fn the_default_checks_own_snapshots_in_the_background_and_others_in_full() {
+        use RamCheck::*;
+        let c = |asked, trust, maps| {
+            let d = decide(asked, trust, maps);
+            (d.check, d.copy_instead)
+        };
+        assert_eq!(c(None, Trust::Own, true), (Background, false));
+        assert_eq!(c(None, Trust::Stable, true), (Full, false));
+        assert_eq!(c(None, Trust::Mutable, true), (Full, true));
+        assert_eq!(
+            c(Some(Background), Trust::Stable, true),
+            (Background, false)
+        );
+        assert_eq!(c(Some(Full), Trust::Own, true), (Full, false));
+        assert_eq!(c(Some(Background), Trust::Mutable, true), (Full, true));
+        assert_eq!(c(Some(Off), Trust::Mutable, true), (Off, false));
+        // A copy is checked as it is made, whatever was asked.
+        assert_eq!(c(Some(Off), Trust::Mutable, false), (Full, false));
+        assert!(decide(Some(Off), Trust::Own, true)
+            .note
+            .unwrap()
+            .contains("unchecked"));
+    }
+
+    #[test]
+    fn only_files_nobody_else_can_write_are_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let (p, _) = image(d.path());
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(trust(d.path(), &p, true).unwrap(), Trust::Own);
+        assert_eq!(trust(d.path(), &p, false).unwrap(), Trust::Stable);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(trust(d.path(), &p, true).unwrap(), Trust::Mutable);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(trust(d.path(), &p, true).unwrap(), Trust::Mutable);
+    }
+}

@@ -6,10 +6,11 @@
 //! can be checked *between* the disk and the guest. What can be done:
 //! - `Full`: every chunk is read and checked before the guest's first instruction
 //!   (the reads also warm the page cache; the restore loses its head start);
-//! - `Background`: chunks are checked as the loader completes them (through the
-//!   page cache, cheap) or, in a lazy restore, by a checker reading the image
-//!   straight from the disk (`O_DIRECT`, so lazy loading stays lazy); a mismatch
-//!   stops the guest, which may already have read the damaged page;
+//! - `Background`: chunks are checked from the page cache once all their data is
+//!   there (the loader's reads, or in a lazy restore the guest's own faults and
+//!   their readahead), so the check adds no disk reads to what the restore reads
+//!   anyway; a chunk nothing loads is read by the checker. A mismatch stops the
+//!   guest, which may already have read the damaged page;
 //! - `Off`: nothing is checked, and the restore says so.
 //!
 //! [`decide`] picks one from what was asked and how far the snapshot is to be
@@ -18,16 +19,16 @@
 //! and one that another user can still write is not mapped at all (restored by a
 //! checked copy instead), since it could change after any check.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::image::{hash_zeros, Aligned};
+use crate::image::hash_zeros;
 use crate::PAGE_SIZE;
 
 /// Errors checking an image.
@@ -145,27 +146,23 @@ const PIECE: usize = 256 << 10;
 pub struct ChunkChecker {
     path: PathBuf,
     file: File,
-    /// Whether `file` reads around the page cache.
-    direct: bool,
     size: u64,
     chunk: u64,
     sums: Vec<u64>,
     checked: Vec<bool>,
     count: u64,
-    buf: Aligned,
+    buf: Vec<u8>,
     zero_chunk: Option<u64>,
 }
 
 impl ChunkChecker {
     /// Opens `path` (`size` bytes, checksums `sums` of `chunk`-byte pieces, as the
-    /// manifest records them), reading around the page cache if `direct` and the
-    /// file system allows it.
+    /// manifest records them).
     pub fn new(
         path: &Path,
         size: u64,
         chunk: u64,
         sums: &[String],
-        direct: bool,
     ) -> Result<ChunkChecker, CheckError> {
         let rerr = |e| CheckError::Read(path.to_path_buf(), e);
         let chunks = size.div_ceil(chunk.max(1));
@@ -184,32 +181,19 @@ impl ChunkChecker {
                 _ => Err(CheckError::Digits(path.to_path_buf(), s.clone())),
             })
             .collect::<Result<Vec<u64>, _>>()?;
-        let open = |flags| {
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | flags)
-                .open(path)
-        };
-        // tmpfs and some others refuse O_DIRECT: through the page cache then.
-        let (file, direct) = match direct.then(|| open(libc::O_DIRECT)) {
-            Some(Ok(f)) => (f, true),
-            _ => (open(0).map_err(rerr)?, false),
-        };
-        if !direct {
-            // Exactly the pages asked for: readahead would read what the guest never asked for.
-            // SAFETY: posix_fadvise on an fd this checker owns; no memory is involved.
-            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-        }
+        let file = crate::manifest::open_nofollow(path).map_err(rerr)?;
+        // Exactly the pages asked for: readahead would read what nobody asked for.
+        // SAFETY: posix_fadvise on an fd this checker owns; no memory is involved.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         Ok(ChunkChecker {
             path: path.to_path_buf(),
             file,
-            direct,
             size,
             chunk,
             sums,
             checked: vec![false; chunks as usize],
             count: 0,
-            buf: Aligned::new(PIECE),
+            buf: vec![0; PIECE],
             zero_chunk: None,
         })
     }
@@ -260,7 +244,7 @@ impl ChunkChecker {
             let mut h = Xxh3::new();
             let mut at = start;
             for e in extents {
-                // Whole pages: what O_DIRECT reads, and a page's hole part reads as zeros.
+                // Whole pages (a page's hole part reads as zeros).
                 let (s, t) = (
                     (e.start / PAGE_SIZE * PAGE_SIZE).max(at),
                     e.end.div_ceil(PAGE_SIZE) * PAGE_SIZE,
@@ -270,8 +254,10 @@ impl ChunkChecker {
                 let mut p = s;
                 while p < t {
                     let n = ((t - p) as usize).min(PIECE);
-                    self.read(p, n)?;
-                    h.update(&self.buf.as_mut()[..n]);
+                    self.file
+                        .read_exact_at(&mut self.buf[..n], p)
+                        .map_err(|e| CheckError::Read(self.path.clone(), e))?;
+                    h.update(&self.buf[..n]);
                     p += n as u64;
                 }
                 at = t;
@@ -292,19 +278,33 @@ impl ChunkChecker {
         Ok(())
     }
 
-    /// Reads `n` bytes at `at` into the buffer.
-    fn read(&mut self, at: u64, n: usize) -> Result<(), CheckError> {
-        let r = self.file.read_exact_at(&mut self.buf.as_mut()[..n], at);
-        match r {
-            // Some file systems take O_DIRECT at open and refuse it per read.
-            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                self.file = crate::manifest::open_nofollow(&self.path)
-                    .map_err(|e| CheckError::Read(self.path.clone(), e))?;
-                self.direct = false;
-                self.read(at, n)
+    /// Checks the chunks not checked yet whose data pages are all in the page cache
+    /// now (`resident`, one flag per page of the image, as `mincore` gives them):
+    /// hashing them reads nothing from the disk. Returns how many it checked.
+    pub fn check_resident(&mut self, resident: &[bool]) -> Result<u64, CheckError> {
+        let before = self.count;
+        for i in 0..self.chunks() {
+            if self.checked[i as usize] {
+                continue;
             }
-            r => r.map_err(|e| CheckError::Read(self.path.clone(), e)),
+            let start = i * self.chunk;
+            let end = (start + self.chunk).min(self.size);
+            let extents = crate::image::data_extents_in(&self.file, start..end)
+                .map_err(|e| CheckError::Read(self.path.clone(), e))?;
+            let cached = extents.iter().all(|e| {
+                (e.start / PAGE_SIZE..e.end.div_ceil(PAGE_SIZE))
+                    .all(|p| resident.get(p as usize).copied().unwrap_or(false))
+            });
+            if cached {
+                self.check(i)?;
+            }
         }
+        Ok(self.count - before)
+    }
+
+    /// The first chunk not checked yet.
+    pub fn next_unchecked(&self) -> Option<u64> {
+        self.checked.iter().position(|c| !c).map(|i| i as u64)
     }
 
     /// Checks every chunk not checked yet, in file order, until `stop` is set;
@@ -348,24 +348,22 @@ mod tests {
     }
 
     #[test]
-    fn every_chunk_of_a_sound_image_checks_directly_and_through_the_cache() {
+    fn every_chunk_of_a_sound_image_checks() {
         let d = tempfile::tempdir().unwrap();
         let (p, sums) = image(d.path());
-        for direct in [false, true] {
-            let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, direct).unwrap();
-            c.check_all(&AtomicBool::new(false), &mut |_, _| {})
-                .unwrap();
-            assert_eq!((c.checked(), c.chunks()), (4, 4));
-        }
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums).unwrap();
+        c.check_all(&AtomicBool::new(false), &mut |_, _| {})
+            .unwrap();
+        assert_eq!((c.checked(), c.chunks()), (4, 4));
     }
 
     #[test]
     fn a_flipped_byte_names_its_chunk_and_a_punched_hole_too() {
         let d = tempfile::tempdir().unwrap();
         let (p, sums) = image(d.path());
-        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
         f.write_all_at(&[9], (192 << 10) + 77).unwrap();
-        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, false).unwrap();
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums).unwrap();
         c.check(0).unwrap();
         let e = c.check(3).unwrap_err().to_string();
         assert!(
@@ -384,7 +382,7 @@ mod tests {
             )
         };
         assert_eq!(r, 0);
-        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums, true).unwrap();
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums).unwrap();
         let e = c
             .check_all(&AtomicBool::new(false), &mut |_, _| {})
             .unwrap_err();
@@ -392,22 +390,35 @@ mod tests {
     }
 
     #[test]
+    fn chunks_whose_data_is_cached_check_without_waiting_for_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, sums) = image(d.path());
+        let mut c = ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums).unwrap();
+        // Pages 0..16 (chunk 0), the hole of chunk 1 and the two data pages of chunk 2
+        // cached; chunk 3 only in part.
+        let mut resident = vec![false; 64];
+        resident[..16].fill(true);
+        resident[32] = true;
+        resident[40] = true;
+        resident[48..50].fill(true);
+        assert_eq!(c.check_resident(&resident).unwrap(), 3);
+        assert_eq!(c.next_unchecked(), Some(3));
+        resident[48..].fill(true);
+        assert_eq!(c.check_resident(&resident).unwrap(), 1);
+        assert_eq!(c.next_unchecked(), None);
+    }
+
+    #[test]
     fn checksums_that_do_not_fit_the_image_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let (p, sums) = image(d.path());
         let e = |r: Result<ChunkChecker, CheckError>| r.err().unwrap().to_string();
-        assert!(e(ChunkChecker::new(
-            &p,
-            256 << 10,
-            64 << 10,
-            &sums[..3],
-            false
-        ))
-        .contains("3 checksums for 4 chunks"));
-        assert!(e(ChunkChecker::new(&p, 256 << 10, 0, &sums, false)).contains("checksums for"));
+        assert!(e(ChunkChecker::new(&p, 256 << 10, 64 << 10, &sums[..3]))
+            .contains("3 checksums for 4 chunks"));
+        assert!(e(ChunkChecker::new(&p, 256 << 10, 0, &sums)).contains("checksums for"));
         let mut bad = sums.clone();
         bad[1] = "xyz".into();
-        assert!(e(ChunkChecker::new(&p, 256 << 10, 64 << 10, &bad, false))
+        assert!(e(ChunkChecker::new(&p, 256 << 10, 64 << 10, &bad))
             .contains("\"xyz\" is not 16 hex digits"));
     }
 

@@ -32,13 +32,13 @@ pub enum ImageError {
 const BUF: usize = 8 << 20;
 
 /// A page-aligned buffer (what `O_DIRECT` wants).
-pub(crate) struct Aligned {
+struct Aligned {
     ptr: *mut u8,
     len: usize,
 }
 
 impl Aligned {
-    pub(crate) fn new(len: usize) -> Aligned {
+    fn new(len: usize) -> Aligned {
         let layout = std::alloc::Layout::from_size_align(len, PAGE_SIZE as usize).expect("layout");
         // SAFETY: `len` is non-zero (a constant) and the layout valid; the memory is
         // zeroed, owned by this value and freed in `drop` with the same layout.
@@ -47,7 +47,7 @@ impl Aligned {
         Aligned { ptr, len }
     }
 
-    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
+    fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points at `len` initialised bytes owned by `self`, borrowed
         // exclusively for as long as `self` is.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
@@ -57,10 +57,6 @@ impl Aligned {
 // SAFETY: `Aligned` owns its allocation outright (no sharing, no thread-bound
 // state), like a `Box<[u8]>`; moving it to another thread moves that ownership.
 unsafe impl Send for Aligned {}
-
-// SAFETY: the memory is reached only through `as_mut(&mut self)`: a shared
-// `&Aligned` gives no access to it at all.
-unsafe impl Sync for Aligned {}
 
 impl Drop for Aligned {
     fn drop(&mut self) {

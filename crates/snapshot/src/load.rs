@@ -752,7 +752,7 @@ mod tests {
         let chunk = 16 * PAGE_SIZE;
         let good = sums(&path, chunk as usize);
         let checker =
-            |sums: &[String]| ChunkChecker::new(&path, 64 * PAGE_SIZE, chunk, sums, false).unwrap();
+            |sums: &[String]| ChunkChecker::new(&path, 64 * PAGE_SIZE, chunk, sums).unwrap();
         let trace = Trace {
             pages: (0..16).map(|p| tp(0, p)).chain([tp(0, 40)]).collect(),
         };

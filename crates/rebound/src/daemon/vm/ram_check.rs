@@ -3,9 +3,9 @@
 //! asked); here the daemon finds the trust, runs a lazy restore's checker in the
 //! background, and stops a guest whose image turns out damaged.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rebound_api::{RamCheck, RestoreMode};
 use rebound_snapshot::check::{self, Decision};
@@ -52,28 +52,46 @@ pub(super) fn as_api(c: check::RamCheck) -> RamCheck {
     }
 }
 
-/// Checks a lazy restore's image chunk by chunk while its guest runs, reading
-/// around the page cache so that the restore stays lazy; gives way to restores
-/// loading before their start; stops when the VM's QEMU is gone. A damaged chunk
-/// stops the guest.
-pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker) {
+/// How often a lazy restore's checker looks at the page cache.
+const POLL: Duration = Duration::from_millis(100);
+/// How long it waits for the guest to load more before it reads a chunk itself.
+const QUIET: Duration = Duration::from_secs(2);
+
+/// Checks a lazy restore's image while its guest runs: each chunk once the guest's
+/// own faults (and the kernel's readahead for them) have brought all its data into
+/// the page cache, so the check reads nothing the guest would not; when nothing new
+/// comes in for `QUIET`, it reads the next chunk itself. It gives way to restores
+/// loading before their start, and stops when the VM's QEMU is gone. A damaged
+/// chunk stops the guest.
+pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, image: PathBuf) {
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let mut between = |done: u64, _total: u64| {
-            while super::restore::loading_before_start() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+        let mut progress = Instant::now();
+        let r = loop {
             // A settle moves the guest to another QEMU, with memory copied from the
             // image: the check goes on while any QEMU runs this VM.
-            if !vm.record().state.has_qemu() {
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            if !vm.record().state.has_qemu() || checker.next_unchecked().is_none() {
+                break Ok(());
             }
-            if done.is_multiple_of(16) {
-                vm.update_restore_report(|r| r.ram_chunks_checked = done);
+            // Residency is a hint: without it, chunks are read as when nothing comes in.
+            let resident = rebound_snapshot::image::resident_pages(&image).unwrap_or_default();
+            match checker.check_resident(&resident) {
+                Ok(0) => {}
+                Ok(_) => progress = Instant::now(),
+                Err(e) => break Err(e),
             }
+            if progress.elapsed() >= QUIET && !super::restore::loading_before_start() {
+                if let Some(i) = checker.next_unchecked() {
+                    if let Err(e) = checker.check(i) {
+                        break Err(e);
+                    }
+                    progress = Instant::now();
+                }
+            }
+            let done = checker.checked();
+            vm.update_restore_report(|r| r.ram_chunks_checked = done);
+            std::thread::sleep(POLL);
         };
-        let r = checker.check_all(&stop, &mut between);
         let done = checker.checked();
         vm.update_restore_report(|r| r.ram_chunks_checked = done);
         if let Err(e) = r {

@@ -214,8 +214,7 @@ fn check_before_start(
     if matches!(mode, RestoreMode::Eager | RestoreMode::Stock) || check == C::Off {
         return Ok(out);
     }
-    let direct = mode == RestoreMode::Lazy && check == C::Background;
-    let mut c = rebound_snapshot::ChunkChecker::new(image, size, chunk, checksums, direct)
+    let mut c = rebound_snapshot::ChunkChecker::new(image, size, chunk, checksums)
         .map_err(|e| input(&e))?;
     match check {
         C::Full => {
@@ -566,7 +565,7 @@ impl Owner {
         }
         self.restore = Some(restoring);
         if let Some(c) = checked.lazy {
-            super::ram_check::spawn_lazy_checker(self.vm.clone(), c);
+            super::ram_check::spawn_lazy_checker(self.vm.clone(), c, image.clone());
         }
         report.accel = Some(self.vm.record().accel.as_str().to_string());
         if req.paused {

@@ -53,7 +53,7 @@ pub(super) fn as_api(c: check::RamCheck) -> RamCheck {
 }
 
 /// How often a lazy restore's checker looks at the page cache.
-const POLL: Duration = Duration::from_millis(100);
+const POLL: Duration = Duration::from_millis(250);
 /// How long it waits for the guest to load more before it reads a chunk itself.
 const QUIET: Duration = Duration::from_secs(2);
 
@@ -62,42 +62,71 @@ const QUIET: Duration = Duration::from_secs(2);
 /// the page cache, so the check reads nothing the guest would not; when nothing new
 /// comes in for `QUIET`, it reads the next chunk itself. It gives way to restores
 /// loading before their start, and stops when the VM's QEMU is gone. A damaged
-/// chunk stops the guest.
+/// chunk stops the guest. Its thread runs at the lowest priority (nice 19): under
+/// TCG the guest is CPU-bound, and the check must not take its time, yet on a busy
+/// host it still gets a small share and finishes.
 pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, image: PathBuf) {
     let rt = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut progress = Instant::now();
-        let r = loop {
-            // A settle moves the guest to another QEMU, with memory copied from the
-            // image: the check goes on while any QEMU runs this VM.
-            if !vm.record().state.has_qemu() || checker.next_unchecked().is_none() {
-                break Ok(());
+    let report_to = vm.clone();
+    // A thread of its own: the scheduling class stays with the thread.
+    let spawned = std::thread::Builder::new()
+        .name("ram-check".into())
+        .spawn(move || {
+            // SAFETY: gettid has no preconditions; setpriority of PRIO_PROCESS with a
+            // thread id changes that thread alone (Linux). Failing leaves it as it was.
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) }
+                != 0
+            {
+                tracing::debug!(
+                    "cannot lower the RAM check's priority: {}",
+                    std::io::Error::last_os_error()
+                );
             }
-            // Residency is a hint: without it, chunks are read as when nothing comes in.
-            let resident = rebound_snapshot::image::resident_pages(&image).unwrap_or_default();
-            match checker.check_resident(&resident) {
-                Ok(0) => {}
-                Ok(_) => progress = Instant::now(),
-                Err(e) => break Err(e),
-            }
-            if progress.elapsed() >= QUIET && !super::restore::loading_before_start() {
-                if let Some(i) = checker.next_unchecked() {
-                    if let Err(e) = checker.check(i) {
-                        break Err(e);
-                    }
-                    progress = Instant::now();
+            let mut progress = Instant::now();
+            let mut shown = 0;
+            let r = loop {
+                // A settle moves the guest to another QEMU, with memory copied from the
+                // image: the check goes on while any QEMU runs this VM.
+                if !vm.record().state.has_qemu() || checker.next_unchecked().is_none() {
+                    break Ok(());
                 }
-            }
+                // Residency is a hint: without it, chunks are read as when nothing comes in.
+                let resident = rebound_snapshot::image::resident_pages(&image).unwrap_or_default();
+                match checker.check_resident(&resident) {
+                    Ok(0) => {}
+                    Ok(_) => progress = Instant::now(),
+                    Err(e) => break Err(e),
+                }
+                if progress.elapsed() >= QUIET && !super::restore::loading_before_start() {
+                    if let Some(i) = checker.next_unchecked() {
+                        if let Err(e) = checker.check(i) {
+                            break Err(e);
+                        }
+                        progress = Instant::now();
+                    }
+                }
+                // The report is saved on every change: only when there is one.
+                let done = checker.checked();
+                if done != shown {
+                    shown = done;
+                    vm.update_restore_report(|r| r.ram_chunks_checked = done);
+                }
+                std::thread::sleep(POLL);
+            };
             let done = checker.checked();
             vm.update_restore_report(|r| r.ram_chunks_checked = done);
-            std::thread::sleep(POLL);
-        };
-        let done = checker.checked();
-        vm.update_restore_report(|r| r.ram_chunks_checked = done);
-        if let Err(e) = r {
-            rt.spawn(stop_damaged(vm, crate::daemon::error::chain(&e)));
-        }
-    });
+            if let Err(e) = r {
+                rt.spawn(stop_damaged(vm, crate::daemon::error::chain(&e)));
+            }
+        });
+    if let Err(e) = spawned {
+        let note = format!("the RAM check could not start ({e}): the guest runs unchecked");
+        tracing::warn!(vm = %report_to.name, "{note}");
+        report_to.update_restore_report(|r| {
+            r.ram_check = Some(RamCheck::Off);
+            r.notes.push(note);
+        });
+    }
 }
 
 /// Fails the restore with `error` (a damaged image) and stops its guest.

@@ -21,6 +21,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -151,6 +152,9 @@ pub struct ChunkChecker {
     sums: Vec<u64>,
     checked: Vec<bool>,
     count: u64,
+    /// Each chunk's data, in whole pages (a page's hole part reads as zeros), found
+    /// once: the image does not change under a restore (the image stamp sees to it).
+    data: Vec<Vec<Range<u64>>>,
     buf: Vec<u8>,
     zero_chunk: Option<u64>,
 }
@@ -185,6 +189,22 @@ impl ChunkChecker {
         // Exactly the pages asked for: readahead would read what nobody asked for.
         // SAFETY: posix_fadvise on an fd this checker owns; no memory is involved.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        let mut data = vec![Vec::new(); chunks as usize];
+        for e in crate::image::data_extents(&file, size).map_err(rerr)? {
+            let mut at = e.start / PAGE_SIZE * PAGE_SIZE;
+            let end = e.end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+            while at < end {
+                let i = at / chunk;
+                let cut = ((i + 1) * chunk).min(end);
+                let runs: &mut Vec<Range<u64>> = &mut data[i as usize];
+                match runs.last_mut() {
+                    // Extents rounded out to pages may touch or overlap.
+                    Some(r) if r.end >= at => r.end = r.end.max(cut),
+                    _ => runs.push(at..cut),
+                }
+                at = cut;
+            }
+        }
         Ok(ChunkChecker {
             path: path.to_path_buf(),
             file,
@@ -193,6 +213,7 @@ impl ChunkChecker {
             sums,
             checked: vec![false; chunks as usize],
             count: 0,
+            data,
             buf: vec![0; PIECE],
             zero_chunk: None,
         })
@@ -221,11 +242,9 @@ impl ChunkChecker {
         if self.checked[i as usize] {
             return Ok(());
         }
-        let rerr = |e| CheckError::Read(self.path.clone(), e);
         let start = i * self.chunk;
         let end = (start + self.chunk).min(self.size);
-        let extents = crate::image::data_extents_in(&self.file, start..end).map_err(rerr)?;
-        let sum = if extents.is_empty() {
+        let sum = if self.data[i as usize].is_empty() {
             let len = self.chunk;
             let full = end - start == len;
             match self.zero_chunk {
@@ -243,13 +262,8 @@ impl ChunkChecker {
         } else {
             let mut h = Xxh3::new();
             let mut at = start;
-            for e in extents {
-                // Whole pages (a page's hole part reads as zeros).
-                let (s, t) = (
-                    (e.start / PAGE_SIZE * PAGE_SIZE).max(at),
-                    e.end.div_ceil(PAGE_SIZE) * PAGE_SIZE,
-                );
-                let t = t.min(end).max(s);
+            for r in &self.data[i as usize] {
+                let (s, t) = (r.start, r.end);
                 hash_zeros(&mut h, s - at);
                 let mut p = s;
                 while p < t {
@@ -287,12 +301,8 @@ impl ChunkChecker {
             if self.checked[i as usize] {
                 continue;
             }
-            let start = i * self.chunk;
-            let end = (start + self.chunk).min(self.size);
-            let extents = crate::image::data_extents_in(&self.file, start..end)
-                .map_err(|e| CheckError::Read(self.path.clone(), e))?;
-            let cached = extents.iter().all(|e| {
-                (e.start / PAGE_SIZE..e.end.div_ceil(PAGE_SIZE))
+            let cached = self.data[i as usize].iter().all(|r| {
+                (r.start / PAGE_SIZE..r.end / PAGE_SIZE)
                     .all(|p| resident.get(p as usize).copied().unwrap_or(false))
             });
             if cached {

@@ -69,14 +69,9 @@ impl Drop for Aligned {
 
 /// The data extents of `file` within `[0, limit)` (`SEEK_DATA`/`SEEK_HOLE`).
 pub(crate) fn data_extents(file: &File, limit: u64) -> io::Result<Vec<Range<u64>>> {
-    data_extents_in(file, 0..limit)
-}
-
-/// The data extents of `file` within `range`, clipped to it.
-pub(crate) fn data_extents_in(file: &File, range: Range<u64>) -> io::Result<Vec<Range<u64>>> {
-    let (mut at, limit) = (range.start, range.end);
     let fd = file.as_raw_fd();
     let mut out = Vec::new();
+    let mut at = 0u64;
     while at < limit {
         // SAFETY: lseek on an fd this function borrows; no memory is involved.
         let start = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };

@@ -207,7 +207,12 @@ fn check_before_start(
         OpError::SnapshotInput(crate::daemon::error::chain(e))
     };
     let mut out = CheckedBefore {
-        before: 0,
+        // An eager copy compares every chunk as it copies (or fails the restore).
+        before: if mode == RestoreMode::Eager {
+            checksums.len() as u64
+        } else {
+            0
+        },
         full_s: None,
         lazy: None,
     };
@@ -333,7 +338,7 @@ impl Owner {
         }
         // What the RAM image is checked against before and while the guest runs.
         let ram_check = super::ram_check::decide(&self.paths, &snap, &image, req.ram_check, mode)?;
-        if ram_check.copy_instead && mode != RestoreMode::Eager {
+        if ram_check.copy_instead {
             mode = RestoreMode::Eager;
         }
         report.notes.extend(ram_check.note.clone());
@@ -418,13 +423,8 @@ impl Owner {
                     RestoreMode::Lazy | RestoreMode::Stock => None,
                 };
                 let mut checked = checked;
-                if checked.lazy.is_none() && mode != RestoreMode::Eager {
-                    checked.before = checked.before.max(loader.chunks_checked().0);
-                }
-                if mode == RestoreMode::Eager {
-                    // The copy compared every chunk.
-                    checked.before = checksums.len() as u64;
-                }
+                // The working set's chunks, checked as the loader completed them.
+                checked.before = checked.before.max(loader.chunks_checked().0);
                 Ok((loader, stats.map(|s| (s, t.elapsed().as_secs_f64())), checked))
             })
             .await

@@ -88,21 +88,8 @@ impl OpError {
     }
 }
 
-/// An error and its sources on one line: `outer: inner: innermost`. Sources whose
-/// text is already inside their parent's (`transparent`-style wrappers) are skipped.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        cur = s.source();
-    }
-    out.replace('\n', " ")
-}
+/// Every edge of the daemon prints errors with the workspace's one printer.
+pub use rebound_errors::chain;
 
 #[cfg(test)]
 mod tests {

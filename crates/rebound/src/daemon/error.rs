@@ -37,6 +37,8 @@ pub enum OpError {
     Qmp(#[from] QmpError),
     #[error("no QMP connection to QEMU")]
     NoQmp,
+    #[error("a worker thread of the daemon failed")]
+    Task(#[from] tokio::task::JoinError),
     #[error("bad request: {0}")]
     BadRequest(String),
     #[error("VMCOREINFO unavailable")]
@@ -79,6 +81,7 @@ impl OpError {
             | OpError::QemuFailed(_)
             | OpError::Qmp(_)
             | OpError::NoQmp
+            | OpError::Task(_)
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)

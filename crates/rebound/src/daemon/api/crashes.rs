@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::{vm_or_404, ApiResult, D};
+use super::reply::{vm_or_404, ApiResult, D};
 use crate::daemon::error::OpError;
 use crate::daemon::guest;
 use crate::daemon::vm::{Done, Job};

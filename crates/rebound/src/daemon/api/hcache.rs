@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
-use super::{vm_or_404, ApiError, ApiResult, D};
+use super::reply::{vm_or_404, ApiError, ApiResult, D};
 use crate::daemon::error::OpError;
 use crate::daemon::vm::{Done, Job};
 

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::{vm_or_404, ApiError, ApiResult, D};
+use super::reply::{vm_or_404, ApiError, ApiResult, D};
 use crate::daemon::error::{chain, OpError};
 use crate::daemon::vm::{Done, Job};
 

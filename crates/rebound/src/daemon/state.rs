@@ -14,6 +14,8 @@ use super::error::OpError;
 use super::metrics::Metrics;
 use super::vm::{start_owner, Init, StartJob, VmHandle};
 
+mod restore;
+
 /// Everything the daemon holds.
 pub struct Daemon {
     pub paths: Paths,
@@ -158,84 +160,6 @@ impl Daemon {
             }))
         })
         .await
-    }
-
-    /// Restores a snapshot into a new VM: returns once it runs (or is held ready).
-    pub async fn restore(
-        self: &Arc<Self>,
-        req: rebound_api::RestoreRequest,
-    ) -> Result<rebound_api::RestoreReport, OpError> {
-        let dir = std::path::PathBuf::from(&req.dir);
-        if !dir.is_absolute() {
-            return Err(OpError::BadRequest(format!(
-                "snapshot path {:?} must be absolute",
-                req.dir
-            )));
-        }
-        let snap = tokio::task::spawn_blocking(move || rebound_snapshot::Snapshot::open(&dir))
-            .await
-            .map_err(|e| OpError::Internal(e.to_string()))?
-            .map_err(|e| OpError::SnapshotInput(super::error::chain(&e)))?;
-        let spec: VmSpec = serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
-            OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
-        })?;
-        // The manifest is the snapshot's word: its extra disks become the snapshot's
-        // copies (the last entries of its disk list), and no host path of it is used.
-        let m = snap.manifest();
-        let copies: Vec<String> = m
-            .disks
-            .iter()
-            .skip(m.disks.len().saturating_sub(spec.disks.len()))
-            .map(|d| snap.path_of(&d.file).display().to_string())
-            .collect();
-        // Its kernel, initrd and pmem files are the ones the user names again.
-        let (mut spec, notes) = spec
-            .for_restore(&copies, &req.named_files())
-            .map_err(OpError::SnapshotInput)?;
-        let (named, sizes) = (spec.clone(), m.pmem.clone());
-        tokio::task::spawn_blocking(move || check_named_files(&named, &sizes))
-            .await
-            .map_err(|e| OpError::Internal(e.to_string()))??;
-        spec.name = req.name.clone();
-        // The snapshot's VM may still run: the copy gets host ports of its own,
-        // unless the request names them.
-        // Its forwards are those of its spec and its workload's service port.
-        let service = spec.service_port();
-        for a in req.forwards.iter().flatten() {
-            let known = spec.forwards.iter().any(|f| f.guest == a.guest);
-            if !known && service != Some(a.guest) {
-                return Err(OpError::BadRequest(format!(
-                    "the snapshot's VM forwarded no guest port {}: only its forwards can be given host ports",
-                    a.guest
-                )));
-            }
-        }
-        for f in &mut spec.forwards {
-            let asked = req.forwards.iter().flatten().find(|a| a.guest == f.guest);
-            f.host = asked.map_or(0, |a| a.host);
-        }
-        for a in req.forwards.iter().flatten() {
-            if !spec.forwards.iter().any(|f| f.guest == a.guest) {
-                spec.forwards.push(*a);
-            }
-        }
-        let (boot, ready) = spec.validate()?;
-        // Frames to replay are read and checked before anything starts.
-        let replay = super::vm::replay::load(&req, &spec).await?;
-        let job = super::vm::restore::RestoreJob {
-            spec,
-            boot,
-            ready,
-            req,
-            snap,
-            recovery: None,
-            hold_rest: false,
-            replay,
-            notes,
-        };
-        let spec = job.spec.clone();
-        self.launch(&spec, |tx| Init::Restore(Box::new(job), tx))
-            .await
     }
 
     /// Reserves `name` (a stopped VM of that name may be replaced), starts its
@@ -424,34 +348,4 @@ impl Daemon {
             }
         }
     }
-}
-
-/// Checks the files a restore's user named as a start checks its files, and each
-/// pmem file against the size the snapshot's VM had there (a smaller one would
-/// leave the guest a device larger than its file: QEMU dies of SIGBUS when the
-/// guest touches the rest). Snapshots from before sizes were recorded have none.
-fn check_named_files(spec: &VmSpec, sizes: &[rebound_snapshot::PmemEntry]) -> Result<(), OpError> {
-    rebound_vmm::resolve::check_host_files(spec)?;
-    if sizes.is_empty() {
-        return Ok(());
-    }
-    if sizes.len() != spec.pmem.len() {
-        return Err(OpError::SnapshotInput(format!(
-            "the snapshot records {} pmem devices but its VM spec lists {}: the manifest does not fit together",
-            sizes.len(),
-            spec.pmem.len()
-        )));
-    }
-    for (f, want) in spec.pmem.iter().zip(sizes) {
-        let len = std::fs::metadata(f)
-            .map_err(|e| OpError::Io(format!("cannot read pmem file {f}"), e))?
-            .len();
-        if len != want.size {
-            return Err(OpError::BadRequest(format!(
-                "--pmem {f} is {len} bytes but the snapshot's VM had {} bytes on {}: name the file it had there",
-                want.size, want.id
-            )));
-        }
-    }
-    Ok(())
 }

@@ -23,3 +23,5 @@ pub use machine::{Action, Crash, CrashStart, DumpSummary, Event, Next, Seen, Ste
 pub use policy::QEMU_FOOTPRINT_MIB;
 pub use resume::{check_dump, unfinished_dump, DumpFile, DumpState, ResumeError, ResumeFacts};
 
+#[cfg(test)]
+mod tests;

@@ -117,11 +117,17 @@ pub enum Action {
     /// Move the VM's state.
     Transition(Step),
     /// Limit the VM's memory group (answer `BudgetHeld` or `BudgetAccounted`).
-    HoldBudget { budget_bytes: u64, limit_bytes: u64 },
+    HoldBudget {
+        budget_bytes: u64,
+        limit_bytes: u64,
+    },
     /// Lift the group's limit (answer `BudgetReleased` if there is a group).
     ReleaseBudget,
     /// Start the dump task into `out` at this rate (bytes/s, 0: unlimited).
-    StartDump { out: PathBuf, rate: u64 },
+    StartDump {
+        out: PathBuf,
+        rate: u64,
+    },
     SetDumpRate(u64),
     /// Limit the recovery VM's disks to this rate (bytes/s, 0: no limit).
     ThrottleRecoveryDisks(u64),
@@ -143,7 +149,10 @@ pub enum Action {
     },
     /// Ask the recovery VM's memory device for `plugged_bytes` (answer `Plugged`
     /// with `mib` when it took it).
-    Plug { plugged_bytes: u64, mib: u64 },
+    Plug {
+        plugged_bytes: u64,
+        mib: u64,
+    },
     /// Read the last cache list into the recovered guest (`--warm`).
     WarmRecovery,
     SaveReport,
@@ -400,7 +409,9 @@ impl Crash {
     /// Starts the dump (into the policy's dump directory, else the crash's own).
     pub(crate) fn start_dump(&mut self, now_ns: u64, out: &mut Vec<Action>) {
         let path = match &self.report.policy.dump_dir {
-            Some(d) => PathBuf::from(d).join(format!("{}-{}.vmcore", self.report.vm, self.report.id)),
+            Some(d) => {
+                PathBuf::from(d).join(format!("{}-{}.vmcore", self.report.vm, self.report.id))
+            }
             None => self.dir.join("vmcore"),
         };
         self.dumping = true;

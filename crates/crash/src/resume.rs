@@ -13,11 +13,18 @@ use crate::policy::MIB;
 pub enum DumpFile {
     Absent,
     /// A whole dump (renamed there by the daemon that stopped).
-    Whole { file_bytes: u64, pages_dumped: u64 },
+    Whole {
+        file_bytes: u64,
+        pages_dumped: u64,
+    },
     /// Something that is not a dump (why it is not).
-    NoDump { why: String },
+    NoDump {
+        why: String,
+    },
     /// A dump with these problems.
-    Damaged { problems: Vec<String> },
+    Damaged {
+        problems: Vec<String>,
+    },
 }
 
 /// Where the report's dump stands.
@@ -85,8 +92,7 @@ pub fn check_dump(
             report.dump_bytes = Some(file_bytes);
             report.pages_written = Some(pages_dumped);
             report.notes.push(
-                "the dump was finished before the daemon stopped: recognised from the file"
-                    .into(),
+                "the dump was finished before the daemon stopped: recognised from the file".into(),
             );
             Ok(DumpState::Finished(out.into()))
         }

@@ -49,8 +49,8 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
-    #[error("the dump failed: {0}")]
-    DumpFailed(String),
+    #[error("the dump failed")]
+    DumpFailed(#[source] super::vm::DumpError),
     #[error("the snapshot cannot be restored: {0}")]
     SnapshotInput(String),
     #[error("the snapshot failed: {0}")]

@@ -17,7 +17,31 @@ use rebound_guestmem::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::crash::{DumpDone, DumpProgress};
+use super::crash::DumpProgress;
+use rebound_crash::DumpSummary;
+
+/// Why a dump failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error(transparent)]
+    Layout(#[from] rebound_guestmem::LayoutError),
+    #[error(transparent)]
+    Earlier(#[from] rebound_dump::ReadError),
+    #[error(transparent)]
+    Ram(#[from] rebound_guestmem::SourceError),
+    #[error(transparent)]
+    Memory(#[from] rebound_guestmem::MemoryError),
+    #[error("cannot open {}", .0.display())]
+    Open(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Level(#[from] rebound_guestmem::ClassifyError),
+    #[error("cannot create {}", .0.display())]
+    CreateDir(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Write(#[from] rebound_dump::DumpError),
+    #[error("QEMU's dump-guest-memory ended as {0}")]
+    Qemu(String),
+}
 
 /// The dump's write rate in bytes per second (0: unlimited); the owner changes it as
 /// the I/O policy says (e.g. held back until the recovery VM is ready).
@@ -160,15 +184,13 @@ impl PageFilter for Filter<'_> {
 fn vmcoreinfo(
     mem: &GuestMemory<ResumeSource>,
     at: Option<VmcoreinfoAddr>,
-) -> Result<VmcoreInfo, String> {
+) -> Result<VmcoreInfo, rebound_guestmem::VmcoreinfoError> {
     if let Some(a) = at {
         if let Ok(i) = read_vmcoreinfo(mem, a.paddr, a.size) {
             return Ok(i);
         }
     }
-    find_vmcoreinfo(mem)
-        .map(|f| f.info)
-        .map_err(|e| e.to_string())
+    find_vmcoreinfo(mem).map(|f| f.info)
 }
 
 fn format(job: &DumpJob) -> Format {
@@ -190,17 +212,15 @@ pub fn write(
     job: &DumpJob,
     tx: Option<&UnboundedSender<DumpProgress>>,
     covered: &mut dyn FnMut(u64),
-) -> Result<DumpDone, String> {
-    let layout = Layout::pc(job.memory_mib << 20).map_err(|e| e.to_string())?;
+) -> Result<DumpSummary, DumpError> {
+    let layout = Layout::pc(job.memory_mib << 20)?;
     let earlier = job
         .earlier
         .iter()
-        .map(|p| DumpPages::open(p).map_err(|e| crate::daemon::error::chain(&e)))
+        .map(|p| DumpPages::open(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let ram = FileSource::open(&job.ram, layout.ram_size())
-        .map_err(|e| crate::daemon::error::chain(&e))?;
-    let mem = GuestMemory::new(ResumeSource::new(ram, earlier, layout), layout)
-        .map_err(|e| e.to_string())?;
+    let ram = FileSource::open(&job.ram, layout.ram_size())?;
+    let mem = GuestMemory::new(ResumeSource::new(ram, earlier, layout), layout)?;
     let mut notes = Vec::new();
     let info = match vmcoreinfo(&mem, job.vmcoreinfo) {
         Ok(i) => Some(i),
@@ -221,7 +241,7 @@ pub fn write(
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(&job.ram)
-                .map_err(|e| format!("cannot open {}: {e}", job.ram.display()))?,
+                .map_err(|e| DumpError::Open(job.ram.clone(), e))?,
         ),
         false => None,
     };
@@ -256,7 +276,7 @@ pub fn write(
             }
         },
     };
-    let level = DumpLevel::new(bits).map_err(|e| e.to_string())?;
+    let level = DumpLevel::new(bits)?;
     let excluded = classes.as_ref().map(|c| Filter {
         ex: c.excluded(level),
         bits,
@@ -294,13 +314,11 @@ pub fn write(
     };
     if let Some(dir) = job.out.parent() {
         rebound_vmm::private::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            .map_err(|e| DumpError::CreateDir(dir.to_path_buf(), e))?;
     }
-    let r = d
-        .write(&job.out, &opts, &mut punch)
-        .map_err(|e| crate::daemon::error::chain(&e))?;
+    let r = d.write(&job.out, &opts, &mut punch)?;
     notes.extend(r.warnings.iter().cloned());
-    Ok(DumpDone {
+    Ok(DumpSummary {
         bytes: r.file_bytes,
         io_bytes: punch.last.0,
         pages_written: r.pages_dumped,

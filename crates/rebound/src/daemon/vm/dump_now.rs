@@ -151,10 +151,8 @@ impl Owner {
                 Some("active") | Some("none") => self.vm.set_progress(Some((done, total))),
                 _ => {
                     self.vm.set_progress(None);
-                    return Err(OpError::DumpFailed(format!(
-                        "QEMU's dump-guest-memory ended as {}",
-                        v["status"]
-                    )));
+                    let status = v["status"].to_string();
+                    return Err(OpError::DumpFailed(super::dump::DumpError::Qemu(status)));
                 }
             }
         }

@@ -7,7 +7,10 @@
 
 mod blk;
 mod crash;
+mod crash_actions;
+mod crash_takeover;
 mod dump;
+pub use dump::DumpError;
 mod dump_now;
 pub mod evict;
 pub mod machine;

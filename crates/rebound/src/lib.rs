@@ -2,11 +2,12 @@
 //! types (`rebound-api`).
 //!
 //! - [`daemon`]: owns QEMU processes (one owner task per VM) and serves the HTTP API.
-//! - [`client`]: the HTTP client the CLI uses to talk to the daemon.
+//! - [`client`]: the HTTP client the CLI uses to talk to the daemon (the
+//!   `rebound-client` crate, which the benchmarks share).
 //! - [`cli`]: the `rebound` command line.
 
 pub mod cli;
-pub mod client;
+pub use rebound_client as client;
 pub mod daemon;
 
 /// Version reported by `/v1/health`.

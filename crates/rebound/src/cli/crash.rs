@@ -61,7 +61,7 @@ pub async fn run(paths: &Paths, cmd: CrashCmd) -> anyhow::Result<()> {
                 .call(Method::GET, &format!("/v1/vms/{name}/crashes/{id}"), None)
                 .await?;
             if let Some(p) = &plot {
-                super::plot::crash_timeline(&r, p)?;
+                rebound_plot::crash_timeline(&r, p)?;
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);

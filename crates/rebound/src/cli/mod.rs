@@ -9,26 +9,15 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::Client;
 use rebound_vmm::paths::Paths;
 
-mod bench;
-mod bench_cluster;
-mod bench_crash;
-mod bench_disk;
-mod bench_hcache;
-mod bench_hcache_alloc;
-mod bench_hcache_web;
-mod bench_reboot;
-mod bench_restore;
+mod bench_clusters;
 mod cluster;
 mod console;
 mod crash;
 mod image;
 mod memory;
 mod output;
-mod plot;
-mod slowdisk;
 mod snapshot;
 mod vm;
-mod webload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -56,7 +45,7 @@ pub enum Cmd {
     Crash(CrashCmd),
     /// Measurements.
     #[command(subcommand)]
-    Bench(BenchCmd),
+    Bench(rebound_bench::BenchCmd),
     /// Snapshot directories: list, inspect, verify (no daemon needed).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
@@ -777,59 +766,6 @@ fn parse_replay(s: &str) -> Result<rebound_api::ReplayNic, String> {
     Ok(rebound_api::ReplayNic { nic, pcap })
 }
 
-#[derive(Subcommand, Debug)]
-pub enum BenchCmd {
-    /// Boot the default image N times (one after another unless --parallel):
-    /// spawn→agent-ready and idle memory.
-    Boot {
-        /// Boots to measure.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
-        #[arg(long, default_value = "256M", value_parser = parse_memory)]
-        memory: u64,
-        /// Seconds to let the guests settle before measuring memory.
-        #[arg(long, default_value_t = 5)]
-        settle: u64,
-        /// Boot all guests at once (measures contention on small hosts).
-        #[arg(long)]
-        parallel: bool,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// A guest crash handled the stock way (QEMU's dump, reboot) and by each crash
-    /// policy, side by side: downtime, the client's longest gap, dump time and size.
-    Crash(bench_crash::CrashArgs),
-    /// One snapshot per workload restored every way (QEMU's stock stream, eager,
-    /// lazy, working-set, elastic), cold, on the real disk and an emulated slow one:
-    /// time to running and to responsive, faults and bytes read after the start.
-    Restore(bench_restore::RestoreArgs),
-    /// Guest disk I/O through Rebound's block backend against QEMU's virtio-blk on
-    /// the same file (cache=none and writeback), and host-cache hits against misses.
-    Disk(bench_disk::DiskArgs),
-    /// The exclusive host cache against all memory in the guest for each access
-    /// pattern (disk reads per request, throughput, CPU, refused notices), and the
-    /// miss-ratio curve against guests of other sizes (Hcache 6.3, 6.4).
-    Hcache(bench_hcache::HcacheArgs),
-    /// A web service across a reboot: normal, normal with the host page cache warm,
-    /// and warm (`vm reboot --warm`): reads of the file set before and after, and
-    /// throughput per second across a reboot under load (CacheMind figures 3-5).
-    Reboot(bench_reboot::RebootArgs),
-    /// A cluster of `peer` guests on simulated hosts, under each topology, snapshotted
-    /// and restored three ways side by side (working set, elastic without and with
-    /// the restore line): restore latency, backoff, disruption, retransmissions,
-    /// heartbeat false alarms and a host client's worst request (HotRestore 6.2).
-    Cluster(bench_cluster::ClusterArgs),
-    /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
-    /// with the remaining arguments, e.g. `rebound bench ha micro`.
-    Ha {
-        /// Arguments for `rebound-ha-bench` (see `rebound bench ha --help`).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-}
-
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let paths = Paths::from_env()?;
@@ -838,7 +774,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Vm(c) => vm::run(&paths, c).await,
         Cmd::Daemon(a) => daemon(&paths, a).await,
         Cmd::Crash(c) => crash::run(&paths, c).await,
-        Cmd::Bench(c) => bench::run(&paths, c).await,
+        Cmd::Bench(c) => {
+            let clusters = bench_clusters::CliClusters(paths.clone());
+            rebound_bench::run(&paths, c, &clusters).await
+        }
         Cmd::Snapshot(c) => snapshot::run_offline(c),
         Cmd::Cluster(c) => cluster::run(&paths, c).await,
         Cmd::Memory(c) => memory::run(&paths, c).await,
@@ -974,8 +913,4 @@ async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
 }
 
 /// A client for the default socket, starting the daemon if needed.
-pub(crate) async fn connect(paths: &Paths) -> anyhow::Result<Client> {
-    let c = Client::new(&paths.socket());
-    c.ensure_daemon(&paths.daemon_log()).await?;
-    Ok(c)
-}
+pub(crate) use rebound_client::connect;

@@ -328,14 +328,7 @@ pub(super) async fn show_progress<T>(
 }
 
 /// VM names are restricted to URL-safe characters; anything else cannot exist.
-pub(super) fn enc(name: &str) -> String {
-    if rebound_api::spec::validate_name(name).is_ok() {
-        name.to_string()
-    } else {
-        // Still ask the daemon, which answers "unknown VM" for it.
-        name.bytes().map(|b| format!("%{b:02X}")).collect()
-    }
-}
+pub(super) use rebound_client::enc;
 
 pub(crate) async fn status(c: &Client, name: &str) -> anyhow::Result<VmStatus> {
     Ok(c.call(Method::GET, &format!("/v1/vms/{}", enc(name)), None)
@@ -652,7 +645,7 @@ async fn mrc(
     let q = max.map(|m| format!("?max_bytes={m}")).unwrap_or_default();
     let r: rebound_api::MrcReport = c.call(Method::GET, &format!("{path}{q}"), None).await?;
     if let Some(f) = svg {
-        super::plot::mrc(name, &r, &[], f)?;
+        rebound_plot::mrc(name, &r, &[], f)?;
     }
     if as_json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -8,8 +8,9 @@ use rebound_api::{CrashPolicy, DumpResult, VmStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::{boot_filled, copy_disk, post, remove, CrashArgs, Setup, MIB};
-use crate::client::Client;
+use super::case::{copy_disk, CrashArgs, Setup, MIB};
+use crate::guest::{boot_filled, post, remove};
+use rebound_client::Client;
 
 /// The same-memory dump comparison (`s`).
 #[derive(Debug, Clone, Serialize, Default)]

@@ -34,10 +34,10 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::json;
 
-use super::bench_crash::{boot_filled, host_cpus, host_kernel, load_average, post, remove};
-use super::connect;
-use super::slowdisk::{DiskCheck, SlowDisk};
-use crate::client::Client;
+use crate::guest::{boot_filled, post, remove};
+use crate::host::{drop_cache, host_cpus, host_kernel, load_average};
+use crate::slowdisk::{DiskCheck, SlowDisk};
+use rebound_client::{connect, Client};
 
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
@@ -63,13 +63,13 @@ const WEB_PORT: u16 = 8080;
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
     /// Guest memory, e.g. 512M, 1G (a bare number is MiB).
-    #[arg(long, default_value = "1G", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "1G", value_parser = rebound_api::spec::parse_memory_mib)]
     memory: u64,
     /// Memory the memfill and mixed workloads touch (and re-verify every second).
-    #[arg(long, default_value = "800M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "800M", value_parser = rebound_api::spec::parse_memory_mib)]
     touch: u64,
     /// Data the kv guest holds (values of 4000 bytes, written before the snapshot).
-    #[arg(long, default_value = "700M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "700M", value_parser = rebound_api::spec::parse_memory_mib)]
     kv_data: u64,
     /// Percent of the kv keys the host client reads (spread over all of them): the
     /// guest's working set is a small part of the memory it has touched.
@@ -102,7 +102,7 @@ pub struct RestoreArgs {
     #[arg(long)]
     ws_pages: Option<u64>,
     #[command(flatten)]
-    out: crate::cli::bench::BenchOut,
+    out: crate::out::BenchOut,
 }
 
 /// One restore's figures: the keys of the restore report, and where it ran.
@@ -400,29 +400,6 @@ fn service_port(workload: &str) -> Option<u16> {
         "mixed" => Some(WEB_PORT),
         _ => None,
     }
-}
-
-/// Drops every file under a snapshot directory from the page cache, so that the next
-/// restore reads cold, and fails if more than 1 MiB of one stayed (a process still
-/// maps it): a warm restore would be compared with cold ones.
-pub(super) fn drop_cache(dir: &Path) -> anyhow::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
-        if p.is_dir() {
-            drop_cache(&p)?;
-        } else if p.is_file() {
-            rebound_snapshot::drop_page_cache(&p)?;
-            let left = rebound_snapshot::cached_bytes(&p)?;
-            if left > 1 << 20 {
-                anyhow::bail!(
-                    "{} keeps {} MiB in the page cache after it was dropped (a process still maps it): the restore would not read it cold",
-                    p.display(),
-                    left >> 20
-                );
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A host client reading kv keys as fast as one connection allows, reconnecting

@@ -7,7 +7,7 @@
 //! `rebound_image::write_fileset`), served by Rebound's backend with no cache of its
 //! own. The `io` workload's file-set mode runs the same request sequence (its seed is
 //! fixed) in every run; the `web` pattern serves a set of smaller files over HTTP to a
-//! host-side client instead (`bench_hcache_web`).
+//! host-side client instead (`web`).
 //!
 //! 1. **Settings**: for each access pattern, all memory in the guest, then 12.5%, 25%,
 //!    50% and 75% of it moved to the exclusive host cache (`vm memory --host-cache`)
@@ -26,15 +26,20 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hyper::Method;
-use rebound_api::{FilesReport, MrcReport, VmSpec, VmStatus, Workload};
+use rebound_api::{MrcReport, VmStatus};
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
-use super::bench_hcache_web::Served;
-use crate::cli::connect;
-use crate::client::Client;
+use crate::guest::{post, remove};
+use crate::host::{host_cpus, host_kernel, load_average};
+use rebound_client::{connect, Client};
+use setup::{backend, files_reports, io_spec, make_disk, IoRun};
+use web::Served;
+
+mod alloc;
+mod setup;
+mod web;
 
 const MIB: u64 = 1 << 20;
 
@@ -42,7 +47,7 @@ const MIB: u64 = 1 << 20;
 pub struct HcacheArgs {
     /// The VM's allocation X+Y, the same in every setting (at 75% moved the guest keeps
     /// a quarter: a TCG guest booted with 384 MiB cannot go below about 98 MiB).
-    #[arg(long, default_value = "512M", value_parser = crate::cli::parse_memory)]
+    #[arg(long, default_value = "512M", value_parser = rebound_api::spec::parse_memory_mib)]
     allocation: u64,
     /// Files of 1 MiB in the set (more than the allocation, so some must miss).
     #[arg(long, default_value_t = 640)]
@@ -62,7 +67,7 @@ pub struct HcacheArgs {
     #[arg(long, default_value_t = 3000)]
     web_files: u64,
     /// Size of each of them.
-    #[arg(long, default_value = "200K", value_parser = crate::cli::parse_bytes)]
+    #[arg(long, default_value = "200K", value_parser = rebound_blk::args::parse_bytes)]
     web_file_size: u64,
     /// Requests per web run (Zipf popularity, one at a time; several per file, so
     /// the run is past its cold start).
@@ -91,7 +96,7 @@ pub struct HcacheArgs {
     #[arg(long, default_value_t = 500)]
     allocation_requests: u64,
     #[command(flatten)]
-    out: crate::cli::bench::BenchOut,
+    out: crate::out::BenchOut,
 }
 
 /// One run: one pattern, one setting.
@@ -140,60 +145,6 @@ fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
                 .ok_or_else(|| anyhow::anyhow!("{what}: {x:?} is not a non-negative number"))
         })
         .collect()
-}
-
-/// The file set on an ext4 image, made once per benchmark.
-pub(super) fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
-    let src = dir.join("set");
-    rebound_image::write_fileset(&src.join("files"), files, MIB, 1)?;
-    let img = dir.join("set.ext4");
-    let tools = rebound_image::Tools::check()?;
-    // Room for the set, ext4's metadata and a little slack.
-    let size = format!("{}M", files + files / 8 + 64);
-    rebound_image::mkfs_from_dir(&tools, "hcache-set", &src, &img, &size)?;
-    std::fs::remove_dir_all(&src)?;
-    Ok(img)
-}
-
-/// What one io workload run over the file set is: its pattern and size.
-pub(super) struct IoRun<'a> {
-    pub pattern: &'a str,
-    pub files: u64,
-    pub requests: u64,
-    /// Rounds of `requests` (0: without end).
-    pub rounds: u64,
-    pub write_ratio: f64,
-}
-
-/// A VM of `memory_mib` running the io workload's file-set mode on `disk`.
-pub(super) fn io_spec(name: &str, disk: &Path, memory_mib: u64, run: &IoRun) -> VmSpec {
-    let mut s = VmSpec::new(name);
-    s.memory_mib = memory_mib;
-    s.workload = Some(Workload::Io);
-    for (k, v) in [
-        ("data_disk", "vdb".to_string()),
-        ("io_files", run.files.to_string()),
-        ("io_file_size", "1M".into()),
-        ("io_pattern", run.pattern.into()),
-        ("io_requests", run.requests.to_string()),
-        ("io_rounds", run.rounds.to_string()),
-        ("io_write_ratio", run.write_ratio.to_string()),
-        // Time to move memory to the host cache before the first request.
-        ("io_delay_s", "8".into()),
-    ] {
-        s.workload_args.insert(k.into(), v);
-    }
-    s.disks = vec![rebound_uncached(disk)];
-    s
-}
-
-/// The set's disk alone on Rebound's backend, with no cache of its own: every read that
-/// misses the guest (and its host cache) is counted there.
-pub(super) fn rebound_uncached(disk: &Path) -> String {
-    format!(
-        "{},backend=rebound,cache=none",
-        rebound_api::disk::entry(&disk.display().to_string())
-    )
 }
 
 /// Starts (or with `None` stops) the backend's access log.
@@ -268,25 +219,6 @@ fn mrc_check(trace: &Path, max_blocks: u64, sizes: u64) -> anyhow::Result<MrcChe
     })
 }
 
-/// The backend's answer to `stats` and its pid, from the VM's disks.
-pub(super) async fn backend(
-    c: &Client,
-    name: &str,
-) -> anyhow::Result<(Value, Option<u32>, Option<PathBuf>)> {
-    let disks: Value = c
-        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
-    let d = disks
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
-        .ok_or_else(|| anyhow::anyhow!("{name}: no disk on Rebound's backend: {disks}"))?;
-    Ok((
-        d["stats"].clone(),
-        d["pid"].as_u64().map(|p| p as u32),
-        d["control"].as_str().map(PathBuf::from),
-    ))
-}
-
 /// User + system CPU seconds of a process.
 fn cpu_s(pid: Option<u32>) -> f64 {
     let Some(pid) = pid else { return 0.0 };
@@ -300,20 +232,6 @@ fn cpu_s(pid: Option<u32>) -> f64 {
     // SAFETY: sysconf only reads a configuration value.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     (ticks(11) + ticks(12)) / hz
-}
-
-pub(super) async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<FilesReport>> {
-    let ev: Vec<Value> = c
-        .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
-        .await?;
-    if let Some(e) = ev.iter().find(|e| e["kind"] == "agent_error") {
-        anyhow::bail!("{name}: the io workload failed: {}", e["detail"]);
-    }
-    Ok(ev
-        .iter()
-        .filter(|e| e["kind"] == "files")
-        .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
-        .collect())
 }
 
 struct Setup<'a> {
@@ -392,7 +310,7 @@ impl Setup<'_> {
             write_ratio: self.args.write_ratio,
         };
         let s = match pattern {
-            "web" => super::bench_hcache_web::spec(name, disk, boot),
+            "web" => web::spec(name, disk, boot),
             _ => io_spec(name, disk, boot, &run),
         };
         let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
@@ -433,8 +351,7 @@ impl Setup<'_> {
         let last = match pattern {
             "web" => {
                 let a = self.args;
-                super::bench_hcache_web::drive(&st, a.web_files, a.web_file_size, a.web_requests)
-                    .await?
+                web::drive(&st, a.web_files, a.web_file_size, a.web_requests).await?
             }
             _ => self.io_requests(name).await?,
         };
@@ -580,7 +497,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
             false => None,
         },
         web_base: match web {
-            true => Some(super::webload::make_set(
+            true => Some(crate::webload::make_set(
                 &dir,
                 args.web_files,
                 args.web_file_size,
@@ -613,7 +530,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         if !args.no_allocation {
             let tag = setup.tag.clone();
             alloc = Some(
-                super::bench_hcache_alloc::run(
+                alloc::run(
                     &c,
                     &dir,
                     &tag,
@@ -685,7 +602,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
             .map(|v| (v.guest_mib as f64, v.measured_disk_reads as f64))
             .collect();
         let name = format!("{} at {s}% in the host cache", args.validate_pattern);
-        super::plot::mrc(&name, mrc, &measured, svg)?;
+        rebound_plot::mrc(&name, mrc, &measured, svg)?;
     }
     let base = |p: &str| {
         runs.iter()
@@ -706,12 +623,12 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         "allocation_mib": args.allocation, "files": args.files, "file_mib": 1,
         "requests": args.requests, "write_ratio": args.write_ratio,
         "web_files": args.web_files, "web_file_size": args.web_file_size,
-        "web_requests": args.web_requests, "web_skew": super::bench_hcache_web::SKEW,
+        "web_requests": args.web_requests, "web_skew": web::SKEW,
         "load_before": load_before, "load_after": load_average(),
     });
     if args.out.json {
         let v = json!({"meta": meta, "io_ratio": io_ratio, "mrc_mae": mrc_mae, "mrc_check": check,
-            "bound_violations": alloc.as_ref().map(|a: &super::bench_hcache_alloc::AllocOutcome| a.bound_violations),
+            "bound_violations": alloc.as_ref().map(|a: &alloc::AllocOutcome| a.bound_violations),
             "allocation": alloc,
             "prediction_error_max": if validation.is_empty() { Value::Null } else { json!(prediction_error_max) },
             "runs": runs, "validation": validation,

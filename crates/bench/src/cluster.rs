@@ -30,16 +30,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use hyper::Method;
-use rebound_cluster::spec::PEER_PORT;
+use rebound_cluster::spec::{ClusterSpec, PEER_PORT};
+use rebound_cluster::Disruption;
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::bench::BenchOut;
-use super::bench_crash::{host_cpus, host_kernel, load_average};
-use super::cluster::restore::{Outcome, RestoreOpts, Variant};
-use super::cluster::Cluster;
-use super::slowdisk::SlowDisk;
+use crate::clusters::Clusters;
+use crate::host::{host_cpus, host_kernel, load_average};
+use crate::out::BenchOut;
+use crate::slowdisk::SlowDisk;
 
 #[derive(Args, Debug)]
 pub struct ClusterArgs {
@@ -50,7 +50,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 2)]
     hosts: usize,
     /// Guest memory, e.g. 224M (a bare number is MiB).
-    #[arg(long, default_value = "224M", value_parser = super::parse_memory)]
+    #[arg(long, default_value = "224M", value_parser = rebound_api::spec::parse_memory_mib)]
     memory: u64,
     /// Topologies: client-server (distcc-like), all-to-all (Elasticsearch-like), ring.
     #[arg(long, default_value = "client-server,all-to-all,ring")]
@@ -124,15 +124,15 @@ struct Summary {
 }
 
 #[derive(Debug, Serialize)]
-struct Run {
-    variant: Variant,
+struct Run<V, O> {
+    variant: V,
     vms: Vec<VmRow>,
     summary: Summary,
-    outcome: Outcome,
+    outcome: O,
 }
 
 #[derive(Debug, Serialize)]
-struct TopologyResult {
+struct TopologyResult<V, O> {
     topology: String,
     /// The guests' accelerator.
     accel: String,
@@ -143,7 +143,7 @@ struct TopologyResult {
     normal_false_alarms: u64,
     /// Seconds between the first and the last VM's stop at the snapshot.
     snapshot_pause_spread_s: f64,
-    runs: Vec<Run>,
+    runs: Vec<Run<V, O>>,
 }
 
 /// A guest's counters, from its `STATS` line.
@@ -292,9 +292,9 @@ fn cluster_file(a: &ClusterArgs, topology: &str, subnet: u8, touch: &[u64]) -> S
 }
 
 /// Waits until every guest answers a QUERY with all its peers.
-fn wait_connected(c: &Cluster, timeout: Duration) -> anyhow::Result<()> {
+fn wait_connected(spec: &ClusterSpec, timeout: Duration) -> anyhow::Result<()> {
     let t = Instant::now();
-    for v in &c.spec.vms {
+    for v in &spec.vms {
         let addr = SocketAddr::from((v.ip, PEER_PORT));
         loop {
             let ok = ask(addr, "QUERY w", Duration::from_secs(3))
@@ -311,21 +311,17 @@ fn wait_connected(c: &Cluster, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn all_counters(c: &Cluster) -> anyhow::Result<BTreeMap<String, Counters>> {
-    c.spec
-        .vms
+fn all_counters(spec: &ClusterSpec) -> anyhow::Result<BTreeMap<String, Counters>> {
+    spec.vms
         .iter()
         .map(|v| Ok((v.name.clone(), counters(v.ip)?)))
         .collect()
 }
 
-async fn daemon_pids(c: &Cluster) -> anyhow::Result<Vec<(String, u32)>> {
+async fn daemon_pids<P: Clusters>(cl: &P, c: &P::Cluster) -> anyhow::Result<Vec<(String, u32)>> {
     let mut out = Vec::new();
-    for h in &c.spec.hosts {
-        let v = c
-            .link(&h.name)?
-            .call(Method::GET, "/v1/health", None)
-            .await?;
+    for h in &P::spec(c).hosts {
+        let v = cl.call(c, &h.name, Method::GET, "/v1/health").await?;
         let pid = v["pid"].as_u64().context("health without pid")? as u32;
         out.push((h.name.clone(), pid));
     }
@@ -334,23 +330,29 @@ async fn daemon_pids(c: &Cluster) -> anyhow::Result<Vec<(String, u32)>> {
 
 /// Each VM's `dead` verdicts since the restore began, from its events, with the
 /// declared peer's start (the hosts' wall clocks: one machine's here).
-async fn alarms(c: &Cluster, o: &Outcome) -> BTreeMap<String, Vec<Alarm>> {
-    let began = o.report.began_unix_ns;
+async fn alarms<P: Clusters>(
+    cl: &P,
+    c: &P::Cluster,
+    o: &P::Outcome,
+) -> BTreeMap<String, Vec<Alarm>> {
+    let began = P::began_unix_ns(o);
+    let spec = P::spec(c);
     let start_of = |vm: &str| {
-        o.disruption
-            .as_ref()
+        P::disruption(o)
             .and_then(|d| d.vms.iter().find(|x| x.vm == vm))
             .map(|d| d.start_s)
     };
     let mut out = BTreeMap::new();
-    for v in &c.spec.vms {
-        let evs = match c.link(&v.host) {
-            Ok(l) => l
-                .call(Method::GET, &format!("/v1/vms/{}/events", v.name), None)
-                .await
-                .ok(),
-            Err(_) => None,
-        };
+    for v in &spec.vms {
+        let evs = cl
+            .call(
+                c,
+                &v.host,
+                Method::GET,
+                &format!("/v1/vms/{}/events", v.name),
+            )
+            .await
+            .ok();
         let evs: Vec<rebound_api::Event> = evs
             .and_then(|e| serde_json::from_value(e).ok())
             .unwrap_or_default();
@@ -367,8 +369,7 @@ async fn alarms(c: &Cluster, o: &Outcome) -> BTreeMap<String, Vec<Alarm>> {
                 continue;
             }
             let ip = p.peer.split(':').next().unwrap_or_default();
-            let peer = c
-                .spec
+            let peer = spec
                 .vms
                 .iter()
                 .find(|x| x.ip.to_string() == ip)
@@ -387,8 +388,7 @@ async fn alarms(c: &Cluster, o: &Outcome) -> BTreeMap<String, Vec<Alarm>> {
     out
 }
 
-fn summarize(vms: &[VmRow], o: &Outcome) -> Summary {
-    let d = o.disruption.as_ref();
+fn summarize(vms: &[VmRow], d: Option<&Disruption>) -> Summary {
     Summary {
         max_backoff_s: d.map_or(f64::NAN, |d| d.max_backoff_s),
         avg_backoff_s: d.map_or(f64::NAN, |d| d.avg_backoff_s),
@@ -409,25 +409,27 @@ fn summarize(vms: &[VmRow], o: &Outcome) -> Summary {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn one_restore(
-    c: &Cluster,
+async fn one_restore<P: Clusters>(
+    cl: &P,
+    c: &P::Cluster,
     snap: &Path,
-    variant: Variant,
+    variant: P::Variant,
     a: &ClusterArgs,
     before: &BTreeMap<String, Counters>,
     touch: &BTreeMap<String, u64>,
     say: &dyn Fn(&str),
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<Run<P::Variant, P::Outcome>> {
     // The VMs of the previous restore go first: their QEMUs map the snapshot's
     // images, and pages mapped by a process stay in the page cache whatever we
     // advise, so the next variant would read them warm.
-    for v in &c.spec.vms {
-        super::cluster::restore::remove_vm(&c.link(&v.host)?, &v.name).await?;
+    let spec = P::spec(c);
+    for v in &spec.vms {
+        cl.remove_vm(c, &v.host, &v.name).await?;
     }
-    super::bench_restore::drop_cache(snap)?;
+    crate::host::drop_cache(snap)?;
     let disks = if a.disk_read_mbps > 0 {
         let mut v = Vec::new();
-        for (h, pid) in daemon_pids(c).await? {
+        for (h, pid) in daemon_pids(cl, c).await? {
             let d = SlowDisk::new(
                 &format!("rebound-bench-cluster-{}-{h}", std::process::id()),
                 snap,
@@ -441,16 +443,9 @@ async fn one_restore(
     } else {
         Vec::new()
     };
-    let vms: Vec<(String, Ipv4Addr)> = c.spec.vms.iter().map(|v| (v.name.clone(), v.ip)).collect();
+    let vms: Vec<(String, Ipv4Addr)> = spec.vms.iter().map(|v| (v.name.clone(), v.ip)).collect();
     let client = Client::start(&vms);
-    let opts = RestoreOpts {
-        variant,
-        load_rate: None,
-        margin_s: 0.05,
-        replace: true,
-        no_wait: false,
-    };
-    let r = super::cluster::restore::restore(c, snap, &opts).await;
+    let r = cl.restore(c, snap, variant, 0.05).await;
     let o = match r {
         Ok(o) => o,
         Err(e) => {
@@ -461,15 +456,12 @@ async fn one_restore(
     tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
     let samples = client.finish();
     drop(disks);
-    let after = all_counters(c)?;
-    let began = o.report.began_unix_ns;
-    let alarms = alarms(c, &o).await;
+    let after = all_counters(spec)?;
+    let began = P::began_unix_ns(&o);
+    let alarms = alarms(cl, c, &o).await;
     let mut rows = Vec::new();
-    for v in &c.spec.vms {
-        let d = o
-            .disruption
-            .as_ref()
-            .and_then(|d| d.vms.iter().find(|x| x.vm == v.name));
+    for v in &spec.vms {
+        let d = P::disruption(&o).and_then(|d| d.vms.iter().find(|x| x.vm == v.name));
         let start_ns = d.map(|d| began + (d.start_s * 1e9) as i64);
         let after_start: Vec<&Sample> = samples
             .get(&v.name)
@@ -484,8 +476,7 @@ async fn one_restore(
             vm: v.name.clone(),
             host: v.host.clone(),
             touch_mib: touch[&v.name],
-            ws_pages: o
-                .plan
+            ws_pages: P::plan(&o)
                 .vms
                 .iter()
                 .find(|p| p.vm == v.name)
@@ -503,10 +494,10 @@ async fn one_restore(
             alarms: alarms.get(&v.name).cloned().unwrap_or_default(),
         });
     }
-    let summary = summarize(&rows, &o);
+    let summary = summarize(&rows, P::disruption(&o));
     say(&format!(
         "  {:<12} backoff max {:.3} s avg {:.3} s, disruption avg {:.3} s, retransmits {}, false alarms {} ({} about a peer running longer than the silence), worst request {:.3} s",
-        variant.as_str(),
+        P::variant_name(variant),
         summary.max_backoff_s,
         summary.avg_backoff_s,
         summary.avg_disruption_s,
@@ -523,37 +514,38 @@ async fn one_restore(
     })
 }
 
-async fn one_topology(
-    paths: &Paths,
+async fn one_topology<P: Clusters>(
+    cl: &P,
     a: &ClusterArgs,
     topology: &str,
     k: usize,
-    variants: &[Variant],
+    variants: &[P::Variant],
     scratch: &Path,
     say: &dyn Fn(&str),
-) -> anyhow::Result<TopologyResult> {
+) -> anyhow::Result<TopologyResult<P::Variant, P::Outcome>> {
     let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
     let name = format!("bc{}{k}", std::process::id() % 100_000);
     let text = cluster_file(a, topology, 10 + k as u8, &touch);
-    let c = super::cluster::create_cluster(paths, &name, &text).await?;
+    let c = cl.create(&name, &text).await?;
+    let spec = P::spec(&c);
     let r = async {
         say(&format!("{topology}: starting {} VMs on {} hosts", a.vms, a.hosts));
-        super::cluster::start_vms(&c).await?;
-        wait_connected(&c, Duration::from_secs(120))?;
-        let first = &c.spec.vms[0];
-        let st = c
-            .link(&first.host)?
+        cl.start_vms(&c).await?;
+        wait_connected(spec, Duration::from_secs(120))?;
+        let first = &spec.vms[0];
+        let st = cl
             .call(
+                &c,
+                &first.host,
                 Method::GET,
-                &format!("/v1/vms/{}", super::vm::enc(&first.name)),
-                None,
+                &format!("/v1/vms/{}", rebound_client::enc(&first.name)),
             )
             .await?;
         let accel = st["accel"].as_str().unwrap_or("unknown").to_string();
         // Normal running, as long as a restore is watched: what noise looks like.
-        let n0 = all_counters(&c)?;
+        let n0 = all_counters(spec)?;
         tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
-        let before = all_counters(&c)?;
+        let before = all_counters(spec)?;
         let (normal_retransmits, normal_false_alarms) = n0.iter().fold((0, 0), |(r, d), (vm, c0)| {
             let c1 = before[vm];
             (
@@ -563,17 +555,16 @@ async fn one_topology(
         });
         let snap = scratch.join(format!("{topology}-snap"));
         let _ = std::fs::remove_dir_all(&snap);
-        let manifest = super::cluster::snapshot::take(&c, &snap, a.trace_s).await?;
-        let (_, traffic) = super::cluster::snapshot::traffic(&snap, 1)?;
+        let pause_spread_s = cl.snapshot(&c, &snap, a.trace_s).await?;
+        let rdg = cl.traffic(&snap)?;
         say(&format!(
             "{topology}: snapshot taken, the VMs stopped within {:.3} s of each other; {} edges, {} rings; over {:.0} s of normal running: {normal_retransmits} retransmits, {normal_false_alarms} false alarms",
-            manifest.pause_spread_s,
-            traffic.rdg.edges.len(),
-            traffic.rdg.rings.len(),
+            pause_spread_s,
+            rdg.edges.len(),
+            rdg.rings.len(),
             a.settle_s
         ));
-        let touch_of: BTreeMap<String, u64> = c
-            .spec
+        let touch_of: BTreeMap<String, u64> = spec
             .vms
             .iter()
             .enumerate()
@@ -581,43 +572,42 @@ async fn one_topology(
             .collect();
         let mut runs = Vec::new();
         for &v in variants {
-            runs.push(one_restore(&c, &snap, v, a, &before, &touch_of, say).await?);
+            runs.push(one_restore(cl, &c, &snap, v, a, &before, &touch_of, say).await?);
         }
         let _ = std::fs::remove_dir_all(&snap);
         Ok::<_, anyhow::Error>(TopologyResult {
             topology: topology.to_string(),
             accel,
-            edges: traffic
-                .rdg
+            edges: rdg
                 .edges
                 .iter()
                 .map(|e| (e.sender.clone(), e.receiver.clone(), e.packets))
                 .collect(),
-            rings: traffic.rdg.rings.clone(),
+            rings: rdg.rings.clone(),
             normal_retransmits,
             normal_false_alarms,
-            snapshot_pause_spread_s: manifest.pause_spread_s,
+            snapshot_pause_spread_s: pause_spread_s,
             runs,
         })
     }
     .await;
     if r.is_err() {
         // The hosts' daemon logs go with the cluster: keep them for the post-mortem.
-        for h in &c.spec.hosts {
-            let log = c.dir.join("hosts").join(&h.name).join("reboundd.log");
+        for h in &spec.hosts {
+            let log = P::dir(&c).join("hosts").join(&h.name).join("reboundd.log");
             let keep = scratch.join(format!("{topology}-{}-reboundd.log", h.name));
             if std::fs::copy(&log, &keep).is_ok() {
                 say(&format!("kept {}", keep.display()));
             }
         }
     }
-    if let Err(e) = super::cluster::rm_cluster(&c).await {
+    if let Err(e) = cl.rm(&c).await {
         say(&format!("warning: cannot remove cluster {name}: {e}"));
     }
     r
 }
 
-pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
+pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> anyhow::Result<()> {
     if a.vms < 2 || a.hosts < 1 || a.hosts > 8 || a.vms > 32 {
         anyhow::bail!("--vms must be 2 to 32 and --hosts 1 to 8");
     }
@@ -627,11 +617,11 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
             anyhow::bail!("--topologies: {t:?} is not client-server, all-to-all or ring");
         }
     }
-    let variants: Vec<Variant> = a
+    let variants: Vec<P::Variant> = a
         .variants
         .split(',')
         .map(|v| {
-            <Variant as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
+            <P::Variant as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
                 anyhow::anyhow!("--variants: {v:?} is not working-set, elastic, line or line-keep")
             })
         })
@@ -640,7 +630,7 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
     if touch.is_empty() || touch.iter().any(|&t| t + 96 > a.memory) {
         anyhow::bail!("--touch-mib: give MiB values that leave the guest at least 96 MiB");
     }
-    super::connect(paths).await?;
+    rebound_client::connect(paths).await?;
     let scratch = a.out.scratch("cluster")?;
     let json_out = a.out.json;
     let say = move |s: &str| {
@@ -653,7 +643,7 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut results = Vec::new();
     for (k, t) in topologies.iter().enumerate() {
-        results.push(one_topology(paths, &a, t, k, &variants, &scratch, &say).await?);
+        results.push(one_topology(cl, &a, t, k, &variants, &scratch, &say).await?);
     }
     if a.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&scratch);
@@ -672,7 +662,7 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
                 .collect();
             let n = sums.len().max(1) as f64;
             (
-                v.as_str(),
+                P::variant_name(*v),
                 Summary {
                     max_backoff_s: sums.iter().map(|s| s.max_backoff_s).fold(0.0, f64::max),
                     avg_backoff_s: sums.iter().map(|s| s.avg_backoff_s).sum::<f64>() / n,
@@ -711,7 +701,7 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
         "topologies": results,
     });
     if let Some(svg) = &a.out.svg {
-        std::fs::write(svg, draw(&results, &variants))
+        std::fs::write(svg, draw::<P>(&results, &variants))
             .with_context(|| format!("cannot write {}", svg.display()))?;
     }
     if a.out.json {
@@ -746,7 +736,10 @@ pub async fn run(paths: &Paths, a: ClusterArgs) -> anyhow::Result<()> {
 
 /// Figure 7 of the paper, per topology: each VM's restore latency (grey) and backoff
 /// (red), one bar per variant.
-fn draw(results: &[TopologyResult], variants: &[Variant]) -> String {
+fn draw<P: Clusters>(
+    results: &[TopologyResult<P::Variant, P::Outcome>],
+    variants: &[P::Variant],
+) -> String {
     let rows: usize = results
         .first()
         .map_or(0, |r| r.runs.first().map_or(0, |x| x.vms.len()));
@@ -808,7 +801,7 @@ fn draw(results: &[TopologyResult], variants: &[Variant]) -> String {
                     bar - 1.0,
                     colors[j % colors.len()],
                     vm.vm,
-                    run.variant.as_str(),
+                    P::variant_name(run.variant),
                     v.restore_latency_s
                 );
                 if bw > 0.0 {
@@ -840,7 +833,7 @@ fn draw(results: &[TopologyResult], variants: &[Variant]) -> String {
             ly - 8.0,
             colors[j % colors.len()],
             lx + 16.0,
-            v.as_str()
+            P::variant_name(*v)
         );
     }
     let lx = left + 170.0 * variants.len() as f64;

@@ -28,10 +28,10 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
-use super::webload::{self, Load, Set};
-use crate::cli::connect;
-use crate::client::Client;
+use crate::guest::{post, remove};
+use crate::host::{host_cpus, host_kernel, load_average};
+use crate::webload::{self, Load, Set};
+use rebound_client::{connect, Client};
 
 #[derive(Args, Debug)]
 pub struct RebootArgs {
@@ -39,7 +39,7 @@ pub struct RebootArgs {
     #[arg(long, default_value_t = 1000)]
     files: u64,
     /// Size of each file.
-    #[arg(long, default_value = "200K", value_parser = crate::cli::parse_bytes)]
+    #[arg(long, default_value = "200K", value_parser = rebound_blk::args::parse_bytes)]
     file_size: u64,
     /// Guest memory, MiB (the set must fit in its page cache).
     #[arg(long, default_value_t = 512)]
@@ -71,7 +71,7 @@ pub struct RebootArgs {
     #[arg(long, default_value = "normal,normal-hostcache,warm,dax")]
     variants: String,
     #[command(flatten)]
-    out: crate::cli::bench::BenchOut,
+    out: crate::out::BenchOut,
 }
 
 const VARIANTS: [&str; 4] = ["normal", "normal-hostcache", "warm", "dax"];
@@ -194,7 +194,7 @@ async fn run_variant(
     // QEMU and the disk backends read from the slow disk from now on (the boot
     // itself is not measured).
     let _slow = if args.disk_read_mbps > 0 || args.disk_read_iops > 0 {
-        let g = super::slowdisk::SlowDisk::new(
+        let g = crate::slowdisk::SlowDisk::new(
             name,
             std::path::Path::new(disk),
             args.disk_read_mbps * 1_000_000,

@@ -6,39 +6,12 @@ use std::time::Duration;
 
 use hyper::Method;
 use rebound_api::{VmSpec, VmStatus};
+use rebound_client::{connect, Client};
 use rebound_vmm::paths::Paths;
 use rebound_vmm::process;
 use serde::Serialize;
-use serde_json::Value;
 
-use super::{connect, BenchCmd};
-use crate::client::Client;
-
-/// Where a guest benchmark keeps its files and how it reports.
-#[derive(clap::Args, Debug, Default)]
-pub struct BenchOut {
-    /// Scratch directory for snapshots and dumps (default:
-    /// /var/tmp/rebound-bench-KIND-PID); removed after unless given.
-    #[arg(long)]
-    pub dir: Option<std::path::PathBuf>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// Also draw the results to this SVG file.
-    #[arg(long)]
-    pub svg: Option<std::path::PathBuf>,
-}
-
-impl BenchOut {
-    /// The scratch directory, created; `kind` names the default one.
-    pub fn scratch(&self, kind: &str) -> anyhow::Result<std::path::PathBuf> {
-        let dir = self.dir.clone().unwrap_or_else(|| {
-            format!("/var/tmp/rebound-bench-{kind}-{}", std::process::id()).into()
-        });
-        std::fs::create_dir_all(&dir)?;
-        Ok(dir)
-    }
-}
+use crate::guest::remove;
 
 #[derive(Debug, Serialize)]
 struct Run {
@@ -71,46 +44,7 @@ fn summary(mut v: Vec<u64>) -> Summary {
     }
 }
 
-pub async fn run(paths: &Paths, cmd: BenchCmd) -> anyhow::Result<()> {
-    match cmd {
-        BenchCmd::Ha { args } => ha(&args),
-        BenchCmd::Crash(args) => super::bench_crash::run(paths, args).await,
-        BenchCmd::Restore(args) => super::bench_restore::run(paths, args).await,
-        BenchCmd::Disk(args) => super::bench_disk::run(paths, args).await,
-        BenchCmd::Hcache(args) => super::bench_hcache::run(paths, args).await,
-        BenchCmd::Reboot(args) => super::bench_reboot::run(paths, args).await,
-        BenchCmd::Cluster(args) => super::bench_cluster::run(paths, args).await,
-        BenchCmd::Boot {
-            runs,
-            memory,
-            settle,
-            parallel,
-            json,
-        } => boot(paths, runs, memory, settle, parallel, json).await,
-    }
-}
-
-/// `rebound bench ha ...`: the HA heap benchmarks live in their own binary, built
-/// with the workspace; run it from next to this executable, else from PATH.
-fn ha(args: &[String]) -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?;
-    let sibling = exe.with_file_name("rebound-ha-bench");
-    let prog = if sibling.is_file() {
-        sibling
-    } else {
-        std::path::PathBuf::from("rebound-ha-bench")
-    };
-    let status = std::process::Command::new(&prog)
-        .args(args)
-        .status()
-        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", prog.display()))?;
-    if !status.success() {
-        anyhow::bail!("{} failed ({status})", prog.display());
-    }
-    Ok(())
-}
-
-async fn boot(
+pub async fn run(
     paths: &Paths,
     runs: usize,
     memory: u64,
@@ -132,12 +66,7 @@ async fn boot(
         .collect();
     let result = measure(&c, &names, memory, settle, parallel, json).await;
     for n in &names {
-        let _ = c
-            .call::<Value>(Method::POST, &format!("/v1/vms/{n}/kill"), None)
-            .await;
-        let _ = c
-            .call::<Value>(Method::DELETE, &format!("/v1/vms/{n}"), None)
-            .await;
+        remove(&c, n).await;
     }
     let (accel, reason, runs) = result?;
     let date = rebound_vmm::events::wall_now();

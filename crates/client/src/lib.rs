@@ -1,5 +1,6 @@
 //! The daemon's client: HTTP/1.1 over the unix socket (one connection per request),
-//! plus starting the daemon in the background when nothing answers.
+//! plus starting the daemon in the background when nothing answers. The `rebound`
+//! CLI and the benchmarks (`rebound-bench`) both talk to the daemon through it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -121,13 +122,7 @@ impl Client {
     ) -> Result<T, ClientError> {
         let (status, bytes) = self.raw(method, path, body).await?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<rebound_api::ErrorBody>(&bytes)
-                .map(|b| b.error)
-                .unwrap_or_else(|_| format!("daemon answered {status}"));
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                message,
-            });
+            return Err(api_error(status, &bytes));
         }
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
     }
@@ -136,13 +131,7 @@ impl Client {
     pub async fn text(&self, path: &str) -> Result<String, ClientError> {
         let (status, bytes) = self.raw(Method::GET, path, None).await?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<rebound_api::ErrorBody>(&bytes)
-                .map(|b| b.error)
-                .unwrap_or_else(|_| format!("daemon answered {status}"));
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                message,
-            });
+            return Err(api_error(status, &bytes));
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
@@ -207,6 +196,36 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// An error status as [`ClientError::Api`], with the daemon's own message when it
+/// sent one.
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    let message = serde_json::from_slice::<rebound_api::ErrorBody>(body)
+        .map(|b| b.error)
+        .unwrap_or_else(|_| format!("daemon answered {status}"));
+    ClientError::Api {
+        status: status.as_u16(),
+        message,
+    }
+}
+
+/// A client for the default socket, starting the daemon if needed.
+pub async fn connect(paths: &rebound_vmm::paths::Paths) -> Result<Client, ClientError> {
+    let c = Client::new(&paths.socket());
+    c.ensure_daemon(&paths.daemon_log()).await?;
+    Ok(c)
+}
+
+/// A VM name as one segment of an API path. VM names are restricted to URL-safe
+/// characters, so a valid one goes as it is; anything else cannot exist.
+pub fn enc(name: &str) -> String {
+    if rebound_api::spec::validate_name(name).is_ok() {
+        name.to_string()
+    } else {
+        // Still ask the daemon, which answers "unknown VM" for it.
+        name.bytes().map(|b| format!("%{b:02X}")).collect()
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Instant;
 use rebound_api::{VmSpec, VmStatus, Workload};
 use rebound_image::splitmix64;
 
-use super::webload::Set;
+use super::setup::rebound_uncached;
+use crate::webload::Set;
 
 /// Popularity skew of the request sequence.
 pub const SKEW: f64 = 0.9;
@@ -25,7 +26,7 @@ pub fn spec(name: &str, disk: &Path, memory_mib: u64) -> VmSpec {
     s.memory_mib = memory_mib;
     s.workload = Some(Workload::Web);
     s.workload_args.insert("data_disk".into(), "vdb".into());
-    s.disks = vec![super::bench_hcache::rebound_uncached(disk)];
+    s.disks = vec![rebound_uncached(disk)];
     s
 }
 

@@ -39,110 +39,31 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use hyper::Method;
 use rebound_api::{
-    CrashPhase, CrashPolicy, CrashReport, DumpResult, Forward, IoPolicy, OnCrash, PageClass,
-    RestoreReport, SnapshotRequest, SnapshotResult, VmSpec, VmStatus,
+    CrashPhase, CrashPolicy, CrashReport, DumpResult, IoPolicy, OnCrash, PageClass, RestoreReport,
+    SnapshotRequest, SnapshotResult, VmStatus,
 };
 use rebound_vmm::paths::Paths;
-use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cli::connect;
-use crate::client::Client;
+use crate::guest::{boot_filled, post, remove};
+use crate::host::{host_cpus, host_kernel, load_average};
+pub use case::CrashArgs;
+use case::{copy_disk, Case, Outcome, Setup, MB};
+use rebound_client::{connect, Client};
 use report::{draw, print_text, Meta};
 use sizes::run_sizes;
 
+mod case;
 mod report;
 mod sizes;
 
-const MB: f64 = 1e6;
-const MIB: f64 = (1u64 << 20) as f64;
 /// The recovery VM's disk rate under `D:R`: high enough never to bind here.
 const RECOVERY_MBPS: u32 = 1000;
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
-
-#[derive(Args, Debug)]
-pub struct CrashArgs {
-    /// Guest memory, e.g. 512M, 1G (a bare number is MiB).
-    #[arg(long, default_value = "512M", value_parser = crate::cli::parse_memory)]
-    memory: u64,
-    /// Memory the guest's memfill workload fills before the crash.
-    #[arg(long, default_value = "400M", value_parser = crate::cli::parse_memory)]
-    fill: u64,
-    /// Rounds over the variants (interleaved); medians are printed.
-    #[arg(long, default_value_t = 1)]
-    runs: usize,
-    /// Variants to run: a (stock), b, c, d, e (I/O policies), r (recovery restored
-    /// from a post-boot snapshot), s (same-memory dumps).
-    #[arg(long, default_value = "a,b,c,d,e,r,s")]
-    variants: String,
-    /// Seconds of working-set trace recorded with the post-boot snapshot (r).
-    #[arg(long, default_value_t = 8.0)]
-    trace_s: f64,
-    /// What the service reads from its data disk (O_DIRECT) before it is ready in the
-    /// I/O-policy variants (e): a disk-bound service, as the paper's boot-time copy.
-    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
-    disk_io: u64,
-    /// The emulated disk's rate for the dump, MB/s.
-    #[arg(long, default_value_t = 100)]
-    disk_mbps: u32,
-    /// Chunk size of the dump and the memory handover.
-    #[arg(long, default_value = "64M", value_parser = crate::cli::parse_memory)]
-    chunk: u64,
-    /// Memory the recovery VM starts with (the default image's guest, root in RAM,
-    /// panicked "deadlocked on memory" when booted with 146 MiB).
-    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
-    min_memory: u64,
-    #[command(flatten)]
-    out: crate::cli::bench::BenchOut,
-}
-
-/// One way of handling the crash.
-#[derive(Debug, Clone, Serialize)]
-struct Case {
-    id: String,
-    what: String,
-    on_crash: OnCrash,
-    filter: Vec<PageClass>,
-    io_policy: IoPolicy,
-    /// The dump is held to the emulated disk's rate.
-    throttled: bool,
-    /// MiB the service reads from its disk before it is ready (0: none).
-    disk_io_mib: u64,
-    /// The recovery VM is restored from the post-boot snapshot (r).
-    recover_from: bool,
-}
-
-/// What one case measured.
-#[derive(Debug, Clone, Serialize, Default)]
-struct Outcome {
-    case: String,
-    /// Crash request to the first answer the client got after it (client side).
-    downtime_s: f64,
-    /// The daemon's downtime: panic to the recovery VM passing readiness (b–e).
-    daemon_downtime_s: Option<f64>,
-    /// The longest time between two answers the client saw.
-    longest_gap_s: f64,
-    dump_s: f64,
-    dump_bytes: u64,
-    dump_io_bytes: u64,
-    recovery_s: Option<f64>,
-    pages_written: u64,
-    pages_skipped: std::collections::BTreeMap<String, u64>,
-    notes: Vec<String>,
-    /// For `a`: QEMU's dump time at the emulated disk's rate, and the downtime with it.
-    scaled_dump_s: Option<f64>,
-    scaled_downtime_s: Option<f64>,
-    /// For `a`: the reboot alone (panic seen, kill, boot, service answers), no dump.
-    reboot_only_s: Option<f64>,
-    /// For `r`: the restore's time to running and the pages it read before.
-    restore_running_s: Option<f64>,
-    restore_pages_before_start: Option<u64>,
-}
 
 fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
@@ -274,55 +195,6 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
     Ok(out)
 }
 
-/// Where the default image's parts are, and the run's scratch directory.
-struct Setup {
-    kernel: String,
-    initrd: String,
-    append: String,
-    disk: PathBuf,
-    dir: PathBuf,
-    port: u16,
-    progress: bool,
-    /// The post-boot snapshot the `r` cases recover from.
-    snapshot: Option<PathBuf>,
-}
-
-impl Setup {
-    fn spec(
-        &self,
-        args: &CrashArgs,
-        name: &str,
-        disk: &Path,
-        crash: CrashPolicy,
-        disk_io_mib: u64,
-    ) -> VmSpec {
-        let mut s = VmSpec::new(name);
-        s.kernel = Some(self.kernel.clone());
-        s.initrd = Some(self.initrd.clone());
-        s.append = Some(format!(
-            "{} unknown_nmi_panic rebound.workload=memfill,web rebound.memfill={} rebound.disk_io={}",
-            self.append,
-            args.fill << 20,
-            disk_io_mib << 20
-        ));
-        s.disks = vec![rebound_api::disk::entry(&disk.display().to_string())];
-        s.memory_mib = args.memory;
-        s.ready = Some("http:8080/".into());
-        s.forwards = vec![Forward {
-            host: self.port,
-            guest: 8080,
-        }];
-        s.crash = crash;
-        s
-    }
-
-    fn say(&self, m: &str) {
-        if self.progress {
-            eprintln!("bench crash: {m}");
-        }
-    }
-}
-
 /// Successful answers of the service, in seconds since `t0`.
 struct Prober {
     t0: Instant,
@@ -428,54 +300,6 @@ async fn probe(port: u16) -> bool {
     buf[..n].starts_with(b"HTTP/1.") && buf[..n].windows(3).any(|w| w == b"200")
 }
 
-pub(super) async fn post<T: serde::de::DeserializeOwned>(
-    c: &Client,
-    path: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<T> {
-    Ok(c.call(Method::POST, path, body).await?)
-}
-
-pub(super) async fn remove(c: &Client, name: &str) {
-    let _ = c
-        .call::<Value>(Method::POST, &format!("/v1/vms/{name}/kill"), None)
-        .await;
-    let _ = c
-        .call::<Value>(Method::DELETE, &format!("/v1/vms/{name}"), None)
-        .await;
-}
-
-/// Starts the guest, waits for the service and for memfill to have filled its memory:
-/// the guest's RAM file holds at least the fill and has stopped growing. (A user
-/// kernel has no agent link, so no memfill events: the host side is what we watch.)
-pub(super) async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Result<VmStatus> {
-    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(s)?)).await?;
-    let n = &s.name;
-    let st: VmStatus = post(
-        c,
-        &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
-        None,
-    )
-    .await?;
-    let ram = PathBuf::from(&st.ram_file);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut last = 0;
-    loop {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let held = rebound_vmm::process::allocated_bytes(&ram).unwrap_or(0);
-        if held >= fill_mib << 20 && held == last {
-            return Ok(st);
-        }
-        last = held;
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "{n}: the guest's RAM holds {} MiB, not the {fill_mib} MiB memfill should fill, after 180 s (too little guest memory? memfill needs the fill + 16 MiB free)",
-                held >> 20
-            );
-        }
-    }
-}
-
 fn policy(args: &CrashArgs, case: &Case, dir: &Path, snapshot: Option<&Path>) -> CrashPolicy {
     CrashPolicy {
         recover_from: snapshot
@@ -490,12 +314,6 @@ fn policy(args: &CrashArgs, case: &Case, dir: &Path, snapshot: Option<&Path>) ->
         host_memory_budget_mib: Some(args.memory + args.min_memory),
         ..CrashPolicy::default()
     }
-}
-
-fn copy_disk(setup: &Setup, tag: &str) -> anyhow::Result<PathBuf> {
-    let d = setup.dir.join(format!("{tag}.ext4"));
-    std::fs::copy(&setup.disk, &d)?;
-    Ok(d)
 }
 
 async fn run_case(
@@ -520,7 +338,7 @@ async fn run_case(
     let st = boot_filled(c, &spec, args.fill).await?;
     if let (true, Some(snap)) = (case.recover_from, &setup.snapshot) {
         // The snapshot was written long before a real crash: restore it cold.
-        super::bench_restore::drop_cache(snap)?;
+        crate::host::drop_cache(snap)?;
     }
     let probe = Prober::start(setup.port);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -705,25 +523,6 @@ fn accel_of(st: &VmStatus) -> (String, String) {
         st.accel.as_str().to_string(),
         st.accel_reason.clone().unwrap_or_default(),
     )
-}
-
-pub(super) fn host_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0)
-}
-
-pub(super) fn host_kernel() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
-pub(super) fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {

@@ -24,16 +24,16 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::bench_crash::{host_cpus, host_kernel, load_average, post, remove};
-use crate::cli::connect;
-use crate::client::Client;
+use crate::guest::{post, remove};
+use crate::host::{host_cpus, host_kernel, load_average};
+use rebound_client::{connect, Client};
 
 const MB: f64 = 1e6;
 
 #[derive(Args, Debug)]
 pub struct DiskArgs {
     /// Size of the disk the guest reads and writes (its second disk, /dev/vdb).
-    #[arg(long, default_value = "256M", value_parser = crate::cli::parse_memory)]
+    #[arg(long, default_value = "256M", value_parser = rebound_api::spec::parse_memory_mib)]
     size: u64,
     /// Seconds each random phase runs.
     #[arg(long, default_value_t = 5)]
@@ -45,7 +45,7 @@ pub struct DiskArgs {
     #[arg(long, default_value = "qemu-none,qemu-writeback,rebound,rebound-cache")]
     variants: String,
     #[command(flatten)]
-    out: crate::cli::bench::BenchOut,
+    out: crate::out::BenchOut,
 }
 
 const VARIANTS: [&str; 4] = ["qemu-none", "qemu-writeback", "rebound", "rebound-cache"];

@@ -1,9 +1,26 @@
-//! Figures drawn from reports (SVG, text left to the viewer: no font library).
+//! Figures drawn from reports (SVG, text left to the viewer: no font library):
+//! `rebound crash report --plot`, `rebound vm mrc --plot` and the benchmarks draw
+//! with them.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 use rebound_api::CrashReport;
+
+/// Why a figure was not drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("crash {0} has no memory timeline to plot")]
+    NoTimeline(String),
+    #[error("{0} has no curve to plot yet: no read has missed the guest")]
+    NoCurve(String),
+    /// Writing the SVG failed; plotters' message says where.
+    #[error(transparent)]
+    Draw(#[from] DrawingAreaErrorKind<std::io::Error>),
+    /// The report's crash policy has no name.
+    #[error(transparent)]
+    Policy(#[from] serde_json::Error),
+}
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -14,7 +31,7 @@ type Chart<'a> = ChartContext<
 >;
 
 /// A labelled vertical line at `x`.
-fn mark(chart: &mut Chart<'_>, x: f64, y_max: f64, label: String) -> anyhow::Result<()> {
+fn mark(chart: &mut Chart<'_>, x: f64, y_max: f64, label: String) -> Result<(), PlotError> {
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(x, 0.0), (x, y_max)],
         BLACK.mix(0.3),
@@ -29,9 +46,9 @@ fn mark(chart: &mut Chart<'_>, x: f64, y_max: f64, label: String) -> anyhow::Res
 
 /// Both VMs' memory and the dump's progress over time, events marked (as Vicover's
 /// figures of memory during recovery).
-pub fn crash_timeline(r: &CrashReport, out: &Path) -> anyhow::Result<()> {
+pub fn crash_timeline(r: &CrashReport, out: &Path) -> Result<(), PlotError> {
     if r.timeline.is_empty() {
-        anyhow::bail!("crash {} has no memory timeline to plot", r.id);
+        return Err(PlotError::NoTimeline(r.id.clone()));
     }
     let t_max = r.timeline.iter().map(|s| s.t_s).fold(0.1, f64::max) * 1.05;
     let y_max = r
@@ -133,10 +150,10 @@ pub fn mrc(
     r: &rebound_api::MrcReport,
     measured: &[(f64, f64)],
     out: &Path,
-) -> anyhow::Result<()> {
+) -> Result<(), PlotError> {
     let drawn: Vec<_> = r.disks.iter().filter(|d| !d.points.is_empty()).collect();
     if drawn.is_empty() {
-        anyhow::bail!("{name} has no curve to plot yet: no read has missed the guest");
+        return Err(PlotError::NoCurve(name.to_string()));
     }
     let x_max = drawn
         .iter()

@@ -20,9 +20,9 @@ use rebound_api::{MemoryPlan, VmStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::bench_crash::{post, remove};
-use super::bench_hcache::{backend, files_reports, io_spec, make_disk, IoRun};
-use crate::client::Client;
+use super::setup::{backend, files_reports, io_spec, make_disk, IoRun};
+use crate::guest::{post, remove};
+use rebound_client::Client;
 
 const MIB: u64 = 1 << 20;
 /// Each VM boots with more than its allocation, so a plan can grow it (a balloon

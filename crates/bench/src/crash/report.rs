@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
+use super::case::{Case, Outcome, MB, MIB};
 use super::sizes::{print_sizes, Sizes};
-use super::{Case, Outcome, MB, MIB};
 
 #[derive(Debug, Serialize)]
 pub(super) struct Meta {

@@ -1,0 +1,59 @@
+//! Guests through the daemon, as every benchmark starts and removes them.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use rebound_api::{VmSpec, VmStatus};
+use rebound_client::Client;
+use serde_json::Value;
+
+/// A POST whose JSON answer is decoded.
+pub async fn post<T: serde::de::DeserializeOwned>(
+    c: &Client,
+    path: &str,
+    body: Option<&Value>,
+) -> anyhow::Result<T> {
+    Ok(c.call(Method::POST, path, body).await?)
+}
+
+/// Kills and forgets a guest, whatever state it is in (errors ignored: it may be gone).
+pub async fn remove(c: &Client, name: &str) {
+    let _ = c
+        .call::<Value>(Method::POST, &format!("/v1/vms/{name}/kill"), None)
+        .await;
+    let _ = c
+        .call::<Value>(Method::DELETE, &format!("/v1/vms/{name}"), None)
+        .await;
+}
+
+/// Starts the guest, waits for the service and for memfill to have filled its memory:
+/// the guest's RAM file holds at least the fill and has stopped growing. (A user
+/// kernel has no agent link, so no memfill events: the host side is what we watch.)
+pub async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Result<VmStatus> {
+    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(s)?)).await?;
+    let n = &s.name;
+    let st: VmStatus = post(
+        c,
+        &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
+        None,
+    )
+    .await?;
+    let ram = PathBuf::from(&st.ram_file);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut last = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let held = rebound_vmm::process::allocated_bytes(&ram).unwrap_or(0);
+        if held >= fill_mib << 20 && held == last {
+            return Ok(st);
+        }
+        last = held;
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "{n}: the guest's RAM holds {} MiB, not the {fill_mib} MiB memfill should fill, after 180 s (too little guest memory? memfill needs the fill + 16 MiB free)",
+                held >> 20
+            );
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! `rebound bench`: Rebound measured against stock QEMU, each benchmark a driver that
+//! runs guests through a live daemon (started if none answers) and prints text, JSON
+//! or an SVG. The `rebound` binary embeds [`BenchCmd`] as its `bench` subcommand and
+//! calls [`run`]; nothing in the product depends on this crate's code otherwise.
+//!
+//! This module is the dispatcher, the only one that knows the drivers. Drivers share
+//! leaf modules only: [`out`] (their common options), `host` (machine facts, the page
+//! cache), `guest` (starting and removing guests), `webload` and `slowdisk`.
+
+use clap::Subcommand;
+use rebound_vmm::paths::Paths;
+
+mod boot;
+mod cluster;
+mod clusters;
+mod crash;
+mod disk;
+mod guest;
+mod ha;
+mod hcache;
+mod host;
+pub mod out;
+mod reboot;
+mod restore;
+mod slowdisk;
+mod webload;
+
+pub use clusters::Clusters;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Boot the default image N times (one after another unless --parallel):
+    /// spawn→agent-ready and idle memory.
+    Boot {
+        /// Boots to measure.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Guest memory, e.g. 256M, 1G (a bare number is MiB).
+        #[arg(long, default_value = "256M", value_parser = rebound_api::spec::parse_memory_mib)]
+        memory: u64,
+        /// Seconds to let the guests settle before measuring memory.
+        #[arg(long, default_value_t = 5)]
+        settle: u64,
+        /// Boot all guests at once (measures contention on small hosts).
+        #[arg(long)]
+        parallel: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A guest crash handled the stock way (QEMU's dump, reboot) and by each crash
+    /// policy, side by side: downtime, the client's longest gap, dump time and size.
+    Crash(crash::CrashArgs),
+    /// One snapshot per workload restored every way (QEMU's stock stream, eager,
+    /// lazy, working-set, elastic), cold, on the real disk and an emulated slow one:
+    /// time to running and to responsive, faults and bytes read after the start.
+    Restore(restore::RestoreArgs),
+    /// Guest disk I/O through Rebound's block backend against QEMU's virtio-blk on
+    /// the same file (cache=none and writeback), and host-cache hits against misses.
+    Disk(disk::DiskArgs),
+    /// The exclusive host cache against all memory in the guest for each access
+    /// pattern (disk reads per request, throughput, CPU, refused notices), and the
+    /// miss-ratio curve against guests of other sizes (Hcache 6.3, 6.4).
+    Hcache(hcache::HcacheArgs),
+    /// A web service across a reboot: normal, normal with the host page cache warm,
+    /// and warm (`vm reboot --warm`): reads of the file set before and after, and
+    /// throughput per second across a reboot under load (CacheMind figures 3-5).
+    Reboot(reboot::RebootArgs),
+    /// A cluster of `peer` guests on simulated hosts, under each topology, snapshotted
+    /// and restored three ways side by side (working set, elastic without and with
+    /// the restore line): restore latency, backoff, disruption, retransmissions,
+    /// heartbeat false alarms and a host client's worst request (HotRestore 6.2).
+    Cluster(cluster::ClusterArgs),
+    /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
+    /// with the remaining arguments, e.g. `rebound bench ha micro`.
+    Ha {
+        /// Arguments for `rebound-ha-bench` (see `rebound bench ha --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Runs one benchmark; `clusters` makes and restores the clusters of `bench cluster`
+/// (the `rebound cluster` commands, which live in the product).
+pub async fn run<C: Clusters>(paths: &Paths, cmd: BenchCmd, clusters: &C) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Ha { args } => ha::run(&args),
+        BenchCmd::Crash(args) => crash::run(paths, args).await,
+        BenchCmd::Restore(args) => restore::run(paths, args).await,
+        BenchCmd::Disk(args) => disk::run(paths, args).await,
+        BenchCmd::Hcache(args) => hcache::run(paths, args).await,
+        BenchCmd::Reboot(args) => reboot::run(paths, args).await,
+        BenchCmd::Cluster(args) => cluster::run(paths, args, clusters).await,
+        BenchCmd::Boot {
+            runs,
+            memory,
+            settle,
+            parallel,
+            json,
+        } => boot::run(paths, runs, memory, settle, parallel, json).await,
+    }
+}

@@ -1,0 +1,98 @@
+//! `rebound bench cluster` drives clusters through the `rebound cluster` commands:
+//! this is the port it does that through (see `rebound_bench::Clusters`).
+
+use std::path::Path;
+
+use hyper::Method;
+use rebound_cluster::spec::ClusterSpec;
+use rebound_cluster::{Disruption, Rdg};
+use rebound_vmm::paths::Paths;
+use serde_json::Value;
+
+use super::cluster::restore::{self, Outcome, RestoreOpts, Variant};
+use super::cluster::{self as commands, snapshot, Cluster};
+
+/// The cluster commands of this binary, in one installation.
+pub(crate) struct CliClusters(pub(crate) Paths);
+
+#[async_trait::async_trait]
+impl rebound_bench::Clusters for CliClusters {
+    type Cluster = Cluster;
+    type Variant = Variant;
+    type Outcome = Outcome;
+
+    fn spec(c: &Cluster) -> &ClusterSpec {
+        &c.spec
+    }
+
+    fn dir(c: &Cluster) -> &Path {
+        &c.dir
+    }
+
+    fn variant_name(v: Variant) -> &'static str {
+        v.as_str()
+    }
+
+    fn began_unix_ns(o: &Outcome) -> i64 {
+        o.report.began_unix_ns
+    }
+
+    fn disruption(o: &Outcome) -> Option<&Disruption> {
+        o.disruption.as_ref()
+    }
+
+    fn plan(o: &Outcome) -> &rebound_coord::Plan {
+        &o.plan
+    }
+
+    async fn create(&self, name: &str, file: &str) -> anyhow::Result<Cluster> {
+        commands::create_cluster(&self.0, name, file).await
+    }
+
+    async fn start_vms(&self, c: &Cluster) -> anyhow::Result<()> {
+        commands::start_vms(c).await
+    }
+
+    async fn call(
+        &self,
+        c: &Cluster,
+        host: &str,
+        method: Method,
+        path: &str,
+    ) -> anyhow::Result<Value> {
+        c.link(host)?.call(method, path, None).await
+    }
+
+    async fn remove_vm(&self, c: &Cluster, host: &str, vm: &str) -> anyhow::Result<bool> {
+        restore::remove_vm(&c.link(host)?, vm).await
+    }
+
+    async fn snapshot(&self, c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Result<f64> {
+        Ok(snapshot::take(c, out, trace_s).await?.pause_spread_s)
+    }
+
+    fn traffic(&self, snap: &Path) -> anyhow::Result<Rdg> {
+        Ok(snapshot::traffic(snap, 1)?.1.rdg)
+    }
+
+    async fn restore(
+        &self,
+        c: &Cluster,
+        snap: &Path,
+        variant: Variant,
+        margin_s: f64,
+    ) -> anyhow::Result<Outcome> {
+        let opts = RestoreOpts {
+            variant,
+            load_rate: None,
+            margin_s,
+            replace: true,
+            no_wait: false,
+        };
+        restore::restore(c, snap, &opts).await
+    }
+
+    async fn rm(&self, c: &Cluster) -> anyhow::Result<()> {
+        commands::rm_cluster(c).await
+    }
+}

@@ -58,11 +58,15 @@ fn serve(dir: &Path, disk: &Path) -> Backend {
 fn answers(socket: &Path) -> u64 {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        match Frontend::connect(socket, 1) {
-            Ok(mut f) => {
-                let features = f.get_features().unwrap();
-                f.set_features(features).unwrap();
-                let proto = f.get_protocol_features().unwrap();
+        // Between connections the backend binds its socket afresh: a connection that
+        // reached the old one is dropped unanswered, and the next one is served.
+        let asked = Frontend::connect(socket, 1).and_then(|mut f| {
+            let features = f.get_features()?;
+            f.set_features(features)?;
+            Ok((features, f.get_protocol_features()?))
+        });
+        match asked {
+            Ok((features, proto)) => {
                 assert!(proto.contains(VhostUserProtocolFeatures::CONFIG));
                 return features;
             }

@@ -5,7 +5,7 @@
 //! - [`traffic`]: frames of every VM's dump → [`TrafficMatrix`] of dependency packets.
 //! - [`rdg`]: matrix → [`Rdg`] (edges, rings, orphans), DOT and SVG.
 //! - [`line`]: load figures + dependencies → [`RestoreLine`] by linear programming.
-//! - [`plan()`]: all of it in one call, serde-serializable for the daemon.
+//! - [`line_plan`]: all of it in one call ([`plan()`]), serde-serializable for the daemon.
 //! - [`disruption`]: start times + edges → each VM's backoff and disruption.
 //! - [`inflight`]: the frames in flight at a consistent cut, from the dumps, and
 //!   one VM's of them written to a pcap file to replay.
@@ -19,7 +19,7 @@ pub mod disruption;
 pub mod inflight;
 pub mod line;
 pub mod pcap;
-pub mod plan;
+pub mod line_plan;
 pub mod rdg;
 pub mod replay;
 pub mod spec;
@@ -27,6 +27,6 @@ pub mod traffic;
 
 pub use disruption::{disruption, Disruption, DisruptionError, VmDisruption};
 pub use line::{Dependency, LineError, LineInput, RestoreLine, VmLoad, VmStart};
-pub use plan::{plan, traffic_from_dumps, DumpFile, Plan, PlanConfig, PlanError};
+pub use line_plan::{plan, traffic_from_dumps, DumpFile, Plan, PlanConfig, PlanError};
 pub use rdg::{Rdg, RdgEdge, RdgError};
 pub use traffic::{Endpoints, TrafficBuilder, TrafficError, TrafficMatrix, TrafficStats};

@@ -24,7 +24,7 @@ pub mod fault;
 pub mod guest;
 pub mod metrics;
 pub mod mrc;
-pub mod plan;
+pub mod memory_plan;
 pub mod replace;
 pub mod server;
 pub mod state;

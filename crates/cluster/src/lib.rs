@@ -12,16 +12,23 @@
 //! - [`replay`]: a replay file read back within QEMU's limits, framed for its
 //!   `filter-redirector`.
 //! - [`spec`]: `cluster.toml`, the VMs, their hosts and the network, checked.
+//! - [`snapshot`]: a cluster snapshot directory: its manifest `cluster.json` (format,
+//!   parser, writer), and the traffic and frames in flight read from its dumps.
+//! - [`restore`]: a cluster snapshot's restore planned: its VMs checked against the
+//!   cluster, their figures, each host's load rate, and per variant what each VM loads
+//!   and when it starts.
 //!
 //! Everything here is pure computation on files and numbers: no VM is touched.
 
 pub mod disruption;
 pub mod inflight;
 pub mod line;
-pub mod pcap;
 pub mod line_plan;
+pub mod pcap;
 pub mod rdg;
 pub mod replay;
+pub mod restore;
+pub mod snapshot;
 pub mod spec;
 pub mod traffic;
 

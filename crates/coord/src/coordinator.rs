@@ -45,8 +45,8 @@ use tracing::{debug, info, warn};
 
 use crate::error_chain;
 use crate::msg::{unix_now_ns, LoadVm, Message};
-use crate::restore_plan::{Groups, Plan, PlanError};
 use crate::report::{CohortReport, Outcome, RestoreReport, RingReport, VmReport, VmState};
+use crate::restore_plan::{Groups, Plan, PlanError};
 use crate::token::ClusterToken;
 use crate::wire::{client_handshake, WireError};
 

@@ -18,9 +18,9 @@
 pub mod cohort;
 pub mod coordinator;
 pub mod msg;
-pub mod restore_plan;
 pub mod relay;
 pub mod report;
+pub mod restore_plan;
 pub mod token;
 pub mod wire;
 
@@ -30,9 +30,9 @@ pub use cohort::{
     spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo,
 };
 pub use coordinator::{restore, CoordinatorConfig};
-pub use restore_plan::{Plan, PlanVm};
 pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};
 pub use report::RestoreReport;
+pub use restore_plan::{Plan, PlanVm};
 pub use token::ClusterToken;
 
 /// An error and its sources on one line, `outer: inner: ...`, for log lines.

@@ -19,6 +19,7 @@ mod bench_hcache_web;
 mod bench_reboot;
 mod bench_restore;
 mod cluster;
+mod common;
 mod console;
 mod crash;
 mod image;
@@ -770,7 +771,7 @@ fn parse_replay(s: &str) -> Result<rebound_api::ReplayNic, String> {
     if file.is_empty() {
         return Err(format!("{s:?} names no file"));
     }
-    let pcap = snapshot::absolute(std::path::Path::new(file))
+    let pcap = common::absolute(std::path::Path::new(file))
         .map_err(|e| e.to_string())?
         .display()
         .to_string();

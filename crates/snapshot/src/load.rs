@@ -181,7 +181,7 @@ impl Loader {
         let mut out = Vec::new();
         for i in images {
             let rerr = |e| LoadError::Read(i.path.clone(), e);
-            let file = crate::manifest::open_nofollow(&i.path).map_err(rerr)?;
+            let file = crate::open_nofollow(&i.path).map_err(rerr)?;
             let len = file.metadata().map_err(rerr)?.len();
             if len != i.size {
                 return Err(LoadError::Size(i.path.clone(), len, i.size));

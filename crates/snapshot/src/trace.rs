@@ -118,7 +118,7 @@ impl Trace {
         inside: impl Fn(&TracePage) -> bool,
     ) -> Result<Trace, TraceError> {
         let p = || path.to_path_buf();
-        let f = crate::manifest::open_nofollow(path).map_err(|e| TraceError::Read(p(), e))?;
+        let f = crate::open_nofollow(path).map_err(|e| TraceError::Read(p(), e))?;
         let len = f.metadata().map_err(|e| TraceError::Read(p(), e))?.len();
         let mut head = [0u8; HEADER];
         if len < HEADER as u64 + 8 {

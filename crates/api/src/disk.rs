@@ -16,7 +16,39 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::spec::{parse_size, DiskBackend, SpecError};
+use serde::{Deserialize, Serialize};
+
+use crate::parse::{parse_size, SpecError};
+
+/// What serves a VM's disks: QEMU's own virtio-blk, or Rebound's vhost-user-blk
+/// backend (a process per disk, which sees every request and keeps a host cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskBackend {
+    #[default]
+    Qemu,
+    Rebound,
+}
+
+impl DiskBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskBackend::Qemu => "qemu",
+            DiskBackend::Rebound => "rebound",
+        }
+    }
+}
+
+impl FromStr for DiskBackend {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "qemu" => Ok(DiskBackend::Qemu),
+            "rebound" => Ok(DiskBackend::Rebound),
+            _ => Err(SpecError::DiskBackend(s.to_string())),
+        }
+    }
+}
 
 /// The host cache `cache=host` gets without a size.
 pub const DEFAULT_HOST_CACHE: u64 = 256 << 20;

@@ -11,6 +11,7 @@ pub mod crash;
 pub mod disk;
 pub mod event;
 pub mod nic;
+pub mod parse;
 pub mod reboot;
 pub mod reply;
 pub mod snapshot;

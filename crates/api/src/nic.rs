@@ -17,7 +17,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-use crate::spec::SpecError;
+use crate::parse::SpecError;
 
 /// A parsed `nics` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

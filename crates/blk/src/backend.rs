@@ -8,22 +8,18 @@ use std::sync::Arc;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{ByteValued, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{ByteValued, GuestAddressSpace};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
 use crate::config::{features, BlkConfig};
+use crate::guest_memory::{Bitmap, Mem};
 
 /// The virtio feature bit by which QEMU turns dirty logging on for a migration.
 const VHOST_F_LOG_ALL: u64 = 26;
 use crate::request::Device;
-
-/// Guest memory with the dirty log QEMU's migration reads (a snapshot's device-state
-/// save and a settle are migrations: without `LOG_SHMFD` QEMU refuses them).
-pub type Bitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
-pub type Mem = GuestMemoryAtomic<GuestMemoryMmap<Bitmap>>;
 
 /// Entries per virtqueue the backend accepts.
 pub const QUEUE_SIZE: usize = 256;

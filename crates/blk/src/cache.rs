@@ -22,8 +22,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-/// Bytes of a cache block.
-pub const BLOCK: u64 = 4096;
+pub use crate::units::BLOCK;
 const STRIPES: usize = 1 << 16;
 
 /// What the cache did since the backend started.

@@ -14,7 +14,7 @@ use rebound_mrc::curve::offset::ExclusiveTracer;
 use rebound_mrc::curve::MissRatioCurve;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::BLOCK;
+use crate::units::BLOCK;
 
 /// Histogram buckets of the default tracer: 256 KiB, exact at each point.
 pub const DEFAULT_STEP_BLOCKS: u64 = 64;

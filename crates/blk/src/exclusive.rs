@@ -38,12 +38,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cache::BLOCK;
 use crate::faults::{skipped, Check};
+use crate::units::BLOCK;
 
-/// Bytes of a guest page, the unit of notices.
-pub const PAGE: u64 = 4096;
-const _: () = assert!(PAGE == BLOCK, "a guest page holds exactly one cache block");
+pub use crate::units::PAGE;
 
 /// One guest page known to hold one disk block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,8 @@
 //! - [`faults`]: test builds only, correctness checks that can be turned off;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
 //! - [`args`]: the `blk serve` command line;
+//! - [`units`]: the block (one guest page) everything above counts in;
+//! - [`guest_memory`]: guest memory as the vhost-user connection maps it;
 //! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
 //!   thread per queue, serving QEMU again each time it reconnects.
 
@@ -24,9 +26,11 @@ pub mod curve;
 pub mod disk;
 pub mod exclusive;
 pub mod faults;
+pub mod guest_memory;
 pub mod request;
 pub mod ring;
 pub mod serve;
+pub mod units;
 
 pub use cache::{Cache, CacheStats};
 pub use serve::{serve, Options, ServeError, Stats};

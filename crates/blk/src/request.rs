@@ -13,11 +13,14 @@ use virtio_bindings::virtio_blk::*;
 use virtio_queue::DescriptorChain;
 use vm_memory::{ByteValued, GuestMemory};
 
-use crate::cache::{Cache, BLOCK};
+use crate::cache::Cache;
 use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
 use crate::disk::{AlignedBuf, Disk};
-use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef, PAGE};
+use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef};
 use crate::faults::{skipped, Check};
+use crate::guest_memory::Mem;
+use crate::ring::NoticeSink;
+use crate::units::{BLOCK, PAGE};
 
 /// The request header (virtio 1.2, 5.2.6).
 #[repr(C)]
@@ -56,7 +59,7 @@ pub struct Device {
     pub pages: std::sync::Mutex<PageMap>,
     /// The guest's memory as the current vhost-user connection mapped it (notices are
     /// checked against it).
-    pub mem: std::sync::RwLock<Option<crate::backend::Mem>>,
+    pub mem: std::sync::RwLock<Option<Mem>>,
     /// What became of eviction notices.
     pub notices: crate::exclusive::NoticeStats,
     /// The guest's eviction-notice ring, when the daemon said where it is.
@@ -574,6 +577,21 @@ impl<B: vm_memory::bitmap::BitmapSlice> Available for virtio_queue::Reader<'_, B
 impl<B: vm_memory::bitmap::BitmapSlice> Available for virtio_queue::Writer<'_, B> {
     fn available(&self) -> usize {
         self.available_bytes()
+    }
+}
+
+/// The ring hands the device what the guest noted.
+impl NoticeSink for Device {
+    fn admits_evictions(&self) -> bool {
+        self.cache.is_exclusive()
+    }
+
+    fn released(&self, pfn: u64) {
+        Device::released(self, pfn);
+    }
+
+    fn evictions<M: GuestMemory>(&self, pfns: &[u64], copies: &[SlotRef], mem: &M) {
+        self.evictions_in(pfns, copies, mem);
     }
 }
 

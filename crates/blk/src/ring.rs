@@ -17,12 +17,22 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use rebound_guestmem::evict_ring::{RingError, RingReader, RingSource};
+use rebound_guestmem::evict_ring::{RingError, RingReader, RingSource, SlotRef};
 use rebound_guestmem::MemoryError;
 use serde::Serialize;
 use vm_memory::GuestMemory;
 
-use crate::request::Device;
+/// What takes the notices drained from the ring: the disk's device.
+pub trait NoticeSink {
+    /// Whether evictions are admitted now (the cache is exclusive); when not, they are
+    /// only counted as `ignored`.
+    fn admits_evictions(&self) -> bool;
+    /// A release notice: the page no longer holds file data.
+    fn released(&self, pfn: u64);
+    /// Eviction notices for `pfns`, with the guest's copies of the pages (in the same
+    /// order, or none), checked against `mem`.
+    fn evictions<M: GuestMemory>(&self, pfns: &[u64], copies: &[SlotRef], mem: &M);
+}
 
 /// What the backend read from the ring since it was told where it is.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -107,7 +117,7 @@ impl GuestRing {
 
     /// Takes every notice written so far into `dev`: releases, then evictions with
     /// their copies (admitted only while the cache is exclusive).
-    pub fn drain<M: GuestMemory>(&self, dev: &Device, mem: &M) {
+    pub fn drain<M: GuestMemory>(&self, dev: &impl NoticeSink, mem: &M) {
         if !self.on.load(Ordering::Acquire) {
             return;
         }
@@ -139,8 +149,8 @@ impl GuestRing {
         for &p in &batch.released {
             dev.released(p);
         }
-        if dev.cache.is_exclusive() {
-            dev.evictions_in(&batch.evicted, &batch.copies, mem);
+        if dev.admits_evictions() {
+            dev.evictions(&batch.evicted, &batch.copies, mem);
         } else {
             counts.ignored += batch.evicted.len() as u64;
         }

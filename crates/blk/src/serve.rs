@@ -128,7 +128,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         let mut daemon = VhostUserDaemon::new(
             "rebound-blk".into(),
             backend,
-            GuestMemoryAtomic::new(GuestMemoryMmap::<crate::backend::Bitmap>::new()),
+            GuestMemoryAtomic::new(GuestMemoryMmap::<crate::guest_memory::Bitmap>::new()),
         )
         .map_err(|e| ServeError::Daemon(e.to_string()))?;
         // A connection maps a guest memory of its own: what pages held is void.

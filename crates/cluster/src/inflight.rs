@@ -21,8 +21,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::line_plan::DumpFile;
 use crate::pcap::{Frame, PcapOptions, PcapReader};
-use crate::plan::DumpFile;
 use crate::traffic::{Endpoints, TrafficError};
 
 /// One frame in flight at the cut.

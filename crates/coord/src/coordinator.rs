@@ -44,8 +44,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::msg::{unix_now_ns, LoadVm, Message};
-use crate::plan::{Groups, Plan, PlanError};
 use crate::report::{CohortReport, Outcome, RestoreReport, RingReport, VmReport, VmState};
+use crate::restore_plan::{Groups, Plan, PlanError};
 use crate::token::ClusterToken;
 use crate::wire::{client_handshake, WireError};
 use rebound_errors::chain;

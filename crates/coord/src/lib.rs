@@ -9,7 +9,7 @@
 //!   the [`cohort::CohortVms`] trait and aborts held VMs after `hold_timeout`.
 //! - [`relay`]: one call of a cohort host's own API over the same authenticated
 //!   connection ([`relay::call`]), served through [`relay::CohortApi`].
-//! - [`coordinator`]: runs one restore of a [`plan::Plan`] across the cohorts (the
+//! - [`coordinator`]: runs one restore of a [`restore_plan::Plan`] across the cohorts (the
 //!   paper's Checker) and returns a [`report::RestoreReport`].
 //!
 //! A daemon embeds a cohort with [`cohort::spawn_cohort`] on a listener it bound when
@@ -18,9 +18,9 @@
 pub mod cohort;
 pub mod coordinator;
 pub mod msg;
-pub mod plan;
 pub mod relay;
 pub mod report;
+pub mod restore_plan;
 pub mod token;
 pub mod wire;
 
@@ -30,7 +30,7 @@ pub use cohort::{
     spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo,
 };
 pub use coordinator::{restore, CoordinatorConfig};
-pub use plan::{Plan, PlanVm};
 pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};
 pub use report::RestoreReport;
+pub use restore_plan::{Plan, PlanVm};
 pub use token::ClusterToken;

@@ -1,12 +1,13 @@
-//! Kernel ABI for userfaultfd write-protection and the `PAGEMAP_SCAN` ioctl.
+//! Kernel ABI for userfaultfd write-protection, and `/proc/self/pagemap` for the
+//! `PAGEMAP_SCAN` ioctl (whose ABI is `rebound-pagemap`'s).
 //!
-//! Debian 12's 6.1 user headers lack `UFFD_FEATURE_WP_UNPOPULATED`, `UFFD_FEATURE_WP_ASYNC`
-//! and everything about `PAGEMAP_SCAN`, so the structs and numbers are written out here from
-//! the Linux uapi (`include/uapi/linux/userfaultfd.h`, `include/uapi/linux/fs.h`) and pinned
-//! with size assertions. The kernel decides at run time what it supports.
+//! Debian 12's 6.1 user headers lack `UFFD_FEATURE_WP_UNPOPULATED` and
+//! `UFFD_FEATURE_WP_ASYNC`, so the structs and numbers are written out here from the Linux
+//! uapi (`include/uapi/linux/userfaultfd.h`) and pinned with size assertions. The kernel
+//! decides at run time what it supports.
 
 use std::ffi::CStr;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -66,13 +67,6 @@ pub(crate) const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 pub(crate) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 pub(crate) const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 
-/// Pagemap category: the page was written since it was last write-protected.
-pub(crate) const PAGE_IS_WRITTEN: u64 = 1 << 1;
-/// Pagemap scan flag: write-protect the pages that matched.
-pub(crate) const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
-/// Pagemap scan flag: fail if a page in the range is not under async write-protection.
-pub(crate) const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
-
 /// `struct uffdio_api`.
 #[repr(C)]
 #[derive(Default)]
@@ -116,45 +110,17 @@ pub struct UffdMsg {
     pub pf_ptid: u32,
     pub pad: u32,
 }
-/// `struct page_region`.
-#[repr(C)]
-#[derive(Default, Clone, Copy, Debug)]
-pub struct PageRegion {
-    pub start: u64,
-    pub end: u64,
-    pub categories: u64,
-}
-/// `struct pm_scan_arg`.
-#[repr(C)]
-#[derive(Default)]
-pub struct PmScanArg {
-    pub size: u64,
-    pub flags: u64,
-    pub start: u64,
-    pub end: u64,
-    pub walk_end: u64,
-    pub vec: u64,
-    pub vec_len: u64,
-    pub max_pages: u64,
-    pub category_inverted: u64,
-    pub category_mask: u64,
-    pub category_anyof_mask: u64,
-    pub return_mask: u64,
-}
 const _: () = assert!(std::mem::size_of::<UffdioApi>() == 24);
 const _: () = assert!(std::mem::size_of::<UffdioRange>() == 16);
 const _: () = assert!(std::mem::size_of::<UffdioRegister>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioWriteprotect>() == 24);
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
-const _: () = assert!(std::mem::size_of::<PageRegion>() == 24);
-const _: () = assert!(std::mem::size_of::<PmScanArg>() == 96);
 
 const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x3F, 24);
 const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x00, 32);
 const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, UFFDIO, 0x01, 16);
 const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x06, 24);
 const USERFAULTFD_IOC_NEW: u64 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
-const PAGEMAP_SCAN: u64 = ioc(IOC_READ | IOC_WRITE, b'f' as u64, 16, 96);
 // Known values from the C headers (checked on Debian 12 with gcc): catch a slip in `ioc`.
 const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
 const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
@@ -353,12 +319,14 @@ impl Access {
     }
 }
 
+pub use rebound_pagemap::PageRegion;
+
 /// `/proc/self/pagemap`, for the `PAGEMAP_SCAN` ioctl.
-pub struct Pagemap(File);
+pub struct Pagemap(rebound_pagemap::Pagemap);
 
 impl Pagemap {
     pub fn open() -> Result<Pagemap, SysError> {
-        File::open("/proc/self/pagemap")
+        rebound_pagemap::Pagemap::open_self()
             .map(Pagemap)
             .map_err(SysError::Pagemap)
     }
@@ -374,28 +342,15 @@ impl Pagemap {
         category_mask: u64,
         vec: &mut [PageRegion],
     ) -> Result<(usize, u64), SysError> {
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
+        let q = rebound_pagemap::Query {
             flags,
-            start,
-            end,
-            vec: vec.as_mut_ptr() as u64,
-            vec_len: vec.len() as u64,
-            category_mask,
-            return_mask: category_mask,
+            all_of: category_mask,
+            report: category_mask,
             ..Default::default()
         };
-        // SAFETY: `arg` is a live pm_scan_arg whose `vec` points at `vec.len()` writable
-        // page_region entries that outlive the call; the kernel writes only those and walk_end.
-        let n = unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
-        if n < 0 {
-            return Err(SysError::Scan {
-                start,
-                end,
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok((n as usize, arg.walk_end))
+        self.0
+            .scan(start, end, &q, vec)
+            .map_err(|source| SysError::Scan { start, end, source })
     }
 }
 

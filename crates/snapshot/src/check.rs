@@ -185,7 +185,7 @@ impl ChunkChecker {
                 _ => Err(CheckError::Digits(path.to_path_buf(), s.clone())),
             })
             .collect::<Result<Vec<u64>, _>>()?;
-        let file = crate::manifest::open_nofollow(path).map_err(rerr)?;
+        let file = crate::open_nofollow(path).map_err(rerr)?;
         // Exactly the pages asked for: readahead would read what nobody asked for.
         // SAFETY: posix_fadvise on an fd this checker owns; no memory is involved.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };

@@ -12,8 +12,22 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::manifest::RamBlock;
+use serde::{Deserialize, Serialize};
+
 use crate::PAGE_SIZE;
+
+/// One RAM block's image, as the manifest lists it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RamBlock {
+    pub id: String,
+    pub size: u64,
+    pub file: String,
+    pub chunk_bytes: u64,
+    /// xxh3-64 (hex) of each chunk's content; holes count as zeros.
+    pub checksums: Vec<String>,
+    /// Bytes of non-zero pages in the image.
+    pub data_bytes: u64,
+}
 
 /// Errors copying or hashing images.
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +263,7 @@ pub fn copy_ram_image(
     }
     let rerr = |e| ImageError::Read(src.to_path_buf(), e);
     let werr = |e| ImageError::Write(dst.to_path_buf(), e);
-    let input = crate::manifest::open_nofollow(src).map_err(rerr)?;
+    let input = crate::open_nofollow(src).map_err(rerr)?;
     let have = input.metadata().map_err(rerr)?.len();
     if have < size {
         return Err(ImageError::Short(src.to_path_buf(), have, size));

@@ -36,3 +36,13 @@ pub use trace::{
 
 /// Guest pages are 4 KiB on every machine Rebound runs.
 pub const PAGE_SIZE: u64 = 4096;
+
+/// Opens a snapshot's file for reading without following a symbolic link in its
+/// last component (the directory itself is the user's to name).
+pub(crate) fn open_nofollow(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}

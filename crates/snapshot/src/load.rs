@@ -49,14 +49,9 @@ pub struct ImageFile {
     pub size: u64,
 }
 
-/// What the background loader reads after the working set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestOrder {
-    /// The rest of the trace in first-access order, then the image in file order.
-    Fafl,
-    /// The image in file order only.
-    FileOrder,
-}
+/// What the background loader reads after the working set: the API's choice
+/// (`rest_order` of a restore request), defined once there.
+pub use rebound_api::RestOrder;
 
 /// What a load read: `pages` newly in the cache (data pages only), `bytes` read
 /// (with the small gaps read along), in `reads` reads.
@@ -186,7 +181,7 @@ impl Loader {
         let mut out = Vec::new();
         for i in images {
             let rerr = |e| LoadError::Read(i.path.clone(), e);
-            let file = crate::manifest::open_nofollow(&i.path).map_err(rerr)?;
+            let file = crate::open_nofollow(&i.path).map_err(rerr)?;
             let len = file.metadata().map_err(rerr)?.len();
             if len != i.size {
                 return Err(LoadError::Size(i.path.clone(), len, i.size));

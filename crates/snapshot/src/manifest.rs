@@ -11,7 +11,9 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+pub use crate::image::RamBlock;
 use crate::image::{hex, ChunkHasher};
+use crate::open_nofollow;
 use crate::trace::Trace;
 use crate::PAGE_SIZE;
 use serde::{Deserialize, Serialize};
@@ -106,19 +108,6 @@ pub struct PmemEntry {
     pub id: String,
     /// Bytes of its file.
     pub size: u64,
-}
-
-/// One RAM block's image.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct RamBlock {
-    pub id: String,
-    pub size: u64,
-    pub file: String,
-    pub chunk_bytes: u64,
-    /// xxh3-64 (hex) of each chunk's content; holes count as zeros.
-    pub checksums: Vec<String>,
-    /// Bytes of non-zero pages in the image.
-    pub data_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -376,16 +365,6 @@ fn is_checksum(c: &str) -> bool {
     c.len() == 16
         && c.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-/// Opens a snapshot's file for reading without following a symbolic link in its
-/// last component (the directory itself is the user's to name).
-pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
 }
 
 impl Snapshot {

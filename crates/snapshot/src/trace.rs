@@ -7,11 +7,12 @@
 //! size u32 = 4096, count u64, `count` entries u64 (`block << 48 | page`), then the
 //! xxh3-64 of everything before it.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use rebound_pagemap::{PageRegion, Pagemap, Query, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
 
 use crate::PAGE_SIZE;
 
@@ -117,7 +118,7 @@ impl Trace {
         inside: impl Fn(&TracePage) -> bool,
     ) -> Result<Trace, TraceError> {
         let p = || path.to_path_buf();
-        let f = crate::manifest::open_nofollow(path).map_err(|e| TraceError::Read(p(), e))?;
+        let f = crate::open_nofollow(path).map_err(|e| TraceError::Read(p(), e))?;
         let len = f.metadata().map_err(|e| TraceError::Read(p(), e))?.len();
         let mut head = [0u8; HEADER];
         if len < HEADER as u64 + 8 {
@@ -180,7 +181,7 @@ impl Trace {
 /// Records first touches by polling QEMU's page table.
 pub struct PagemapTracer {
     pid: u32,
-    pagemap: File,
+    pagemap: Pagemap,
     blocks: Vec<(u16, u64, u64)>,
     /// Per block, one bit per page: seen present already.
     seen: Vec<Vec<u64>>,
@@ -195,47 +196,20 @@ pub struct PagemapTracer {
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 
-/// `PAGEMAP_SCAN` (linux/fs.h): one ioctl returns the ranges of pages in given
-/// categories, instead of 8 bytes per page that user space must look at.
-const PAGE_IS_PRESENT: u64 = 1 << 3;
-const PAGE_IS_SWAPPED: u64 = 1 << 4;
-/// `_IOWR('f', 16, struct pm_scan_arg)`.
-const PAGEMAP_SCAN: libc::c_ulong = (3 << 30) | (96 << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
-
-/// `struct page_region`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct PageRegion {
-    start: u64,
-    end: u64,
-    categories: u64,
-}
-
-/// `struct pm_scan_arg`.
-#[repr(C)]
-struct PmScanArg {
-    size: u64,
-    flags: u64,
-    start: u64,
-    end: u64,
-    walk_end: u64,
-    vec: u64,
-    vec_len: u64,
-    max_pages: u64,
-    category_inverted: u64,
-    category_mask: u64,
-    category_anyof_mask: u64,
-    return_mask: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<PageRegion>() == 24);
-const _: () = assert!(std::mem::size_of::<PmScanArg>() == 96);
+/// What a scan reports: pages present or swapped (`PAGEMAP_SCAN` returns their ranges
+/// in one ioctl, instead of 8 bytes per page that user space must look at).
+const PRESENT: Query = Query {
+    flags: 0,
+    inverted: 0,
+    all_of: 0,
+    any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+    report: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+};
 
 impl PagemapTracer {
     /// A tracer of QEMU process `pid`'s mappings `(block, host address, length)`.
     pub fn new(pid: u32, blocks: Vec<(u16, u64, u64)>) -> Result<PagemapTracer, TraceError> {
-        let pagemap =
-            File::open(format!("/proc/{pid}/pagemap")).map_err(|e| TraceError::Pagemap(pid, e))?;
+        let pagemap = Pagemap::open_pid(pid).map_err(|e| TraceError::Pagemap(pid, e))?;
         if let Some(&(_, a, l)) = blocks
             .iter()
             .find(|(_, a, l)| !a.is_multiple_of(PAGE_SIZE) || !l.is_multiple_of(PAGE_SIZE))
@@ -292,28 +266,7 @@ impl PagemapTracer {
     /// One `PAGEMAP_SCAN` from `start` (host address) to `end`: fills `regions`
     /// with present or swapped ranges; returns how many and where the walk ended.
     fn scan_range(&mut self, start: u64, end: u64) -> io::Result<(usize, u64)> {
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
-            flags: 0,
-            start,
-            end,
-            walk_end: 0,
-            vec: self.regions.as_mut_ptr() as u64,
-            vec_len: self.regions.len() as u64,
-            max_pages: 0,
-            category_inverted: 0,
-            category_mask: 0,
-            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-        };
-        // SAFETY: `arg` lives across the call; `vec` points at `regions`, which holds
-        // `vec_len` elements of the kernel's `page_region` layout (asserted above) and
-        // is borrowed mutably here; the kernel writes at most `vec_len` of them.
-        let r = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok((r as usize, arg.walk_end))
+        self.pagemap.scan(start, end, &PRESENT, &mut self.regions)
     }
 
     fn poll_scan(&mut self, bi: usize) -> Result<(), TraceError> {
@@ -357,6 +310,7 @@ impl PagemapTracer {
             let off = (addr / PAGE_SIZE + first) * 8;
             let b = &mut buf[..n * 8];
             self.pagemap
+                .file()
                 .read_exact_at(b, off)
                 .map_err(|e| TraceError::Pagemap(self.pid, e))?;
             for (i, e) in b.chunks_exact(8).enumerate() {

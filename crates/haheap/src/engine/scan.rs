@@ -13,10 +13,8 @@
 use super::{restore_from_shadow, Dirty, EngineError, Tracker};
 use crate::config::EngineKind;
 use crate::region::Region;
-use crate::sys::{
-    PageRegion, Pagemap, Uffd, PAGE_IS_WRITTEN, PM_SCAN_CHECK_WPASYNC, PM_SCAN_WP_MATCHING,
-    UFFD_FEATURE_WP_ASYNC, UFFD_FEATURE_WP_UNPOPULATED,
-};
+use crate::sys::{PageRegion, Pagemap, Uffd, UFFD_FEATURE_WP_ASYNC, UFFD_FEATURE_WP_UNPOPULATED};
+use rebound_pagemap::{PAGE_IS_WRITTEN, PM_SCAN_CHECK_WPASYNC, PM_SCAN_WP_MATCHING};
 
 /// Regions returned per ioctl; a region is a run of adjacent written pages, so one call
 /// covers any transaction with up to this many separate runs.

@@ -11,6 +11,7 @@ use rebound_vmm::paths::Paths;
 
 mod bench_clusters;
 mod cluster;
+mod common;
 mod console;
 mod crash;
 mod image;
@@ -759,7 +760,7 @@ fn parse_replay(s: &str) -> Result<rebound_api::ReplayNic, String> {
     if file.is_empty() {
         return Err(format!("{s:?} names no file"));
     }
-    let pcap = snapshot::absolute(std::path::Path::new(file))
+    let pcap = common::absolute(std::path::Path::new(file))
         .map_err(|e| e.to_string())?
         .display()
         .to_string();

@@ -11,16 +11,8 @@ use rebound_api::{RestoreReport, RestoreRequest, SnapshotRequest, SnapshotResult
 use rebound_snapshot::Snapshot;
 use rebound_vmm::paths::Paths;
 
-use super::vm::{abs_file, enc, show_progress};
+use super::common::{abs_file, absolute, enc, show_progress};
 use super::{connect, RestoreArgs, SnapshotCmd};
-
-pub(crate) fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
-    Ok(if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(p)
-    })
-}
 
 pub async fn snapshot(
     paths: &Paths,

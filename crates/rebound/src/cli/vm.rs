@@ -10,6 +10,9 @@ use rebound_api::{Event, MarkerReply, VmSpec, VmState, VmStatus, VmcoreinfoReply
 use rebound_vmm::paths::Paths;
 use serde_json::json;
 
+// `enc` is used by name from here by the bench drivers too.
+pub(super) use super::common::enc;
+use super::common::{abs_file, show_progress, status};
 use super::{connect, output, StartArgs, VmCmd};
 use crate::client::{Client, ClientError};
 
@@ -297,44 +300,6 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
     }
 }
 
-/// Draws the job's progress on a terminal until `call` finishes.
-pub(super) async fn show_progress<T>(
-    c: &Client,
-    name: &str,
-    what: &str,
-    mut call: tokio::task::JoinHandle<T>,
-) -> anyhow::Result<T> {
-    let tty = std::io::stderr().is_terminal();
-    loop {
-        tokio::select! {
-            r = &mut call => {
-                if tty {
-                    eprint!("\r{:60}\r", "");
-                }
-                return Ok(r?);
-            }
-            _ = tokio::time::sleep(Duration::from_millis(200)), if tty => {
-                if let Ok(st) = status(c, name).await {
-                    if let Some(p) = st.progress.filter(|p| p.total > 0) {
-                        let f = p.done as f64 / p.total as f64;
-                        let bar = "#".repeat((f * 30.0) as usize);
-                        eprint!("\r{name}: {what} [{bar:<30}] {:>3.0}% {} MiB", f * 100.0, p.done >> 20);
-                        let _ = std::io::stderr().flush();
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// VM names are restricted to URL-safe characters; anything else cannot exist.
-pub(super) use rebound_client::enc;
-
-pub(crate) async fn status(c: &Client, name: &str) -> anyhow::Result<VmStatus> {
-    Ok(c.call(Method::GET, &format!("/v1/vms/{}", enc(name)), None)
-        .await?)
-}
-
 async fn simple(paths: &Paths, name: &str, op: &str, done: &str) -> anyhow::Result<()> {
     let c = connect(paths).await?;
     let _: VmStatus = c
@@ -342,16 +307,6 @@ async fn simple(paths: &Paths, name: &str, op: &str, done: &str) -> anyhow::Resu
         .await?;
     println!("{done} {name}");
     Ok(())
-}
-
-pub(crate) fn abs_file(p: &Path, what: &str) -> anyhow::Result<String> {
-    if !p.is_file() {
-        bail!("{what} file {} not found", p.display());
-    }
-    Ok(std::fs::canonicalize(p)
-        .with_context(|| format!("{what} file {}", p.display()))?
-        .to_string_lossy()
-        .into_owned())
 }
 
 /// A `--disk` entry with its file made absolute; the file must exist unless `size=`

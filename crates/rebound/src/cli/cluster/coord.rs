@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use rebound_coord::report::{Outcome, RestoreReport};
+use rebound_coord::report::RestoreReport;
 use rebound_coord::ClusterToken;
 use rebound_vmm::paths::Paths;
 
+use super::report::{outcome, print_report};
 use crate::client::Client;
 
 #[derive(Args, Debug)]
@@ -84,7 +85,7 @@ pub fn token(a: TokenArgs) -> anyhow::Result<()> {
 pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
     if let (Some(name), Some(from)) = (&a.name, &a.from) {
         let c = super::Cluster::open(paths, name)?;
-        let from = crate::cli::snapshot::absolute(from)?;
+        let from = crate::cli::common::absolute(from)?;
         let opts = super::restore::RestoreOpts {
             variant: a.variant,
             load_rate: a.load_rate,
@@ -125,15 +126,6 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
     outcome(&report)
 }
 
-fn outcome(report: &RestoreReport) -> anyhow::Result<()> {
-    match &report.outcome {
-        Outcome::Restored => Ok(()),
-        Outcome::Aborted { reason } => {
-            anyhow::bail!("cluster restore {} aborted: {reason}", report.restore_id)
-        }
-    }
-}
-
 /// `rebound cluster call ADDR METHOD PATH`.
 pub async fn call(a: CallArgs) -> anyhow::Result<()> {
     let CallArgs {
@@ -163,40 +155,6 @@ pub async fn call(a: CallArgs) -> anyhow::Result<()> {
                 v => println!("{}", serde_json::to_string_pretty(v)?),
             }
             Ok(())
-        }
-    }
-}
-
-pub fn print_report(r: &RestoreReport) {
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{s:.3}"));
-    println!(
-        "cluster restore {}: {} in {:.2} s",
-        r.restore_id,
-        match &r.outcome {
-            Outcome::Restored => "restored".to_string(),
-            Outcome::Aborted { reason } => format!("aborted ({reason})"),
-        },
-        r.duration_s
-    );
-    println!(
-        "{:<20} {:<22} {:<14} {:>9} {:>9} {:>9}",
-        "VM", "COHORT", "STATE", "LOADED_S", "START_S", "RESTORED_S"
-    );
-    for v in &r.vms {
-        println!(
-            "{:<20} {:<22} {:<14} {:>9} {:>9} {:>9}",
-            v.vm,
-            v.cohort,
-            serde_json::to_value(v.state)
-                .ok()
-                .and_then(|s| s.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            opt(v.load_fin_s),
-            opt(v.start_s),
-            opt(v.restore_fin_s)
-        );
-        if let Some(e) = &v.error {
-            println!("  {e}");
         }
     }
 }

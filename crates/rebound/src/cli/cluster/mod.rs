@@ -19,6 +19,7 @@ use serde_json::json;
 
 mod coord;
 mod host;
+mod report;
 pub(crate) mod restore;
 pub(crate) mod snapshot;
 
@@ -280,7 +281,7 @@ pub(crate) async fn create_cluster(
     Ok(c)
 }
 
-use super::vm::enc;
+use super::common::enc;
 
 async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
     let c = Cluster::open(paths, &a.name)?;

@@ -2,133 +2,24 @@
 //! every VM of a cluster (a coordinated pause), its manifest, and the restore
 //! dependency graph from the frames recorded after the snapshot point.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hyper::Method;
-use std::net::Ipv4Addr;
-
-use rebound_cluster::spec::{ClusterSpec, VmSpec as ClusterVm, PEER_PORT};
+use rebound_cluster::snapshot::{stop_at, traffic_of, ManifestVm};
+use rebound_cluster::spec::{VmSpec as ClusterVm, PEER_PORT};
 use rebound_vmm::paths::Paths;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+// The bench drivers read cluster snapshots by these names.
+pub use rebound_cluster::snapshot::{traffic, Manifest};
 
 use super::{enc, Cluster, GraphArgs, HostLink, SnapshotArgs};
 
-/// The cluster manifest written next to the VMs' snapshots.
-pub const MANIFEST: &str = "cluster.json";
-const FORMAT: &str = "rebound-cluster-snapshot";
-const VERSION: u32 = 1;
-/// The largest manifest read back (a cluster of the most VMs is far smaller).
-const MANIFEST_MAX: u64 = 16 << 20;
-/// Seconds past the working-set sample at which every VM of a snapshot stops.
-const STOP_MARGIN_S: f64 = 1.5;
-
-/// `cluster.json`: the cluster as it was, and where each VM's snapshot is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Manifest {
-    pub format: String,
-    pub version: u32,
-    pub cluster: ClusterSpec,
-    pub peer_port: u16,
-    /// Seconds from the request until every VM was saved and held.
-    pub all_held_after_s: f64,
-    /// Seconds between the first and the last VM's stop (the pause instants the
-    /// daemons report on their wall clocks).
-    #[serde(default)]
-    pub pause_spread_s: f64,
-    /// The instant every VM was asked to stop at (Unix ns, the coordinator's clock).
-    #[serde(default)]
-    pub stop_at_unix_ns: i64,
-    pub vms: Vec<ManifestVm>,
-}
-
-/// One VM of a cluster snapshot.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ManifestVm {
-    pub vm: String,
-    pub host: String,
-    pub ip: Ipv4Addr,
-    pub mac: String,
-    /// Its snapshot directory, relative to the cluster snapshot's.
-    pub dir: String,
-    /// The daemon's answer to its snapshot.
-    pub snapshot: Value,
-    /// Frames in flight to it at the cut, kept in `DIR/<dir>/inflight-rx.pcap` and
-    /// replayed into it at a restore.
-    #[serde(default)]
-    pub in_flight: u64,
-}
-
-/// The in-flight frames file of a VM of a cluster snapshot.
-pub const INFLIGHT: &str = "inflight-rx.pcap";
-
-/// Each VM's in-flight frames file, for the VMs that have frames to replay.
-pub fn replay_files(dir: &Path, m: &Manifest) -> std::collections::BTreeMap<String, PathBuf> {
-    m.vms
-        .iter()
-        .filter(|v| v.in_flight > 0)
-        .map(|v| (v.vm.clone(), dir.join(&v.dir).join(INFLIGHT)))
-        .collect()
-}
-
-impl Manifest {
-    /// Reads and checks `DIR/cluster.json`.
-    pub fn read(dir: &Path) -> anyhow::Result<Manifest> {
-        let mpath = dir.join(MANIFEST);
-        let f = std::fs::File::open(&mpath).with_context(|| {
-            format!(
-                "{} is not a cluster snapshot (no {MANIFEST})",
-                dir.display()
-            )
-        })?;
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(f, MANIFEST_MAX + 1), &mut text)?;
-        if text.len() as u64 > MANIFEST_MAX {
-            bail!(
-                "{} is larger than {} MiB: not a cluster manifest",
-                mpath.display(),
-                MANIFEST_MAX >> 20
-            );
-        }
-        let head: Value = serde_json::from_slice(&text)
-            .with_context(|| format!("{} is not valid JSON", mpath.display()))?;
-        if head["format"] != FORMAT {
-            bail!("{} is not a cluster snapshot manifest", mpath.display());
-        }
-        if head["version"] != VERSION {
-            bail!(
-                "{} has version {}; this build reads version {VERSION}",
-                mpath.display(),
-                head["version"]
-            );
-        }
-        let m: Manifest = serde_json::from_value(head)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", mpath.display()))?;
-        if m.vms.is_empty() {
-            bail!("{} lists no VMs", mpath.display());
-        }
-        let mut seen = std::collections::HashSet::new();
-        for v in &m.vms {
-            if !seen.insert(&v.vm) {
-                bail!("{}: VM {:?} is listed twice", mpath.display(), v.vm);
-            }
-            if v.dir.is_empty() || v.dir.contains('/') || v.dir == ".." || v.dir == "." {
-                bail!(
-                    "{}: VM directory {:?} is not inside the snapshot",
-                    mpath.display(),
-                    v.dir
-                );
-            }
-        }
-        Ok(m)
-    }
-}
-
 pub async fn snapshot(paths: &Paths, a: SnapshotArgs) -> anyhow::Result<()> {
     let c = Cluster::open(paths, &a.name)?;
-    let out = crate::cli::snapshot::absolute(&a.out)?;
+    let out = crate::cli::common::absolute(&a.out)?;
     let manifest = take(&c, &out, a.trace_s).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&manifest)?);
@@ -155,14 +46,8 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
     }
     rebound_vmm::private::create_dir_all(out)?;
     let t0 = Instant::now();
-    // Every VM stops at one instant, after its working-set sample (`trace_s`) and a
-    // margin for arming it on a busy host: stopped one by one as each sample ended,
-    // they stopped up to a second apart, and a guest still running declared its
-    // stopped peers dead before its own snapshot point, where the restores inherit it.
-    // Hosts' clocks are assumed synchronized (NTP: milliseconds); the manifest says how
-    // far apart the stops were.
-    let stop_at =
-        rebound_coord::msg::unix_now_ns() + ((trace_s.max(0.0) + STOP_MARGIN_S) * 1e9) as i64;
+    // Every VM stops at one instant (see `stop_at`).
+    let stop_at = stop_at(rebound_coord::msg::unix_now_ns(), trace_s);
     // Every VM is saved and held paused; the requests answer once each is resumed
     // and its trace is done.
     let mut calls = Vec::new();
@@ -235,38 +120,11 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
             in_flight: 0,
         });
     }
-    let stops: Vec<i64> = vms
-        .iter()
-        .filter_map(|v| v.snapshot["paused_unix_ns"].as_i64())
-        .collect();
-    let pause_spread_s = match (stops.iter().min(), stops.iter().max()) {
-        (Some(a), Some(b)) => (b - a) as f64 / 1e9,
-        _ => 0.0,
-    };
-    let mut manifest = Manifest {
-        format: FORMAT.into(),
-        version: VERSION,
-        cluster: c.spec.clone(),
-        peer_port: PEER_PORT,
-        all_held_after_s: held_s,
-        pause_spread_s,
-        stop_at_unix_ns: stop_at,
-        vms,
-    };
+    let mut manifest = Manifest::new(c.spec.clone(), PEER_PORT, held_s, stop_at, vms);
     // The frames in flight at the cut, kept per receiver for the restore to replay.
     let t = traffic_of(out, &manifest, 1)?;
-    for v in &mut manifest.vms {
-        let path = out.join(&v.dir).join(INFLIGHT);
-        v.in_flight = rebound_cluster::inflight::write_replay(&t.in_flight, &v.vm, &path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        if v.in_flight == 0 {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-    // Written whole, then renamed: a cluster snapshot without its manifest is not one.
-    let tmp = out.join(format!("{MANIFEST}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)?;
-    std::fs::rename(&tmp, out.join(MANIFEST))?;
+    manifest.keep_in_flight(out, &t.in_flight)?;
+    manifest.write(out)?;
     Ok(manifest)
 }
 
@@ -297,45 +155,6 @@ async fn held(client: &HostLink, vm: &str, out: &Path) -> bool {
                     .any(|e| e["kind"] == "snapshot_held" && e["detail"]["out"] == out.as_str())
             })
         })
-}
-
-/// A cluster snapshot's traffic after the snapshot point, its graph and the frames in
-/// flight at the cut.
-pub struct Traffic {
-    pub rdg: rebound_cluster::Rdg,
-    pub in_flight: Vec<rebound_cluster::inflight::InFlight>,
-}
-
-/// Reads a cluster snapshot's manifest and dumps.
-pub fn traffic(dir: &Path, min_packets: u64) -> anyhow::Result<(Manifest, Traffic)> {
-    let m = Manifest::read(dir)?;
-    let t = traffic_of(dir, &m, min_packets)?;
-    Ok((m, t))
-}
-
-/// The dumps of the cluster snapshot in `dir` whose manifest is `m`.
-pub(crate) fn traffic_of(dir: &Path, m: &Manifest, min_packets: u64) -> anyhow::Result<Traffic> {
-    let mut ep = rebound_cluster::Endpoints::new();
-    let (mut rx, mut tx) = (Vec::new(), Vec::new());
-    for v in &m.vms {
-        ep.add_ipv4(v.ip, &v.vm)?;
-        for (q, list) in [("rx", &mut rx), ("tx", &mut tx)] {
-            list.push(rebound_cluster::DumpFile {
-                vm: v.vm.clone(),
-                path: dir.join(&v.dir).join(format!("net1-{q}.pcap")),
-            });
-        }
-    }
-    let opts = rebound_cluster::pcap::PcapOptions::default();
-    let mut b = rebound_cluster::TrafficBuilder::new(ep.clone());
-    for d in tx.iter().chain(&rx) {
-        b.add_dump_file(&d.vm, &d.path, opts)
-            .with_context(|| format!("{}", d.path.display()))?;
-    }
-    let (matrix, _) = b.finish();
-    let rdg = rebound_cluster::Rdg::from_matrix(&matrix, min_packets);
-    let in_flight = rebound_cluster::inflight::in_flight(&ep, &rx, &tx, opts)?;
-    Ok(Traffic { rdg, in_flight })
 }
 
 pub fn graph(a: GraphArgs) -> anyhow::Result<()> {

@@ -84,7 +84,7 @@ pub(super) async fn evict(State(d): D, Path(name): Path<String>) -> ApiResult<im
 pub(super) async fn memory_plan(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
     let req: rebound_api::PlanRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid plan request: {e}")))?;
-    Ok(Json(crate::daemon::plan::plan(&d, req).await?))
+    Ok(Json(crate::daemon::memory_plan::plan(&d, req).await?))
 }
 
 /// The guest's miss-ratio curve, from its disks' exclusive host caches.

@@ -503,20 +503,7 @@ impl Restore {
                 rep.background_error = Some(error);
                 vec![Action::Publish]
             }
-            Event::Damaged { error, running } => {
-                let error = if running {
-                    format!("{error}: the guest was stopped")
-                } else {
-                    error
-                };
-                rep.phase = "failed".into();
-                rep.error = Some(error.clone());
-                let mut out = vec![Action::Publish, Action::Fail(error)];
-                if running {
-                    out.push(Action::StopGuest);
-                }
-                out
-            }
+            Event::Damaged { error, running } => Restore::damaged(rep, error, running),
             Event::WatchEnded(w) => {
                 self.watch_ended(rep, w);
                 vec![Action::Publish]
@@ -529,6 +516,24 @@ impl Restore {
                 vec![Action::Publish]
             }
         }
+    }
+
+    /// A damaged or changed image found (`running`: a QEMU still runs the guest):
+    /// the restore fails, and its guest is stopped. Needs nothing of the restore: a
+    /// checker that outlives it applies it too.
+    pub fn damaged(rep: &mut RestoreReport, error: String, running: bool) -> Vec<Action> {
+        let error = if running {
+            format!("{error}: the guest was stopped")
+        } else {
+            error
+        };
+        rep.phase = "failed".into();
+        rep.error = Some(error.clone());
+        let mut out = vec![Action::Publish, Action::Fail(error)];
+        if running {
+            out.push(Action::StopGuest);
+        }
+        out
     }
 
     fn watch_ended(&self, rep: &mut RestoreReport, w: &WatchEnd<'_>) {

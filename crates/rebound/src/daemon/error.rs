@@ -57,6 +57,22 @@ pub enum OpError {
     Report(#[from] super::crashes::ReportError),
     #[error("this daemon's cohort never heard of cluster restore {0:?}")]
     UnknownClusterRestore(String),
+    #[error("the snapshot cannot be restored")]
+    Restore(#[from] crate::daemon::vm::restore::InputError),
+    #[error("the snapshot failed")]
+    Save(#[from] crate::daemon::vm::snapshot::SaveError),
+    #[error("memory group")]
+    Cgroup(#[from] rebound_vmm::cgroup::CgroupError),
+}
+
+impl From<rebound_vmm::migration::MigrationError> for OpError {
+    /// QMP's own failures stay QMP errors; a migration that failed fails the snapshot.
+    fn from(e: rebound_vmm::migration::MigrationError) -> OpError {
+        match e {
+            rebound_vmm::migration::MigrationError::Qmp(q) => OpError::Qmp(q),
+            e => OpError::Save(crate::daemon::vm::snapshot::SaveError::Migration(e)),
+        }
+    }
 }
 
 impl OpError {
@@ -72,7 +88,8 @@ impl OpError {
             OpError::Spec(_)
             | OpError::BadRequest(_)
             | OpError::Qemu(_)
-            | OpError::SnapshotInput(_) => StatusCode::BAD_REQUEST,
+            | OpError::SnapshotInput(_)
+            | OpError::Restore(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
             OpError::Boot(_)
@@ -83,7 +100,9 @@ impl OpError {
             | OpError::Io(..)
             | OpError::Internal(_)
             | OpError::DumpFailed(_)
-            | OpError::SnapshotFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | OpError::SnapshotFailed(_)
+            | OpError::Save(_)
+            | OpError::Cgroup(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -18,7 +18,7 @@
 //! (the first answer), `disks` (the device state and disks QEMU is given).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use rebound_api::{ReadySpec, RestoreReport, RestoreRequest, VmSpec};
 use rebound_snapshot::restore_plan::{
     self, Action, BeforeStart, Event, Facts, Restore, TraceFacts,
 };
-use rebound_snapshot::{ImageFile, Loader, Snapshot, Trace, TracePage};
+use rebound_snapshot::{Snapshot, Trace, TracePage};
 use rebound_vmm::migration::{machine_type, set_ignore_shared, shell_quote, wait_migration};
 use rebound_vmm::port::{Runtime, Spawn};
 use rebound_vmm::qemu::{Incoming, MemoryBackend};
@@ -38,8 +38,12 @@ use super::restore_guard::ImageStamp;
 use crate::daemon::error::OpError;
 
 mod answer;
+mod before;
 mod disks;
 mod run;
+
+pub(super) use before::loading_before_start;
+use before::LoadedBefore;
 
 pub(super) use answer::AgentWait;
 pub(super) use run::Restoring;
@@ -104,41 +108,6 @@ pub struct RestoreJob {
     pub replay: Vec<super::replay::ReplayFrames>,
     /// What of the snapshot's spec was not used, for the report.
     pub notes: Vec<String>,
-}
-
-/// Restores of this daemon reading what their guest needs before it may start (a
-/// working set, or an eager copy). Background loaders give way to them: on a shared
-/// disk a VM waiting to start goes first, and one already running (or held, loading
-/// ahead of its start) only gains pages it would otherwise fault in.
-static LOADING_BEFORE_START: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether a restore is loading before its start (background readers wait).
-pub(super) fn loading_before_start() -> bool {
-    LOADING_BEFORE_START.load(Ordering::Relaxed) > 0
-}
-
-/// Counts one restore in [`LOADING_BEFORE_START`] while it lives.
-struct BeforeStartGuard;
-
-impl BeforeStartGuard {
-    fn enter() -> BeforeStartGuard {
-        LOADING_BEFORE_START.fetch_add(1, Ordering::Relaxed);
-        BeforeStartGuard
-    }
-}
-
-impl Drop for BeforeStartGuard {
-    fn drop(&mut self) {
-        LOADING_BEFORE_START.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// What was read and checked before the start.
-struct LoadedBefore {
-    loader: Loader,
-    /// (pages, bytes, seconds) read, if anything was.
-    read: Option<(u64, u64, f64)>,
-    checked: super::ram_check::CheckedBefore,
 }
 
 impl Owner {
@@ -232,68 +201,20 @@ impl Owner {
             read,
             checked,
         } = {
-            let images = vec![ImageFile {
-                block: 0,
-                path: image.clone(),
+            let job = before::Job {
+                vm: self.vm.clone(),
+                run_ram: self.vm.run.ram(),
+                checking: plan.checking,
+                before_start: plan.before_start,
+                trace,
+                image: image.clone(),
                 size,
-            }];
-            let (vm, run_ram, plan) = (self.vm.clone(), self.vm.run.ram(), plan.clone());
-            let (image, checksums, chunk) =
-                (image.clone(), block.checksums.clone(), block.chunk_bytes);
-            tokio::task::spawn_blocking(move || -> Result<_, OpError> {
-                let mut loader = Loader::new(images, trace).map_err(InputError::from)?;
-                let t = Instant::now();
-                let _first = BeforeStartGuard::enter();
-                let mut checked = super::ram_check::check_before_start(
-                    &mut loader,
-                    &image,
-                    size,
-                    chunk,
-                    &checksums,
-                    plan.checking,
-                    &vm,
-                )?;
-                let stats = match plan.before_start {
-                    BeforeStart::CopyImage => {
-                        let mut show = |d: u64, t: u64| vm.set_progress(Some((d, t)));
-                        let copied = rebound_snapshot::copy_ram_image(
-                            &image, &run_ram, size, chunk, &mut show,
-                        )
-                        .map_err(InputError::from)?;
-                        vm.set_progress(None);
-                        if let Some(i) = copied
-                            .checksums
-                            .iter()
-                            .zip(&checksums)
-                            .position(|(a, b)| a != b)
-                        {
-                            return Err(InputError::Copy {
-                                image,
-                                chunk: i,
-                                start: i as u64 * chunk,
-                                end: ((i as u64 + 1) * chunk).min(size),
-                            }
-                            .into());
-                        }
-                        Some((copied.data_bytes / 4096, copied.data_bytes))
-                    }
-                    BeforeStart::WorkingSet(n) => {
-                        let s = loader.load_first(n).map_err(InputError::from)?;
-                        Some((s.pages, s.bytes))
-                    }
-                    BeforeStart::Nothing => None,
-                };
-                // The working set's chunks, checked as the loader completed them.
-                checked.before = checked.before.max(loader.chunks_checked().0);
-                let read = stats.map(|(p, b)| (p, b, t.elapsed().as_secs_f64()));
-                Ok(LoadedBefore {
-                    loader,
-                    read,
-                    checked,
-                })
-            })
-            .await
-            .map_err(|e| OpError::Internal(e.to_string()))??
+                chunk: block.chunk_bytes,
+                checksums: block.checksums.clone(),
+            };
+            tokio::task::spawn_blocking(move || job.run())
+                .await
+                .map_err(|e| OpError::Internal(e.to_string()))??
         };
         machine.on(
             &mut report,

@@ -70,6 +70,18 @@ fn start(plan: &Plan, t0: Instant, held: bool) -> (Restore, RestoreReport, Vec<A
     (r, rep, a)
 }
 
+/// The vCPUs started `at_ms` after the request (not held).
+fn started(r: &Restore, rep: &mut RestoreReport, t0: Instant, at_ms: u64) -> Vec<Action> {
+    r.on(
+        rep,
+        Event::Started {
+            at: ms(t0, at_ms),
+            resume_stamp: None,
+            loaded_while_held: None,
+        },
+    )
+}
+
 fn watch<'a>(
     started: Instant,
     answered: Option<Instant>,
@@ -184,14 +196,7 @@ fn disks_on_rebounds_backend_make_a_working_set_restore_eager() {
         "a copy cannot change under the guest"
     );
     assert_eq!(r.settle_after(), SettleAfter::Never);
-    r.on(
-        &mut rep,
-        Event::Started {
-            at: ms(t0, 2500),
-            resume_stamp: None,
-            loaded_while_held: None,
-        },
-    );
+    started(&r, &mut rep, t0, 2500);
     assert_eq!(
         rep.memory_loaded_s,
         Some(2.5),
@@ -389,14 +394,7 @@ fn a_failed_loader_leaves_memory_never_loaded_until_a_settle() {
     let t0 = Instant::now();
     let p = plan(facts(Mode::Elastic)).unwrap();
     let (r, mut rep, _) = start(&p, t0, false);
-    r.on(
-        &mut rep,
-        Event::Started {
-            at: ms(t0, 300),
-            resume_stamp: None,
-            loaded_while_held: None,
-        },
-    );
+    started(&r, &mut rep, t0, 300);
     r.on(
         &mut rep,
         Event::LoaderFailed {
@@ -428,14 +426,7 @@ fn a_damaged_chunk_found_after_the_start_fails_the_restore_and_stops_the_guest()
     let t0 = Instant::now();
     let p = plan(facts(Mode::Lazy)).unwrap();
     let (r, mut rep, _) = start(&p, t0, false);
-    r.on(
-        &mut rep,
-        Event::Started {
-            at: ms(t0, 100),
-            resume_stamp: None,
-            loaded_while_held: None,
-        },
-    );
+    started(&r, &mut rep, t0, 100);
     r.on(&mut rep, Event::ChunksChecked(1));
     let err = "ram-ram.img: checksum mismatch in chunk 2 (bytes 128..192): the snapshot's RAM image is damaged";
     let a = r.on(
@@ -475,14 +466,7 @@ fn a_refused_settle_leaves_a_lazy_restores_memory_unloaded() {
     let t0 = Instant::now();
     let p = plan(facts(Mode::Lazy)).unwrap();
     let (r, mut rep, _) = start(&p, t0, false);
-    r.on(
-        &mut rep,
-        Event::Started {
-            at: ms(t0, 100),
-            resume_stamp: None,
-            loaded_while_held: None,
-        },
-    );
+    started(&r, &mut rep, t0, 100);
     let w = WatchEnd {
         answered: None,
         touched: None,

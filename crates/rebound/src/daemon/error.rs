@@ -144,4 +144,37 @@ mod tests {
         );
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
+
+    #[test]
+    fn restore_and_save_errors_read_as_they_did_when_they_were_strings() {
+        use rebound_snapshot::restore_plan::PlanError;
+        use rebound_vmm::migration::MigrationError;
+        let e = OpError::from(crate::daemon::vm::restore::InputError::Plan(
+            PlanError::NoStockStream,
+        ));
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let e = OpError::from(crate::daemon::vm::restore::InputError::Trust(
+            "/s/ram-ram.img".into(),
+            std::io::Error::from_raw_os_error(13),
+        ));
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: cannot look at /s/ram-ram.img: Permission denied (os error 13)"
+        );
+        let e = OpError::from(MigrationError::Failed {
+            what: "loading the device state".into(),
+            why: "no space".into(),
+        });
+        assert_eq!(
+            chain(&e),
+            "the snapshot failed: loading the device state failed: no space"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let e = OpError::from(MigrationError::Qmp(QmpError::Closed));
+        assert_eq!(chain(&e), "QMP: QMP connection lost");
+    }
 }

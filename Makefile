@@ -27,8 +27,12 @@ lint: deps
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # Every test: lint, unit tests, and integration tests that boot real guests under QEMU.
+# Each test's daemon reports the counters it moved; a counter no test moves fails the run.
+METRICS_MOVED := $(CURDIR)/target/metrics-moved
 test: image lint
-	$(CARGO) test --release --workspace -- --test-threads=2
+	rm -rf $(METRICS_MOVED)
+	REBOUND_METRICS_MOVED=$(METRICS_MOVED) $(CARGO) test --release --workspace -- --test-threads=2
+	scripts/check-metrics-moved.sh $(METRICS_MOVED)
 
 # The exclusive host cache's correctness checks turned off one at a time in a test build
 # of the backend: the stress test must catch the wrong data (about 2 minutes).

@@ -44,7 +44,10 @@ pub enum ServeError {
     Queues(u16),
     #[error("cannot listen on {0}")]
     Listen(PathBuf, #[source] std::io::Error),
-    #[error("the vhost-user daemon failed: {0}")]
+    #[error("cannot make the vhost-user backend")]
+    Backend(#[source] std::io::Error),
+    /// `vhost_user_backend::Error` is not a `std::error::Error`, so its text is kept.
+    #[error("cannot start the vhost-user daemon: {0}")]
     Daemon(String),
 }
 
@@ -120,10 +123,8 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         std::thread::spawn(move || control_loop(listener, &dev, &o2, &conns));
     }
     loop {
-        let backend = Arc::new(
-            BlkBackend::new(dev.clone(), o.queues)
-                .map_err(|e| ServeError::Daemon(e.to_string()))?,
-        );
+        let backend =
+            Arc::new(BlkBackend::new(dev.clone(), o.queues).map_err(ServeError::Backend)?);
         let mut daemon = VhostUserDaemon::new(
             "rebound-blk".into(),
             backend,

@@ -50,12 +50,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::error_chain;
 use crate::msg::{unix_now_ns, LoadVm, Message};
 use crate::relay::CohortApi;
 use crate::tasks::Tasks;
 use crate::token::ClusterToken;
 use crate::wire::{server_handshake, WireError};
+use rebound_errors::chain;
 
 /// What a VM's working-set load reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -370,21 +370,16 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
         return;
     };
-    let (mut reader, mut writer) = match server_handshake(
-        stream,
-        &shared.token,
-        shared.config.handshake_timeout,
-    )
-    .await
-    {
-        Ok(rw) => rw,
-        Err(e) => {
-            if let Some(n) = shared.refused.count() {
-                warn!(%peer, "cohort refused a connection: {} ({n} refused so far)", error_chain(&e));
+    let (mut reader, mut writer) =
+        match server_handshake(stream, &shared.token, shared.config.handshake_timeout).await {
+            Ok(rw) => rw,
+            Err(e) => {
+                if let Some(n) = shared.refused.count() {
+                    warn!(%peer, "cohort refused a connection: {} ({n} refused so far)", chain(&e));
+                }
+                return;
             }
-            return;
-        }
-    };
+        };
     drop(handshake);
     debug!(%peer, "coordinator connected");
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
@@ -398,7 +393,7 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                 }
             };
             if let Err(e) = writer.write(&bytes).await {
-                debug!(%peer, "cohort stops writing: {}", error_chain(&e));
+                debug!(%peer, "cohort stops writing: {}", chain(&e));
                 break;
             }
         }
@@ -411,7 +406,7 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                 break;
             }
             Err(e) => {
-                warn!(%peer, "cohort dropped a connection: {}", error_chain(&e));
+                warn!(%peer, "cohort dropped a connection: {}", chain(&e));
                 break;
             }
         };

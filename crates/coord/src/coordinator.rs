@@ -43,12 +43,12 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::error_chain;
 use crate::msg::{unix_now_ns, LoadVm, Message};
 use crate::plan::{Groups, Plan, PlanError};
 use crate::report::{CohortReport, Outcome, RestoreReport, RingReport, VmReport, VmState};
 use crate::token::ClusterToken;
 use crate::wire::{client_handshake, WireError};
+use rebound_errors::chain;
 
 /// The coordinator's timeouts.
 #[derive(Debug, Clone)]
@@ -708,12 +708,12 @@ async fn link(
                     | WireError::UnknownVersion(_)
                     | WireError::BadMagic),
                 ) => {
-                    warn!(cohort = %addr, "coordinator refused the cohort: {}", error_chain(&e));
-                    lost(error_chain(&e));
+                    warn!(cohort = %addr, "coordinator refused the cohort: {}", chain(&e));
+                    lost(chain(&e));
                     return;
                 }
                 Err(e) => {
-                    warn!(cohort = %addr, "handshake failed: {}", error_chain(&e));
+                    warn!(cohort = %addr, "handshake failed: {}", chain(&e));
                     tokio::time::sleep(config.retry).await;
                     continue;
                 }
@@ -739,7 +739,7 @@ async fn link(
                 r = frx.recv() => {
                     let payload = match r {
                         Some(Ok(p)) => p,
-                        Some(Err(e)) => break error_chain(&e),
+                        Some(Err(e)) => break chain(&e),
                         None => break "the reader ended".to_owned(),
                     };
                     last_heard = Instant::now();
@@ -770,7 +770,7 @@ async fn link(
                         }
                     };
                     if let Err(e) = writer.write(&bytes).await {
-                        break error_chain(&e);
+                        break chain(&e);
                     }
                 }
                 _ = ping.tick() => {
@@ -785,7 +785,7 @@ async fn link(
                         Err(e) => break format!("cannot encode PING: {e}"),
                     };
                     if let Err(e) = writer.write(&bytes).await {
-                        break error_chain(&e);
+                        break chain(&e);
                     }
                 }
             }

@@ -34,15 +34,3 @@ pub use plan::{Plan, PlanVm};
 pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};
 pub use report::RestoreReport;
 pub use token::ClusterToken;
-
-/// An error and its sources on one line, `outer: inner: ...`, for log lines.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
-}

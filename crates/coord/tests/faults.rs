@@ -165,7 +165,18 @@ async fn a_cohort_dying_mid_restore_is_reported_and_the_rest_aborted() {
         ],
     };
     let run = tokio::spawn(async move { restore(&plan, &token(), &quick()).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The cohort dies mid-restore: x loading, y loaded and held for it, z restored.
+    let since = tokio::time::Instant::now();
+    while vms.count("load", "x") == 0
+        || vms.at("loaded", "y").is_none()
+        || vms.at("restored", "z").is_none()
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the restore never reached x loading, y held, z restored"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     drop(dying);
     let report = run.await.unwrap().unwrap();
     println!("{}", serde_json::to_string_pretty(&report).unwrap());

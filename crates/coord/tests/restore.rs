@@ -107,7 +107,7 @@ async fn an_invalid_plan_is_refused_before_any_connection() {
     };
     let err = restore(&plan, &token(), &quick()).await.unwrap_err();
     assert_eq!(
-        rebound_coord::error_chain(&err),
+        rebound_errors::chain(&err),
         "the restore plan is invalid: VM a depends on nope, which is not in the plan"
     );
 }

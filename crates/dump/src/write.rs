@@ -44,6 +44,9 @@ pub enum DumpError {
     /// The guest's RAM layout cannot be dumped as asked.
     #[error("cannot plan the dump: {0}")]
     Plan(String),
+    /// Which parts of guest RAM hold data could not be found.
+    #[error("cannot find which guest RAM holds data")]
+    DataRanges(#[source] rebound_guestmem::MemoryError),
     /// The VMCOREINFO text does not parse.
     #[error("the VMCOREINFO text is not usable")]
     Vmcoreinfo(#[from] VmcoreinfoError),
@@ -477,10 +480,7 @@ impl<'a, S: PageSource + Sync> Dumper<'a, S> {
                 }
             }
         }
-        let data = self
-            .mem
-            .data_ranges()
-            .map_err(|e| DumpError::Plan(error_chain(&e)))?;
+        let data = self.mem.data_ranges().map_err(DumpError::DataRanges)?;
         let mut plan = Plan {
             ranges,
             keep,
@@ -856,16 +856,6 @@ struct Worker {
     comp: Option<Compressor>,
     /// kdump: the slice's pages as read, before they are stored.
     read: Pages,
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(&format!(": {x}"));
-        src = x.source();
-    }
-    s
 }
 
 fn check_options(opts: &DumpOptions) -> Result<(), DumpError> {

@@ -80,15 +80,9 @@ pub(crate) fn replace_file(p: &Path, data: &[u8]) {
     f.write_all(data).expect("scratch write");
 }
 
+/// A verdict's text: the error and its sources, as every edge prints them.
 fn err(e: impl std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
+    rebound_errors::chain(&e)
 }
 
 /// The guest agent's channel: bytes split into lines as the daemon's link splits

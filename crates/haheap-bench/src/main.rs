@@ -555,7 +555,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("rebound-ha-bench: {e:#}");
+            eprintln!("rebound-ha-bench: {}", rebound_errors::chain(e.as_ref()));
             ExitCode::from(2)
         }
     }

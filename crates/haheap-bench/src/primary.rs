@@ -88,7 +88,7 @@ pub fn run(a: &PrimaryArgs) -> Result<()> {
             match res {
                 Ok(()) => break,
                 Err(e) if a.retry => {
-                    writeln!(out.lock(), "fail {tx}: {}", chain(&e))?;
+                    writeln!(out.lock(), "fail {tx}: {}", rebound_errors::chain(&e))?;
                     if matches!(e, Error::Replication(ReplError::InDoubt { .. })) {
                         // Committed here and queued: wait for the backup's ack by calling
                         // tend again until it succeeds.
@@ -117,18 +117,11 @@ fn wait_for_ack(heap: &mut Heap, tx: u64) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
         match heap.tend() {
             Ok(_) => return Ok(()),
-            Err(e) => writeln!(std::io::stdout().lock(), "fail {tx}: {}", chain(&e))?,
+            Err(e) => writeln!(
+                std::io::stdout().lock(),
+                "fail {tx}: {}",
+                rebound_errors::chain(&e)
+            )?,
         }
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s += ": ";
-        s += &c.to_string();
-        src = c.source();
-    }
-    s
 }

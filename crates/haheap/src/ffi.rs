@@ -130,7 +130,7 @@ impl From<Error> for Fail {
             Error::Broken => HAHEAP_ERR_BROKEN,
             Error::Fenced(_) => HAHEAP_ERR_FENCED,
         };
-        Fail(code, crate::engine::error_chain(&e))
+        Fail(code, rebound_errors::chain(&e))
     }
 }
 

@@ -49,10 +49,13 @@ fn blocking_mode_resumes(listen: &str, mode: Mode, extra: &[&str]) {
             .load(Ordering::SeqCst)
             > before + n));
     };
+    // How long the backup stays dead each time: the primary must ride out an outage
+    // of this length, not just a reconnect.
+    const OUTAGE: Duration = Duration::from_millis(300);
     for _ in 0..2 {
         progress(50);
         backup.kill9();
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(OUTAGE);
         backup.restart();
     }
     progress(50);

@@ -13,12 +13,11 @@ use hareplica::{Endpoint, Error, Mode, ReplicaClient};
 const CHILD_ENV: &str = "HAREPLICA_TEST_PRIMARY_EP";
 
 /// Not a test on its own: the body of the primary child process that the takeover test
-/// starts by running this test binary again with `CHILD_ENV` set.
+/// starts by running this test binary again, with `--ignored` and `CHILD_ENV` set.
 #[test]
+#[ignore = "the child process of the takeover test, started by it"]
 fn primary_child() {
-    let Ok(ep) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let ep = std::env::var(CHILD_ENV).expect("run by the takeover test, which names the backup");
     let ep: Endpoint = ep.parse().unwrap();
     let client = ReplicaClient::connect(&ep, HEAP as u64, Mode::Sync).unwrap();
     let mut p = Primary::new(client, vec![0; HEAP], 0);
@@ -37,6 +36,7 @@ fn attach_after_the_primary_is_killed_gives_its_last_acknowledged_state() {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
+                "--ignored",
                 "takeover::primary_child",
                 "--nocapture",
                 "--test-threads",

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         }
     };
     if let Err(e) = rebound::cli::before_runtime(&cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", rebound_errors::chain(e.as_ref()));
         return ExitCode::FAILURE;
     }
     let rt = match tokio::runtime::Runtime::new() {
@@ -49,18 +49,7 @@ fn main() -> ExitCode {
     match rt.block_on(rebound::cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // The whole chain, once, on one line.
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            let mut line = String::new();
-            for c in chain {
-                if !line.contains(&c) {
-                    if !line.is_empty() {
-                        line.push_str(": ");
-                    }
-                    line.push_str(&c);
-                }
-            }
-            eprintln!("error: {}", line.replace('\n', " "));
+            eprintln!("error: {}", rebound_errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

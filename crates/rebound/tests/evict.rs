@@ -330,35 +330,35 @@ fn deleted_and_truncated_pages_come_released_and_dropped_ones_evicted() {
     }
     sh("mke2fs -q -t ext4 -b 4096 -d set disk.ext4 64M", dir.path());
     let ram = dir.path().join("ram");
+    let serial_log = dir.path().join("serial.log");
+    use rebound_vmm::qemu::{Boot, Disk, DiskFormat, MemoryBackend, QemuCommand, Serial};
+    let mut cmd = QemuCommand::new(
+        rebound_vmm::api::Accel::Tcg,
+        256,
+        MemoryBackend::SharedFile(ram.clone()),
+    );
+    cmd.boot = Some(Boot {
+        kernel: img.kernel.clone(),
+        initrd: Some(dir.path().join("initrd.gz")),
+        append: img.append.clone(),
+    });
+    cmd.disks
+        .push(Disk::file(dir.path().join("disk.ext4"), DiskFormat::Raw));
+    cmd.control.serial = Serial::File(serial_log.clone());
+    // The guest powers itself off when done; the timeout bounds a guest that hangs.
     let out = std::process::Command::new("timeout")
         .arg("300")
         .arg("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-m", "256M", "-object"])
-        .arg(format!(
-            "memory-backend-file,id=ram,size=256M,mem-path={},share=on",
-            ram.display()
-        ))
-        .args(["-machine", "pc,memory-backend=ram", "-kernel"])
-        .arg(&img.kernel)
-        .args(["-initrd"])
-        .arg(dir.path().join("initrd.gz"))
-        .args(["-append", &img.append, "-drive"])
-        .arg(format!(
-            "file={},format=raw,if=virtio",
-            dir.path().join("disk.ext4").display()
-        ))
-        .args([
-            "-display",
-            "none",
-            "-serial",
-            "stdio",
-            "-monitor",
-            "none",
-            "-no-reboot",
-        ])
+        .args(cmd.args().unwrap())
+        .arg("-no-reboot")
         .output()
         .unwrap();
-    let serial = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "qemu: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let serial = std::fs::read_to_string(&serial_log).unwrap_or_default();
     assert!(serial.contains("EVICT-TEST-DONE"), "{serial}");
     let ring: Vec<u64> = serial
         .lines()

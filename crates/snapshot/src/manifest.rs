@@ -844,17 +844,6 @@ mod tests {
         }
     }
 
-    /// An error and its causes, as the CLI prints them.
-    fn chain(e: &dyn std::error::Error) -> String {
-        let mut out = e.to_string();
-        let mut cur = e.source();
-        while let Some(s) = cur {
-            out += &format!(": {s}");
-            cur = s.source();
-        }
-        out
-    }
-
     /// `m` with one random change: flipped bytes, a cut, a number made huge or
     /// negative or fractional, a string made huge or odd, deep nesting.
     fn mutate(m: &[u8], rng: &mut Rng) -> Vec<u8> {
@@ -930,7 +919,7 @@ mod tests {
             let r = r.unwrap_or_else(|_| panic!("mutation {i} panicked: {}", shown()));
             if let Err(e) = r {
                 refused += 1;
-                let line = chain(&e);
+                let line = rebound_errors::chain(&e);
                 assert!(
                     !line.contains('\n') && !line.is_empty() && line.len() < 1000,
                     "mutation {i}: not one short line: {line:.2000}"

@@ -26,7 +26,7 @@ enum Blk {
 fn main() {
     let Cmd::Blk(Blk::Serve(a)) = Cli::parse().cmd;
     if let Err(e) = rebound_blk::serve(a.into()) {
-        eprintln!("rebound-blk-faulty: {e}");
+        eprintln!("rebound-blk-faulty: {}", rebound_errors::chain(&e));
         std::process::exit(1);
     }
 }

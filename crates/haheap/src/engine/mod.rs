@@ -131,8 +131,8 @@ pub struct Capabilities {
 pub fn capabilities() -> &'static Capabilities {
     static CAPS: OnceLock<Capabilities> = OnceLock::new();
     CAPS.get_or_init(|| {
-        let uffd = probe_uffd_wp().map_err(|e| error_chain(&e));
-        let scan = probe_scan().map_err(|e| error_chain(&e));
+        let uffd = probe_uffd_wp().map_err(|e| rebound_errors::chain(&e));
+        let scan = probe_scan().map_err(|e| rebound_errors::chain(&e));
         Capabilities {
             kernel: sys::kernel_release(),
             uffd_access: uffd.as_ref().or(scan.as_ref()).ok().copied(),
@@ -179,18 +179,6 @@ fn probe_scan() -> Result<&'static str, EngineError> {
         });
     }
     Ok(engine.access().describe())
-}
-
-/// The error and its sources on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// Resolves `Auto` to the fastest engine that works here, with the reason.

@@ -19,8 +19,8 @@ pub enum ReportError {
     Read(String, #[source] std::io::Error),
     #[error("crash report {0} is larger than {MAX_REPORT} bytes")]
     TooLarge(String),
-    #[error("crash report {0} is malformed: {1}")]
-    Malformed(String, String),
+    #[error("crash report {0} is malformed")]
+    Malformed(String, #[source] serde_json::Error),
     #[error("crash report {0} has version {1}; this rebound reads version {CRASH_REPORT_VERSION}")]
     Version(String, u32),
 }
@@ -52,13 +52,13 @@ fn load_file(path: &Path) -> Result<CrashReport, ReportError> {
         return Err(ReportError::TooLarge(p));
     }
     let data = std::fs::read(path).map_err(|e| ReportError::Read(p.clone(), e))?;
-    let v: serde_json::Value = serde_json::from_slice(&data)
-        .map_err(|e| ReportError::Malformed(p.clone(), e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&data).map_err(|e| ReportError::Malformed(p.clone(), e))?;
     let version = v.get("version").and_then(|x| x.as_u64()).unwrap_or(0) as u32;
     if version != CRASH_REPORT_VERSION {
         return Err(ReportError::Version(p, version));
     }
-    serde_json::from_value(v).map_err(|e| ReportError::Malformed(p, e.to_string()))
+    serde_json::from_value(v).map_err(|e| ReportError::Malformed(p, e))
 }
 
 /// Every crash of a VM, oldest first; unreadable ones are skipped with a warning.

@@ -37,6 +37,8 @@ pub enum OpError {
     Qmp(#[from] QmpError),
     #[error("no QMP connection to QEMU")]
     NoQmp,
+    #[error("a worker thread of the daemon failed")]
+    Task(#[from] tokio::task::JoinError),
     #[error("bad request: {0}")]
     BadRequest(String),
     #[error("VMCOREINFO unavailable")]
@@ -96,6 +98,7 @@ impl OpError {
             | OpError::QemuFailed(_)
             | OpError::Qmp(_)
             | OpError::NoQmp
+            | OpError::Task(_)
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)
@@ -107,21 +110,8 @@ impl OpError {
     }
 }
 
-/// An error and its sources on one line: `outer: inner: innermost`. Sources whose
-/// text is already inside their parent's (`transparent`-style wrappers) are skipped.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        cur = s.source();
-    }
-    out.replace('\n', " ")
-}
+/// Every edge of the daemon prints errors with the workspace's one printer.
+pub use rebound_errors::chain;
 
 #[cfg(test)]
 mod tests {

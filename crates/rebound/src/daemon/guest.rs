@@ -64,7 +64,7 @@ pub async fn vmcoreinfo(d: &Arc<Daemon>, name: &str) -> Result<VmcoreinfoReply, 
         })
     })
     .await
-    .map_err(|e| OpError::Internal(e.to_string()))?
+    .map_err(OpError::Task)?
 }
 
 #[cfg(test)]

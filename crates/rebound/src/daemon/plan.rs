@@ -57,7 +57,7 @@ pub async fn plan(d: &Arc<Daemon>, req: PlanRequest) -> Result<MemoryPlan, OpErr
             .collect::<Result<Vec<_>, _>>()
     })
     .await
-    .map_err(|e| OpError::Internal(e.to_string()))??;
+    .map_err(OpError::Task)??;
     let unit_pages = unit / PAGE;
     let down = |b: u64| b / PAGE / unit_pages * unit_pages;
     let vms: Vec<Vm<'_>> = curves

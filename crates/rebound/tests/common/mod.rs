@@ -303,8 +303,44 @@ impl Env {
     }
 }
 
+/// Where `make test` collects the counters each test's daemon moved
+/// (`scripts/check-metrics-moved.sh` then fails on a counter no test moved).
+const METRICS_MOVED: &str = "REBOUND_METRICS_MOVED";
+
+impl Env {
+    /// Appends this daemon's counters (`name value`, zeros too, so the list of names is
+    /// whole) to the collection `make test` checks; nothing when not collecting.
+    fn record_metrics(&self) {
+        let Some(dir) = std::env::var_os(METRICS_MOVED) else {
+            return;
+        };
+        let Ok((200, Value::String(text))) = self.call("GET", "/metrics", None) else {
+            return;
+        };
+        let lines: String = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(name, _)| name.ends_with("_total"))
+            .map(|(name, v)| format!("{name} {v}\n"))
+            .collect();
+        let dir = Path::new(&dir);
+        let _ = std::fs::create_dir_all(dir);
+        let file = dir.join(format!("{}.txt", std::process::id()));
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+        {
+            let _ = f.write_all(lines.as_bytes());
+        }
+    }
+}
+
 impl Drop for Env {
     fn drop(&mut self) {
+        // Before the teardown below moves counters of its own (kills, stops).
+        self.record_metrics();
         // Kill every VM this test started, through the daemon if it answers ...
         // (removed, so their memory groups go too).
         if let Ok((_, Value::Array(vms))) = self.call("GET", "/v1/vms", None) {

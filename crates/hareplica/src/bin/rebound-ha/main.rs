@@ -125,7 +125,7 @@ fn main() -> ExitCode {
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rebound-ha: {e:#}");
+            eprintln!("rebound-ha: {}", rebound_errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -42,7 +42,7 @@ impl Owner {
                     let (s, vm) = (s.clone(), self.vm.clone());
                     let p = tokio::task::spawn_blocking(move || spawn(&s, vm))
                         .await
-                        .map_err(|e| OpError::Internal(e.to_string()))??;
+                        .map_err(OpError::Task)??;
                     out.push(p);
                 }
             }

@@ -86,7 +86,7 @@ pub async fn load(req: &RestoreRequest, spec: &VmSpec) -> Result<Vec<ReplayFrame
             let path = path.clone();
             tokio::task::spawn_blocking(move || rebound_cluster::replay::read_frames(&path))
                 .await
-                .map_err(|e| OpError::Internal(e.to_string()))?
+                .map_err(OpError::Task)?
         };
         let frames = frames.map_err(|e| {
             OpError::BadRequest(format!(

@@ -10,13 +10,16 @@
 //! - [`trace`]: the working-set trace (first-access-first-load order), recorded from
 //!   QEMU's page table, and the paper's working-set estimate and hit rate;
 //! - [`load`]: reading an image's pages into the page cache in the order a restore
-//!   mode wants, before and after the guest starts.
+//!   mode wants, before and after the guest starts;
+//! - [`restore_plan`]: what one restore does (mode fallbacks, working set, loader
+//!   order, RAM check, settle) and its report phase by phase, without I/O.
 
 pub mod catalog;
 pub mod check;
 pub mod image;
 pub mod load;
 pub mod manifest;
+pub mod restore_plan;
 pub mod trace;
 
 pub use catalog::{Base, Catalog, CatalogError, Listing};

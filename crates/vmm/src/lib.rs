@@ -12,6 +12,9 @@
 //! - [`process`]: spawning QEMU in its own session and watching the process;
 //! - [`cgroup`]: memory groups (v1 and v2) that hold a VM's QEMUs to a budget;
 //! - [`qmp`], [`agent`], [`console`], [`readiness`]: talking to QEMU and to the guest;
+//! - [`port`]: the runtime port a capability's actions go through (spawn, QMP,
+//!   throttle, memory group, memory plug); [`migration`]: saves and loads through
+//!   QEMU's migration; [`procfs`]: a QEMU process's counters;
 //! - [`record`], [`events`], [`logcap`]: the VM's persistent record, its event log and
 //!   the caps on every log a guest can fill;
 //! - [`ratelimit`]: warnings about input a guest controls, rate-limited.
@@ -24,10 +27,13 @@ pub mod disks;
 pub mod events;
 pub mod images;
 pub mod logcap;
+pub mod migration;
 pub mod net;
 pub mod paths;
+pub mod port;
 pub mod private;
 pub mod process;
+pub mod procfs;
 pub mod qemu;
 pub mod qmp;
 pub mod ratelimit;

@@ -119,6 +119,26 @@ async fn http_ok(port: u16, path: &str) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), go).await, Ok(Some(s)) if s < 400)
 }
 
+/// One `COUNT` request to a kv service on host port `port`: true when it answers
+/// with a line (a restored kv guest's first answer).
+pub async fn kv_answers(port: u16) -> bool {
+    use tokio::io::AsyncBufReadExt;
+    let ask = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(b"COUNT\n").await.ok()?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(s)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        Some(!line.trim().is_empty() && !line.starts_with("ERR"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), ask).await,
+        Ok(Some(true))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

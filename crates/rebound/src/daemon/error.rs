@@ -59,6 +59,22 @@ pub enum OpError {
     Report(#[from] super::crashes::ReportError),
     #[error("this daemon's cohort never heard of cluster restore {0:?}")]
     UnknownClusterRestore(String),
+    #[error("the snapshot cannot be restored")]
+    Restore(#[from] crate::daemon::vm::restore::InputError),
+    #[error("the snapshot failed")]
+    Save(#[from] crate::daemon::vm::snapshot::SaveError),
+    #[error("memory group")]
+    Cgroup(#[from] rebound_vmm::cgroup::CgroupError),
+}
+
+impl From<rebound_vmm::migration::MigrationError> for OpError {
+    /// QMP's own failures stay QMP errors; a migration that failed fails the snapshot.
+    fn from(e: rebound_vmm::migration::MigrationError) -> OpError {
+        match e {
+            rebound_vmm::migration::MigrationError::Qmp(q) => OpError::Qmp(q),
+            e => OpError::Save(crate::daemon::vm::snapshot::SaveError::Migration(e)),
+        }
+    }
 }
 
 impl OpError {
@@ -74,7 +90,8 @@ impl OpError {
             OpError::Spec(_)
             | OpError::BadRequest(_)
             | OpError::Qemu(_)
-            | OpError::SnapshotInput(_) => StatusCode::BAD_REQUEST,
+            | OpError::SnapshotInput(_)
+            | OpError::Restore(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
             OpError::Boot(_)
@@ -86,7 +103,9 @@ impl OpError {
             | OpError::Io(..)
             | OpError::Internal(_)
             | OpError::DumpFailed(_)
-            | OpError::SnapshotFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | OpError::SnapshotFailed(_)
+            | OpError::Save(_)
+            | OpError::Cgroup(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -114,5 +133,38 @@ mod tests {
             "invalid VM spec: cpus must be between 1 and 64, got 99"
         );
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn restore_and_save_errors_read_as_they_did_when_they_were_strings() {
+        use rebound_snapshot::restore_plan::PlanError;
+        use rebound_vmm::migration::MigrationError;
+        let e = OpError::from(crate::daemon::vm::restore::InputError::Plan(
+            PlanError::NoStockStream,
+        ));
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let e = OpError::from(crate::daemon::vm::restore::InputError::Trust(
+            "/s/ram-ram.img".into(),
+            std::io::Error::from_raw_os_error(13),
+        ));
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: cannot look at /s/ram-ram.img: Permission denied (os error 13)"
+        );
+        let e = OpError::from(MigrationError::Failed {
+            what: "loading the device state".into(),
+            why: "no space".into(),
+        });
+        assert_eq!(
+            chain(&e),
+            "the snapshot failed: loading the device state failed: no space"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let e = OpError::from(MigrationError::Qmp(QmpError::Closed));
+        assert_eq!(chain(&e), "QMP: QMP connection lost");
     }
 }

@@ -24,7 +24,8 @@ pub mod replay;
 pub mod restore;
 mod restore_guard;
 mod settle;
-mod snapshot;
+pub(crate) mod snapshot;
+mod trace_task;
 
 use std::sync::{Arc, Mutex};
 

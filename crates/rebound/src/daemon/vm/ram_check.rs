@@ -1,55 +1,89 @@
-//! A restore's check of the RAM image it runs from, carried out: the choice is
-//! `rebound_snapshot::check::decide`'s (how far the snapshot is trusted, what was
-//! asked); here the daemon finds the trust, runs a lazy restore's checker in the
-//! background, and stops a guest whose image turns out damaged.
+//! A restore's check of the RAM image it runs from, carried out: the choice is the
+//! restore plan's (`rebound_snapshot::check::decide`: how far the snapshot is
+//! trusted, what was asked); here the daemon finds the trust, checks before the
+//! start, runs a lazy restore's checker in the background, and stops a guest whose
+//! image turns out damaged.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_api::{RamCheck, RestoreMode};
-use rebound_snapshot::check::{self, Decision};
-use rebound_snapshot::{Catalog, ChunkChecker, Snapshot};
+use std::sync::atomic::AtomicBool;
+
+use rebound_snapshot::check::{self, Trust};
+use rebound_snapshot::restore_plan::{Action, Checking, Event, Restore};
+use rebound_snapshot::{Catalog, ChunkChecker, Loader, Snapshot};
 use rebound_vmm::paths::Paths;
 
+use super::restore::InputError;
 use super::{Job, VmHandle};
 use crate::daemon::error::OpError;
 
-/// What the restore of `snap` (RAM image `image`) in `mode` does about its RAM.
-pub(super) fn decide(
-    paths: &Paths,
-    snap: &Snapshot,
-    image: &Path,
-    asked: RamCheck,
-    mode: RestoreMode,
-) -> Result<Decision, OpError> {
-    let asked = match asked {
-        RamCheck::Auto => None,
-        RamCheck::Full => Some(check::RamCheck::Full),
-        RamCheck::Background => Some(check::RamCheck::Background),
-        RamCheck::Off => Some(check::RamCheck::Off),
-    };
-    let maps = matches!(
-        mode,
-        RestoreMode::Lazy | RestoreMode::WorkingSet | RestoreMode::Elastic
-    );
+/// How far the snapshot `snap` (RAM image `image`) is trusted, for the plan's check.
+pub(super) fn trust(paths: &Paths, snap: &Snapshot, image: &Path) -> Result<Trust, OpError> {
     // A catalog that cannot be read lists nothing: the snapshot is then checked in full.
     let listed = Catalog::new(paths.snapshot_catalog())
         .contains(snap.path())
         .unwrap_or(false);
     let trust = check::trust(snap.path(), image, listed)
-        .map_err(|e| OpError::SnapshotInput(format!("cannot look at {}: {e}", image.display())))?;
+        .map_err(|e| InputError::Trust(image.to_path_buf(), e))?;
     tracing::debug!(snapshot = %snap.path().display(), ?trust, "RAM image trust");
-    Ok(check::decide(asked, trust, maps))
+    Ok(trust)
 }
 
-/// The report's name for a check.
-pub(super) fn as_api(c: check::RamCheck) -> RamCheck {
-    match c {
-        check::RamCheck::Full => RamCheck::Full,
-        check::RamCheck::Background => RamCheck::Background,
-        check::RamCheck::Off => RamCheck::Off,
+/// The RAM check done before the start, and what is left for the background.
+pub(super) struct CheckedBefore {
+    /// Chunks checked before the start.
+    pub(super) before: u64,
+    /// Seconds of a full check.
+    pub(super) full_s: Option<f64>,
+    /// A lazy restore's checker, to run while the guest runs.
+    pub(super) lazy: Option<ChunkChecker>,
+}
+
+/// Sets up the check of a restore as its plan says: a full one runs now (the
+/// restore fails at a damaged chunk, before QEMU is given anything); a background
+/// one goes with the loader (working-set, elastic: chunks checked as they are
+/// loaded whole, those of the working set before the start) or, for a lazy restore,
+/// is handed back to run beside the guest.
+pub(super) fn check_before_start(
+    loader: &mut Loader,
+    image: &Path,
+    size: u64,
+    chunk: u64,
+    checksums: &[String],
+    checking: Checking,
+    vm: &VmHandle,
+) -> Result<CheckedBefore, OpError> {
+    let mut out = CheckedBefore {
+        // An eager copy compares every chunk as it copies (or fails the restore).
+        before: if checking == Checking::AsCopied {
+            checksums.len() as u64
+        } else {
+            0
+        },
+        full_s: None,
+        lazy: None,
+    };
+    if matches!(checking, Checking::None | Checking::AsCopied) {
+        return Ok(out);
     }
+    let mut c = ChunkChecker::new(image, size, chunk, checksums).map_err(InputError::from)?;
+    match checking {
+        Checking::FullBeforeStart => {
+            let t = Instant::now();
+            let mut show = |d: u64, n: u64| vm.set_progress(Some((d * chunk, n * chunk)));
+            let r = c.check_all(&AtomicBool::new(false), &mut show);
+            vm.set_progress(None);
+            r.map_err(InputError::from)?;
+            out.before = c.checked();
+            out.full_s = Some(t.elapsed().as_secs_f64());
+        }
+        Checking::BesideGuest => out.lazy = Some(c),
+        Checking::WithLoader => loader.check_with(0, c).map_err(InputError::from)?,
+        Checking::None | Checking::AsCopied => {}
+    }
+    Ok(out)
 }
 
 /// How often a lazy restore's checker looks at the page cache.
@@ -65,9 +99,14 @@ const QUIET: Duration = Duration::from_secs(2);
 /// chunk stops the guest. Its thread runs at the lowest priority (nice 19): under
 /// TCG the guest is CPU-bound, and the check must not take its time, yet on a busy
 /// host it still gets a small share and finishes.
-pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, image: PathBuf) {
+pub(super) fn spawn_lazy_checker(
+    vm: Arc<VmHandle>,
+    machine: Restore,
+    mut checker: ChunkChecker,
+    image: PathBuf,
+) {
     let rt = tokio::runtime::Handle::current();
-    let report_to = vm.clone();
+    let (report_to, machine2) = (vm.clone(), machine.clone());
     // A thread of its own: the scheduling class stays with the thread.
     let spawned = std::thread::Builder::new()
         .name("ram-check".into())
@@ -109,22 +148,24 @@ pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, i
                 let done = checker.checked();
                 if done != shown {
                     shown = done;
-                    vm.update_restore_report(|r| r.ram_chunks_checked = done);
+                    vm.update_restore_report(|r| {
+                        machine.on(r, Event::ChunksChecked(done));
+                    });
                 }
                 std::thread::sleep(POLL);
             };
             let done = checker.checked();
-            vm.update_restore_report(|r| r.ram_chunks_checked = done);
+            vm.update_restore_report(|r| {
+                machine.on(r, Event::ChunksChecked(done));
+            });
             if let Err(e) = r {
                 rt.spawn(stop_damaged(vm, crate::daemon::error::chain(&e)));
             }
         });
     if let Err(e) = spawned {
-        let note = format!("the RAM check could not start ({e}): the guest runs unchecked");
-        tracing::warn!(vm = %report_to.name, "{note}");
+        tracing::warn!(vm = %report_to.name, "the RAM check could not start ({e}): the guest runs unchecked");
         report_to.update_restore_report(|r| {
-            r.ram_check = Some(RamCheck::Off);
-            r.notes.push(note);
+            machine2.on(r, Event::CheckerUnavailable(e.to_string()));
         });
     }
 }
@@ -132,15 +173,21 @@ pub(super) fn spawn_lazy_checker(vm: Arc<VmHandle>, mut checker: ChunkChecker, i
 /// Fails the restore with `error` (a damaged image) and stops its guest.
 pub(super) async fn stop_damaged(vm: Arc<VmHandle>, error: String) {
     let running = vm.record().state.has_qemu();
-    let error = if running {
-        format!("{error}: the guest was stopped")
-    } else {
-        error
-    };
-    super::restore_guard::fail(&vm, error);
-    if running {
-        if let Err(e) = vm.run(Job::Kill).await {
-            tracing::error!(vm = %vm.name, "cannot stop the guest: {}", crate::daemon::error::chain(&e));
+    let mut actions = None;
+    vm.update_restore_report(|r| actions = Some(Restore::damaged(r, error.clone(), running)));
+    // Without a report (none published yet) the failure is still logged.
+    let actions =
+        actions.unwrap_or_else(|| Restore::damaged(&mut Default::default(), error, running));
+    for a in actions {
+        match a {
+            Action::Publish => {}
+            Action::Fail(error) => super::restore_guard::log_failed(&vm, error),
+            Action::StopGuest => {
+                if let Err(e) = vm.run(Job::Kill).await {
+                    tracing::error!(vm = %vm.name, "cannot stop the guest: {}", crate::daemon::error::chain(&e));
+                }
+            }
+            other => unreachable!("a damaged image asks for {other:?}"),
         }
     }
 }

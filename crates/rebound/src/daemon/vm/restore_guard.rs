@@ -105,11 +105,16 @@ pub(super) fn spawn(vm: Arc<VmHandle>, stamp: ImageStamp) {
 
 /// Marks the restore failed and logs why.
 pub(super) fn fail(vm: &VmHandle, error: String) {
-    tracing::warn!(vm = %vm.name, "{error}");
     vm.update_restore_report(|r| {
         r.phase = "failed".into();
         r.error = Some(error.clone());
     });
+    log_failed(vm, error);
+}
+
+/// Logs a restore's failure (the daemon's log, the VM's event log).
+pub(super) fn log_failed(vm: &VmHandle, error: String) {
+    tracing::warn!(vm = %vm.name, "{error}");
     if let Err(e) = vm.events.append(EventData::RestoreFailed { error }) {
         tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
     }

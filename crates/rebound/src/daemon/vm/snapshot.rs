@@ -4,26 +4,36 @@
 //! again. Then the guest's first accesses after the snapshot point are recorded
 //! in order (the working-set trace) and the directory is renamed complete.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_api::{SnapshotRequest, SnapshotResult, StockSave, VmState};
-use rebound_snapshot::{DiskEntry, FileEntry, Manifest, RamBlock, SnapshotDir, TraceInfo};
-use rebound_vmm::qmp::Qmp;
+use rebound_api::{SnapshotRequest, SnapshotResult, VmState};
+use rebound_snapshot::{Manifest, SnapshotDir, TraceInfo};
+use rebound_vmm::migration::{machine_type, qemu_version};
+use rebound_vmm::port::Runtime;
 
 use super::owner::Owner;
+use super::trace_task::{arm_trace, trace_blocking};
 use crate::daemon::error::OpError;
 
-/// Chunk of the RAM image's checksums.
-const CHUNK_BYTES: u64 = 64 << 20;
-/// How often the trace looks at QEMU's page table.
-pub(super) const TRACE_POLL: Duration = Duration::from_millis(5);
+mod files;
 
-/// A failure while writing the snapshot, with its causes (e.g. the disk is full).
-fn failed(e: impl std::error::Error + 'static) -> OpError {
-    OpError::SnapshotFailed(crate::daemon::error::chain(&e))
+/// Why a snapshot (or a move onto shared RAM) could not be written; a QMP failure
+/// is QMP's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error(transparent)]
+    Migration(rebound_vmm::migration::MigrationError),
+    #[error(transparent)]
+    Image(#[from] rebound_snapshot::ImageError),
+    #[error(transparent)]
+    Manifest(#[from] rebound_snapshot::ManifestError),
+    #[error(transparent)]
+    Trace(#[from] rebound_snapshot::TraceError),
+    #[error("cannot dump net{0}'s frames")]
+    NetDump(usize, #[source] rebound_vmm::qmp::QmpError),
 }
 
 impl Owner {
@@ -112,14 +122,14 @@ impl Owner {
         let paused_at = Instant::now();
         let paused_unix_ns = rebound_coord::msg::unix_now_ns();
         if was_running {
-            q.execute("stop", None).await?;
+            self.command("stop", None).await?;
         }
         let saved = self.save_paused(&q, &dir, &ram, size, &rec).await;
         let pause_ms = paused_at.elapsed().as_secs_f64() * 1e3;
         // The bridge NICs' frames from the snapshot point on: filters added while
         // the guest is paused see nothing of before it.
         let dumps = if req.netdump && saved.is_ok() {
-            add_netdumps(&q, dir.path(), rec.spec.nics.len()).await?
+            files::add_netdumps(&q, dir.path(), rec.spec.nics.len()).await?
         } else {
             Vec::new()
         };
@@ -157,7 +167,7 @@ impl Owner {
             None
         };
         if was_running {
-            q.execute("cont", None).await?;
+            self.command("cont", None).await?;
             if req.hold {
                 self.apply(super::machine::Trigger::Resumed);
             }
@@ -167,7 +177,7 @@ impl Owner {
         let mut notes: Vec<String> = hold_note.into_iter().collect();
         // The guest's first accesses after the snapshot point, in order.
         let trace = if let Some(h) = tracing {
-            match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
+            match h.await.map_err(Into::into).and_then(|r| r) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     notes.push(format!(
@@ -199,7 +209,7 @@ impl Owner {
         // stream holds the guest as it was then, a few seconds after the snapshot
         // point (the disk layer is the snapshot point's).
         let stock = match (req.stock, was_running) {
-            (true, true) => Some(stock_saves(&q, dir.path()).await?),
+            (true, true) => Some(files::stock_saves(&q, dir.path()).await?),
             (true, false) => {
                 notes.push("the guest was paused: no stock save (QEMU cannot migrate a paused guest twice); resume it and snapshot again".into());
                 None
@@ -214,7 +224,7 @@ impl Owner {
                 tokio::task::spawn_blocking(move || t2.write(&path))
                     .await
                     .map_err(|e| OpError::Internal(e.to_string()))?
-                    .map_err(failed)?;
+                    .map_err(SaveError::from)?;
                 Some(TraceInfo {
                     file: "trace.fafl".into(),
                     pages: t.pages.len() as u64,
@@ -234,8 +244,8 @@ impl Owner {
             created: rebound_vmm::events::wall_now(),
             vm: self.vm.name.clone(),
             spec: serde_json::to_value(&rec.spec).map_err(|e| OpError::Internal(e.to_string()))?,
-            qemu_version: self.qemu_version(&q).await,
-            machine: self.machine_type(&q).await,
+            qemu_version: qemu_version(&*q).await,
+            machine: machine_type(&*q).await,
             accel: rec.accel.as_str().to_string(),
             ram_blocks: vec![ram_block],
             device_state,
@@ -243,7 +253,7 @@ impl Owner {
             trace: trace_info,
             pause_ms,
             notes: notes.clone(),
-            pmem: pmem_entries(&rec.spec.pmem)?,
+            pmem: files::pmem_entries(&rec.spec.pmem)?,
         };
         let layers: Vec<(String, String)> = manifest
             .disks
@@ -253,9 +263,9 @@ impl Owner {
         tokio::task::spawn_blocking(move || dir.commit(&manifest))
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?
-            .map_err(failed)?;
+            .map_err(SaveError::from)?;
         let (paths, dir, vm) = (self.paths.clone(), out.clone(), self.vm.name.clone());
-        tokio::task::spawn_blocking(move || record_in_catalog(&paths, &dir, &layers, &vm))
+        tokio::task::spawn_blocking(move || files::record_in_catalog(&paths, &dir, &layers, &vm))
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?;
         Ok(SnapshotResult {
@@ -273,371 +283,9 @@ impl Owner {
         })
     }
 
-    /// With the guest paused: device state, RAM image, disk copies.
-    async fn save_paused(
-        &self,
-        q: &Qmp,
-        dir: &SnapshotDir,
-        ram: &Path,
-        size: u64,
-        rec: &rebound_vmm::record::VmRecord,
-    ) -> Result<(RamBlock, FileEntry, Vec<DiskEntry>), OpError> {
-        let state = dir.path().join("device.state");
-        save_device_state(q, &state, true).await?;
-        let (ram, image) = (ram.to_path_buf(), dir.path().join("ram-ram.img"));
-        let vm = self.vm.clone();
-        let disks = self.disk_files(rec);
-        let path = dir.path().to_path_buf();
-        tokio::task::spawn_blocking(move || {
-            let mut show = |done: u64, total: u64| vm.set_progress(Some((done, total)));
-            let mut block =
-                rebound_snapshot::copy_ram_image(&ram, &image, size, CHUNK_BYTES, &mut show)
-                    .map_err(failed)?;
-            vm.set_progress(None);
-            block.id = "ram".into();
-            block.file = "ram-ram.img".into();
-            let device = file_entry(&path, "device.state")?;
-            let mut entries = Vec::new();
-            for (i, (src, backing)) in disks.iter().enumerate() {
-                let file = format!("disk-disk{i}.qcow2");
-                let e = rebound_snapshot::copy_file(src, &path.join(&file)).map_err(failed)?;
-                entries.push(DiskEntry {
-                    id: format!("disk{i}"),
-                    file,
-                    // A user's raw disk is copied as it is (the name keeps `.qcow2`).
-                    format: rebound_vmm::disks::detect_format(src)
-                        .map_or("qcow2", |f| f.as_str())
-                        .into(),
-                    backing: backing.clone(),
-                    size: e.size,
-                    checksum: e.checksum,
-                });
-            }
-            Ok((block, device, entries))
-        })
-        .await
-        .map_err(|e| OpError::Internal(e.to_string()))?
-    }
-
-    /// The VM's disks as files to copy, with the base each qcow2 overlay reads
-    /// through (kept by reference: images are read-only).
-    fn disk_files(&self, rec: &rebound_vmm::record::VmRecord) -> Vec<(PathBuf, Option<String>)> {
-        if !rec.disk_files.is_empty() {
-            // What QEMU really has open: for a restored VM, its overlays of the
-            // snapshot's disks, not the files its spec names.
-            return rec
-                .disk_files
-                .iter()
-                .map(|p| (p.clone(), backing_of(p)))
-                .collect();
-        }
-        let mut out = Vec::new();
-        let overlay = self.vm.dir.disk_overlay(0);
-        if rec.spec.kernel.is_none() && overlay.exists() {
-            out.push((overlay.clone(), backing_of(&overlay)));
-        }
-        for d in rec.spec.disk_opts().unwrap_or_default() {
-            out.push((PathBuf::from(d.path), None));
-        }
-        out
-    }
-
     /// Whether the guest's RAM is the shared file in the run dir (not a restored
     /// guest's private image mapping).
     pub(super) fn on_shared_ram(&self) -> bool {
         !self.vm.record().ram_private
     }
-
-    pub(super) async fn qemu_version(&self, q: &Qmp) -> String {
-        match q.execute("query-version", None).await {
-            Ok(v) => {
-                let q = &v["qemu"];
-                format!("{}.{}.{}", q["major"], q["minor"], q["micro"])
-            }
-            Err(_) => String::new(),
-        }
-    }
-
-    /// The concrete machine type (`pc` resolves to e.g. `pc-i440fx-7.2`).
-    pub(super) async fn machine_type(&self, q: &Qmp) -> String {
-        let Ok(v) = q.execute("query-machines", None).await else {
-            return String::new();
-        };
-        let list = v.as_array().cloned().unwrap_or_default();
-        let pc = list.iter().find(|m| m["alias"] == "pc");
-        pc.and_then(|m| m["name"].as_str())
-            .unwrap_or("pc")
-            .to_string()
-    }
-}
-
-/// The sizes of the VM's pmem files, which a restore's files must have.
-fn pmem_entries(files: &[String]) -> Result<Vec<rebound_snapshot::PmemEntry>, OpError> {
-    files
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let md = std::fs::metadata(f)
-                .map_err(|e| OpError::Io(format!("cannot read pmem file {f}"), e))?;
-            Ok(rebound_snapshot::PmemEntry {
-                id: format!("pmem{i}"),
-                size: md.len(),
-            })
-        })
-        .collect()
-}
-
-/// Lists a snapshot the daemon wrote in its catalog (a cluster peer may have it
-/// restored), with the files outside it that its disk layers read through: a
-/// restore of it allows those and no others. The record lives in the daemon's home,
-/// not in the snapshot, whose files anyone who can copy one into the store controls.
-fn record_in_catalog(
-    paths: &rebound_vmm::paths::Paths,
-    dir: &Path,
-    layers: &[(String, String)],
-    vm: &str,
-) {
-    use rebound_vmm::qemu::DiskFormat;
-    let images = paths.home.join("images");
-    let mut bases: Vec<rebound_snapshot::Base> = Vec::new();
-    for (file, format) in layers {
-        let Some(fmt) = DiskFormat::parse(format) else {
-            continue;
-        };
-        match rebound_vmm::disks::external_bases(&dir.join(file), fmt, dir, &images) {
-            Ok(found) => {
-                for (b, f) in found {
-                    let Some(b) = b.to_str() else { continue };
-                    let base = rebound_snapshot::Base {
-                        file: b.to_string(),
-                        format: f.as_str().to_string(),
-                    };
-                    if !bases.contains(&base) {
-                        bases.push(base);
-                    }
-                }
-            }
-            // Its restore refuses that layer for the same reason.
-            Err(e) => tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e)),
-        }
-    }
-    let catalog = rebound_snapshot::Catalog::new(paths.snapshot_catalog());
-    if let Err(e) = catalog.record(dir, &bases) {
-        tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e));
-    }
-}
-
-/// The base a qcow2 overlay reads through, as `qemu-img info` reports it.
-fn backing_of(overlay: &Path) -> Option<String> {
-    let out = std::process::Command::new(
-        std::env::var("REBOUND_QEMU_IMG").unwrap_or_else(|_| "qemu-img".into()),
-    )
-    .args(["info", "--output=json", "-U"])
-    .arg(overlay)
-    .output()
-    .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["full-backing-filename"]
-        .as_str()
-        .or(v["backing-filename"].as_str())
-        .map(str::to_string)
-}
-
-fn file_entry(dir: &Path, name: &str) -> Result<FileEntry, OpError> {
-    let e = rebound_snapshot::hash_file(&dir.join(name)).map_err(failed)?;
-    Ok(FileEntry {
-        file: name.into(),
-        size: e.size,
-        checksum: e.checksum,
-    })
-}
-
-/// Starts QEMU's `filter-dump` on each bridge NIC (`net1`..: `net0` is the user
-/// network), the frames the guest received and sent in files of their own,
-/// `net<i>-rx.pcap` and `net<i>-tx.pcap` in `dir`; returns the filters' ids.
-///
-/// QEMU names a filter's queue from the netdev's side, not the guest's: `rx` holds
-/// what the netdev (the tap) receives, which is what the guest sent, and `tx` what
-/// the netdev sends, which is what the guest receives (`qapi/net.json`'s
-/// `NetFilterDirection`; `qemu_send_packet_async_with_flags` runs the sender's `tx`
-/// filters, then the peer's `rx` ones). Checked on QEMU 7.2: the guest's own frames,
-/// with its MAC as their source, are in the `rx` queue's dump.
-async fn add_netdumps(
-    q: &rebound_vmm::qmp::Qmp,
-    dir: &std::path::Path,
-    nics: usize,
-) -> Result<Vec<String>, OpError> {
-    let mut ids = Vec::new();
-    for i in 1..=nics {
-        // (the guest's direction, the netdev's queue)
-        for (guest, queue) in [("rx", "tx"), ("tx", "rx")] {
-            let id = format!("rbdump-net{i}-{guest}");
-            let file = dir.join(format!("net{i}-{guest}.pcap"));
-            q.execute(
-                "object-add",
-                Some(serde_json::json!({
-                    "qom-type": "filter-dump",
-                    "id": id,
-                    "netdev": format!("net{i}"),
-                    "queue": queue,
-                    "file": file.display().to_string(),
-                })),
-            )
-            .await
-            .map_err(|e| OpError::SnapshotFailed(format!("cannot dump net{i}'s frames: {e}")))?;
-            ids.push(id);
-        }
-    }
-    Ok(ids)
-}
-
-/// Has the paused QEMU write its device state (and, without `ignore_shared`, all
-/// of guest RAM: QEMU's stock save) to `path`, and waits for it.
-pub(super) async fn save_device_state(
-    q: &Qmp,
-    path: &Path,
-    ignore_shared: bool,
-) -> Result<(), OpError> {
-    q.execute(
-        "migrate-set-capabilities",
-        Some(serde_json::json!({"capabilities": [
-            {"capability": "x-ignore-shared", "state": ignore_shared}]})),
-    )
-    .await?;
-    let uri = format!("exec:cat > {}", shell_quote(path));
-    q.execute("migrate", Some(serde_json::json!({ "uri": uri })))
-        .await?;
-    wait_migration(q, "the device state save").await
-}
-
-/// Polls `query-migrate` until the migration completed.
-pub(super) async fn wait_migration(q: &Qmp, what: &str) -> Result<(), OpError> {
-    loop {
-        let v = q.execute("query-migrate", None).await?;
-        match v["status"].as_str() {
-            Some("completed") => return Ok(()),
-            Some("failed") | Some("cancelled") => {
-                let why = v["error-desc"].as_str().unwrap_or("no reason given");
-                return Err(OpError::SnapshotFailed(format!("{what} failed: {why}")));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(2)).await,
-        }
-    }
-}
-
-/// QEMU's own save of the running guest: a full migration stream to `stock.mig`,
-/// first at QEMU's default bandwidth cap, then (overwriting it) with the cap raised,
-/// each in its own pause.
-async fn stock_saves(q: &Qmp, dir: &Path) -> Result<StockSave, OpError> {
-    let path = dir.join("stock.mig");
-    let default = q
-        .execute("query-migrate-parameters", None)
-        .await?
-        .get("max-bandwidth")
-        .cloned()
-        .unwrap_or(serde_json::json!(134217728));
-    // One paused save: the guest stops, QEMU writes the stream, the guest goes on.
-    let paused_save = || async {
-        q.execute("stop", None).await?;
-        let t = Instant::now();
-        let r = save_device_state(q, &path, false).await;
-        let secs = t.elapsed().as_secs_f64();
-        q.execute("cont", None).await?;
-        r.map(|()| secs)
-    };
-    let default_cap_s = paused_save().await?;
-    q.execute(
-        "migrate-set-parameters",
-        Some(serde_json::json!({"max-bandwidth": i64::MAX / 2})),
-    )
-    .await?;
-    let r = paused_save().await;
-    q.execute(
-        "migrate-set-parameters",
-        Some(serde_json::json!({ "max-bandwidth": default })),
-    )
-    .await?;
-    let raised_cap_s = r?;
-    let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    Ok(StockSave {
-        default_cap_s,
-        raised_cap_s,
-        bytes,
-    })
-}
-
-/// A path for `sh -c` (QEMU's `exec:` runs one).
-pub(super) fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
-}
-
-/// How a trace task says it is armed and, for a restore held ready, waits for the
-/// start before its window begins.
-struct Arming {
-    armed: tokio::sync::oneshot::Sender<()>,
-    go: Option<std::sync::mpsc::Receiver<()>>,
-}
-
-/// A trace task, returned once the tracer is armed (pages unmapped when asked, the
-/// page table's present pages taken as the baseline): start the guest after this,
-/// or its first touches are part of the baseline and never recorded. With `go`, the
-/// window of `max` begins when `go` receives (a held restore arms at its hold, so
-/// its start is a bare `cont`); a dropped sender ends the task with an error.
-pub(super) async fn arm_trace(
-    pid: u32,
-    file: PathBuf,
-    size: u64,
-    max: Duration,
-    stop: Arc<AtomicBool>,
-    unmap: bool,
-    go: Option<std::sync::mpsc::Receiver<()>>,
-) -> tokio::task::JoinHandle<Result<rebound_snapshot::Trace, String>> {
-    let (armed, rx) = tokio::sync::oneshot::channel();
-    let arming = Some(Arming { armed, go });
-    let h = tokio::spawn(trace_blocking(pid, file, size, max, stop, unmap, arming));
-    // An error before arming drops the sender: the handle then holds the error.
-    let _ = rx.await;
-    h
-}
-
-/// Records, for `max` or until `stop`, the order in which QEMU's process first touches
-/// the pages of its mapping of `file` (`unmap`: first make the running guest's next
-/// touches visible by unmapping its pages, which stay in the file).
-async fn trace_blocking(
-    pid: u32,
-    file: PathBuf,
-    size: u64,
-    max: Duration,
-    stop: Arc<AtomicBool>,
-    unmap: bool,
-    arming: Option<Arming>,
-) -> Result<rebound_snapshot::Trace, String> {
-    tokio::task::spawn_blocking(move || {
-        let target = rebound_guestmem::MapTarget::inode_of(&file).map_err(|e| e.to_string())?;
-        let maps = rebound_guestmem::maps::read_maps(pid).map_err(|e| e.to_string())?;
-        let m = rebound_guestmem::maps::find_ram_mapping(&maps, pid, &target, size)
-            .map_err(|e| e.to_string())?;
-        if unmap {
-            rebound_snapshot::unmap_for_trace(pid, &[(m.start, size)])
-                .map_err(|e| e.to_string())?;
-        }
-        let mut tracer = rebound_snapshot::PagemapTracer::new(pid, vec![(0, m.start, size)])
-            .map_err(|e| e.to_string())?;
-        if let Some(a) = arming {
-            let _ = a.armed.send(());
-            if let Some(go) = a.go {
-                go.recv()
-                    .map_err(|_| "the held restore ended before its start".to_string())?;
-            }
-        }
-        let end = Instant::now() + max;
-        while Instant::now() < end && !stop.load(Ordering::Relaxed) {
-            tracer.poll().map_err(|e| e.to_string())?;
-            std::thread::sleep(TRACE_POLL);
-        }
-        tracer.poll().map_err(|e| e.to_string())?;
-        Ok(tracer.into_trace())
-    })
-    .await
-    .map_err(|e| e.to_string())?
 }

@@ -1,0 +1,128 @@
+//! What a restore reads before its guest's first instruction, as its plan says: the
+//! image copied (eager) or the working set read (working-set, elastic), and the
+//! RAM check that goes before the start.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rebound_snapshot::restore_plan::{BeforeStart, Checking};
+use rebound_snapshot::{ImageFile, Loader, Trace};
+
+use super::InputError;
+use crate::daemon::error::OpError;
+use crate::daemon::vm::ram_check::{check_before_start, CheckedBefore};
+use crate::daemon::vm::VmHandle;
+
+/// Restores of this daemon reading what their guest needs before it may start (a
+/// working set, or an eager copy). Background loaders give way to them: on a shared
+/// disk a VM waiting to start goes first, and one already running (or held, loading
+/// ahead of its start) only gains pages it would otherwise fault in.
+static LOADING_BEFORE_START: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a restore is loading before its start (background readers wait).
+pub(in crate::daemon::vm) fn loading_before_start() -> bool {
+    LOADING_BEFORE_START.load(Ordering::Relaxed) > 0
+}
+
+/// Counts one restore in [`LOADING_BEFORE_START`] while it lives.
+struct BeforeStartGuard;
+
+impl BeforeStartGuard {
+    fn enter() -> BeforeStartGuard {
+        LOADING_BEFORE_START.fetch_add(1, Ordering::Relaxed);
+        BeforeStartGuard
+    }
+}
+
+impl Drop for BeforeStartGuard {
+    fn drop(&mut self) {
+        LOADING_BEFORE_START.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What was read and checked before the start.
+pub(super) struct LoadedBefore {
+    pub(super) loader: Loader,
+    /// (pages, bytes, seconds) read, if anything was.
+    pub(super) read: Option<(u64, u64, f64)>,
+    pub(super) checked: CheckedBefore,
+}
+
+/// The reads before the start of one restore, for a blocking thread.
+pub(super) struct Job {
+    pub(super) vm: Arc<VmHandle>,
+    /// The run dir's shared RAM file (an eager copy's destination).
+    pub(super) run_ram: PathBuf,
+    pub(super) checking: Checking,
+    pub(super) before_start: BeforeStart,
+    pub(super) trace: Option<Trace>,
+    pub(super) image: PathBuf,
+    pub(super) size: u64,
+    pub(super) chunk: u64,
+    pub(super) checksums: Vec<String>,
+}
+
+impl Job {
+    pub(super) fn run(self) -> Result<LoadedBefore, OpError> {
+        let Job {
+            vm,
+            run_ram,
+            checking,
+            before_start,
+            trace,
+            image,
+            size,
+            chunk,
+            checksums,
+        } = self;
+        let images = vec![ImageFile {
+            block: 0,
+            path: image.clone(),
+            size,
+        }];
+        let mut loader = Loader::new(images, trace).map_err(InputError::from)?;
+        let t = Instant::now();
+        let _first = BeforeStartGuard::enter();
+        let mut checked =
+            check_before_start(&mut loader, &image, size, chunk, &checksums, checking, &vm)?;
+        let stats = match before_start {
+            BeforeStart::CopyImage => {
+                let mut show = |d: u64, t: u64| vm.set_progress(Some((d, t)));
+                let copied =
+                    rebound_snapshot::copy_ram_image(&image, &run_ram, size, chunk, &mut show)
+                        .map_err(InputError::from)?;
+                vm.set_progress(None);
+                if let Some(i) = copied
+                    .checksums
+                    .iter()
+                    .zip(&checksums)
+                    .position(|(a, b)| a != b)
+                {
+                    return Err(InputError::Copy {
+                        image,
+                        chunk: i,
+                        start: i as u64 * chunk,
+                        end: ((i as u64 + 1) * chunk).min(size),
+                    }
+                    .into());
+                }
+                Some((copied.data_bytes / 4096, copied.data_bytes))
+            }
+            BeforeStart::WorkingSet(n) => {
+                let s = loader.load_first(n).map_err(InputError::from)?;
+                Some((s.pages, s.bytes))
+            }
+            BeforeStart::Nothing => None,
+        };
+        // The working set's chunks, checked as the loader completed them.
+        checked.before = checked.before.max(loader.chunks_checked().0);
+        let read = stats.map(|(p, b)| (p, b, t.elapsed().as_secs_f64()));
+        Ok(LoadedBefore {
+            loader,
+            read,
+            checked,
+        })
+    }
+}

@@ -1,0 +1,342 @@
+//! A restored guest from its load to the end of its watch: the background loader,
+//! the trace armed before the first instruction, the start (`cont`), the watch
+//! window's counters and first answer, and the settle onto shared RAM. What the
+//! report says at each step is the plan's ([`rebound_snapshot::restore_plan`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebound_api::VmState;
+use rebound_snapshot::restore_plan::{Action, Event, Restore, SettleAfter, WatchEnd};
+use rebound_snapshot::{Loader, RestOrder, Snapshot, Trace, TracePage};
+use rebound_vmm::port::Runtime;
+
+use super::RECOVERY_READY_WAIT;
+use crate::daemon::error::OpError;
+use crate::daemon::vm::machine::Trigger;
+use crate::daemon::vm::owner::Owner;
+use crate::daemon::vm::trace_task::{arm_trace, TraceTask};
+use crate::daemon::vm::VmHandle;
+
+/// A restore between its load and the end of its background loading.
+pub(in crate::daemon::vm) struct Restoring {
+    /// The plan's restore: what each of its events does to the report.
+    pub(in crate::daemon::vm) machine: Restore,
+    pub(super) watch_s: f64,
+    pub(super) snap: Arc<Snapshot>,
+    /// The image QEMU maps (private), or the shared RAM file (eager, stock).
+    pub(super) ram: PathBuf,
+    pub(super) size: u64,
+    pub(super) loader: Option<Loader>,
+    /// The working-set pages read before the start, in first-access order.
+    pub(super) loaded: Vec<TracePage>,
+    /// Tells the background loader to stop (the VM stopped).
+    pub(in crate::daemon::vm) stop: Arc<AtomicBool>,
+    /// While set, the background loader has not begun.
+    pub(in crate::daemon::vm) hold_rest: Arc<AtomicBool>,
+    /// How QEMU was started, for the second QEMU a settle starts.
+    pub(in crate::daemon::vm) qemu: PathBuf,
+    pub(in crate::daemon::vm) command: rebound_vmm::qemu::QemuCommand,
+    /// A held restore's trace, armed at its hold so that its start is a bare `cont`.
+    pub(super) armed: Option<ArmedTrace>,
+    /// The background loader, once it runs: a held restore's from its hold on.
+    pub(super) background: Option<Background>,
+}
+
+/// The background loader of one restore.
+pub(super) struct Background {
+    task: tokio::task::JoinHandle<Result<rebound_snapshot::LoadStats, rebound_snapshot::LoadError>>,
+    /// Data bytes loaded so far, the working set's included, and when it began.
+    done: Arc<AtomicU64>,
+    base: u64,
+}
+
+impl Restoring {
+    /// Starts the background loader: the rest of the trace (`order`), then the rest
+    /// of the image (after `hold_rest` clears).
+    pub(super) fn spawn_background(
+        &self,
+        mut loader: Loader,
+        order: RestOrder,
+        vm: Arc<VmHandle>,
+    ) -> Background {
+        let base = loader.loaded_bytes();
+        let done = Arc::new(AtomicU64::new(base));
+        let (stop, hold, bytes, machine) = (
+            self.stop.clone(),
+            self.hold_rest.clone(),
+            done.clone(),
+            self.machine.clone(),
+        );
+        let rt = tokio::runtime::Handle::current();
+        let task = tokio::task::spawn_blocking(move || {
+            while hold.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let mut show = |d: u64, _total: u64| {
+                bytes.store(d, Ordering::Relaxed);
+                while super::loading_before_start() && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            };
+            let s = loader.load_rest(order, &stop, None, &mut show);
+            let stopped = stop.load(Ordering::Relaxed);
+            let (checked, _) = loader.chunks_checked();
+            let event = match &s {
+                Ok(s) => Event::LoaderDone {
+                    at: Instant::now(),
+                    pages: s.pages,
+                    seconds: s.seconds,
+                    stopped,
+                    chunks_checked: checked,
+                },
+                Err(e @ rebound_snapshot::LoadError::Check(_)) => {
+                    if checked > 0 {
+                        vm.update_restore_report(|rep| {
+                            machine.on(rep, Event::ChunksChecked(checked));
+                        });
+                    }
+                    rt.spawn(crate::daemon::vm::ram_check::stop_damaged(
+                        vm.clone(),
+                        crate::daemon::error::chain(e),
+                    ));
+                    return s;
+                }
+                Err(e) => {
+                    let e = crate::daemon::error::chain(e);
+                    tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
+                    Event::LoaderFailed {
+                        error: e,
+                        chunks_checked: checked,
+                    }
+                }
+            };
+            vm.update_restore_report(|rep| {
+                machine.on(rep, event);
+            });
+            s
+        });
+        Background { task, done, base }
+    }
+}
+
+/// A trace task armed before the guest's first instruction.
+pub(super) struct ArmedTrace {
+    task: TraceTask,
+    stop: Arc<AtomicBool>,
+    /// Begins the trace's window (held restores only).
+    go: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl ArmedTrace {
+    pub(super) async fn arm(
+        pid: u32,
+        ram: PathBuf,
+        size: u64,
+        watch_s: f64,
+        held: bool,
+    ) -> ArmedTrace {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (go, rx) = match held {
+            true => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let max = Duration::from_secs_f64(watch_s.max(0.1));
+        let task = arm_trace(pid, ram, size, max, stop.clone(), false, rx).await;
+        ArmedTrace { task, stop, go }
+    }
+}
+
+impl Owner {
+    /// Starts the restored guest's vCPUs and the watcher.
+    pub(in crate::daemon::vm) async fn begin_restored_run(
+        &mut self,
+    ) -> Result<rebound_api::RestoreReport, OpError> {
+        let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+        let pid = self.vm.record().qemu_pid.ok_or(OpError::NoQmp)?;
+        let Some(r) = self.restore.as_mut() else {
+            return Err(OpError::Internal("no restore under way".into()));
+        };
+        let loader = r.loader.take();
+        let background = r.background.take();
+        let armed = r.armed.take();
+        let (machine, watch_s, snap, ram, size, loaded) = (
+            r.machine.clone(),
+            r.watch_s,
+            r.snap.clone(),
+            r.ram.clone(),
+            r.size,
+            r.loaded.clone(),
+        );
+        // Watch from before the first instruction (the tracer armed before `cont`):
+        // the first touches are the ones the trace is for.
+        let armed = match armed {
+            Some(a) => a,
+            None => ArmedTrace::arm(pid, ram, size, watch_s, false).await,
+        };
+        let (trace_task, tracing_stop) = (armed.task, armed.stop);
+        let probe = self.responsive_probe();
+        let before = rebound_vmm::procfs::proc_counters(pid);
+        if let Some(go) = armed.go {
+            let _ = go.send(());
+        }
+        let resumed_before = q.last_event_unix_ns("RESUME");
+        self.command("cont", None).await?;
+        let started = Instant::now();
+        let after = q.last_event_unix_ns("RESUME");
+        let resumed = after.filter(|_| after != resumed_before);
+        // The owner applies the change before QMP's RESUME arrives, which then
+        // changes nothing: the event is written here.
+        if self.apply(Trigger::Resumed) {
+            self.event(rebound_api::EventData::Resumed);
+        }
+        // Bytes a held restore's loader read while it waited; the rest count as read
+        // after the start.
+        let loaded_while_held = background
+            .as_ref()
+            .map(|b| b.done.load(Ordering::Relaxed).saturating_sub(b.base));
+        let mut report = self.vm.restore_report().unwrap_or_default();
+        let mut bg = background;
+        for a in machine.on(
+            &mut report,
+            Event::Started {
+                at: started,
+                resume_stamp: resumed,
+                loaded_while_held,
+            },
+        ) {
+            match a {
+                Action::Publish => self.vm.set_restore_report(Some(report.clone())),
+                Action::StartLoader(order) => {
+                    bg = match (loader, self.restore.as_ref()) {
+                        (Some(l), Some(rs)) => Some(rs.spawn_background(l, order, self.vm.clone())),
+                        _ => None,
+                    };
+                    break;
+                }
+                other => unreachable!("a start asks for {other:?}"),
+            }
+        }
+        let (loaded_bytes, at_start) = match &bg {
+            Some(b) => (Some(b.done.clone()), b.done.load(Ordering::Relaxed)),
+            None => (None, 0),
+        };
+        let bg = bg.map(|b| b.task);
+        self.schedule_settle(&machine, bg, watch_s, started);
+
+        // The first service answer.
+        let vm = self.vm.clone();
+        tokio::spawn(async move {
+            // The counters and the trace end with the watch window, whenever the
+            // first answer comes (a settle after the window replaces this QEMU).
+            let window = Duration::from_secs_f64(watch_s.max(0.1));
+            let counted = async {
+                tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+                let after = rebound_vmm::procfs::proc_counters(pid);
+                tracing_stop.store(true, Ordering::Relaxed);
+                (after, trace_task.await.ok().and_then(Result::ok))
+            };
+            let answer = async {
+                match probe {
+                    Some(p) => p.await,
+                    None => None,
+                }
+            };
+            let (answered, (after, touched)) = tokio::join!(answer, counted);
+            let touched: Option<Trace> = touched;
+            let pages = touched.as_ref().map(|t| t.pages.as_slice());
+            let recorded = match &touched {
+                Some(t) if machine.records_trace(pages) => record_trace(&snap, t).await,
+                _ => Ok(false),
+            };
+            let counters = match (before, after) {
+                (Some(b), Some(a)) => Some((
+                    (b.major_faults, b.read_bytes),
+                    (a.major_faults, a.read_bytes),
+                )),
+                _ => None,
+            };
+            let loader_bytes_after_start = loaded_bytes
+                .as_ref()
+                .map_or(0, |l| l.load(Ordering::Relaxed).saturating_sub(at_start));
+            let end = WatchEnd {
+                started,
+                answered,
+                counters,
+                loader_bytes_after_start,
+                touched: pages,
+                loaded: &loaded,
+                recorded,
+                watch_s,
+            };
+            vm.update_restore_report(|rep| {
+                machine.on(rep, Event::WatchEnded(&end));
+            });
+        });
+        Ok(report)
+    }
+
+    /// Once everything is loaded (or, without a background loader, once the watch
+    /// window is over), the guest moves onto shared RAM.
+    fn schedule_settle(
+        &self,
+        machine: &Restore,
+        bg: Option<
+            tokio::task::JoinHandle<
+                Result<rebound_snapshot::LoadStats, rebound_snapshot::LoadError>,
+            >,
+        >,
+        watch_s: f64,
+        started: Instant,
+    ) {
+        if machine.settle_after() == SettleAfter::Never {
+            return;
+        }
+        let vm = self.vm.clone();
+        let window = Duration::from_secs_f64(watch_s.max(0.1));
+        tokio::spawn(async move {
+            match bg {
+                Some(h) => {
+                    let _ = h.await;
+                }
+                None => tokio::time::sleep(window).await,
+            }
+            // The watch window ends first: settling moves every page, which
+            // would blur what the window measures.
+            tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+            // A recovery VM settles once it serves (a settle needs a running VM).
+            let end = Instant::now() + RECOVERY_READY_WAIT;
+            while vm.record().state == VmState::Recovering && Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            if vm.record().ram_private {
+                if let Err(e) = vm.run(crate::daemon::vm::Job::Settle).await {
+                    tracing::warn!(vm = %vm.name, "no settle onto shared RAM: {}", crate::daemon::error::chain(&e));
+                }
+            }
+        });
+    }
+}
+
+/// Saves the touches of a restore whose snapshot had no trace as its trace: whether
+/// it was saved, or why not.
+async fn record_trace(snap: &Arc<Snapshot>, t: &Trace) -> Result<bool, String> {
+    let (snap, t) = (snap.clone(), t.clone());
+    let info = rebound_snapshot::TraceInfo {
+        file: "trace.fafl".into(),
+        pages: t.pages.len() as u64,
+        source: "restore".into(),
+        wss_sample_pages: None,
+        wss_snapshot_pages: t.pages.len() as u64,
+    };
+    match tokio::task::spawn_blocking(move || snap.replace_trace(&t, info)).await {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(e)) => Err(crate::daemon::error::chain(&e)),
+        Err(_) => Ok(false),
+    }
+}

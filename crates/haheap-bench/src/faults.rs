@@ -346,7 +346,7 @@ fn trial(a: &FaultArgs, scenario: &'static str, engine: EngineKind, ds: Ds, seed
     };
     match r {
         Ok(()) => t.ok = true,
-        Err(e) => t.error = Some(format!("{e:#}")),
+        Err(e) => t.error = Some(rebound_errors::chain(e.as_ref())),
     }
     t
 }

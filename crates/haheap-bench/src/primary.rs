@@ -53,7 +53,7 @@ fn run_tx(heap: &mut Heap, a: &PrimaryArgs, tx: u64) -> Result<(), Error> {
     let mut m = HeapMem::new(heap);
     if let Err(e) = apply(&mut m, a.ds, a.seed, tx, a.opt) {
         // The workload never fills the heap; this is a bug worth stopping for.
-        eprintln!("primary: {e:#}");
+        eprintln!("primary: {}", rebound_errors::chain(e.as_ref()));
         std::process::exit(3);
     }
     if let Some(e) = m.failed.take() {

@@ -119,8 +119,13 @@ async fn dump_as(
 /// A dump's result, or `None` with why in `notes`: one failed dump of `s` does not
 /// lose the run.
 fn keep(r: anyhow::Result<DumpResult>, notes: &mut Vec<String>) -> Option<DumpResult> {
-    r.map_err(|e| notes.push(format!("dump {e:#} (not counted)")))
-        .ok()
+    r.map_err(|e| {
+        notes.push(format!(
+            "dump {} (not counted)",
+            rebound_errors::chain(e.as_ref())
+        ))
+    })
+    .ok()
 }
 
 pub(super) fn print_sizes(s: &Sizes) {

@@ -38,7 +38,7 @@ pub fn load(path: &Path) -> Result<CrashReport, ReportError> {
             )),
             Err(e) => r.notes.push(format!(
                 "the dump {dump} cannot be read now: {}",
-                crate::daemon::error::chain(&e)
+                rebound_errors::chain(&e)
             )),
         }
     }
@@ -75,7 +75,7 @@ pub fn list(crashes_dir: &Path) -> Vec<CrashReport> {
         .filter_map(|id| match load(&crashes_dir.join(id).join("report.json")) {
             Ok(r) => Some(r),
             Err(e) => {
-                tracing::warn!("{}", crate::daemon::error::chain(&e));
+                tracing::warn!("{}", rebound_errors::chain(&e));
                 None
             }
         })

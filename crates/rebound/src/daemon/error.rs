@@ -1,6 +1,6 @@
 //! Failures of VM operations, each with the HTTP status the API answers with.
-//! Errors keep their sources; [`chain`] prints a whole chain on one line, once, at
-//! the edge (the API's answer, the daemon's log).
+//! Errors keep their sources; `rebound_errors::chain` prints a whole chain on one line,
+//! once, at the edge (the API's answer, the daemon's log).
 
 use axum::http::StatusCode;
 
@@ -110,12 +110,10 @@ impl OpError {
     }
 }
 
-/// Every edge of the daemon prints errors with the workspace's one printer.
-pub use rebound_errors::chain;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rebound_errors::chain;
 
     #[test]
     fn chains_print_every_source_once() {

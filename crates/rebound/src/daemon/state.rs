@@ -94,7 +94,7 @@ fn reached(w: WaitFor, s: &VmStatus) -> Option<bool> {
 impl Daemon {
     pub fn new(paths: Paths, socket: std::path::PathBuf) -> Daemon {
         let cgroups = rebound_vmm::cgroup::MemoryCgroups::detect(&paths.home)
-            .map_err(|e| crate::daemon::error::chain(&e));
+            .map_err(|e| rebound_errors::chain(&e));
         Daemon {
             paths,
             socket,
@@ -194,7 +194,7 @@ impl Daemon {
                 if let Some(old) = previous {
                     vms.insert(old.name.clone(), old);
                 }
-                return Err(OpError::Internal(super::error::chain(&e)));
+                return Err(OpError::Internal(rebound_errors::chain(&e)));
             }
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -211,7 +211,7 @@ impl Daemon {
                 Some(old) => {
                     super::replace::put_back(&old.dir);
                     if let Err(e) = old.record().save(&old.dir.record()) {
-                        tracing::error!(vm = %old.name, "{}", super::error::chain(&e));
+                        tracing::error!(vm = %old.name, "{}", rebound_errors::chain(&e));
                     }
                     vms.insert(old.name.clone(), old);
                 }
@@ -251,7 +251,7 @@ impl Daemon {
             }
             match rec {
                 Ok(r) => records.push((name, r)),
-                Err(e) => tracing::warn!(vm = %name, "skipping VM: {}", super::error::chain(&e)),
+                Err(e) => tracing::warn!(vm = %name, "skipping VM: {}", rebound_errors::chain(&e)),
             }
         }
         // QEMUs that no record owns: started by a daemon that died before it

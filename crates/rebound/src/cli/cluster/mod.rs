@@ -405,7 +405,7 @@ async fn rm(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
 pub(crate) async fn rm_cluster(c: &Cluster) -> anyhow::Result<()> {
     // A host whose daemon died still has its VMs: its daemon takes them back first.
     if let Err(e) = daemons_up(c).await {
-        eprintln!("warning: {e:#}");
+        eprintln!("warning: {}", rebound_errors::chain(e.as_ref()));
     }
     for v in &c.spec.vms {
         let Ok(client) = c.link(&v.host) else {

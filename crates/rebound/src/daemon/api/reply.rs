@@ -11,9 +11,10 @@ use axum::Json;
 
 use rebound_api::ErrorBody;
 
-use crate::daemon::error::{chain, OpError};
+use crate::daemon::error::OpError;
 use crate::daemon::state::Daemon;
 use crate::daemon::vm::VmHandle;
+use rebound_errors::chain;
 
 pub(super) struct ApiError(pub(super) OpError);
 

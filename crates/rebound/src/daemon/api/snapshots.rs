@@ -8,8 +8,9 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::reply::{vm_or_404, ApiError, ApiResult, D};
-use crate::daemon::error::{chain, OpError};
+use crate::daemon::error::OpError;
 use crate::daemon::vm::{Done, Job};
+use rebound_errors::chain;
 
 pub(super) async fn snapshot(
     State(d): D,

@@ -14,10 +14,11 @@ use serde_json::json;
 use rebound_api::{Health, VmSpec};
 
 use super::reply::{body_field, query_u64, vm_or_404, ApiResult, D};
-use crate::daemon::error::{chain, OpError};
+use crate::daemon::error::OpError;
 use crate::daemon::guest;
 use crate::daemon::state::WaitFor;
 use crate::daemon::vm::{Done, Job};
+use rebound_errors::chain;
 
 /// Default for `wait` without `timeout_ms`.
 pub(super) const DEFAULT_WAIT_MS: u64 = 120_000;

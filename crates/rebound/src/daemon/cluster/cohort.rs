@@ -29,9 +29,9 @@ use rebound_api::{EventData, ReplayNic, RestOrder, RestoreMode, RestoreRequest, 
 use rebound_coord::{CohortVms, LoadInfo, StartInfo};
 use serde::Deserialize;
 
-use crate::daemon::error::chain;
 use crate::daemon::state::{Daemon, WaitFor};
 use crate::daemon::vm::Job;
+use rebound_errors::chain;
 
 /// A `LOAD`'s arguments for one VM.
 #[derive(Debug, Deserialize)]

@@ -25,7 +25,7 @@ impl Daemon {
         let snap = tokio::task::spawn_blocking(move || rebound_snapshot::Snapshot::open(&dir))
             .await
             .map_err(|e| OpError::Internal(e.to_string()))?
-            .map_err(|e| OpError::SnapshotInput(crate::daemon::error::chain(&e)))?;
+            .map_err(|e| OpError::SnapshotInput(rebound_errors::chain(&e)))?;
         let spec: VmSpec = serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
             OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
         })?;

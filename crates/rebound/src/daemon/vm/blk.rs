@@ -143,11 +143,11 @@ fn supervise_from(mut child: Waited, mut pid: u32, s: BlkServe, vm: Arc<VmHandle
                 Ok(c) => break c,
                 Err(e) if tries < 20 => {
                     tries += 1;
-                    tracing::warn!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
+                    tracing::warn!(vm = %vm.name, "{}", rebound_errors::chain(&e));
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 Err(e) => {
-                    tracing::error!(vm = %vm.name, "giving up on the disk backend for {}: {}", s.disk.display(), crate::daemon::error::chain(&e));
+                    tracing::error!(vm = %vm.name, "giving up on the disk backend for {}: {}", s.disk.display(), rebound_errors::chain(&e));
                     return;
                 }
             }

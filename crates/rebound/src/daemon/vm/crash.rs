@@ -19,26 +19,14 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use rebound_api::IoPolicy;
-use rebound_crash::{Action, Crash, CrashStart, DumpSummary, Event, Seen};
+use rebound_crash::{Action, Crash, CrashStart, Event, Seen};
 use rebound_vmm::events::{mono_ns, wall_now};
 use rebound_vmm::resolve::VIRTIO_MEM_BLOCK_MIB;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::crash_actions::Now;
+pub use super::dump::DumpProgress;
 use super::owner::Owner;
-
-/// What the dump task reports to the owner.
-#[derive(Debug)]
-pub enum DumpProgress {
-    /// Guest memory covered so far (written or skipped) is durable, and the RAM file
-    /// now holds this much.
-    Chunk {
-        dumped_bytes: u64,
-        crashed_bytes: u64,
-    },
-    /// Finished: the dump's size, or why it failed.
-    Done(Result<DumpSummary, super::dump::DumpError>),
-}
 
 /// One crash being handled: its state machine and what the owner holds for it.
 pub struct Handling {
@@ -189,7 +177,7 @@ impl Owner {
                 };
                 return self.feed(chunk).await;
             }
-            Some(DumpProgress::Done(r)) => r.map_err(|e| crate::daemon::error::chain(&e)),
+            Some(DumpProgress::Done(r)) => r.map_err(|e| rebound_errors::chain(&e)),
             None => Err("the dump task ended without reporting".to_string()),
         };
         if done.is_ok() {

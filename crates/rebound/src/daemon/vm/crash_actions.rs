@@ -117,10 +117,10 @@ impl Owner {
         let held = self.cgroups.as_ref().map_err(String::clone).and_then(|cg| {
             let g = cg
                 .vm(&self.vm.name)
-                .map_err(|e| crate::daemon::error::chain(&e))?;
+                .map_err(|e| rebound_errors::chain(&e))?;
             let _ = g.reset_peak();
             g.set_limit(Some(limit))
-                .map_err(|e| crate::daemon::error::chain(&e))?;
+                .map_err(|e| rebound_errors::chain(&e))?;
             Ok((cg.version(), g))
         });
         match held {
@@ -225,7 +225,7 @@ impl Owner {
                     self.apply(Trigger::Gone);
                 }
                 Event::RecoveryFailed {
-                    why: crate::daemon::error::chain(&e),
+                    why: rebound_errors::chain(&e),
                 }
             }
         }

@@ -40,7 +40,7 @@ impl Owner {
         match self.resume_crash(latest.clone()) {
             Ok(acts) => self.execute(acts).await,
             Err(e) => {
-                let why = crate::daemon::error::chain(&e);
+                let why = rebound_errors::chain(&e);
                 crashes::mark_interrupted(&self.paths, &name, latest, &why);
             }
         }
@@ -116,7 +116,7 @@ fn dump_file(out: &str) -> DumpFile {
     }
     match rebound_dump::inspect(out) {
         Err(e) => DumpFile::NoDump {
-            why: crate::daemon::error::chain(&e),
+            why: rebound_errors::chain(&e),
         },
         Ok(info) if !info.complete => DumpFile::Damaged {
             problems: info.problems,

@@ -17,7 +17,6 @@ use rebound_guestmem::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::crash::DumpProgress;
 use rebound_crash::DumpSummary;
 
 /// Why a dump failed.
@@ -63,6 +62,19 @@ pub struct DumpJob {
     pub vmcoreinfo: Option<VmcoreinfoAddr>,
     /// Punch dumped memory out of the RAM file (a crashed guest's, never a live one's).
     pub release: bool,
+}
+
+/// What the dump task reports to the owner.
+#[derive(Debug)]
+pub enum DumpProgress {
+    /// Guest memory covered so far (written or skipped) is durable, and the RAM file
+    /// now holds this much.
+    Chunk {
+        dumped_bytes: u64,
+        crashed_bytes: u64,
+    },
+    /// Finished: the dump's size, or why it failed.
+    Done(Result<DumpSummary, DumpError>),
 }
 
 /// Runs a crash's dump to its end and reports it; never panics the daemon.
@@ -270,7 +282,7 @@ pub fn write(
             Err(e) => {
                 notes.push(format!(
                     "pages not classified ({}): dumped unfiltered",
-                    crate::daemon::error::chain(&e)
+                    rebound_errors::chain(&e)
                 ));
                 None
             }

@@ -26,7 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::VmHandle;
-use crate::daemon::error::chain;
+use rebound_errors::chain;
 
 /// How often the backends are told the ring (and take what it holds) while the guest
 /// evicts little.

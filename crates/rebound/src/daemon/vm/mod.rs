@@ -214,7 +214,7 @@ impl VmHandle {
             (r, s.rec.clone())
         };
         if let Err(e) = snapshot.save(&self.dir.record()) {
-            tracing::error!(vm = %self.name, "{}", super::error::chain(&e));
+            tracing::error!(vm = %self.name, "{}", rebound_errors::chain(&e));
         }
         self.changed.send_modify(|v| *v += 1);
         r

@@ -212,7 +212,7 @@ impl Owner {
                     self.metrics.start_failures.inc();
                     self.vm.update_restore_report(|rep| {
                         rep.phase = "failed".into();
-                        rep.error = Some(crate::daemon::error::chain(e));
+                        rep.error = Some(rebound_errors::chain(e));
                     });
                     if let Some(pid) = self.vm.record().qemu_pid {
                         process::sigkill(pid);
@@ -220,7 +220,7 @@ impl Owner {
                     }
                     self.finish(EventData::Exited {
                         exit_code: None,
-                        error: Some(crate::daemon::error::chain(e)),
+                        error: Some(rebound_errors::chain(e)),
                     });
                     let _ = reply.send(r);
                     if let Ok(cg) = &self.cgroups {
@@ -336,7 +336,7 @@ impl Owner {
 
     pub(super) fn event(&self, data: EventData) {
         if let Err(e) = self.vm.events.append(data) {
-            tracing::error!(vm = %self.vm.name, "{}", crate::daemon::error::chain(&e));
+            tracing::error!(vm = %self.vm.name, "{}", rebound_errors::chain(&e));
         }
     }
 }

@@ -159,7 +159,7 @@ pub(super) fn spawn_lazy_checker(
                 machine.on(r, Event::ChunksChecked(done));
             });
             if let Err(e) = r {
-                rt.spawn(stop_damaged(vm, crate::daemon::error::chain(&e)));
+                rt.spawn(stop_damaged(vm, rebound_errors::chain(&e)));
             }
         });
     if let Err(e) = spawned {
@@ -184,7 +184,7 @@ pub(super) async fn stop_damaged(vm: Arc<VmHandle>, error: String) {
             Action::Fail(error) => super::restore_guard::log_failed(&vm, error),
             Action::StopGuest => {
                 if let Err(e) = vm.run(Job::Kill).await {
-                    tracing::error!(vm = %vm.name, "cannot stop the guest: {}", crate::daemon::error::chain(&e));
+                    tracing::error!(vm = %vm.name, "cannot stop the guest: {}", rebound_errors::chain(&e));
                 }
             }
             other => unreachable!("a damaged image asks for {other:?}"),

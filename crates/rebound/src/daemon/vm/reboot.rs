@@ -277,7 +277,7 @@ impl Owner {
                 Err(reason) => EventData::WarmCacheCold { reason },
             };
             if let Err(e) = vm.events.append(d) {
-                tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
+                tracing::error!(vm = %vm.name, "{}", rebound_errors::chain(&e));
             }
         });
     }

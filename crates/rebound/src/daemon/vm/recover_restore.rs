@@ -31,8 +31,8 @@ pub fn check(spec: &VmSpec) -> Result<Snapshot, OpError> {
         return Err(OpError::Internal("no --recover-from to check".into()));
     };
     let bad = |m: String| OpError::SnapshotInput(format!("--recover-from {dir}: {m}"));
-    let snap = Snapshot::open(std::path::Path::new(dir))
-        .map_err(|e| bad(crate::daemon::error::chain(&e)))?;
+    let snap =
+        Snapshot::open(std::path::Path::new(dir)).map_err(|e| bad(rebound_errors::chain(&e)))?;
     let theirs: VmSpec = serde_json::from_value(snap.manifest().spec.clone())
         .map_err(|e| bad(format!("the manifest's VM spec is malformed: {e}")))?;
     compatible(spec, &theirs).map_err(bad)?;

@@ -92,7 +92,7 @@ pub async fn load(req: &RestoreRequest, spec: &VmSpec) -> Result<Vec<ReplayFrame
             OpError::BadRequest(format!(
                 "replay file {} for net{n}: {}",
                 path.display(),
-                crate::daemon::error::chain(&e)
+                rebound_errors::chain(&e)
             ))
         })?;
         out.push(ReplayFrames { nic: n, frames });

@@ -85,7 +85,7 @@ pub(super) fn spawn(vm: Arc<VmHandle>, stamp: ImageStamp) {
                 fail(&vm, error);
                 if !gone {
                     if let Err(e) = vm.run(Job::Kill).await {
-                        tracing::error!(vm = %vm.name, "cannot stop the guest: {}", crate::daemon::error::chain(&e));
+                        tracing::error!(vm = %vm.name, "cannot stop the guest: {}", rebound_errors::chain(&e));
                     }
                 }
                 return;
@@ -116,7 +116,7 @@ pub(super) fn fail(vm: &VmHandle, error: String) {
 pub(super) fn log_failed(vm: &VmHandle, error: String) {
     tracing::warn!(vm = %vm.name, "{error}");
     if let Err(e) = vm.events.append(EventData::RestoreFailed { error }) {
-        tracing::error!(vm = %vm.name, "{}", crate::daemon::error::chain(&e));
+        tracing::error!(vm = %vm.name, "{}", rebound_errors::chain(&e));
     }
 }
 

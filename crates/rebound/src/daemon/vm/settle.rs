@@ -103,7 +103,7 @@ impl Owner {
         // Both QEMUs append to the VM's one capped QEMU log, off the RAM tmpfs.
         let qemu_log = self.vm.dir.qemu_log();
         let child = rebound_vmm::process::spawn_qemu(&qemu, &args, &qemu_log, group.as_ref())
-            .map_err(|e| OpError::QemuFailed(crate::daemon::error::chain(&e)))?;
+            .map_err(|e| OpError::QemuFailed(rebound_errors::chain(&e)))?;
         let new_pid = child.id().unwrap_or(0);
         crate::daemon::fault::point("settle:spawned");
         let connected = Self::connect_qmp(&side.join("qmp.sock"), &qemu_log, new_pid).await;

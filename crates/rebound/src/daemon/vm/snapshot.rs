@@ -82,7 +82,7 @@ impl Owner {
             tokio::task::spawn_blocking(move || SnapshotDir::create(&out))
                 .await
                 .map_err(|e| OpError::Internal(e.to_string()))?
-                .map_err(|e| OpError::BadRequest(crate::daemon::error::chain(&e)))?
+                .map_err(|e| OpError::BadRequest(rebound_errors::chain(&e)))?
         };
         let size = rec.spec.memory_mib << 20;
         let ram = self.vm.run.ram();

@@ -106,7 +106,7 @@ impl Owner {
                 if !recovering {
                     self.stop_backends();
                 }
-                return Err(OpError::QemuFailed(crate::daemon::error::chain(&e)));
+                return Err(OpError::QemuFailed(rebound_errors::chain(&e)));
             }
         };
         let pid = child.id().unwrap_or(0);
@@ -215,7 +215,7 @@ impl Owner {
             cg.instance(name, &format!("qemu-{}", mono_ns()))
         })();
         r.map_err(|e| {
-            tracing::warn!(vm = %name, "QEMU runs outside a memory group: {}", crate::daemon::error::chain(&e));
+            tracing::warn!(vm = %name, "QEMU runs outside a memory group: {}", rebound_errors::chain(&e));
         })
         .ok()
     }

@@ -100,12 +100,12 @@ impl Restoring {
                     }
                     rt.spawn(crate::daemon::vm::ram_check::stop_damaged(
                         vm.clone(),
-                        crate::daemon::error::chain(e),
+                        rebound_errors::chain(e),
                     ));
                     return s;
                 }
                 Err(e) => {
-                    let e = crate::daemon::error::chain(e);
+                    let e = rebound_errors::chain(e);
                     tracing::warn!(vm = %vm.name, "the background loader failed: {e}");
                     Event::LoaderFailed {
                         error: e,
@@ -316,7 +316,7 @@ impl Owner {
             }
             if vm.record().ram_private {
                 if let Err(e) = vm.run(crate::daemon::vm::Job::Settle).await {
-                    tracing::warn!(vm = %vm.name, "no settle onto shared RAM: {}", crate::daemon::error::chain(&e));
+                    tracing::warn!(vm = %vm.name, "no settle onto shared RAM: {}", rebound_errors::chain(&e));
                 }
             }
         });
@@ -336,7 +336,7 @@ async fn record_trace(snap: &Arc<Snapshot>, t: &Trace) -> Result<bool, String> {
     };
     match tokio::task::spawn_blocking(move || snap.replace_trace(&t, info)).await {
         Ok(Ok(())) => Ok(true),
-        Ok(Err(e)) => Err(crate::daemon::error::chain(&e)),
+        Ok(Err(e)) => Err(rebound_errors::chain(&e)),
         Err(_) => Ok(false),
     }
 }

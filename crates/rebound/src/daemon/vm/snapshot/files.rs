@@ -140,12 +140,12 @@ pub(super) fn record_in_catalog(
                 }
             }
             // Its restore refuses that layer for the same reason.
-            Err(e) => tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e)),
+            Err(e) => tracing::warn!(%vm, "{}", rebound_errors::chain(&e)),
         }
     }
     let catalog = rebound_snapshot::Catalog::new(paths.snapshot_catalog());
     if let Err(e) = catalog.record(dir, &bases) {
-        tracing::warn!(%vm, "{}", crate::daemon::error::chain(&e));
+        tracing::warn!(%vm, "{}", rebound_errors::chain(&e));
     }
 }
 

@@ -50,7 +50,7 @@ pub enum OpError {
     #[error("internal error: {0}")]
     Internal(String),
     #[error("the dump failed")]
-    DumpFailed(#[source] super::vm::DumpError),
+    DumpFailed(#[source] crate::daemon::vm::dump::error::DumpError),
     #[error("the snapshot cannot be restored: {0}")]
     SnapshotInput(String),
     #[error("the snapshot failed: {0}")]
@@ -60,9 +60,9 @@ pub enum OpError {
     #[error("this daemon's cohort never heard of cluster restore {0:?}")]
     UnknownClusterRestore(String),
     #[error("the snapshot cannot be restored")]
-    Restore(#[from] crate::daemon::vm::restore::InputError),
+    Restore(#[from] crate::daemon::vm::restore::error::InputError),
     #[error("the snapshot failed")]
-    Save(#[from] crate::daemon::vm::snapshot::SaveError),
+    Save(#[from] crate::daemon::vm::snapshot::error::SaveError),
     #[error("memory group")]
     Cgroup(#[from] rebound_vmm::cgroup::CgroupError),
 }
@@ -72,7 +72,7 @@ impl From<rebound_vmm::migration::MigrationError> for OpError {
     fn from(e: rebound_vmm::migration::MigrationError) -> OpError {
         match e {
             rebound_vmm::migration::MigrationError::Qmp(q) => OpError::Qmp(q),
-            e => OpError::Save(crate::daemon::vm::snapshot::SaveError::Migration(e)),
+            e => OpError::Save(crate::daemon::vm::snapshot::error::SaveError::Migration(e)),
         }
     }
 }
@@ -137,7 +137,7 @@ mod tests {
     fn restore_and_save_errors_read_as_they_did_when_they_were_strings() {
         use rebound_snapshot::restore_plan::PlanError;
         use rebound_vmm::migration::MigrationError;
-        let e = OpError::from(crate::daemon::vm::restore::InputError::Plan(
+        let e = OpError::from(crate::daemon::vm::restore::error::InputError::Plan(
             PlanError::NoStockStream,
         ));
         assert_eq!(
@@ -145,7 +145,7 @@ mod tests {
             "the snapshot cannot be restored: the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`"
         );
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
-        let e = OpError::from(crate::daemon::vm::restore::InputError::Trust(
+        let e = OpError::from(crate::daemon::vm::restore::error::InputError::Trust(
             "/s/ram-ram.img".into(),
             std::io::Error::from_raw_os_error(13),
         ));

@@ -1,6 +1,7 @@
 //! Carrying out what a crash's state machine (`rebound_crash::Crash`) decides, with the
 //! owner's QMP session, the VM's memory group, the dump task and the files.
 
+use rebound_vmm::port::Runtime;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -87,12 +88,11 @@ impl Owner {
                     .await,
             ),
             Action::Plug { plugged_bytes, mib } => {
-                let q = self.qmp.clone()?;
-                let args = serde_json::json!({"path": "/machine/peripheral/vmem0",
-                    "property": "requested-size", "value": plugged_bytes});
-                match q.execute("qom-set", Some(args)).await {
-                    Ok(_) => Some(Event::Plugged { mib }),
+                self.qmp.as_ref()?;
+                match self.plug_memory(plugged_bytes).await {
+                    Ok(()) => Some(Event::Plugged { mib }),
                     Err(e) => {
+                        let e = rebound_errors::chain(&e);
                         tracing::warn!(vm = %self.vm.name, "cannot grow the recovery VM: {e}");
                         None
                     }
@@ -233,15 +233,14 @@ impl Owner {
 
     /// Limits each of the recovery VM's disks to `bps` (0: no limit).
     async fn throttle_disks(&self, bps: u64) {
-        let Some(q) = self.qmp.clone() else { return };
+        if self.qmp.is_none() {
+            return;
+        }
         let spec = self.vm.record().spec;
         let disks = spec.disks.len() + usize::from(spec.kernel.is_none());
         for i in 0..disks {
-            let args = serde_json::json!({
-                "id": format!("/machine/peripheral/disk{i}/virtio-backend"),
-                "bps": bps, "bps_rd": 0, "bps_wr": 0,
-                "iops": 0, "iops_rd": 0, "iops_wr": 0});
-            if let Err(e) = q.execute("block_set_io_throttle", Some(args)).await {
+            if let Err(e) = self.throttle_disk(&format!("disk{i}"), bps).await {
+                let e = rebound_errors::chain(&e);
                 tracing::warn!(vm = %self.vm.name, "cannot set disk{i}'s I/O limit: {e}");
             }
         }

@@ -9,7 +9,7 @@ mod blk;
 mod crash;
 mod crash_actions;
 mod crash_takeover;
-mod dump;
+pub(crate) mod dump;
 pub use dump::DumpError;
 mod dump_now;
 pub mod evict;

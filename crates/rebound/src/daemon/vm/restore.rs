@@ -17,7 +17,6 @@
 //! carry them out: `run` (the start, the loader, the watch, the settle), `answer`
 //! (the first answer), `disks` (the device state and disks QEMU is given).
 
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +44,9 @@ mod run;
 pub(super) use before::loading_before_start;
 use before::LoadedBefore;
 
+pub(crate) mod error;
+pub use error::InputError;
+
 pub(super) use answer::AgentWait;
 pub(super) use run::Restoring;
 
@@ -53,44 +55,6 @@ pub(super) use run::Restoring;
 const RESPONSIVE_WAIT: Duration = Duration::from_secs(60);
 /// How long a restored recovery VM's settle waits for it to pass readiness.
 const RECOVERY_READY_WAIT: Duration = Duration::from_secs(600);
-
-/// Why a snapshot cannot be restored.
-#[derive(Debug, thiserror::Error)]
-pub enum InputError {
-    #[error(transparent)]
-    Plan(#[from] restore_plan::PlanError),
-    #[error(transparent)]
-    Trace(#[from] rebound_snapshot::TraceError),
-    #[error("cannot look at {0}")]
-    Trust(PathBuf, #[source] std::io::Error),
-    #[error("cannot open {0}")]
-    Open(PathBuf, #[source] std::io::Error),
-    #[error(transparent)]
-    Load(#[from] rebound_snapshot::LoadError),
-    #[error(transparent)]
-    Check(#[from] rebound_snapshot::CheckError),
-    #[error(transparent)]
-    Image(#[from] rebound_snapshot::ImageError),
-    #[error("checksum mismatch in {} chunk {chunk} (bytes {start}..{end}): the image is damaged", .image.display())]
-    Copy {
-        image: PathBuf,
-        chunk: usize,
-        start: u64,
-        end: u64,
-    },
-    #[error("the snapshot was made on machine type {snapshot} and this QEMU's pc is {here}")]
-    Machine { snapshot: String, here: String },
-    #[error("{0}")]
-    Changed(String),
-    #[error("{0}: checksum mismatch: the device state is damaged, QEMU was not given it")]
-    DeviceState(String),
-    #[error("disk {id:?} has format {format:?}: a snapshot's disks are raw or qcow2")]
-    DiskFormat { id: String, format: String },
-    #[error(transparent)]
-    Layer(#[from] rebound_vmm::disks::DiskError),
-    #[error("the snapshot has {snapshot} disks but its VM spec gives {spec}: the manifest does not fit together")]
-    Disks { snapshot: usize, spec: usize },
-}
 
 /// What a restore needs.
 pub struct RestoreJob {

@@ -16,6 +16,9 @@ use super::vm::{start_owner, Init, StartJob, VmHandle};
 
 mod restore;
 
+pub use super::vm::context::LogCaps;
+use super::vm::context::OwnerContext;
+
 /// Everything the daemon holds.
 pub struct Daemon {
     pub paths: Paths,
@@ -28,27 +31,8 @@ pub struct Daemon {
     vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
     /// The cluster side, when the daemon runs with a cluster token.
-    pub cluster: std::sync::OnceLock<super::cluster::Cluster>,
+    pub cluster: std::sync::OnceLock<super::cluster::side::Cluster>,
     pub logs: LogCaps,
-}
-
-/// Caps, in bytes on disk, of each VM's logs that its guest can fill (each log
-/// and its previous generation together).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogCaps {
-    pub serial: u64,
-    pub qemu: u64,
-    pub events: u64,
-}
-
-impl Default for LogCaps {
-    fn default() -> Self {
-        LogCaps {
-            serial: rebound_vmm::console::DEFAULT_CAP,
-            qemu: rebound_vmm::console::DEFAULT_CAP,
-            events: rebound_vmm::events::DEFAULT_CAP,
-        }
-    }
 }
 
 /// What `wait` can wait for.
@@ -105,6 +89,17 @@ impl Daemon {
             shutdown: tokio::sync::Notify::new(),
             cluster: std::sync::OnceLock::new(),
             logs: LogCaps::default(),
+        }
+    }
+
+    /// What each VM's owner takes from the daemon.
+    fn owner_context(&self) -> OwnerContext {
+        OwnerContext {
+            paths: self.paths.clone(),
+            host: self.host.clone(),
+            metrics: self.metrics.clone(),
+            cgroups: self.cgroups.clone(),
+            logs: self.logs,
         }
     }
 
@@ -198,7 +193,7 @@ impl Daemon {
             }
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        start_owner(self, vm.clone(), jobs, init(tx));
+        start_owner(self.owner_context(), vm.clone(), jobs, init(tx));
         let result = rx
             .await
             .unwrap_or_else(|_| Err(OpError::OwnerGone(vm.name.clone())));
@@ -278,11 +273,11 @@ impl Daemon {
             self.vms.lock().expect("vms lock").insert(name, vm.clone());
             if live {
                 let (done, settled) = tokio::sync::oneshot::channel();
-                start_owner(self, vm, jobs, Init::Reattach { done });
+                start_owner(self.owner_context(), vm, jobs, Init::Reattach { done });
                 pending.push(settled);
             } else {
                 // A stopped VM's owner only waits for jobs (stop and kill are no-ops).
-                start_owner(self, vm, jobs, Init::Idle);
+                start_owner(self.owner_context(), vm, jobs, Init::Idle);
             }
         }
         // Owners re-attach in parallel; the daemon serves once every VM is settled.

@@ -79,7 +79,7 @@ pub(super) async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl 
             "this daemon has no cluster token: start it with --cluster-token FILE".into(),
         )
     })?;
-    let req: crate::daemon::cluster::ClusterRestoreRequest = serde_json::from_slice(&body)
+    let req: crate::daemon::cluster::request::ClusterRestoreRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid cluster restore request: {e}")))?;
     let config = req.config.config().map_err(OpError::BadRequest)?;
     let report = rebound_coord::restore(&req.plan, &c.token, &config)

@@ -14,6 +14,11 @@
 pub mod cohort;
 pub mod confine;
 pub mod relay;
+pub mod request;
+pub mod side;
+
+pub use request::{ClusterRestoreRequest, CoordinatorOverrides};
+pub use side::Cluster;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,8 +27,7 @@ use std::time::Duration;
 
 use rebound_coord::cohort::CohortRestoreStatus;
 use rebound_coord::token::TokenError;
-use rebound_coord::{ClusterToken, CohortConfig, CohortHandle, CoordinatorConfig, Plan};
-use serde::Deserialize;
+use rebound_coord::{ClusterToken, CohortConfig};
 
 use super::state::Daemon;
 
@@ -46,12 +50,6 @@ pub enum ClusterError {
     Token(#[from] TokenError),
     #[error("cannot listen for cluster peers on {0}")]
     Listen(SocketAddr, #[source] std::io::Error),
-}
-
-/// The daemon's cluster side, once started.
-pub struct Cluster {
-    pub token: ClusterToken,
-    cohort: Option<CohortHandle>,
 }
 
 /// The token and, when asked to listen, the bound listener: done before the daemon
@@ -136,64 +134,10 @@ impl Cluster {
     }
 }
 
-/// `POST /v1/cluster/restore`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterRestoreRequest {
-    pub plan: Plan,
-    #[serde(default)]
-    pub config: CoordinatorOverrides,
-}
-
-/// The coordinator's timeouts a request may change, in seconds; the rest keep
-/// `rebound-coord`'s defaults.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CoordinatorOverrides {
-    pub connect_s: Option<f64>,
-    pub handshake_s: Option<f64>,
-    pub retry_s: Option<f64>,
-    pub ping_s: Option<f64>,
-    pub peer_s: Option<f64>,
-    pub load_s: Option<f64>,
-    pub start_s: Option<f64>,
-    pub restore_s: Option<f64>,
-    pub abort_s: Option<f64>,
-}
-
-impl CoordinatorOverrides {
-    /// The defaults with these changes; each must be a positive number of seconds
-    /// of at most a day.
-    pub fn config(&self) -> Result<CoordinatorConfig, String> {
-        let mut c = CoordinatorConfig::default();
-        let fields = [
-            ("connect_s", self.connect_s, &mut c.connect),
-            ("handshake_s", self.handshake_s, &mut c.handshake),
-            ("retry_s", self.retry_s, &mut c.retry),
-            ("ping_s", self.ping_s, &mut c.ping),
-            ("peer_s", self.peer_s, &mut c.peer),
-            ("load_s", self.load_s, &mut c.load),
-            ("start_s", self.start_s, &mut c.start),
-            ("restore_s", self.restore_s, &mut c.restore),
-            ("abort_s", self.abort_s, &mut c.abort),
-        ];
-        for (name, v, slot) in fields {
-            if let Some(s) = v {
-                if !(s > 0.0 && s <= 86_400.0) {
-                    return Err(format!(
-                        "config.{name} must be more than 0 and at most 86400 seconds, got {s}"
-                    ));
-                }
-                *slot = Duration::from_secs_f64(s);
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rebound_coord::CoordinatorConfig;
 
     #[test]
     fn overrides_change_only_what_they_name_and_refuse_nonsense() {

@@ -12,7 +12,7 @@ use rebound_crash::{check_dump, unfinished_dump, Crash, DumpFile, DumpState, Res
 use rebound_vmm::events::{mono_ns, wall_now};
 use rebound_vmm::resolve::VIRTIO_MEM_BLOCK_MIB;
 
-use super::crash::{held, Handling};
+use super::crash_state::{held, Handling};
 use super::owner::Owner;
 
 /// Why a crash cannot be taken over.

@@ -6,8 +6,10 @@
 //! so it answers at once even while a long job runs.
 
 mod blk;
+pub(crate) mod context;
 mod crash;
 mod crash_actions;
+mod crash_state;
 mod crash_takeover;
 pub(crate) mod dump;
 pub use dump::DumpError;

@@ -31,11 +31,14 @@ use rebound_vmm::qmp::{Qmp, QmpEvent};
 use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
 use tokio::sync::oneshot;
 
+use super::context::OwnerContext;
 use super::machine::{next, Trigger};
 use super::{Request, VmHandle};
 use crate::daemon::error::OpError;
 use crate::daemon::metrics::Metrics;
-use crate::daemon::state::Daemon;
+
+/// How often a VM started with `--on-crash ... --warm` has its cache listed.
+pub(super) const WARM_LIST_EVERY: Duration = Duration::from_secs(10);
 
 /// How an owner begins.
 pub enum Init {
@@ -49,7 +52,7 @@ pub enum Init {
     /// Restore a snapshot into this new VM and answer `reply` once it runs (or is
     /// held ready).
     Restore(
-        Box<super::restore::RestoreJob>,
+        Box<super::restore::state::RestoreJob>,
         oneshot::Sender<Result<rebound_api::RestoreReport, OpError>>,
     ),
 }
@@ -74,13 +77,13 @@ pub(super) struct Owner {
     pub(super) agent_msgs: Option<Receiver<AgentMsg>>,
     /// The serial console's reader, which keeps the serial and QEMU logs.
     console: Option<ConsoleLink>,
-    logs: crate::daemon::state::LogCaps,
+    logs: super::context::LogCaps,
     child: Option<tokio::process::Child>,
     pub(super) ready: ReadySpec,
     probe_port: Option<u16>,
     last_memfill: Option<(tokio::time::Instant, u64)>,
     /// A restore's wait for the agent's first sign of work after the start.
-    pub(super) agent_wait: Option<super::restore::AgentWait>,
+    pub(super) agent_wait: Option<super::restore::agent_wait::AgentWait>,
     /// A readiness probe in flight: it runs in its own task (an HTTP probe may wait
     /// seconds for a booting guest), so the owner keeps serving jobs, QMP events and
     /// the dump's progress meanwhile.
@@ -88,26 +91,26 @@ pub(super) struct Owner {
     /// has since crashed says nothing about its recovery VM.
     probe_rx: Option<oneshot::Receiver<(Option<u32>, bool)>>,
     /// The crash being handled, if any (its dump may outlive the recovery).
-    pub(super) crash: Option<super::crash::Handling>,
+    pub(super) crash: Option<super::crash_state::Handling>,
     /// The restore this VM came from, until its background loading ends.
-    pub(super) restore: Option<super::restore::Restoring>,
+    pub(super) restore: Option<super::restore::state::Restoring>,
     /// A background listing of the guest's cache (`--on-crash ... --warm`).
     pub(super) warm_listing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Spawns the owner task of `vm`.
 pub fn start_owner(
-    d: &Arc<Daemon>,
+    d: OwnerContext,
     vm: Arc<VmHandle>,
     jobs: UnboundedReceiver<Request>,
     init: Init,
 ) {
     let owner = Owner {
         vm,
-        paths: d.paths.clone(),
-        host: d.host.clone(),
-        metrics: d.metrics.clone(),
-        cgroups: d.cgroups.clone(),
+        paths: d.paths,
+        host: d.host,
+        metrics: d.metrics,
+        cgroups: d.cgroups,
         qmp: None,
         qmp_events: None,
         agent: None,
@@ -171,7 +174,7 @@ enum Input {
     Agent(Option<AgentMsg>),
     Probe,
     Probed(Option<u32>, bool),
-    Dump(Option<super::crash::DumpProgress>),
+    Dump(Option<super::dump::DumpProgress>),
     WarmList,
 }
 
@@ -272,7 +275,7 @@ impl Owner {
         }
         let mut probe = tokio::time::interval(Duration::from_millis(250));
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut warm_list = tokio::time::interval(super::reboot::WARM_LIST_EVERY);
+        let mut warm_list = tokio::time::interval(WARM_LIST_EVERY);
         warm_list.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let probing = !matches!(self.ready, ReadySpec::Agent)
@@ -284,7 +287,7 @@ impl Owner {
                 m = recv_opt(&mut self.agent_msgs) => Input::Agent(m),
                 _ = probe.tick(), if probing && self.probe_rx.is_none() => Input::Probe,
                 (pid, ok) = probe_result(&mut self.probe_rx) => Input::Probed(pid, ok),
-                p = super::crash::next_progress(&mut self.crash) => Input::Dump(p),
+                p = super::crash_state::next_progress(&mut self.crash) => Input::Dump(p),
                 _ = warm_list.tick() => Input::WarmList,
             };
             match input {

@@ -15,7 +15,7 @@ use rebound_snapshot::restore_plan::{Action, Checking, Event, Restore};
 use rebound_snapshot::{Catalog, ChunkChecker, Loader, Snapshot};
 use rebound_vmm::paths::Paths;
 
-use super::restore::InputError;
+use super::restore::error::InputError;
 use super::{Job, VmHandle};
 use crate::daemon::error::OpError;
 
@@ -136,7 +136,7 @@ pub(super) fn spawn_lazy_checker(
                     Ok(_) => progress = Instant::now(),
                     Err(e) => break Err(e),
                 }
-                if progress.elapsed() >= QUIET && !super::restore::loading_before_start() {
+                if progress.elapsed() >= QUIET && !super::restore::gate::loading_before_start() {
                     if let Some(i) = checker.next_unchecked() {
                         if let Err(e) = checker.check(i) {
                             break Err(e);

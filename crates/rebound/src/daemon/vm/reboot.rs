@@ -29,8 +29,6 @@ const REBOOT_WAIT: Duration = Duration::from_secs(180);
 const REBOOT_GRACE: Duration = Duration::from_secs(45);
 /// How long the read-back may take (it runs while the service already serves).
 const PREFETCH_WAIT_S: u64 = 600;
-/// How often a VM started with `--on-crash ... --warm` has its cache listed.
-pub(super) const WARM_LIST_EVERY: Duration = Duration::from_secs(10);
 
 impl Owner {
     pub(super) async fn reboot(&mut self, req: RebootRequest) -> Result<RebootReport, OpError> {

@@ -21,12 +21,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_api::spec::BootSource;
-use rebound_api::{ReadySpec, RestoreReport, RestoreRequest, VmSpec};
+use rebound_api::RestoreReport;
 use rebound_snapshot::restore_plan::{
     self, Action, BeforeStart, Event, Facts, Restore, TraceFacts,
 };
-use rebound_snapshot::{Snapshot, Trace, TracePage};
+use rebound_snapshot::{Trace, TracePage};
 use rebound_vmm::migration::{machine_type, set_ignore_shared, shell_quote, wait_migration};
 use rebound_vmm::port::{Runtime, Spawn};
 use rebound_vmm::qemu::{Incoming, MemoryBackend};
@@ -36,43 +35,25 @@ use super::owner::Owner;
 use super::restore_guard::ImageStamp;
 use crate::daemon::error::OpError;
 
+pub(super) mod agent_wait;
 mod answer;
 mod before;
 mod disks;
-mod run;
-
-pub(super) use before::loading_before_start;
-use before::LoadedBefore;
-
 pub(crate) mod error;
-pub use error::InputError;
+pub(super) mod gate;
+mod run;
+pub(super) mod state;
 
-pub(super) use answer::AgentWait;
-pub(super) use run::Restoring;
+use before::LoadedBefore;
+pub use error::InputError;
+pub use state::RestoreJob;
+use state::{ArmedTrace, Restoring};
 
 /// How long a restored guest's service gets to answer before the report says it
 /// did not.
 const RESPONSIVE_WAIT: Duration = Duration::from_secs(60);
 /// How long a restored recovery VM's settle waits for it to pass readiness.
 const RECOVERY_READY_WAIT: Duration = Duration::from_secs(600);
-
-/// What a restore needs.
-pub struct RestoreJob {
-    pub spec: VmSpec,
-    pub boot: BootSource,
-    pub ready: ReadySpec,
-    pub req: RestoreRequest,
-    pub snap: Snapshot,
-    /// A crashed VM's recovery VM is restored (its host ports, its state machine).
-    pub recovery: Option<rebound_vmm::resolve::Recovery>,
-    /// The background loader waits until this is cleared (a crash's dump still
-    /// holds the memory budget).
-    pub hold_rest: bool,
-    /// Frames to hand to the guest's bridge NICs before it runs (`req.replay`, read).
-    pub replay: Vec<super::replay::ReplayFrames>,
-    /// What of the snapshot's spec was not used, for the report.
-    pub notes: Vec<String>,
-}
 
 impl Owner {
     pub(super) async fn restore(&mut self, job: RestoreJob) -> Result<RestoreReport, OpError> {
@@ -346,7 +327,7 @@ impl Owner {
         else {
             return;
         };
-        let armed = run::ArmedTrace::arm(pid, ram, size, watch_s, held).await;
+        let armed = ArmedTrace::arm(pid, ram, size, watch_s, held).await;
         if let Some(r) = self.restore.as_mut() {
             r.armed = Some(armed);
         }

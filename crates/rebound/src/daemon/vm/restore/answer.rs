@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use rebound_api::{ReadySpec, Workload};
-use rebound_vmm::agent::AgentMsg;
 
+use super::agent_wait::{AgentWait, AgentWant};
 use super::RESPONSIVE_WAIT;
 use crate::daemon::vm::owner::Owner;
 
@@ -81,39 +81,4 @@ enum Answer {
     Probe(ReadySpec),
     /// A kv request on this guest port answered.
     Kv(u16),
-}
-
-/// Which agent message a restore waits for.
-#[derive(Debug, Clone, Copy)]
-enum AgentWant {
-    Ready,
-    Counter,
-    Memfill,
-}
-
-/// A restore waiting for the agent's `count`-th message of one kind after the start.
-pub(in crate::daemon::vm) struct AgentWait {
-    want: AgentWant,
-    count: u32,
-    tx: tokio::sync::oneshot::Sender<Instant>,
-}
-
-impl AgentWait {
-    /// Counts `m`; the wait, if it goes on.
-    pub(in crate::daemon::vm) fn saw(mut self, m: &AgentMsg) -> Option<AgentWait> {
-        let hit = matches!(
-            (self.want, m),
-            (AgentWant::Ready, AgentMsg::Ready(_))
-                | (AgentWant::Counter, AgentMsg::Counter { .. })
-                | (AgentWant::Memfill, AgentMsg::Memfill { .. })
-        );
-        if hit {
-            self.count -= 1;
-            if self.count == 0 {
-                let _ = self.tx.send(Instant::now());
-                return None;
-            }
-        }
-        Some(self)
-    }
 }

@@ -16,17 +16,23 @@ use tokio::net::UnixStream;
 /// Errors talking to the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach the rebound daemon at {0}: {1}")]
-    Connect(PathBuf, std::io::Error),
-    #[error("HTTP exchange with the daemon failed: {0}")]
-    Http(String),
+    #[error("cannot reach the rebound daemon at {0}")]
+    Connect(PathBuf, #[source] std::io::Error),
+    #[error("HTTP exchange with the daemon failed")]
+    Http(#[source] hyper::Error),
+    #[error("HTTP exchange with the daemon failed")]
+    Request(#[source] hyper::http::Error),
     /// The daemon's own one-line error.
     #[error("{message}")]
     Api { status: u16, message: String },
-    #[error("the daemon sent an unexpected answer ({0})")]
-    Decode(String),
+    #[error("the daemon sent an unexpected answer")]
+    Decode(#[source] serde_json::Error),
     #[error("could not start the daemon: {0}")]
     Start(String),
+    #[error("could not start the daemon")]
+    StartIo(#[source] std::io::Error),
+    #[error("could not start the daemon: {}", .0.display())]
+    StartAt(PathBuf, #[source] std::io::Error),
 }
 
 /// One HTTP answer.
@@ -77,7 +83,7 @@ impl Client {
             .map_err(|e| ClientError::Connect(self.socket.clone(), e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
+            .map_err(ClientError::Http)?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -88,11 +94,8 @@ impl Client {
             .header("host", "reboundd")
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(data)))
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
+            .map_err(ClientError::Request)?;
+        let resp = sender.send_request(req).await.map_err(ClientError::Http)?;
         let status = resp.status();
         let content_type = resp
             .headers()
@@ -104,7 +107,7 @@ impl Client {
             .into_body()
             .collect()
             .await
-            .map_err(|e| ClientError::Http(e.to_string()))?
+            .map_err(ClientError::Http)?
             .to_bytes();
         Ok(Answer {
             status,
@@ -124,7 +127,7 @@ impl Client {
         if !status.is_success() {
             return Err(api_error(status, &bytes));
         }
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+        serde_json::from_slice(&bytes).map_err(ClientError::Decode)
     }
 
     /// Like [`Client::call`] for a plain-text success body.
@@ -149,16 +152,14 @@ impl Client {
         if self.is_up().await {
             return Ok(());
         }
-        let exe = std::env::current_exe().map_err(|e| ClientError::Start(e.to_string()))?;
+        let exe = std::env::current_exe().map_err(ClientError::StartIo)?;
         if let Some(dir) = log.parent() {
             rebound_vmm::private::create_dir_all(dir)
-                .map_err(|e| ClientError::Start(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| ClientError::StartAt(dir.to_path_buf(), e))?;
         }
         let out = rebound_vmm::private::create_file(log, true)
-            .map_err(|e| ClientError::Start(format!("{}: {e}", log.display())))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| ClientError::Start(e.to_string()))?;
+            .map_err(|e| ClientError::StartAt(log.to_path_buf(), e))?;
+        let err = out.try_clone().map_err(ClientError::StartIo)?;
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("daemon")
             .arg("--socket")
@@ -167,7 +168,7 @@ impl Client {
             .stdout(out)
             .stderr(err);
         rebound_vmm::process::new_session(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| ClientError::Start(e.to_string()))?;
+        let mut child = cmd.spawn().map_err(ClientError::StartIo)?;
         let mut deadline = std::time::Instant::now() + Duration::from_secs(15);
         let mut exited: Option<String> = None;
         loop {

@@ -144,7 +144,7 @@ impl Daemon {
             let s = spec.clone();
             tokio::task::spawn_blocking(move || super::vm::check_recover_from(&s))
                 .await
-                .map_err(|e| OpError::Internal(e.to_string()))??;
+                .map_err(OpError::Task)??;
         }
         self.launch(&spec.clone(), |tx| {
             Init::Start(Box::new(StartJob {

@@ -66,7 +66,7 @@ impl Owner {
             Ok((block, device, entries))
         })
         .await
-        .map_err(|e| OpError::Internal(e.to_string()))?
+        .map_err(OpError::Task)?
     }
 
     /// The VM's disks as files to copy, with the base each qcow2 overlay reads

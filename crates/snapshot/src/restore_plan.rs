@@ -210,11 +210,7 @@ pub fn plan(facts: Facts) -> Result<Plan, PlanError> {
             (Memory::PrivateImage, BeforeStart::WorkingSet(ws as usize))
         }
     };
-    let loader =
-        matches!(before_start, BeforeStart::WorkingSet(_)).then_some(match facts.rest_order {
-            rebound_api::RestOrder::Fafl => RestOrder::Fafl,
-            rebound_api::RestOrder::FileOrder => RestOrder::FileOrder,
-        });
+    let loader = matches!(before_start, BeforeStart::WorkingSet(_)).then_some(facts.rest_order);
     let checking = match (mode, ram_check.check) {
         (RestoreMode::Stock, _) => Checking::None,
         (RestoreMode::Eager, _) => Checking::AsCopied,

@@ -25,7 +25,7 @@ use rebound_vmm::resolve::VIRTIO_MEM_BLOCK_MIB;
 use super::crash_actions::Now;
 use super::crash_state::held;
 use super::crash_state::Handling;
-pub use super::dump::DumpProgress;
+use super::dump::DumpProgress;
 use super::owner::Owner;
 
 /// A crash id: UTC time to the millisecond, sortable.

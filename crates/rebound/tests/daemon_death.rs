@@ -235,8 +235,12 @@ fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
     intact(&env, "a failed restore");
 
     // Settling onto shared RAM starts a second QEMU: killed with the daemon before
-    // the record names it, it does not run on unseen.
-    for (name, step) in [("s1", "settle:spawned"), ("s2", "settle:migrated")] {
+    // the record names it, it does not run on unseen; ports handed to it come back.
+    for (name, step) in [
+        ("s1", "settle:spawned"),
+        ("s3", "settle:ports"),
+        ("s2", "settle:migrated"),
+    ] {
         let daemon = arm(&mut env, step);
         // The settle begins once the watch window is over, which may be before the
         // CLI has its answer: whether it does is not the point.
@@ -256,8 +260,8 @@ fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
         assert!(!env.run.path().join(name).join("settle").exists(), "{step}");
         let st = env.status(name);
         match step {
-            // The restored QEMU still holds the guest, which answers.
-            "settle:spawned" => {
+            // The restored QEMU still holds the guest, which answers on its port.
+            "settle:spawned" | "settle:ports" => {
                 assert_eq!(st["state"], "running", "{step}: {st}");
                 let port = env.host_port(name, 7070);
                 assert_eq!(common::kv(port, "GET nothing").unwrap(), "NOTFOUND");

@@ -7,9 +7,11 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, kv, restore_json, Env};
+use common::{eventually, kv, kv_on, restore_json, Env};
 use serde_json::Value;
 
 /// The counter ticks a VM's serial log holds, in order.
@@ -268,13 +270,100 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     assert_eq!(c["phase"], "done", "{c}");
     let pc = env.host_port("kv-c", 7070);
     // kv-c settles once its watch window is over (its port moves between two QEMUs).
+    // A client asking all the while gets every answer right: a connection is either
+    // answered or, in the one monitor command's gap of the hand-over, refused; never
+    // accepted and then dropped.
+    let client = Hammer::start(pc, "GET k19", "VALUE v19");
     eventually(Duration::from_secs(120), "kv-c to settle", || {
         env.events("kv-c")
             .into_iter()
             .find(|e| e["kind"] == "settled")
     });
+    let after = client.answered();
+    eventually(
+        Duration::from_secs(60),
+        "answers from the settled kv-c",
+        || (client.answered() >= after + 20).then_some(()),
+    );
+    let seen = client.stop();
+    assert!(
+        seen.dropped.is_empty(),
+        "connections lost across the settle: {seen:?}"
+    );
+    assert!(seen.refusals <= 1, "refused more than once: {seen:?}");
+    // A lazy restore's memory is all in place once it runs on shared RAM: its
+    // report says when.
+    let (_, rep) = env.call("GET", "/v1/vms/kv-c/restore", None).unwrap();
+    assert!(rep["memory_loaded_s"].as_f64().is_some(), "{rep}");
     assert_eq!(kv(pc, "GET k19").unwrap(), "VALUE v19");
     assert_eq!(kv(pc, "GET only-a").unwrap(), "NOTFOUND");
+}
+
+/// A kv client asking one question over and over, a new connection each time, as
+/// a service's users would while the VM behind the port changes.
+struct Hammer {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<Seen>,
+}
+
+/// What the client met.
+#[derive(Debug, Default)]
+struct Seen {
+    answered: u64,
+    /// Runs of refused connection attempts (one per gap in which nothing listened).
+    refusals: u64,
+    /// Connections accepted and then closed, reset or answered wrongly, with what came.
+    dropped: Vec<String>,
+}
+
+impl Hammer {
+    fn start(port: u16, ask: &'static str, want: &'static str) -> Hammer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicU64::new(0));
+        let (s, a) = (stop.clone(), answered.clone());
+        let thread = std::thread::spawn(move || {
+            let mut seen = Seen::default();
+            let mut refused = false;
+            while !s.load(Ordering::Relaxed) {
+                let conn = std::net::TcpStream::connect(("127.0.0.1", port));
+                if let Err(e) = &conn {
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                        seen.refusals += u64::from(!refused);
+                        refused = true;
+                        continue;
+                    }
+                }
+                refused = false;
+                match conn
+                    .map_err(anyhow::Error::from)
+                    .and_then(|c| kv_on(c, ask))
+                {
+                    Ok(got) if got == want => {
+                        seen.answered += 1;
+                        a.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(got) => seen.dropped.push(format!("answer {got:?}")),
+                    Err(e) => seen.dropped.push(format!("{e:#}")),
+                }
+            }
+            seen
+        });
+        Hammer {
+            stop,
+            answered,
+            thread,
+        }
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    fn stop(self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
 }
 
 #[test]

@@ -14,7 +14,8 @@
 //! - [`qmp`], [`agent`], [`console`], [`readiness`]: talking to QEMU and to the guest;
 //! - [`port`]: the runtime port a capability's actions go through (spawn, QMP,
 //!   throttle, memory group, memory plug); [`migration`]: saves and loads through
-//!   QEMU's migration; [`procfs`]: a QEMU process's counters;
+//!   QEMU's migration; [`usernet`]: host ports handed between QEMUs;
+//!   [`procfs`]: a QEMU process's counters;
 //! - [`record`], [`events`], [`logcap`]: the VM's persistent record, its event log and
 //!   the caps on every log a guest can fill;
 //! - [`ratelimit`]: warnings about input a guest controls, rate-limited.
@@ -40,6 +41,7 @@ pub mod ratelimit;
 pub mod readiness;
 pub mod record;
 pub mod resolve;
+pub mod usernet;
 pub mod warm;
 
 pub use rebound_api as api;

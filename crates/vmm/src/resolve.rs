@@ -188,6 +188,18 @@ fn check_ram_fits(run: &Path, memory_mib: u64) -> Result<(), BootError> {
     Ok(())
 }
 
+/// A VM's forwards as its QEMU's user network holds them: on loopback.
+pub fn host_forwards(forwards: &[PortForward]) -> Vec<HostForward> {
+    forwards
+        .iter()
+        .map(|f| HostForward {
+            bind: std::net::Ipv4Addr::LOCALHOST,
+            host: f.host,
+            guest: f.guest,
+        })
+        .collect()
+}
+
 /// The QEMU a supervised VM runs as: guest RAM a shared file in its run directory,
 /// the crash devices, user networking with the forwards on loopback, the agent
 /// port, the serial console on a logged socket, QMP and a pid file.
@@ -203,14 +215,7 @@ pub fn vm_command(
     q.boot = Some(boot);
     q.nics.push(Nic {
         backend: NetBackend::User {
-            forwards: forwards
-                .iter()
-                .map(|f| HostForward {
-                    bind: std::net::Ipv4Addr::LOCALHOST,
-                    host: f.host,
-                    guest: f.guest,
-                })
-                .collect(),
+            forwards: host_forwards(forwards),
         },
         mac: None,
         filters: Vec::new(),

@@ -65,6 +65,8 @@ pub enum OpError {
     Save(#[from] crate::daemon::vm::snapshot::error::SaveError),
     #[error("memory group")]
     Cgroup(#[from] rebound_vmm::cgroup::CgroupError),
+    #[error("the VM's host ports could not be moved")]
+    Ports(#[from] rebound_vmm::usernet::UsernetError),
 }
 
 impl From<rebound_vmm::migration::MigrationError> for OpError {
@@ -105,7 +107,8 @@ impl OpError {
             | OpError::DumpFailed(_)
             | OpError::SnapshotFailed(_)
             | OpError::Save(_)
-            | OpError::Cgroup(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | OpError::Cgroup(_)
+            | OpError::Ports(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -19,9 +19,11 @@ pub const STEPS: &[&str] = &[
     "restore:spawned",
     "restore:recorded",
     "restore:loading",
-    // Settling onto shared RAM: the second QEMU spawned; the guest moved into it
-    // and the old QEMU gone, before the record names the new one.
+    // Settling onto shared RAM: the second QEMU spawned; the host ports handed
+    // to it; the guest moved into it and the old QEMU gone, before the record
+    // names the new one.
     "settle:spawned",
+    "settle:ports",
     "settle:migrated",
     // A crash's dump: all of it flushed in the partial file and punched out of the
     // crashed RAM, before the rename; renamed, before the report says so; the

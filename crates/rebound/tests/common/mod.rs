@@ -424,7 +424,11 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, Vec<u8>)> {
 
 /// One request line to the kv service; returns the answer line.
 pub fn kv(port: u16, line: &str) -> Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    kv_on(TcpStream::connect(("127.0.0.1", port))?, line)
+}
+
+/// One request line on an open connection to the kv service; the answer line.
+pub fn kv_on(mut s: TcpStream, line: &str) -> Result<String> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     s.write_all(format!("{line}\n").as_bytes())?;
     let mut out = Vec::new();

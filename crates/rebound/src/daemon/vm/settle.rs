@@ -6,9 +6,17 @@
 //! waits for a local live migration; the restored QEMU sends it every page over a
 //! unix socket while the guest keeps running, stops it for the last dirty pages and
 //! quits. The new QEMU's control sockets are then moved to the run dir's usual
-//! names, so everything else goes on talking to "the VM" as before. The host ports
-//! are handed over by removing the old QEMU's forwards before the new one binds them:
-//! connections made meanwhile wait in the new QEMU's listen queue.
+//! names, so everything else goes on talking to "the VM" as before.
+//!
+//! The host ports move before the migration starts, while the old guest still runs:
+//! each forward is removed from the old QEMU and at once added to the new one (a
+//! connection attempt in the gap of one monitor command is refused). Connections made
+//! after that are accepted by the new QEMU's user network and wait there, queued for
+//! the guest, until it runs; none is accepted by a QEMU whose guest will never answer
+//! it. Connections the old QEMU accepted before the move are served by the old guest
+//! until the migration stops it; one still open then is closed, since user-mode
+//! networking keeps its TCP state inside the QEMU process (a tap NIC would keep it,
+//! but a VM with one cannot settle).
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +25,7 @@ use rebound_vmm::qemu::{Control, Incoming, MemoryBackend, NetBackend, QemuComman
 
 use rebound_vmm::migration::wait_migration;
 use rebound_vmm::port::Runtime;
+use rebound_vmm::usernet;
 
 use super::owner::Owner;
 use crate::daemon::error::OpError;
@@ -116,6 +125,12 @@ impl Owner {
                 )));
             }
         };
+        if let Err(e) = usernet::hand_over(&*src, &*dq, &forwards).await {
+            self.abandon(new_pid, &src, &forwards).await;
+            let _ = std::fs::remove_dir_all(&side);
+            return Err(e.into());
+        }
+        crate::daemon::fault::point("settle:ports");
         let sock = side.join("migrate.sock");
         let uri = format!("unix:{}", sock.display());
         let caps = serde_json::json!({"capabilities": [
@@ -142,43 +157,18 @@ impl Owner {
         let info = match r {
             Ok(i) => i,
             Err(e) => {
-                // The restored QEMU keeps the guest; it gets its ports back.
-                rebound_vmm::process::sigkill(new_pid);
+                self.abandon(new_pid, &src, &forwards).await;
                 let _ = self.command("cont", None).await;
                 let _ = std::fs::remove_dir_all(&side);
                 return Err(e);
             }
         };
-        // The ports: off the old QEMU, onto the new one (a connection attempt in
-        // between is refused; the gap is two monitor commands).
-        for f in &forwards {
-            let hmp = |c: String| serde_json::json!({ "command-line": c });
-            self.command(
-                "human-monitor-command",
-                Some(hmp(format!(
-                    "hostfwd_remove net0 tcp:{}:{}",
-                    f.bind, f.host
-                ))),
-            )
-            .await?;
-            dq.execute(
-                "human-monitor-command",
-                Some(hmp(format!(
-                    "hostfwd_add net0 tcp:{}:{}-:{}",
-                    f.bind, f.host, f.guest
-                ))),
-            )
-            .await?;
-        }
         // The old QEMU is done: stop listening to it before it quits.
         self.disconnect();
         let _ = src.execute("quit", None).await;
         let _ = rebound_vmm::process::wait_gone(old_pid, Duration::from_secs(10)).await;
         self.reap(old_pid).await;
         crate::daemon::fault::point("settle:migrated");
-        if let Some(r) = self.restore.take() {
-            r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         for (from, to) in [
             ("qmp.sock", run.qmp()),
             ("agent.sock", run.agent()),
@@ -198,15 +188,15 @@ impl Owner {
             r.ram_private = false;
         });
         // Every page is now in the shared RAM file (a lazy restore's memory is
-        // complete only from here on): the plan's `Event::Settled`. It was never
-        // applied here, since the restore was taken above to stop its loader, so a
-        // lazy restore's report has no `memory_loaded_s`; kept so while nothing a
-        // user sees may change (issue 32), to be fixed on its own.
-        if let Some(machine) = self.restore.as_ref().map(|r| r.machine.clone()) {
+        // complete only from here on): the plan's `Event::Settled`, then the restore's
+        // loader, if still reading, stops.
+        if let Some(r) = self.restore.take() {
             let at = Instant::now();
             self.vm.update_restore_report(|rep| {
-                machine.on(rep, rebound_snapshot::restore_plan::Event::Settled { at });
+                r.machine
+                    .on(rep, rebound_snapshot::restore_plan::Event::Settled { at });
             });
+            r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         let ready = self.ready.clone();
         self.attach(dq, devents, ready);
@@ -220,5 +210,24 @@ impl Owner {
             ram_bytes: info["ram"]["transferred"].as_u64(),
         });
         Ok(self.vm.status())
+    }
+
+    /// The settle is given up: the QEMU to settle onto is killed, and the restored
+    /// QEMU, which keeps the guest, gets back the host ports it handed over.
+    async fn abandon(
+        &self,
+        new_pid: u32,
+        src: &rebound_vmm::qmp::Qmp,
+        forwards: &[rebound_vmm::qemu::HostForward],
+    ) {
+        rebound_vmm::process::sigkill(new_pid);
+        rebound_vmm::process::wait_gone(new_pid, Duration::from_secs(10)).await;
+        if let Err(e) = usernet::restore(src, forwards).await {
+            tracing::warn!(
+                "VM {:?} keeps running without its host ports: {}",
+                self.vm.name,
+                rebound_errors::chain(&e)
+            );
+        }
     }
 }

@@ -289,6 +289,22 @@ impl Owner {
                 .map_err(|_| "QMP did not answer".to_string())?
                 .map_err(|e| e.to_string())?;
         let st = qmp.run_state().await.map_err(|e| e.to_string())?;
+        // A settle cut short by the daemon's death may have handed this QEMU's host
+        // ports to a QEMU since killed: it gets back the ones it lost.
+        let forwards = rebound_vmm::resolve::host_forwards(&rec.forwards);
+        match rebound_vmm::usernet::restore(&*qmp, &forwards).await {
+            Ok(back) if !back.is_empty() => tracing::warn!(
+                "VM {:?}: host ports {:?} put back on its QEMU (a settle was cut short)",
+                self.vm.name,
+                back.iter().map(|f| f.host).collect::<Vec<_>>()
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                "VM {:?}: its host ports could not be put back: {}",
+                self.vm.name,
+                rebound_errors::chain(&e)
+            ),
+        }
         self.apply(Trigger::QemuStatus(&st));
         self.event(EventData::Reattached {
             pid,

@@ -34,9 +34,12 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::json;
 
+mod cells;
+
 use crate::guest::{boot_filled, post, remove};
 use crate::host::{drop_cache, host_cpus, host_kernel, load_average};
 use crate::slowdisk::{DiskCheck, SlowDisk};
+use cells::Cell;
 use rebound_client::{connect, Client};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -98,6 +101,10 @@ pub struct RestoreArgs {
     /// Seconds of post-snapshot working-set trace.
     #[arg(long, default_value_t = 8.0)]
     trace_s: f64,
+    /// Restores per workload, disk and mode (each cold, modes interleaved): every
+    /// figure is the median over them, times with their min and max.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
     /// Elastic working-set pages (default: the daemon's, half the estimated WSS).
     #[arg(long)]
     ws_pages: Option<u64>,
@@ -111,6 +118,8 @@ struct Record {
     workload: String,
     disk: String,
     mode: String,
+    /// Which run of the cell (0-based); 0 in a cell's medians.
+    round: usize,
     time_to_running_s: Option<f64>,
     time_to_responsive_s: Option<f64>,
     responsive_after_start_s: Option<f64>,
@@ -370,6 +379,7 @@ impl Bench {
         let answers = load.map(|l| l.answers_within(t0, self.args.watch_s));
         remove(&self.c, name).await;
         Ok(Record {
+            round: 0,
             workload: workload.into(),
             disk: disk.into(),
             mode: mode_id.into(),
@@ -517,6 +527,9 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
             args.memory
         );
     }
+    if args.runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
     if args.watch_s <= 0.0 || args.trace_s <= 0.0 {
         anyhow::bail!("--watch-s and --trace-s must be positive");
     }
@@ -569,20 +582,27 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
                     }
                     _ => None,
                 };
-                for m in &modes {
-                    let name = format!("{tag}-{w}-{m}-{d}");
-                    b.say(&format!("{w}: {m} restore, {d} disk, cold"));
-                    let r = b.restore(w, d, m, &snap, &name).await;
-                    if r.is_err() {
-                        remove(&b.c, &name).await;
+                for round in 0..b.args.runs {
+                    for m in &modes {
+                        let name = format!("{tag}-{w}-{m}-{d}-{round}");
+                        b.say(&format!(
+                            "{w}: {m} restore, {d} disk, cold (run {} of {})",
+                            round + 1,
+                            b.args.runs
+                        ));
+                        let r = b.restore(w, d, m, &snap, &name).await;
+                        if r.is_err() {
+                            remove(&b.c, &name).await;
+                        }
+                        let mut rec = r?;
+                        rec.round = round;
+                        b.say(&format!(
+                            "{w}/{d}/{m}: running after {}, responsive after {}",
+                            secs(rec.time_to_running_s),
+                            secs(rec.time_to_responsive_s)
+                        ));
+                        records.push(rec);
                     }
-                    let rec = r?;
-                    b.say(&format!(
-                        "{w}/{d}/{m}: running after {}, responsive after {}",
-                        secs(rec.time_to_running_s),
-                        secs(rec.time_to_responsive_s)
-                    ));
-                    records.push(rec);
                 }
                 drop(slow);
             }
@@ -610,16 +630,18 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
         load_before,
         load_after: load_average(),
     };
-    let ratios = ratios(&records);
+    let cells = cells::cells(&records);
+    let medians: Vec<Record> = cells.iter().map(|c| c.median.clone()).collect();
+    let ratios = ratios(&medians);
     if let Some(svg) = &b.args.out.svg {
-        std::fs::write(svg, draw(&meta, &records))?;
+        std::fs::write(svg, draw(&meta, &cells))?;
     }
     if b.args.out.json {
         let v = json!({"meta": meta, "snapshots": snaps, "emulated_disk": checks,
-            "records": records, "ratios": ratios});
+            "records": records, "medians": cells, "ratios": ratios});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_text(&meta, &snaps, &checks, &records, &ratios);
+        print_text(&meta, &snaps, &checks, &cells, &ratios);
     }
     Ok(())
 }
@@ -694,13 +716,7 @@ fn ratios(records: &[Record]) -> Vec<Ratio> {
     out
 }
 
-fn print_text(
-    meta: &Meta,
-    snaps: &[Snap],
-    checks: &[DiskCheck],
-    records: &[Record],
-    ratios: &[Ratio],
-) {
+fn print_text(meta: &Meta, snaps: &[Snap], checks: &[DiskCheck], cells: &[Cell], ratios: &[Ratio]) {
     println!(
         "rebound bench restore: {} MiB guest, memfill/mixed touch {} MiB, kv holds {} MiB and its client reads {}% of the keys, 1 vCPU; accel {}; host {} CPUs, kernel {}; {}",
         meta.memory_mib, meta.touch_mib, meta.kv_data_mib, meta.kv_hot_percent, meta.accel, meta.host_cpus, meta.host_kernel, meta.date
@@ -740,13 +756,17 @@ fn print_text(
             c.dd_mbps
         );
     }
+    let runs = cells.iter().map(|c| c.spread.runs).max().unwrap_or(0);
+    println!("medians of {runs} restores per row; min-max of the times beside them");
     println!(
-        "{:<8} {:<9} {:<13} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
+        "{:<8} {:<9} {:<13} {:>8} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
         "workload",
         "disk",
         "mode",
         "running",
+        "min-max",
         "respond",
+        "min-max",
         "pre MiB",
         "faults",
         "read MiB",
@@ -759,14 +779,21 @@ fn print_text(
     );
     let o2 = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
     let o3 = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
-    for (r, q) in records.iter().zip(ratios) {
+    let range = |lo: Option<f64>, hi: Option<f64>| match (lo, hi) {
+        (Some(a), Some(b)) => format!("{a:.2}-{b:.2}"),
+        _ => "-".into(),
+    };
+    for (c, q) in cells.iter().zip(ratios) {
+        let (r, sp) = (&c.median, &c.spread);
         println!(
-            "{:<8} {:<9} {:<13} {:>8} {:>8} {:>9.1} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
+            "{:<8} {:<9} {:<13} {:>8} {:>11} {:>8} {:>11} {:>9.1} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
             r.workload,
             r.disk,
             r.mode,
             o2(r.time_to_running_s),
+            range(sp.running_min_s, sp.running_max_s),
             o2(r.time_to_responsive_s),
+            range(sp.responsive_min_s, sp.responsive_max_s),
             r.bytes_loaded_before_start as f64 / MIB,
             r.major_faults_after_start
                 .map(|v| v.to_string())
@@ -783,10 +810,10 @@ fn print_text(
         );
     }
     println!("run/eag, rsp/eag: against the faster of stock and eager to running on the same disk; flt/lazy: major faults after the start against lazy");
-    for r in records {
+    for r in cells.iter().map(|c| &c.median) {
         if let Some(a) = r.client_answers {
             println!(
-                "{}/{}/{}: the kv client got {a} answers in the {} s after the restore request",
+                "{}/{}/{}: the kv client got {a} answers (median) in the {} s after the restore request",
                 r.workload, r.disk, r.mode, meta.watch_s
             );
         }
@@ -797,23 +824,25 @@ fn print_text(
 }
 
 /// Time to running (bar) and to responsive (thin bar) per restore, as an SVG.
-fn draw(meta: &Meta, records: &[Record]) -> String {
+fn draw(meta: &Meta, cells: &[Cell]) -> String {
     let (w, left, row, top) = (820.0, 240.0, 24.0, 50.0);
-    let h = top + row * records.len() as f64 + 40.0;
-    let max = records
+    let h = top + row * cells.len() as f64 + 40.0;
+    let max = cells
         .iter()
-        .flat_map(|r| [r.time_to_running_s, r.time_to_responsive_s])
+        .flat_map(|c| [c.spread.running_max_s, c.spread.responsive_max_s])
         .flatten()
         .fold(1.0, f64::max);
+    let runs = cells.iter().map(|c| c.spread.runs).max().unwrap_or(0);
     let x = |v: f64| v / max * (w - left - 60.0);
     let mut s = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <text x="10" y="18" font-size="14">Restore: {} MiB guest, {} MiB touched, accel {}, {}</text>
-<text x="10" y="36" fill="#555">bar: time to running; thin bar: time to responsive; cold page cache; emulated disk {} MB/s</text>
+<text x="10" y="36" fill="#555">medians of {runs} runs; bar: time to running; thin bar: time to responsive; whisker: min to max; cold page cache; emulated disk {} MB/s</text>
 "##,
         meta.memory_mib, meta.touch_mib, meta.accel, meta.date, meta.disk_mbps
     );
-    for (i, r) in records.iter().enumerate() {
+    for (i, c) in cells.iter().enumerate() {
+        let r = &c.median;
         let y = top + row * i as f64;
         let color = match r.mode.as_str() {
             "stock" | "eager" => "#c44",
@@ -829,12 +858,32 @@ fn draw(meta: &Meta, records: &[Record]) -> String {
             r.mode,
             x(run)
         );
+        for (lo, hi, at) in [
+            (c.spread.running_min_s, c.spread.running_max_s, y + 6.0),
+            (
+                c.spread.responsive_min_s,
+                c.spread.responsive_max_s,
+                y + 16.0,
+            ),
+        ] {
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                s += &format!(
+                    "<line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{at:.0}\" y2=\"{at:.0}\" stroke=\"#000\"/>\n",
+                    left + x(lo),
+                    left + x(hi)
+                );
+            }
+        }
         if let Some(t) = r.time_to_responsive_s {
+            let end = [c.spread.running_max_s, c.spread.responsive_max_s]
+                .into_iter()
+                .flatten()
+                .fold(run.max(t), f64::max);
             s += &format!(
                 "<rect x=\"{left}\" y=\"{:.0}\" width=\"{:.1}\" height=\"4\" fill=\"#333\"/><text x=\"{:.1}\" y=\"{:.0}\">{run:.2} / {t:.2} s</text>\n",
                 y + 14.0,
                 x(t),
-                left + x(run.max(t)) + 4.0,
+                left + x(end) + 4.0,
                 y + 11.0
             );
         }
@@ -850,8 +899,9 @@ fn draw(meta: &Meta, records: &[Record]) -> String {
 mod tests {
     use super::*;
 
-    fn rec(w: &str, d: &str, m: &str, run: f64, resp: f64, faults: u64) -> Record {
+    pub(super) fn rec(w: &str, d: &str, m: &str, run: f64, resp: f64, faults: u64) -> Record {
         Record {
+            round: 0,
             workload: w.into(),
             disk: d.into(),
             mode: m.into(),

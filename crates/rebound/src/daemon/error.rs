@@ -23,8 +23,8 @@ pub enum OpError {
     Boot(#[from] BootError),
     #[error("invalid QEMU configuration")]
     Qemu(#[from] QemuCmdError),
-    #[error("QEMU failed to start: {0}")]
-    QemuFailed(String),
+    #[error("QEMU failed to start")]
+    QemuFailed(#[source] crate::daemon::vm::qemu_error::QemuError),
     #[error("VM {0:?} is {1}: {2}")]
     WrongState(String, VmState, &'static str),
     #[error("timed out after {0} ms waiting for {1}")]
@@ -49,12 +49,21 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("internal error")]
+    Broken(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("bad request: {0}")]
+    Backend(
+        String,
+        #[source] crate::daemon::backend_control::ControlError,
+    ),
+    /// A host-cache move undone: the backend's refusal, then what was put back.
+    #[error("internal error: a disk backend refused its cache ({0}): {1}")]
+    CacheRefused(
+        #[source] crate::daemon::backend_control::ControlError,
+        String,
+    ),
     #[error("the dump failed")]
     DumpFailed(#[source] crate::daemon::vm::dump::error::DumpError),
-    #[error("the snapshot cannot be restored: {0}")]
-    SnapshotInput(String),
-    #[error("the snapshot failed: {0}")]
-    SnapshotFailed(String),
     #[error("crash report")]
     Report(#[from] super::crashes::ReportError),
     #[error("this daemon's cohort never heard of cluster restore {0:?}")]
@@ -90,7 +99,7 @@ impl OpError {
             OpError::Spec(_)
             | OpError::BadRequest(_)
             | OpError::Qemu(_)
-            | OpError::SnapshotInput(_)
+            | OpError::Backend(..)
             | OpError::Restore(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
@@ -102,8 +111,9 @@ impl OpError {
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)
+            | OpError::Broken(_)
+            | OpError::CacheRefused(..)
             | OpError::DumpFailed(_)
-            | OpError::SnapshotFailed(_)
             | OpError::Save(_)
             | OpError::Cgroup(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

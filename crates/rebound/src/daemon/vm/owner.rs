@@ -267,7 +267,7 @@ impl Owner {
                     if let Err(why) = self.reattach().await {
                         self.finish(EventData::Stopped {
                             how: None,
-                            reason: Some(why),
+                            reason: Some(rebound_errors::chain(&why)),
                         });
                     }
                 }

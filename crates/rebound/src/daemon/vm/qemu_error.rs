@@ -1,8 +1,10 @@
-//! Why a QEMU (or a disk backend it is given) did not come up, with the cause kept.
+//! Why a QEMU (or a disk backend it is given) did not come up, or a running one could
+//! not be taken over by a restarted daemon, with the cause kept.
 
 use std::path::PathBuf;
 
-/// Why a QEMU, or a disk backend it needs, did not come up.
+/// Why a QEMU, or a disk backend it needs, did not come up, or why a running QEMU
+/// could not be taken over.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
     #[error(transparent)]
@@ -29,6 +31,16 @@ pub enum QemuError {
         socket: PathBuf,
         secs: u64,
     },
+    #[error("no QEMU pid recorded")]
+    NoPid,
+    #[error("QEMU (pid {0}) is gone")]
+    Gone(u32),
+    #[error("QMP did not answer")]
+    Silent,
+    #[error(transparent)]
+    Qmp(#[from] rebound_vmm::qmp::QmpError),
+    #[error(transparent)]
+    Ready(#[from] rebound_api::SpecError),
 }
 
 #[cfg(test)]

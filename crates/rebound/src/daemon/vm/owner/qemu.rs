@@ -278,27 +278,24 @@ impl Owner {
         self.qmp_events = Some(events);
     }
 
-    pub(super) async fn reattach(&mut self) -> Result<(), String> {
+    pub(super) async fn reattach(&mut self) -> Result<(), QemuError> {
         let rec = self.vm.record();
-        let pid = rec.qemu_pid.ok_or("no QEMU pid recorded")?;
+        let pid = rec.qemu_pid.ok_or(QemuError::NoPid)?;
         if !process::is_our_qemu(pid, &rec.run_dir) {
-            return Err(format!("QEMU (pid {pid}) is gone"));
+            return Err(QemuError::Gone(pid));
         }
         let (qmp, events) =
             tokio::time::timeout(Duration::from_secs(5), Qmp::connect(&self.vm.run.qmp()))
                 .await
-                .map_err(|_| "QMP did not answer".to_string())?
-                .map_err(|e| e.to_string())?;
-        let st = qmp.run_state().await.map_err(|e| e.to_string())?;
+                .map_err(|_| QemuError::Silent)??;
+        let st = qmp.run_state().await?;
         self.apply(Trigger::QemuStatus(&st));
         self.event(EventData::Reattached {
             pid,
             qemu_status: st,
         });
         let ready: ReadySpec = match &rec.spec.ready {
-            Some(r) => r
-                .parse()
-                .map_err(|e: rebound_api::SpecError| e.to_string())?,
+            Some(r) => r.parse()?,
             None => ReadySpec::Agent,
         };
         self.metrics.reattaches.inc();

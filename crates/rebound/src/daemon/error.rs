@@ -41,6 +41,8 @@ pub enum OpError {
     Task(#[from] tokio::task::JoinError),
     #[error("bad request: {0}")]
     BadRequest(String),
+    #[error("bad request")]
+    BadInput(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("VMCOREINFO unavailable")]
     Vmcoreinfo(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the owner of VM {0:?} is gone (the daemon is shutting down?)")]
@@ -56,12 +58,14 @@ pub enum OpError {
         String,
         #[source] crate::daemon::backend_control::ControlError,
     ),
-    /// A host-cache move undone: the backend's refusal, then what was put back.
-    #[error("internal error: a disk backend refused its cache ({0}): {1}")]
-    CacheRefused(
-        #[source] crate::daemon::backend_control::ControlError,
-        String,
-    ),
+    /// A host-cache move undone: the backend's refusal (whole, in the parentheses),
+    /// then what was put back.
+    #[error("internal error: a disk backend refused its cache ({}): {then}", rebound_errors::Chain(.refusal))]
+    CacheRefused {
+        #[source]
+        refusal: crate::daemon::backend_control::ControlError,
+        then: String,
+    },
     #[error("the dump failed")]
     DumpFailed(#[source] crate::daemon::vm::dump::error::DumpError),
     #[error("crash report")]
@@ -98,6 +102,7 @@ impl OpError {
             OpError::Agent(_) | OpError::Vmcoreinfo(_) => StatusCode::CONFLICT,
             OpError::Spec(_)
             | OpError::BadRequest(_)
+            | OpError::BadInput(_)
             | OpError::Qemu(_)
             | OpError::Backend(..)
             | OpError::Restore(_) => StatusCode::BAD_REQUEST,
@@ -112,7 +117,7 @@ impl OpError {
             | OpError::Io(..)
             | OpError::Internal(_)
             | OpError::Broken(_)
-            | OpError::CacheRefused(..)
+            | OpError::CacheRefused { .. }
             | OpError::DumpFailed(_)
             | OpError::Save(_)
             | OpError::Cgroup(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -174,5 +179,69 @@ mod tests {
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let e = OpError::from(MigrationError::Qmp(QmpError::Closed));
         assert_eq!(chain(&e), "QMP: QMP connection lost");
+    }
+
+    #[test]
+    fn kept_sources_read_as_the_strings_they_replace() {
+        use crate::daemon::backend_control::ControlError;
+        use crate::daemon::vm::qemu_error::QemuError;
+        use crate::daemon::vm::restore::error::InputError;
+        let e = OpError::QemuFailed(QemuError::Exited("qemu: -m 0: bad size".into()));
+        assert_eq!(
+            chain(&e),
+            "QEMU failed to start: QEMU exited: qemu: -m 0: bad size"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        let recover = |inner: InputError| {
+            OpError::from(InputError::RecoverFrom {
+                dir: "/s/post-boot".into(),
+                source: Box::new(inner),
+            })
+        };
+        let e = recover(InputError::Mismatch {
+            what: "memory",
+            theirs: "256 MiB".into(),
+            ours: "192 MiB".into(),
+        });
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: --recover-from /s/post-boot: its VM has memory 256 MiB, this VM 192 MiB: a recovery VM must be the same guest"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let missing = std::path::Path::new("/nonexistent/rebound-snapshot");
+        let m = rebound_snapshot::Snapshot::open(missing).unwrap_err();
+        let want = format!(
+            "the snapshot cannot be restored: --recover-from /s/post-boot: {}",
+            chain(&m)
+        );
+        assert!(want.contains("No such file"), "{want}");
+        assert_eq!(chain(&recover(m.into())), want);
+
+        let io = || ControlError::Io("/r/c.sock".into(), std::io::Error::from_raw_os_error(111));
+        let e = OpError::Backend("VM \"a\": its disk's backend".into(), io());
+        assert_eq!(
+            chain(&e),
+            "bad request: VM \"a\": its disk's backend: /r/c.sock: Connection refused (os error 111)"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let e = OpError::CacheRefused {
+            refusal: io(),
+            then: "nothing was moved".into(),
+        };
+        assert_eq!(
+            chain(&e),
+            "internal error: a disk backend refused its cache (/r/c.sock: Connection refused (os error 111)): nothing was moved"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        let e = OpError::Broken(Box::new(std::io::Error::from_raw_os_error(28)));
+        assert_eq!(
+            chain(&e),
+            "internal error: No space left on device (os error 28)"
+        );
+        let e = OpError::BadInput(Box::new(std::io::Error::from_raw_os_error(17)));
+        assert_eq!(chain(&e), "bad request: File exists (os error 17)");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 }

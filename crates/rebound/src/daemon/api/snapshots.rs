@@ -10,7 +10,6 @@ use axum::Json;
 use super::reply::{vm_or_404, ApiError, ApiResult, D};
 use crate::daemon::error::OpError;
 use crate::daemon::vm::{Done, Job};
-use rebound_errors::chain;
 
 pub(super) async fn snapshot(
     State(d): D,
@@ -84,7 +83,7 @@ pub(super) async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl 
     let config = req.config.config().map_err(OpError::BadRequest)?;
     let report = rebound_coord::restore(&req.plan, &c.token, &config)
         .await
-        .map_err(|e| OpError::BadRequest(chain(&e)))?;
+        .map_err(|e| OpError::BadInput(Box::new(e)))?;
     Ok(Json(report))
 }
 

@@ -123,7 +123,10 @@ impl Owner {
         if exclusive {
             if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
                 restore_caches(&controls, &was).await;
-                return Err(OpError::CacheRefused(e, "nothing was moved".into()));
+                return Err(OpError::CacheRefused {
+                    refusal: e,
+                    then: "nothing was moved".into(),
+                });
             }
         }
         q.execute("balloon", Some(json!({"value": target}))).await?;
@@ -173,10 +176,10 @@ impl Owner {
             if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
                 // Memory the guest gave and no cache to hold it: give it back.
                 let _ = q.execute("balloon", Some(json!({"value": before}))).await;
-                return Err(OpError::CacheRefused(
-                    e,
-                    format!("the guest's balloon is back to {} MiB", before / MIB),
-                ));
+                return Err(OpError::CacheRefused {
+                    refusal: e,
+                    then: format!("the guest's balloon is back to {} MiB", before / MIB),
+                });
             }
         }
         self.vm.update(|r| {

@@ -69,7 +69,7 @@ impl Owner {
             tokio::task::spawn_blocking(move || SnapshotDir::create(&out))
                 .await
                 .map_err(|e| OpError::Broken(Box::new(e)))?
-                .map_err(|e| OpError::BadRequest(rebound_errors::chain(&e)))?
+                .map_err(|e| OpError::BadInput(Box::new(e)))?
         };
         let size = rec.spec.memory_mib << 20;
         let ram = self.vm.run.ram();

@@ -215,7 +215,7 @@ mod tests {
             "the snapshot cannot be restored: --recover-from /s/post-boot: {}",
             chain(&m)
         );
-        assert!(want.contains("No such file"), "{want}");
+        assert!(want.contains("no manifest.json"), "{want}");
         assert_eq!(chain(&recover(m.into())), want);
 
         let io = || ControlError::Io("/r/c.sock".into(), std::io::Error::from_raw_os_error(111));

@@ -276,6 +276,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn what_the_coordinator_is_told_reads_as_before() {
+        let bad = LoadArgs::deserialize(serde_json::json!({"dir": 3})).unwrap_err();
+        let want = format!("the LOAD arguments of VM web1 are invalid: {bad}");
+        let e: VmError = Box::new(CohortVmError::Args {
+            vm: "web1".into(),
+            source: bad,
+        });
+        assert_eq!(chain(&*e), want);
+        let e: VmError = Box::new(CohortVmError::from(OpError::UnknownVm("web1".into())));
+        assert_eq!(chain(&*e), "unknown VM \"web1\"");
+        let e: VmError = Box::new(CohortVmError::NotHeldHere {
+            vm: "web1".into(),
+            restore_id: "r1".into(),
+        });
+        assert_eq!(
+            chain(&*e),
+            "VM web1 is not held for cluster restore r1 on this host"
+        );
+    }
+
+    #[test]
     fn load_args_carry_the_frames_to_replay_and_refuse_unknown_keys() {
         let a = LoadArgs::deserialize(serde_json::json!({
             "dir": "/snaps/c1/s1",

@@ -66,6 +66,12 @@ pub enum OpError {
         refusal: crate::daemon::backend_control::ControlError,
         then: String,
     },
+    #[error("internal error: replaying frames on net{nic}")]
+    Replay {
+        nic: u32,
+        #[source]
+        source: crate::daemon::vm::replay::ReplayError,
+    },
     #[error("the dump failed")]
     DumpFailed(#[source] crate::daemon::vm::dump::error::DumpError),
     #[error("crash report")]
@@ -117,6 +123,7 @@ impl OpError {
             | OpError::Io(..)
             | OpError::Internal(_)
             | OpError::Broken(_)
+            | OpError::Replay { .. }
             | OpError::CacheRefused { .. }
             | OpError::DumpFailed(_)
             | OpError::Save(_)
@@ -234,6 +241,16 @@ mod tests {
             "internal error: a disk backend refused its cache (/r/c.sock: Connection refused (os error 111)): nothing was moved"
         );
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        use crate::daemon::vm::replay::ReplayError;
+        let e = OpError::Replay {
+            nic: 2,
+            source: ReplayError::Qmp("chardev-add", QmpError::Closed),
+        };
+        assert_eq!(
+            chain(&e),
+            "internal error: replaying frames on net2: chardev-add: QMP connection lost"
+        );
 
         let e = OpError::Broken(Box::new(std::io::Error::from_raw_os_error(28)));
         assert_eq!(

@@ -73,6 +73,10 @@ pub struct StartInfo {
     pub started_unix_ns: i64,
 }
 
+/// Why one of [`CohortVms`]' operations failed: the implementation's own error with its
+/// sources; the cohort prints the whole chain once, into the coordinator's message.
+pub type VmError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The host's VMs as the cohort sees them; the daemon implements it on its real VMs.
 ///
 /// The cohort calls each method at most once per restore and VM: `load`, then either
@@ -87,11 +91,11 @@ pub trait CohortVms: Send + Sync + 'static {
         vm: &str,
         ws_pages: u64,
         args: &serde_json::Value,
-    ) -> Result<LoadInfo, String>;
+    ) -> Result<LoadInfo, VmError>;
     /// Starts a held VM (the rest of memory loads on demand and in the background).
-    async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, String>;
+    async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, VmError>;
     /// Resolves when the rest of a started VM's memory is loaded.
-    async fn restored(&self, restore_id: &str, vm: &str) -> Result<(), String>;
+    async fn restored(&self, restore_id: &str, vm: &str) -> Result<(), VmError>;
     /// Drops a held (loaded, never started) VM.
     async fn abort(&self, restore_id: &str, vm: &str);
 }
@@ -578,7 +582,8 @@ async fn run_load(shared: Arc<Shared>, restore_id: String, lv: LoadVm) {
     let result = shared
         .vms
         .load(&restore_id, &lv.vm, lv.ws_pages, &lv.args)
-        .await;
+        .await
+        .map_err(|e| rebound_errors::chain(&*e));
     let abort_now = {
         let mut restores = shared.lock();
         let Some(slot) = restores.get_mut(&restore_id) else {
@@ -696,7 +701,11 @@ fn on_start(
 }
 
 async fn run_start(shared: Arc<Shared>, restore_id: String, vm: String) {
-    let result = shared.vms.start(&restore_id, &vm).await;
+    let result = shared
+        .vms
+        .start(&restore_id, &vm)
+        .await
+        .map_err(|e| rebound_errors::chain(&*e));
     {
         let mut restores = shared.lock();
         let Some(slot) = restores.get_mut(&restore_id) else {
@@ -730,7 +739,11 @@ async fn run_start(shared: Arc<Shared>, restore_id: String, vm: String) {
             }
         }
     }
-    let result = shared.vms.restored(&restore_id, &vm).await;
+    let result = shared
+        .vms
+        .restored(&restore_id, &vm)
+        .await
+        .map_err(|e| rebound_errors::chain(&*e));
     let mut restores = shared.lock();
     let Some(slot) = restores.get_mut(&restore_id) else {
         return;

@@ -27,7 +27,8 @@ pub mod wire;
 mod tasks;
 
 pub use cohort::{
-    spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo, StartInfo,
+    spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo,
+    StartInfo, VmError,
 };
 pub use coordinator::{restore, CoordinatorConfig};
 pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};

@@ -15,6 +15,7 @@ use rebound_coord::wire::{
 };
 use rebound_coord::{
     spawn_cohort, ClusterToken, CohortHandle, CohortVms, CoordinatorConfig, LoadInfo, StartInfo,
+    VmError,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -137,13 +138,13 @@ impl CohortVms for StandInVms {
         vm: &str,
         ws_pages: u64,
         _args: &serde_json::Value,
-    ) -> Result<LoadInfo, String> {
+    ) -> Result<LoadInfo, VmError> {
         self.record("load", vm);
         let b = self.of(vm);
         tokio::time::sleep(b.load).await;
         if let Some(e) = b.fail_load {
             self.record("load_failed", vm);
-            return Err(e);
+            return Err(e.into());
         }
         self.record("loaded", vm);
         Ok(LoadInfo {
@@ -152,7 +153,7 @@ impl CohortVms for StandInVms {
         })
     }
 
-    async fn start(&self, _restore_id: &str, vm: &str) -> Result<StartInfo, String> {
+    async fn start(&self, _restore_id: &str, vm: &str) -> Result<StartInfo, VmError> {
         self.record("start", vm);
         tokio::time::sleep(self.of(vm).start).await;
         let started_unix_ns = unix_now_ns();
@@ -160,7 +161,7 @@ impl CohortVms for StandInVms {
         Ok(StartInfo { started_unix_ns })
     }
 
-    async fn restored(&self, _restore_id: &str, vm: &str) -> Result<(), String> {
+    async fn restored(&self, _restore_id: &str, vm: &str) -> Result<(), VmError> {
         tokio::time::sleep(self.of(vm).restore).await;
         self.record("restored", vm);
         Ok(())

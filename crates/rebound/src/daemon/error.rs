@@ -23,8 +23,8 @@ pub enum OpError {
     Boot(#[from] BootError),
     #[error("invalid QEMU configuration")]
     Qemu(#[from] QemuCmdError),
-    #[error("QEMU failed to start: {0}")]
-    QemuFailed(String),
+    #[error("QEMU failed to start")]
+    QemuFailed(#[source] crate::daemon::vm::qemu_error::QemuError),
     #[error("VM {0:?} is {1}: {2}")]
     WrongState(String, VmState, &'static str),
     #[error("timed out after {0} ms waiting for {1}")]
@@ -41,6 +41,8 @@ pub enum OpError {
     Task(#[from] tokio::task::JoinError),
     #[error("bad request: {0}")]
     BadRequest(String),
+    #[error("bad request")]
+    BadInput(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("VMCOREINFO unavailable")]
     Vmcoreinfo(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the owner of VM {0:?} is gone (the daemon is shutting down?)")]
@@ -49,12 +51,29 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("internal error")]
+    Broken(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("bad request: {0}")]
+    Backend(
+        String,
+        #[source] crate::daemon::backend_control::ControlError,
+    ),
+    /// A host-cache move undone: the backend's refusal (whole, in the parentheses),
+    /// then what was put back.
+    #[error("internal error: a disk backend refused its cache ({}): {then}", rebound_errors::Chain(.refusal))]
+    CacheRefused {
+        #[source]
+        refusal: crate::daemon::backend_control::ControlError,
+        then: String,
+    },
+    #[error("internal error: replaying frames on net{nic}")]
+    Replay {
+        nic: u32,
+        #[source]
+        source: crate::daemon::vm::replay::ReplayError,
+    },
     #[error("the dump failed")]
     DumpFailed(#[source] crate::daemon::vm::dump::error::DumpError),
-    #[error("the snapshot cannot be restored: {0}")]
-    SnapshotInput(String),
-    #[error("the snapshot failed: {0}")]
-    SnapshotFailed(String),
     #[error("crash report")]
     Report(#[from] super::crashes::ReportError),
     #[error("this daemon's cohort never heard of cluster restore {0:?}")]
@@ -91,8 +110,9 @@ impl OpError {
             OpError::Agent(_) | OpError::Vmcoreinfo(_) => StatusCode::CONFLICT,
             OpError::Spec(_)
             | OpError::BadRequest(_)
+            | OpError::BadInput(_)
             | OpError::Qemu(_)
-            | OpError::SnapshotInput(_)
+            | OpError::Backend(..)
             | OpError::Restore(_) => StatusCode::BAD_REQUEST,
             OpError::Boot(b) if b.is_user_error() => StatusCode::BAD_REQUEST,
             OpError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
@@ -104,8 +124,10 @@ impl OpError {
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)
+            | OpError::Broken(_)
+            | OpError::Replay { .. }
+            | OpError::CacheRefused { .. }
             | OpError::DumpFailed(_)
-            | OpError::SnapshotFailed(_)
             | OpError::Save(_)
             | OpError::Cgroup(_)
             | OpError::Ports(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -167,5 +189,79 @@ mod tests {
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let e = OpError::from(MigrationError::Qmp(QmpError::Closed));
         assert_eq!(chain(&e), "QMP: QMP connection lost");
+    }
+
+    #[test]
+    fn kept_sources_read_as_the_strings_they_replace() {
+        use crate::daemon::backend_control::ControlError;
+        use crate::daemon::vm::qemu_error::QemuError;
+        use crate::daemon::vm::restore::error::InputError;
+        let e = OpError::QemuFailed(QemuError::Exited("qemu: -m 0: bad size".into()));
+        assert_eq!(
+            chain(&e),
+            "QEMU failed to start: QEMU exited: qemu: -m 0: bad size"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        let recover = |inner: InputError| {
+            OpError::from(InputError::RecoverFrom {
+                dir: "/s/post-boot".into(),
+                source: Box::new(inner),
+            })
+        };
+        let e = recover(InputError::Mismatch {
+            what: "memory",
+            theirs: "256 MiB".into(),
+            ours: "192 MiB".into(),
+        });
+        assert_eq!(
+            chain(&e),
+            "the snapshot cannot be restored: --recover-from /s/post-boot: its VM has memory 256 MiB, this VM 192 MiB: a recovery VM must be the same guest"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let missing = std::path::Path::new("/nonexistent/rebound-snapshot");
+        let m = rebound_snapshot::Snapshot::open(missing).unwrap_err();
+        let want = format!(
+            "the snapshot cannot be restored: --recover-from /s/post-boot: {}",
+            chain(&m)
+        );
+        assert!(want.contains("no manifest.json"), "{want}");
+        assert_eq!(chain(&recover(m.into())), want);
+
+        let io = || ControlError::Io("/r/c.sock".into(), std::io::Error::from_raw_os_error(111));
+        let e = OpError::Backend("VM \"a\": its disk's backend".into(), io());
+        assert_eq!(
+            chain(&e),
+            "bad request: VM \"a\": its disk's backend: /r/c.sock: Connection refused (os error 111)"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let e = OpError::CacheRefused {
+            refusal: io(),
+            then: "nothing was moved".into(),
+        };
+        assert_eq!(
+            chain(&e),
+            "internal error: a disk backend refused its cache (/r/c.sock: Connection refused (os error 111)): nothing was moved"
+        );
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+        use crate::daemon::vm::replay::ReplayError;
+        let e = OpError::Replay {
+            nic: 2,
+            source: ReplayError::Qmp("chardev-add", QmpError::Closed),
+        };
+        assert_eq!(
+            chain(&e),
+            "internal error: replaying frames on net2: chardev-add: QMP connection lost"
+        );
+
+        let e = OpError::Broken(Box::new(std::io::Error::from_raw_os_error(28)));
+        assert_eq!(
+            chain(&e),
+            "internal error: No space left on device (os error 28)"
+        );
+        let e = OpError::BadInput(Box::new(std::io::Error::from_raw_os_error(17)));
+        assert_eq!(chain(&e), "bad request: File exists (os error 17)");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 }

@@ -9,6 +9,7 @@
 //! - [`guest`]: reading the guest from the host (VMCOREINFO).
 //! - [`crashes`]: crash reports read back from disk.
 //! - [`metrics`]: counters and gauges for operators.
+//! - [`backend_control`]: asking a disk backend over its control socket.
 //! - [`replace`]: a start over a stopped VM's name; QEMUs no record owns.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
 //! - [`fault`]: `REBOUND_FAULT`, the daemon killing itself at a named step (tests).
@@ -17,6 +18,7 @@
 //! - [`api`]: HTTP routes.
 
 pub mod api;
+pub mod backend_control;
 pub mod cluster;
 pub mod crashes;
 pub mod error;

@@ -11,6 +11,7 @@ use rebound_mrc::MissRatioCurve;
 use rebound_vmm::record::VmRecord;
 use serde_json::json;
 
+use super::backend_control::{self, ControlError};
 use super::error::OpError;
 
 const MIB: u64 = 1 << 20;
@@ -37,19 +38,23 @@ fn no_exclusive_cache(name: &str) -> OpError {
     ))
 }
 
-fn ask(control: &std::path::Path, req: &serde_json::Value) -> Result<serde_json::Value, String> {
-    let v =
-        rebound_blk::serve::ask(control, req).map_err(|e| format!("{}: {e}", control.display()))?;
-    match v.get("error") {
-        Some(e) => Err(e.as_str().unwrap_or_default().to_string()),
-        None => Ok(v),
-    }
+fn ask(
+    control: &std::path::Path,
+    req: &serde_json::Value,
+) -> Result<serde_json::Value, ControlError> {
+    backend_control::ask(control, req).map_err(|e| match e {
+        // The backend's own words: the report names the disk already.
+        ControlError::Refused { answer, .. } => {
+            ControlError::Said(answer.as_str().unwrap_or_default().to_string())
+        }
+        e => e,
+    })
 }
 
 /// The backend's trace, up to `max_bytes` of host-side size (`None`: all of it).
-fn trace(control: &std::path::Path, max_bytes: Option<u64>) -> Result<TraceReport, String> {
+fn trace(control: &std::path::Path, max_bytes: Option<u64>) -> Result<TraceReport, ControlError> {
     let v = ask(control, &json!({"op": "curve", "max_bytes": max_bytes}))?;
-    serde_json::from_value(v).map_err(|e| format!("bad answer: {e}"))
+    serde_json::from_value(v).map_err(ControlError::Decode)
 }
 
 /// The curve of every disk with an exclusive cache, up to `max_bytes` of guest memory
@@ -84,7 +89,10 @@ pub fn report(name: &str, rec: &VmRecord, max_bytes: Option<u64>) -> Result<MrcR
                 evicted_blocks: 0,
                 inconsistent_blocks: 0,
                 points: Vec::new(),
-                detail: Some(format!("the disk's backend did not answer: {e}")),
+                detail: Some(format!(
+                    "the disk's backend did not answer: {}",
+                    rebound_errors::Chain(&e)
+                )),
             },
         });
     }
@@ -148,7 +156,7 @@ pub fn restart(name: &str, rec: &VmRecord, config: TraceConfig) -> Result<u64, O
     for p in rec.blk.iter().filter(|p| p.serve.exclusive) {
         let req = json!({"op": "curve", "max_bytes": 0, "restart": config});
         ask(&p.serve.control, &req)
-            .map_err(|e| OpError::BadRequest(format!("restarting the curve: {e}")))?;
+            .map_err(|e| OpError::Backend("restarting the curve".into(), e))?;
         n += 1;
     }
     if n == 0 {
@@ -164,7 +172,7 @@ pub fn guest_curve(name: &str, rec: &VmRecord) -> Result<(MissRatioCurve, u64), 
     let mut curves = Vec::new();
     for p in rec.blk.iter().filter(|p| p.serve.exclusive) {
         let t = trace(&p.serve.control, None)
-            .map_err(|e| OpError::BadRequest(format!("VM {name:?}: its disk's backend: {e}")))?;
+            .map_err(|e| OpError::Backend(format!("VM {name:?}: its disk's backend"), e))?;
         if let Some(c) = t.curve {
             curves.push(c);
         }
@@ -178,7 +186,7 @@ pub fn guest_curve(name: &str, rec: &VmRecord) -> Result<(MissRatioCurve, u64), 
             let c = curves.remove(0);
             let shifted = c
                 .shifted(guest / PAGE, None)
-                .map_err(|e| OpError::Internal(e.to_string()))?;
+                .map_err(|e| OpError::Broken(Box::new(e)))?;
             Ok((shifted, allocation))
         }
         n => Err(OpError::BadRequest(format!(

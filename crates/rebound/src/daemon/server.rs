@@ -181,7 +181,10 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
     }
     match &d.cgroups {
         Ok(cg) => tracing::info!("crash memory budgets are enforced with {}", cg.version()),
-        Err(e) => tracing::warn!("crash memory budgets are only accounted: {e}"),
+        Err(e) => tracing::warn!(
+            "crash memory budgets are only accounted: {}",
+            rebound_errors::Chain(&**e)
+        ),
     }
     tracing::info!(
         "reboundd {} (pid {}) serving {}",

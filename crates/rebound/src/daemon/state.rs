@@ -27,7 +27,10 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     /// Where VMs' memory groups go, or why there are none (budgets then are only
     /// accounted).
-    pub cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
+    pub cgroups: Result<
+        rebound_vmm::cgroup::MemoryCgroups,
+        std::sync::Arc<rebound_vmm::cgroup::CgroupError>,
+    >,
     vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
     /// The cluster side, when the daemon runs with a cluster token.
@@ -77,8 +80,7 @@ fn reached(w: WaitFor, s: &VmStatus) -> Option<bool> {
 
 impl Daemon {
     pub fn new(paths: Paths, socket: std::path::PathBuf) -> Daemon {
-        let cgroups = rebound_vmm::cgroup::MemoryCgroups::detect(&paths.home)
-            .map_err(|e| rebound_errors::chain(&e));
+        let cgroups = rebound_vmm::cgroup::MemoryCgroups::detect(&paths.home).map_err(Arc::new);
         Daemon {
             paths,
             socket,
@@ -189,7 +191,7 @@ impl Daemon {
                 if let Some(old) = previous {
                     vms.insert(old.name.clone(), old);
                 }
-                return Err(OpError::Internal(rebound_errors::chain(&e)));
+                return Err(OpError::Broken(Box::new(e)));
             }
         }
         let (tx, rx) = tokio::sync::oneshot::channel();

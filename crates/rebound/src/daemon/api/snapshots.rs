@@ -10,7 +10,6 @@ use axum::Json;
 use super::reply::{vm_or_404, ApiError, ApiResult, D};
 use crate::daemon::error::OpError;
 use crate::daemon::vm::{Done, Job};
-use rebound_errors::chain;
 
 pub(super) async fn snapshot(
     State(d): D,
@@ -81,10 +80,13 @@ pub(super) async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl 
     })?;
     let req: crate::daemon::cluster::request::ClusterRestoreRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid cluster restore request: {e}")))?;
-    let config = req.config.config().map_err(OpError::BadRequest)?;
+    let config = req
+        .config
+        .config()
+        .map_err(|e| OpError::BadInput(Box::new(e)))?;
     let report = rebound_coord::restore(&req.plan, &c.token, &config)
         .await
-        .map_err(|e| OpError::BadRequest(chain(&e)))?;
+        .map_err(|e| OpError::BadInput(Box::new(e)))?;
     Ok(Json(report))
 }
 

@@ -18,7 +18,6 @@ use crate::daemon::error::OpError;
 use crate::daemon::guest;
 use crate::daemon::state::WaitFor;
 use crate::daemon::vm::{Done, Job};
-use rebound_errors::chain;
 
 /// Default for `wait` without `timeout_ms`.
 pub(super) const DEFAULT_WAIT_MS: u64 = 120_000;
@@ -124,7 +123,7 @@ pub(super) async fn events(
     let evs = vm
         .events
         .page(since, limit as usize)
-        .map_err(|e| OpError::Internal(chain(&e)))?;
+        .map_err(|e| OpError::Broken(Box::new(e)))?;
     Ok(Json(evs))
 }
 

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use rebound_api::spec::Forward;
 use rebound_api::{EventData, ReplayNic, RestOrder, RestoreMode, RestoreRequest, VmState};
-use rebound_coord::{CohortVms, LoadInfo, StartInfo};
+use rebound_coord::{CohortVms, LoadInfo, StartInfo, VmError};
 use serde::Deserialize;
 
+use crate::daemon::error::OpError;
 use crate::daemon::state::{Daemon, WaitFor};
 use crate::daemon::vm::Job;
 use rebound_errors::chain;
@@ -52,6 +53,37 @@ pub struct LoadArgs {
     pub replay: Option<Vec<ReplayNic>>,
 }
 
+/// Why the daemon could not do what the cohort asked of one of its VMs.
+#[derive(Debug, thiserror::Error)]
+pub enum CohortVmError {
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error("the LOAD arguments of VM {vm} are invalid")]
+    Args {
+        vm: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Confine(#[from] super::confine::ConfineError),
+    #[error(transparent)]
+    Op(#[from] OpError),
+    #[error("the restore of VM {vm} ended in phase {phase} instead of held")]
+    NotHeld { vm: String, phase: String },
+    #[error("VM {vm} is not held for cluster restore {restore_id} on this host")]
+    NotHeldHere { vm: String, restore_id: String },
+    /// The restore report's `background_error`.
+    #[error("the background loader failed: {0}")]
+    Background(String),
+    /// The restore report's `error` of a failed restore.
+    #[error("{0}")]
+    Failed(String),
+    #[error("VM {0} stopped before its memory was loaded")]
+    Stopped(String),
+    #[error("VM {0} is gone")]
+    Gone(String),
+}
+
 /// The daemon's VMs, for the cohort.
 pub struct DaemonVms {
     d: Weak<Daemon>,
@@ -67,10 +99,8 @@ impl DaemonVms {
         }
     }
 
-    fn daemon(&self) -> Result<Arc<Daemon>, String> {
-        self.d
-            .upgrade()
-            .ok_or_else(|| "the daemon is shutting down".to_string())
+    fn daemon(&self) -> Result<Arc<Daemon>, CohortVmError> {
+        self.d.upgrade().ok_or(CohortVmError::ShuttingDown)
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
@@ -90,10 +120,12 @@ impl CohortVms for DaemonVms {
         vm: &str,
         ws_pages: u64,
         args: &serde_json::Value,
-    ) -> Result<LoadInfo, String> {
+    ) -> Result<LoadInfo, VmError> {
         let d = self.daemon()?;
-        let a = LoadArgs::deserialize(args)
-            .map_err(|e| format!("the LOAD arguments of VM {vm} are invalid: {e}"))?;
+        let a = LoadArgs::deserialize(args).map_err(|source| CohortVmError::Args {
+            vm: vm.to_owned(),
+            source,
+        })?;
         // The coordinator is a peer: it names only snapshots this daemon may restore.
         let dir = super::confine::snapshot_dir(&d.paths, &a.dir)?;
         let replay = match a.replay {
@@ -106,7 +138,7 @@ impl CohortVms for DaemonVms {
                             pcap: pcap.display().to_string(),
                         })
                     })
-                    .collect::<Result<Vec<_>, String>>()?,
+                    .collect::<Result<Vec<_>, super::confine::ConfineError>>()?,
             ),
             None => None,
         };
@@ -129,12 +161,13 @@ impl CohortVms for DaemonVms {
         };
         let t = Instant::now();
         tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");
-        let report = d.restore(req).await.map_err(|e| chain(&e))?;
+        let report = d.restore(req).await.map_err(CohortVmError::from)?;
         if report.phase != "held" {
-            return Err(format!(
-                "the restore of VM {vm} ended in phase {} instead of held",
-                report.phase
-            ));
+            return Err(CohortVmError::NotHeld {
+                vm: vm.to_owned(),
+                phase: report.phase,
+            }
+            .into());
         }
         self.held().insert(key(restore_id, vm));
         crate::daemon::fault::point("cohort:held");
@@ -144,15 +177,19 @@ impl CohortVms for DaemonVms {
         })
     }
 
-    async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, String> {
+    async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, VmError> {
         let d = self.daemon()?;
         if !self.held().contains(&key(restore_id, vm)) {
-            return Err(format!(
-                "VM {vm} is not held for cluster restore {restore_id} on this host"
-            ));
+            return Err(CohortVmError::NotHeldHere {
+                vm: vm.to_owned(),
+                restore_id: restore_id.to_owned(),
+            }
+            .into());
         }
-        let h = d.find(vm).map_err(|e| chain(&e))?;
-        h.run_for_status(Job::Resume).await.map_err(|e| chain(&e))?;
+        let h = d.find(vm).map_err(CohortVmError::from)?;
+        h.run_for_status(Job::Resume)
+            .await
+            .map_err(CohortVmError::from)?;
         self.held().remove(&key(restore_id, vm));
         // QEMU's own stamp of the start; else the VM's `resumed` event, written right
         // after QEMU's `cont` returned, moved from the monotonic clock onto the wall clock.
@@ -178,9 +215,9 @@ impl CohortVms for DaemonVms {
         Ok(StartInfo { started_unix_ns })
     }
 
-    async fn restored(&self, restore_id: &str, vm: &str) -> Result<(), String> {
+    async fn restored(&self, restore_id: &str, vm: &str) -> Result<(), VmError> {
         let d = self.daemon()?;
-        let h = d.find(vm).map_err(|e| chain(&e))?;
+        let h = d.find(vm).map_err(CohortVmError::from)?;
         let mut changes = h.subscribe();
         loop {
             let rep = h.restore_report().unwrap_or_default();
@@ -189,19 +226,20 @@ impl CohortVms for DaemonVms {
                 return Ok(());
             }
             if let Some(e) = rep.background_error {
-                return Err(format!("the background loader failed: {e}"));
+                return Err(CohortVmError::Background(e).into());
             }
             if rep.phase == "failed" {
-                return Err(rep
+                let e = rep
                     .error
-                    .unwrap_or_else(|| "the restore failed".to_string()));
+                    .unwrap_or_else(|| "the restore failed".to_string());
+                return Err(CohortVmError::Failed(e).into());
             }
             let st = h.status().state;
             if st == VmState::Stopped {
-                return Err(format!("VM {vm} stopped before its memory was loaded"));
+                return Err(CohortVmError::Stopped(vm.to_owned()).into());
             }
             if changes.changed().await.is_err() {
-                return Err(format!("VM {vm} is gone"));
+                return Err(CohortVmError::Gone(vm.to_owned()).into());
             }
         }
     }
@@ -236,6 +274,27 @@ impl CohortVms for DaemonVms {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_the_coordinator_is_told_reads_as_before() {
+        let bad = LoadArgs::deserialize(serde_json::json!({"dir": 3})).unwrap_err();
+        let want = format!("the LOAD arguments of VM web1 are invalid: {bad}");
+        let e: VmError = Box::new(CohortVmError::Args {
+            vm: "web1".into(),
+            source: bad,
+        });
+        assert_eq!(chain(&*e), want);
+        let e: VmError = Box::new(CohortVmError::from(OpError::UnknownVm("web1".into())));
+        assert_eq!(chain(&*e), "unknown VM \"web1\"");
+        let e: VmError = Box::new(CohortVmError::NotHeldHere {
+            vm: "web1".into(),
+            restore_id: "r1".into(),
+        });
+        assert_eq!(
+            chain(&*e),
+            "VM web1 is not held for cluster restore r1 on this host"
+        );
+    }
 
     #[test]
     fn load_args_carry_the_frames_to_replay_and_refuse_unknown_keys() {

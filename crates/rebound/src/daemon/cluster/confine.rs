@@ -8,60 +8,76 @@ use std::path::{Path, PathBuf};
 use rebound_snapshot::Catalog;
 use rebound_vmm::paths::{inside, Paths};
 
+/// Why a path a peer names is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("a cluster peer's snapshot goes into this daemon's snapshot store")]
+    OutsideStore(#[source] rebound_vmm::paths::PathsError),
+    #[error("cannot create {}", .0.display())]
+    Create(PathBuf, #[source] std::io::Error),
+    #[error("{}", .0.display())]
+    Resolve(PathBuf, #[source] std::io::Error),
+    #[error("{} leads out of the snapshot store {} by a link", .parent.display(), .store.display())]
+    Link { parent: PathBuf, store: PathBuf },
+    #[error("snapshot {0:?}")]
+    Snapshot(String, #[source] std::io::Error),
+    #[error("snapshot {given:?} is neither in this daemon's snapshot store ({}) nor one it wrote: a cluster peer may restore only those", .store.display())]
+    NotPeers { given: String, store: PathBuf },
+    #[error("replay file {0:?}")]
+    Replay(String, #[source] std::io::Error),
+    #[error("replay file {given:?} is outside the snapshot {}: a cluster peer may replay only a snapshot's own frames", .dir.display())]
+    ReplayOutside { given: String, dir: PathBuf },
+}
+
 /// The directory a peer's snapshot may be written to: `out` inside the store (a
 /// relative path is taken there), its parent created, nothing outside reachable by
 /// a link.
-pub fn snapshot_out(paths: &Paths, out: &str) -> Result<PathBuf, String> {
+pub fn snapshot_out(paths: &Paths, out: &str) -> Result<PathBuf, ConfineError> {
     let store = paths.snapshot_store();
-    let p = inside(&store, out).map_err(|e| {
-        format!("a cluster peer's snapshot goes into this daemon's snapshot store: {e}")
-    })?;
+    let p = inside(&store, out).map_err(ConfineError::OutsideStore)?;
     let parent = p.parent().unwrap_or(&store);
     rebound_vmm::private::create_dir_all(parent)
-        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    let real = |q: &Path| std::fs::canonicalize(q).map_err(|e| format!("{}: {e}", q.display()));
+        .map_err(|e| ConfineError::Create(parent.to_path_buf(), e))?;
+    let real =
+        |q: &Path| std::fs::canonicalize(q).map_err(|e| ConfineError::Resolve(q.to_path_buf(), e));
     if !real(parent)?.starts_with(real(&store)?) {
-        return Err(format!(
-            "{} leads out of the snapshot store {} by a link",
-            parent.display(),
-            store.display()
-        ));
+        return Err(ConfineError::Link {
+            parent: parent.to_path_buf(),
+            store,
+        });
     }
     Ok(p)
 }
 
 /// The snapshot directory a peer may have restored: in the store or listed in the
 /// catalog, canonical.
-pub fn snapshot_dir(paths: &Paths, given: &str) -> Result<PathBuf, String> {
+pub fn snapshot_dir(paths: &Paths, given: &str) -> Result<PathBuf, ConfineError> {
     let store = paths.snapshot_store();
-    let refused = || {
-        format!(
-            "snapshot {given:?} is neither in this daemon's snapshot store ({}) nor one it wrote: a cluster peer may restore only those",
-            store.display()
-        )
-    };
     let real = std::fs::canonicalize(inside(&store, given).unwrap_or_else(|_| given.into()))
-        .map_err(|e| format!("snapshot {given:?}: {e}"))?;
+        .map_err(|e| ConfineError::Snapshot(given.to_string(), e))?;
     let in_store = std::fs::canonicalize(&store).is_ok_and(|s| real.starts_with(s));
     let listed = || Catalog::new(paths.snapshot_catalog()).contains(&real);
     if in_store || matches!(listed(), Ok(true)) {
         Ok(real)
     } else {
-        Err(refused())
+        Err(ConfineError::NotPeers {
+            given: given.to_string(),
+            store,
+        })
     }
 }
 
 /// A replay file a peer names: inside the snapshot directory being restored.
-pub fn replay_file(dir: &Path, given: &str) -> Result<PathBuf, String> {
+pub fn replay_file(dir: &Path, given: &str) -> Result<PathBuf, ConfineError> {
     let p = dir.join(given);
-    let real = std::fs::canonicalize(&p).map_err(|e| format!("replay file {given:?}: {e}"))?;
+    let real = std::fs::canonicalize(&p).map_err(|e| ConfineError::Replay(given.to_string(), e))?;
     if real.starts_with(dir) && real != dir {
         Ok(real)
     } else {
-        Err(format!(
-            "replay file {given:?} is outside the snapshot {}: a cluster peer may replay only a snapshot's own frames",
-            dir.display()
-        ))
+        Err(ConfineError::ReplayOutside {
+            given: given.to_string(),
+            dir: dir.to_path_buf(),
+        })
     }
 }
 
@@ -90,7 +106,7 @@ pub(crate) mod tests {
         let abs = store.join("c1/a").display().to_string();
         assert_eq!(snapshot_dir(&p, &abs).unwrap(), store_real.join("c1/a"));
         let mine = t.path().join("mine/b").display().to_string();
-        let e = snapshot_dir(&p, &mine).unwrap_err();
+        let e = snapshot_dir(&p, &mine).unwrap_err().to_string();
         assert!(e.contains("nor one it wrote"), "{e}");
         Catalog::new(p.snapshot_catalog())
             .record(Path::new(&mine), &[])

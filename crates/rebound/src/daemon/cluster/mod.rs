@@ -153,7 +153,7 @@ mod tests {
             r#"{"load_s": 1e9}"#,
         ] {
             let o: CoordinatorOverrides = serde_json::from_str(bad).unwrap();
-            let e = o.config().unwrap_err();
+            let e = o.config().unwrap_err().to_string();
             assert!(e.contains("config.load_s"), "{e}");
         }
         assert!(serde_json::from_str::<CoordinatorOverrides>(r#"{"lod_s": 1}"#).is_err());

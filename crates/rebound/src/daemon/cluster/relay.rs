@@ -111,7 +111,8 @@ pub fn admit(
         let out = b["out"]
             .as_str()
             .ok_or("a relayed snapshot needs \"out\", a name in the snapshot store")?;
-        let dir = super::confine::snapshot_out(paths, out)?;
+        let dir =
+            super::confine::snapshot_out(paths, out).map_err(|e| rebound_errors::chain(&e))?;
         b["out"] = dir.display().to_string().into();
         return Ok(Some(b));
     }

@@ -15,6 +15,14 @@ pub struct ClusterRestoreRequest {
     pub config: CoordinatorOverrides,
 }
 
+/// A timeout a request may not set.
+#[derive(Debug, thiserror::Error)]
+#[error("config.{name} must be more than 0 and at most 86400 seconds, got {got}")]
+pub struct ConfigError {
+    name: &'static str,
+    got: f64,
+}
+
 /// The coordinator's timeouts a request may change, in seconds; the rest keep
 /// `rebound-coord`'s defaults.
 #[derive(Debug, Default, Deserialize)]
@@ -34,7 +42,7 @@ pub struct CoordinatorOverrides {
 impl CoordinatorOverrides {
     /// The defaults with these changes; each must be a positive number of seconds
     /// of at most a day.
-    pub fn config(&self) -> Result<CoordinatorConfig, String> {
+    pub fn config(&self) -> Result<CoordinatorConfig, ConfigError> {
         let mut c = CoordinatorConfig::default();
         let fields = [
             ("connect_s", self.connect_s, &mut c.connect),
@@ -50,9 +58,7 @@ impl CoordinatorOverrides {
         for (name, v, slot) in fields {
             if let Some(s) = v {
                 if !(s > 0.0 && s <= 86_400.0) {
-                    return Err(format!(
-                        "config.{name} must be more than 0 and at most 86400 seconds, got {s}"
-                    ));
+                    return Err(ConfigError { name, got: s });
                 }
                 *slot = Duration::from_secs_f64(s);
             }

@@ -7,6 +7,7 @@ use rebound_api::VmSpec;
 
 use super::Daemon;
 use crate::daemon::error::OpError;
+use crate::daemon::vm::restore::error::InputError;
 use crate::daemon::vm::Init;
 
 impl Daemon {
@@ -24,11 +25,10 @@ impl Daemon {
         }
         let snap = tokio::task::spawn_blocking(move || rebound_snapshot::Snapshot::open(&dir))
             .await
-            .map_err(|e| OpError::Internal(e.to_string()))?
-            .map_err(|e| OpError::SnapshotInput(rebound_errors::chain(&e)))?;
-        let spec: VmSpec = serde_json::from_value(snap.manifest().spec.clone()).map_err(|e| {
-            OpError::SnapshotInput(format!("the manifest's VM spec is malformed: {e}"))
-        })?;
+            .map_err(|e| OpError::Broken(Box::new(e)))?
+            .map_err(InputError::from)?;
+        let spec: VmSpec =
+            serde_json::from_value(snap.manifest().spec.clone()).map_err(InputError::Spec)?;
         // The manifest is the snapshot's word: its extra disks become the snapshot's
         // copies (the last entries of its disk list), and no host path of it is used.
         let m = snap.manifest();
@@ -41,11 +41,11 @@ impl Daemon {
         // Its kernel, initrd and pmem files are the ones the user names again.
         let (mut spec, notes) = spec
             .for_restore(&copies, &req.named_files())
-            .map_err(OpError::SnapshotInput)?;
+            .map_err(InputError::Named)?;
         let (named, sizes) = (spec.clone(), m.pmem.clone());
         tokio::task::spawn_blocking(move || check_named_files(&named, &sizes))
             .await
-            .map_err(|e| OpError::Internal(e.to_string()))??;
+            .map_err(|e| OpError::Broken(Box::new(e)))??;
         spec.name = req.name.clone();
         // The snapshot's VM may still run: the copy gets host ports of its own,
         // unless the request names them.
@@ -99,11 +99,11 @@ fn check_named_files(spec: &VmSpec, sizes: &[rebound_snapshot::PmemEntry]) -> Re
         return Ok(());
     }
     if sizes.len() != spec.pmem.len() {
-        return Err(OpError::SnapshotInput(format!(
-            "the snapshot records {} pmem devices but its VM spec lists {}: the manifest does not fit together",
-            sizes.len(),
-            spec.pmem.len()
-        )));
+        return Err(InputError::Pmem {
+            snapshot: sizes.len(),
+            spec: spec.pmem.len(),
+        }
+        .into());
     }
     for (f, want) in spec.pmem.iter().zip(sizes) {
         let len = std::fs::metadata(f)

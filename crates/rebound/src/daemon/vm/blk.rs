@@ -15,6 +15,7 @@ use rebound_vmm::resolve::BlkServe;
 use std::sync::Arc;
 
 use super::owner::Owner;
+use super::qemu_error::QemuError;
 use super::VmHandle;
 use crate::daemon::error::OpError;
 
@@ -231,11 +232,11 @@ fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
     let end = Instant::now() + LISTEN_WAIT;
     loop {
         if let Ok(Some(st)) = child.try_wait() {
-            return Err(OpError::QemuFailed(format!(
-                "the disk backend for {} exited ({st}): {}",
-                s.disk.display(),
-                last_line(&s.log)
-            )));
+            return Err(OpError::QemuFailed(QemuError::BackendExited {
+                disk: s.disk.clone(),
+                status: st,
+                last: last_line(&s.log),
+            }));
         }
         if s.socket.exists() {
             break;
@@ -243,12 +244,11 @@ fn start(s: &BlkServe) -> Result<(std::process::Child, u32), OpError> {
         if Instant::now() > end {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(OpError::QemuFailed(format!(
-                "the disk backend for {} did not listen on {} within {} s",
-                s.disk.display(),
-                s.socket.display(),
-                LISTEN_WAIT.as_secs()
-            )));
+            return Err(OpError::QemuFailed(QemuError::BackendSilent {
+                disk: s.disk.clone(),
+                socket: s.socket.clone(),
+                secs: LISTEN_WAIT.as_secs(),
+            }));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

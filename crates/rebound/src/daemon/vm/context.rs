@@ -32,6 +32,9 @@ pub struct OwnerContext {
     pub paths: Paths,
     pub host: HostFacts,
     pub metrics: Arc<Metrics>,
-    pub cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
+    pub cgroups: Result<
+        rebound_vmm::cgroup::MemoryCgroups,
+        std::sync::Arc<rebound_vmm::cgroup::CgroupError>,
+    >,
     pub logs: LogCaps,
 }

@@ -114,15 +114,19 @@ impl Owner {
     /// be had, the budget is only accounted (the recovery VM is still sized and grown
     /// by it) and the report says why.
     fn hold_budget(&mut self, limit: u64) -> Event {
-        let held = self.cgroups.as_ref().map_err(String::clone).and_then(|cg| {
-            let g = cg
-                .vm(&self.vm.name)
-                .map_err(|e| rebound_errors::chain(&e))?;
-            let _ = g.reset_peak();
-            g.set_limit(Some(limit))
-                .map_err(|e| rebound_errors::chain(&e))?;
-            Ok((cg.version(), g))
-        });
+        let held = self
+            .cgroups
+            .as_ref()
+            .map_err(|e| rebound_errors::chain(&**e))
+            .and_then(|cg| {
+                let g = cg
+                    .vm(&self.vm.name)
+                    .map_err(|e| rebound_errors::chain(&e))?;
+                let _ = g.reset_peak();
+                g.set_limit(Some(limit))
+                    .map_err(|e| rebound_errors::chain(&e))?;
+                Ok((cg.version(), g))
+            });
         match held {
             Ok((v, g)) => {
                 let group = g.path().display().to_string();

@@ -190,7 +190,7 @@ impl Owner {
             r.map(|d| (d, job))
         })
         .await
-        .map_err(|e| OpError::Internal(e.to_string()))?
+        .map_err(|e| OpError::Broken(Box::new(e)))?
         .map_err(OpError::DumpFailed)?;
         let (d, job) = done;
         if let Some(p) = &job.cpu_notes {

@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::VmHandle;
+use crate::daemon::backend_control::{self, ControlError};
 use rebound_errors::chain;
 
 /// How often the backends are told the ring (and take what it holds) while the guest
@@ -287,13 +288,9 @@ fn read_own(
 
 /// Tells one backend where the ring is, which makes it take what the ring holds now
 /// (it also takes notices before every request it serves).
-fn tell(control: &Path, ring: EvictRingAddr) -> Result<Value, String> {
+fn tell(control: &Path, ring: EvictRingAddr) -> Result<Value, ControlError> {
     let req = serde_json::json!({"op": "ring", "gpa": ring.gpa, "bytes": ring.bytes});
-    match rebound_blk::serve::ask(control, &req) {
-        Ok(v) if v.get("error").is_some() => Err(format!("{}: {}", control.display(), v["error"])),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{}: {e}", control.display())),
-    }
+    backend_control::ask(control, &req)
 }
 
 /// A backend's running totals, as its last answer gave them.
@@ -360,7 +357,7 @@ impl Seen {
 fn take(
     s: &mut EvictStats,
     seen: &mut BTreeMap<PathBuf, Seen>,
-    answers: Vec<(PathBuf, Result<Value, String>)>,
+    answers: Vec<(PathBuf, Result<Value, ControlError>)>,
 ) -> u64 {
     s.polls += 1;
     let mut fresh = 0;
@@ -370,7 +367,7 @@ fn take(
             Ok(v) => v,
             Err(e) => {
                 s.backend_errors += 1;
-                s.last_error = Some(e);
+                s.last_error = Some(chain(&e));
                 continue;
             }
         };

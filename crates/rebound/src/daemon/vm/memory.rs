@@ -16,6 +16,7 @@ use rebound_api::HostCacheReport;
 use serde_json::{json, Value};
 
 use super::owner::Owner;
+use crate::daemon::backend_control::{self, ControlError};
 use crate::daemon::error::OpError;
 
 const MIB: u64 = 1 << 20;
@@ -122,9 +123,10 @@ impl Owner {
         if exclusive {
             if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
                 restore_caches(&controls, &was).await;
-                return Err(OpError::Internal(format!(
-                    "a disk backend refused its cache ({e}): nothing was moved"
-                )));
+                return Err(OpError::CacheRefused {
+                    refusal: e,
+                    then: "nothing was moved".into(),
+                });
             }
         }
         q.execute("balloon", Some(json!({"value": target}))).await?;
@@ -174,10 +176,10 @@ impl Owner {
             if let Err(e) = set_caches(&controls, per_disk, exclusive).await {
                 // Memory the guest gave and no cache to hold it: give it back.
                 let _ = q.execute("balloon", Some(json!({"value": before}))).await;
-                return Err(OpError::Internal(format!(
-                    "a disk backend refused its cache ({e}): the guest's balloon is back to {} MiB",
-                    before / MIB
-                )));
+                return Err(OpError::CacheRefused {
+                    refusal: e,
+                    then: format!("the guest's balloon is back to {} MiB", before / MIB),
+                });
             }
         }
         self.vm.update(|r| {
@@ -206,8 +208,8 @@ impl Owner {
     }
 }
 
-/// Gives each backend `bytes` of cache, exclusive or not; the first refusal, in words.
-async fn set_caches(controls: &[PathBuf], bytes: u64, exclusive: bool) -> Result<(), String> {
+/// Gives each backend `bytes` of cache, exclusive or not; the first refusal.
+async fn set_caches(controls: &[PathBuf], bytes: u64, exclusive: bool) -> Result<(), ControlError> {
     let settings = vec![(bytes, exclusive); controls.len()];
     let answers = ask_caches(controls.to_vec(), settings).await;
     answers
@@ -224,24 +226,19 @@ async fn restore_caches(controls: &[PathBuf], was: &[(u64, bool)]) {
 async fn ask_caches(
     controls: Vec<PathBuf>,
     settings: Vec<(u64, bool)>,
-) -> Vec<Result<Value, String>> {
+) -> Vec<Result<Value, ControlError>> {
     let asked = tokio::task::spawn_blocking(move || {
         controls
             .iter()
             .zip(settings)
             .map(|(c, (bytes, exclusive))| {
                 let req = json!({"op": "cache", "bytes": bytes, "exclusive": exclusive});
-                rebound_blk::serve::ask(c, &req)
-                    .map_err(|e| format!("{}: {e}", c.display()))
-                    .and_then(|v| match v.get("error") {
-                        Some(e) => Err(format!("{}: {e}", c.display())),
-                        None => Ok(v),
-                    })
+                backend_control::ask(c, &req)
             })
             .collect()
     })
     .await;
-    asked.unwrap_or_else(|e| vec![Err(e.to_string())])
+    asked.unwrap_or_else(|e| vec![Err(e.into())])
 }
 
 /// The guest's memory as the balloon has it, bytes.

@@ -19,6 +19,7 @@ pub mod machine;
 mod memory;
 pub use memory::MemoryRequest;
 mod owner;
+pub mod qemu_error;
 mod ram_check;
 mod reboot;
 mod recover_restore;

@@ -70,7 +70,10 @@ pub(super) struct Owner {
     pub(super) paths: Paths,
     pub(super) host: rebound_vmm::accel::HostFacts,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) cgroups: Result<rebound_vmm::cgroup::MemoryCgroups, String>,
+    pub(super) cgroups: Result<
+        rebound_vmm::cgroup::MemoryCgroups,
+        std::sync::Arc<rebound_vmm::cgroup::CgroupError>,
+    >,
     pub(super) qmp: Option<Arc<Qmp>>,
     pub(super) qmp_events: Option<UnboundedReceiver<QmpEvent>>,
     pub(super) agent: Option<Arc<AgentLink>>,
@@ -264,7 +267,7 @@ impl Owner {
                     if let Err(why) = self.reattach().await {
                         self.finish(EventData::Stopped {
                             how: None,
-                            reason: Some(why),
+                            reason: Some(rebound_errors::chain(&why)),
                         });
                     }
                 }

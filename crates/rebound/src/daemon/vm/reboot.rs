@@ -164,7 +164,8 @@ impl Owner {
                 self.event(EventData::Prefetched(p.clone()));
                 rep.prefetch = Some(p);
             }
-            Some(Err(reason)) => {
+            Some(Err(e)) => {
+                let reason = rebound_errors::chain(&e);
                 self.event(EventData::WarmCacheCold {
                     reason: reason.clone(),
                 });
@@ -272,7 +273,9 @@ impl Owner {
         tokio::spawn(async move {
             let d = match read_back(agent, vm.dir.warm_cache_list(), "the recovery VM").await {
                 Ok(p) => EventData::Prefetched(p),
-                Err(reason) => EventData::WarmCacheCold { reason },
+                Err(e) => EventData::WarmCacheCold {
+                    reason: rebound_errors::chain(&e),
+                },
             };
             if let Err(e) = vm.events.append(d) {
                 tracing::error!(vm = %vm.name, "{}", rebound_errors::chain(&e));
@@ -281,16 +284,59 @@ impl Owner {
     }
 }
 
+/// Why the page cache stays cold after a warm reboot or recovery (`who` names what
+/// goes on cold). The cause comes first in the report's reason, as it always has.
+#[derive(Debug, thiserror::Error)]
+enum Cold {
+    #[error("{source}: {who} is cold")]
+    List {
+        who: &'static str,
+        source: rebound_vmm::warm::WarmError,
+    },
+    #[error("the guest did not read its cache back: {source}: {who} is cold")]
+    Prefetch {
+        who: &'static str,
+        source: rebound_vmm::agent::AgentError,
+    },
+}
+
 /// Loads the saved list and has the guest read its pages back: what it read, or why
-/// the cache stays cold (`who` names what goes on cold).
+/// the cache stays cold.
 async fn read_back(
     agent: Arc<AgentLink>,
     list: PathBuf,
-    who: &str,
-) -> Result<rebound_api::PrefetchReport, String> {
-    let list = CacheList::load(&list).map_err(|e| format!("{e}: {who} is cold"))?;
+    who: &'static str,
+) -> Result<rebound_api::PrefetchReport, Cold> {
+    let list = CacheList::load(&list).map_err(|source| Cold::List { who, source })?;
     agent
         .prefetch(&list.chunks(), PREFETCH_WAIT_S)
         .await
-        .map_err(|e| format!("the guest did not read its cache back: {e}: {who} is cold"))
+        .map_err(|source| Cold::Prefetch { who, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cold_reason_names_its_cause_first_and_once() {
+        let e = Cold::Prefetch {
+            who: "the reboot",
+            source: rebound_vmm::agent::AgentError::Timeout(30),
+        };
+        assert_eq!(
+            rebound_errors::chain(&e),
+            "the guest did not read its cache back: the guest agent did not answer within 30 s: the reboot is cold"
+        );
+        let e = Cold::List {
+            who: "the recovery VM",
+            source: rebound_vmm::warm::WarmError::Magic {
+                path: "/v/warm.list".into(),
+            },
+        };
+        assert_eq!(
+            rebound_errors::chain(&e),
+            "warm-cache list /v/warm.list is not one (no `rebound-warm-cache` header): the recovery VM is cold"
+        );
+    }
 }

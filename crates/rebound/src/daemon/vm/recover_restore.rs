@@ -21,6 +21,7 @@ use rebound_snapshot::Snapshot;
 use rebound_vmm::resolve::Recovery;
 
 use super::owner::Owner;
+use super::restore::error::InputError;
 use super::restore::RestoreJob;
 use crate::daemon::error::OpError;
 
@@ -30,35 +31,33 @@ pub fn check(spec: &VmSpec) -> Result<Snapshot, OpError> {
     let Some(dir) = &spec.crash.recover_from else {
         return Err(OpError::Internal("no --recover-from to check".into()));
     };
-    let bad = |m: String| OpError::SnapshotInput(format!("--recover-from {dir}: {m}"));
-    let snap =
-        Snapshot::open(std::path::Path::new(dir)).map_err(|e| bad(rebound_errors::chain(&e)))?;
+    let bad = |e: InputError| {
+        OpError::from(InputError::RecoverFrom {
+            dir: dir.clone(),
+            source: Box::new(e),
+        })
+    };
+    let snap = Snapshot::open(std::path::Path::new(dir)).map_err(|e| bad(e.into()))?;
     let theirs: VmSpec = serde_json::from_value(snap.manifest().spec.clone())
-        .map_err(|e| bad(format!("the manifest's VM spec is malformed: {e}")))?;
+        .map_err(|e| bad(InputError::Spec(e)))?;
     compatible(spec, &theirs).map_err(bad)?;
     let blocks = &snap.manifest().ram_blocks;
     match blocks.as_slice() {
         [b] if b.size == spec.memory_mib << 20 => Ok(snap),
-        [b] => Err(bad(format!(
-            "its RAM image holds {} MiB, this VM has {} MiB",
-            b.size >> 20,
-            spec.memory_mib
-        ))),
-        _ => Err(bad(format!(
-            "it has {} RAM blocks; only single-block snapshots can be restored",
-            blocks.len()
-        ))),
+        [b] => Err(bad(InputError::RamSize {
+            snapshot_mib: b.size >> 20,
+            vm_mib: spec.memory_mib,
+        })),
+        _ => Err(bad(InputError::RamBlocks(blocks.len()))),
     }
 }
 
 /// Whether a snapshot of `theirs` restores into a QEMU built from `ours`: the same
 /// memory, vCPUs, boot source, disks and workload (the device state must fit the
 /// devices, and the guest must be the service this VM runs).
-fn compatible(ours: &VmSpec, theirs: &VmSpec) -> Result<(), String> {
-    let differs = |what: &str, a: String, b: String| {
-        Err(format!(
-            "its VM has {what} {b}, this VM {a}: a recovery VM must be the same guest"
-        ))
+fn compatible(ours: &VmSpec, theirs: &VmSpec) -> Result<(), InputError> {
+    let differs = |what: &'static str, ours: String, theirs: String| {
+        Err(InputError::Mismatch { what, theirs, ours })
     };
     if ours.memory_mib != theirs.memory_mib {
         return differs(
@@ -106,7 +105,7 @@ impl Owner {
         let s = spec.clone();
         let snap = tokio::task::spawn_blocking(move || check(&s))
             .await
-            .map_err(|e| OpError::Internal(e.to_string()))??;
+            .map_err(|e| OpError::Broken(Box::new(e)))??;
         let (boot, ready) = spec.validate()?;
         // The working set loaded before the start fits in what the budget has free.
         let ws_pages = snap

@@ -37,6 +37,35 @@ const READ_WAIT: Duration = Duration::from_secs(10);
 /// The longest path a unix socket address holds (`sun_path`, with its NUL).
 const SUN_PATH_MAX: usize = 107;
 
+/// Why frames could not be read or handed to QEMU.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("replay file {} for net{nic}", .path.display())]
+    File {
+        path: PathBuf,
+        nic: u32,
+        #[source]
+        source: rebound_cluster::replay::ReplayError,
+    },
+    #[error("the socket path {} is too long for a unix socket", .0.display())]
+    LongPath(PathBuf),
+    /// A QMP command of the hand-over failed (named).
+    #[error("{0}")]
+    Qmp(&'static str, #[source] rebound_vmm::qmp::QmpError),
+    #[error("cannot connect to {}", .0.display())]
+    Connect(PathBuf, #[source] std::io::Error),
+    #[error("QEMU did not take the frames within {0:?}")]
+    WriteTimeout(Duration),
+    #[error("cannot write the frames")]
+    Write(#[source] std::io::Error),
+    #[error("SIOCOUTQ")]
+    Unsent(#[source] std::io::Error),
+    #[error("QEMU left {left} bytes of the frames unread for {wait:?}")]
+    Unread { left: i32, wait: Duration },
+    #[error("the guest is not paused (status {0})")]
+    NotPaused(serde_json::Value),
+}
+
 /// One bridge NIC's frames, read and checked.
 #[derive(Debug, Clone)]
 pub struct ReplayFrames {
@@ -88,12 +117,12 @@ pub async fn load(req: &RestoreRequest, spec: &VmSpec) -> Result<Vec<ReplayFrame
                 .await
                 .map_err(OpError::Task)?
         };
-        let frames = frames.map_err(|e| {
-            OpError::BadRequest(format!(
-                "replay file {} for net{n}: {}",
-                path.display(),
-                rebound_errors::chain(&e)
-            ))
+        let frames = frames.map_err(|source| {
+            OpError::BadInput(Box::new(ReplayError::File {
+                path: path.clone(),
+                nic: n,
+                source,
+            }))
         })?;
         out.push(ReplayFrames { nic: n, frames });
     }
@@ -111,12 +140,10 @@ pub(super) async fn deliver(
     let chardev = format!("rbreplay-net{nic}");
     let filter = format!("rbreplay-net{nic}-filter");
     let sock = run_dir.join(format!("replay-net{nic}.sock"));
-    let fail = |what: String| OpError::Internal(format!("replaying frames on net{nic}: {what}"));
+    let fail = |source: ReplayError| OpError::Replay { nic, source };
+    let qmp = |what: &'static str| move |e| fail(ReplayError::Qmp(what, e));
     if sock.as_os_str().len() > SUN_PATH_MAX {
-        return Err(fail(format!(
-            "the socket path {} is too long for a unix socket",
-            sock.display()
-        )));
+        return Err(fail(ReplayError::LongPath(sock)));
     }
     let _ = std::fs::remove_file(&sock);
     q.execute(
@@ -131,7 +158,7 @@ pub(super) async fn deliver(
         })),
     )
     .await
-    .map_err(|e| fail(format!("chardev-add: {e}")))?;
+    .map_err(qmp("chardev-add"))?;
     let sent: Result<u64, OpError> = async {
         q.execute(
             "object-add",
@@ -144,12 +171,12 @@ pub(super) async fn deliver(
             })),
         )
         .await
-        .map_err(|e| fail(format!("filter-redirector: {e}")))?;
+        .map_err(qmp("filter-redirector"))?;
         let sent = send(q, &sock, &r.frames).await.map_err(fail);
         let removed = q
             .execute("object-del", Some(serde_json::json!({ "id": filter })))
             .await
-            .map_err(|e| fail(format!("object-del: {e}")));
+            .map_err(qmp("object-del"));
         let bytes = sent?;
         removed?;
         Ok(bytes)
@@ -158,7 +185,7 @@ pub(super) async fn deliver(
     let removed = q
         .execute("chardev-remove", Some(serde_json::json!({ "id": chardev })))
         .await
-        .map_err(|e| fail(format!("chardev-remove: {e}")));
+        .map_err(qmp("chardev-remove"));
     let _ = std::fs::remove_file(&sock);
     let bytes = sent?;
     removed?;
@@ -171,10 +198,10 @@ pub(super) async fn deliver(
 
 /// Writes every frame to the redirector's socket and waits until QEMU has read and
 /// queued them; returns the frames' bytes. The connection closes on return.
-async fn send(q: &Qmp, sock: &Path, frames: &[Vec<u8>]) -> Result<u64, String> {
+async fn send(q: &Qmp, sock: &Path, frames: &[Vec<u8>]) -> Result<u64, ReplayError> {
     let mut s = tokio::net::UnixStream::connect(sock)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", sock.display()))?;
+        .map_err(|e| ReplayError::Connect(sock.to_path_buf(), e))?;
     let mut wire = Vec::new();
     let mut bytes = 0u64;
     for f in frames {
@@ -183,18 +210,19 @@ async fn send(q: &Qmp, sock: &Path, frames: &[Vec<u8>]) -> Result<u64, String> {
     }
     tokio::time::timeout(READ_WAIT, s.write_all(&wire))
         .await
-        .map_err(|_| format!("QEMU did not take the frames within {READ_WAIT:?}"))?
-        .map_err(|e| format!("cannot write the frames: {e}"))?;
+        .map_err(|_| ReplayError::WriteTimeout(READ_WAIT))?
+        .map_err(ReplayError::Write)?;
     let end = Instant::now() + READ_WAIT;
     loop {
-        let left = unsent(&s).map_err(|e| format!("SIOCOUTQ: {e}"))?;
+        let left = unsent(&s).map_err(ReplayError::Unsent)?;
         if left == 0 {
             break;
         }
         if Instant::now() > end {
-            return Err(format!(
-                "QEMU left {left} bytes of the frames unread for {READ_WAIT:?}"
-            ));
+            return Err(ReplayError::Unread {
+                left,
+                wait: READ_WAIT,
+            });
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -203,9 +231,9 @@ async fn send(q: &Qmp, sock: &Path, frames: &[Vec<u8>]) -> Result<u64, String> {
     let st = q
         .execute("query-status", None)
         .await
-        .map_err(|e| format!("query-status: {e}"))?;
+        .map_err(|e| ReplayError::Qmp("query-status", e))?;
     if st["running"] != serde_json::Value::Bool(false) {
-        return Err(format!("the guest is not paused (status {})", st["status"]));
+        return Err(ReplayError::NotPaused(st["status"].clone()));
     }
     Ok(bytes)
 }

@@ -90,7 +90,7 @@ impl Owner {
                 let path = snap.path_of(&t.file);
                 let r = tokio::task::spawn_blocking(move || Trace::read(&path, size / 4096))
                     .await
-                    .map_err(|e| OpError::Internal(e.to_string()))?;
+                    .map_err(|e| OpError::Broken(Box::new(e)))?;
                 Some(r.map_err(InputError::from)?)
             }
             None => None,
@@ -159,7 +159,7 @@ impl Owner {
             };
             tokio::task::spawn_blocking(move || job.run())
                 .await
-                .map_err(|e| OpError::Internal(e.to_string()))??
+                .map_err(|e| OpError::Broken(Box::new(e)))??
         };
         machine.on(
             &mut report,

@@ -112,7 +112,7 @@ impl Owner {
         // Both QEMUs append to the VM's one capped QEMU log, off the RAM tmpfs.
         let qemu_log = self.vm.dir.qemu_log();
         let child = rebound_vmm::process::spawn_qemu(&qemu, &args, &qemu_log, group.as_ref())
-            .map_err(|e| OpError::QemuFailed(rebound_errors::chain(&e)))?;
+            .map_err(|e| OpError::QemuFailed(e.into()))?;
         let new_pid = child.id().unwrap_or(0);
         crate::daemon::fault::point("settle:spawned");
         let connected = Self::connect_qmp(&side.join("qmp.sock"), &qemu_log, new_pid).await;
@@ -120,9 +120,9 @@ impl Owner {
             Ok(q) => q,
             Err(why) => {
                 rebound_vmm::process::sigkill(new_pid);
-                return Err(OpError::QemuFailed(format!(
-                    "the QEMU to settle onto did not come up: {why}"
-                )));
+                return Err(OpError::QemuFailed(
+                    crate::daemon::vm::qemu_error::QemuError::SettleTarget(Box::new(why)),
+                ));
             }
         };
         if let Err(e) = usernet::hand_over(&*src, &*dq, &forwards).await {

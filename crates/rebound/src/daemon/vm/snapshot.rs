@@ -68,8 +68,8 @@ impl Owner {
             let out = out.clone();
             tokio::task::spawn_blocking(move || SnapshotDir::create(&out))
                 .await
-                .map_err(|e| OpError::Internal(e.to_string()))?
-                .map_err(|e| OpError::BadRequest(rebound_errors::chain(&e)))?
+                .map_err(|e| OpError::Broken(Box::new(e)))?
+                .map_err(|e| OpError::BadInput(Box::new(e)))?
         };
         let size = rec.spec.memory_mib << 20;
         let ram = self.vm.run.ram();
@@ -210,7 +210,7 @@ impl Owner {
                 let t2 = t.clone();
                 tokio::task::spawn_blocking(move || t2.write(&path))
                     .await
-                    .map_err(|e| OpError::Internal(e.to_string()))?
+                    .map_err(|e| OpError::Broken(Box::new(e)))?
                     .map_err(SaveError::from)?;
                 Some(TraceInfo {
                     file: "trace.fafl".into(),
@@ -230,7 +230,7 @@ impl Owner {
             version: rebound_snapshot::FORMAT_VERSION,
             created: rebound_vmm::events::wall_now(),
             vm: self.vm.name.clone(),
-            spec: serde_json::to_value(&rec.spec).map_err(|e| OpError::Internal(e.to_string()))?,
+            spec: serde_json::to_value(&rec.spec).map_err(|e| OpError::Broken(Box::new(e)))?,
             qemu_version: qemu_version(&*q).await,
             machine: machine_type(&*q).await,
             accel: rec.accel.as_str().to_string(),
@@ -249,12 +249,12 @@ impl Owner {
             .collect();
         tokio::task::spawn_blocking(move || dir.commit(&manifest))
             .await
-            .map_err(|e| OpError::Internal(e.to_string()))?
+            .map_err(|e| OpError::Broken(Box::new(e)))?
             .map_err(SaveError::from)?;
         let (paths, dir, vm) = (self.paths.clone(), out.clone(), self.vm.name.clone());
         tokio::task::spawn_blocking(move || files::record_in_catalog(&paths, &dir, &layers, &vm))
             .await
-            .map_err(|e| OpError::Internal(e.to_string()))?;
+            .map_err(|e| OpError::Broken(Box::new(e)))?;
         Ok(SnapshotResult {
             dir: out.display().to_string(),
             vm: self.vm.name.clone(),

@@ -37,7 +37,13 @@ fn backend_answers_add_what_grew_and_a_restarted_backend_counts_from_zero() {
         &mut seen,
         vec![
             (a.clone(), answer(130, 40, 70, 20)),
-            (b, Err("gone".into())),
+            (
+                b,
+                Err(ControlError::Refused {
+                    control: "b.ctl".into(),
+                    answer: "gone".into(),
+                }),
+            ),
         ],
     );
     assert_eq!(
@@ -46,7 +52,7 @@ fn backend_answers_add_what_grew_and_a_restarted_backend_counts_from_zero() {
     );
     assert_eq!(
         (s.backend_errors, s.last_error.as_deref()),
-        (1, Some("gone"))
+        (1, Some("b.ctl: \"gone\""))
     );
     let fresh = take(&mut s, &mut seen, vec![(a, answer(5, 0, 1, 0))]);
     assert_eq!((fresh, s.evicted, s.admitted), (5, 135, 71));

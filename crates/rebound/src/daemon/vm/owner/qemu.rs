@@ -20,6 +20,7 @@ use super::Owner;
 use crate::daemon::error::OpError;
 use crate::daemon::fault;
 use crate::daemon::vm::machine::{next, Trigger};
+use crate::daemon::vm::qemu_error::QemuError;
 
 /// How long QEMU gets to create its QMP socket.
 const QMP_WAIT: Duration = Duration::from_secs(15);
@@ -42,7 +43,7 @@ impl Owner {
             resolve::resolve(&p, &h, &s, boot, ready, recovery.as_ref())
         })
         .await
-        .map_err(|e| OpError::Internal(e.to_string()))??;
+        .map_err(|e| OpError::Broken(Box::new(e)))??;
         self.prepare_run_dir()?;
         self.spawn_resolved(&spec, res, recovering, true).await
     }
@@ -65,7 +66,7 @@ impl Owner {
             resolve::resolve(&p, &h, &s, boot, ready, r.as_ref())
         })
         .await
-        .map_err(|e| OpError::Internal(e.to_string()))??)
+        .map_err(|e| OpError::Broken(Box::new(e)))??)
     }
 
     /// An empty run dir (RAM file, sockets) for a new QEMU, whose boot starts a new
@@ -106,7 +107,7 @@ impl Owner {
                 if !recovering {
                     self.stop_backends();
                 }
-                return Err(OpError::QemuFailed(rebound_errors::chain(&e)));
+                return Err(OpError::QemuFailed(e.into()));
             }
         };
         let pid = child.id().unwrap_or(0);
@@ -166,26 +167,26 @@ impl Owner {
         let connected = Self::connect_qmp(&self.vm.run.qmp(), &qemu_log, pid).await;
         let (qmp, events) = match connected {
             Ok(q) => q,
-            Err(msg) => {
+            Err(e) => {
                 process::sigkill(pid);
                 self.reap(pid).await;
                 self.finish(EventData::Exited {
                     exit_code: None,
-                    error: Some(msg.clone()),
+                    error: Some(rebound_errors::chain(&e)),
                 });
-                return Err(OpError::QemuFailed(msg));
+                return Err(OpError::QemuFailed(e));
             }
         };
         if run_after {
             if let Err(e) = qmp.execute("cont", None).await {
                 process::sigkill(pid);
                 self.reap(pid).await;
-                let msg = format!("QEMU did not start its vCPUs: {e}");
+                let e = QemuError::Cont(e);
                 self.finish(EventData::Exited {
                     exit_code: None,
-                    error: Some(msg.clone()),
+                    error: Some(rebound_errors::chain(&e)),
                 });
-                return Err(OpError::QemuFailed(msg));
+                return Err(OpError::QemuFailed(e));
             }
         }
         if query_state {
@@ -226,7 +227,7 @@ impl Owner {
         sock: &std::path::Path,
         log: &std::path::Path,
         pid: u32,
-    ) -> Result<rebound_vmm::qmp::QmpSession, String> {
+    ) -> Result<rebound_vmm::qmp::QmpSession, QemuError> {
         let deadline = tokio::time::Instant::now() + QMP_WAIT;
         loop {
             if sock.exists() {
@@ -238,9 +239,9 @@ impl Owner {
                 let why =
                     process::last_log_line(log).unwrap_or_else(|| "no QMP socket appeared".into());
                 return Err(if process::is_alive(pid) {
-                    format!("QMP did not answer: {why}")
+                    QemuError::NoQmp(why)
                 } else {
-                    format!("QEMU exited: {why}")
+                    QemuError::Exited(why)
                 });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -277,18 +278,17 @@ impl Owner {
         self.qmp_events = Some(events);
     }
 
-    pub(super) async fn reattach(&mut self) -> Result<(), String> {
+    pub(super) async fn reattach(&mut self) -> Result<(), QemuError> {
         let rec = self.vm.record();
-        let pid = rec.qemu_pid.ok_or("no QEMU pid recorded")?;
+        let pid = rec.qemu_pid.ok_or(QemuError::NoPid)?;
         if !process::is_our_qemu(pid, &rec.run_dir) {
-            return Err(format!("QEMU (pid {pid}) is gone"));
+            return Err(QemuError::Gone(pid));
         }
         let (qmp, events) =
             tokio::time::timeout(Duration::from_secs(5), Qmp::connect(&self.vm.run.qmp()))
                 .await
-                .map_err(|_| "QMP did not answer".to_string())?
-                .map_err(|e| e.to_string())?;
-        let st = qmp.run_state().await.map_err(|e| e.to_string())?;
+                .map_err(|_| QemuError::Silent)??;
+        let st = qmp.run_state().await?;
         // A settle cut short by the daemon's death may have handed this QEMU's host
         // ports to a QEMU since killed: it gets back the ones it lost.
         let forwards = rebound_vmm::resolve::host_forwards(&rec.forwards);
@@ -311,9 +311,7 @@ impl Owner {
             qemu_status: st,
         });
         let ready: ReadySpec = match &rec.spec.ready {
-            Some(r) => r
-                .parse()
-                .map_err(|e: rebound_api::SpecError| e.to_string())?,
+            Some(r) => r.parse()?,
             None => ReadySpec::Agent,
         };
         self.metrics.reattaches.inc();

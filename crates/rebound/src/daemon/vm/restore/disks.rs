@@ -26,7 +26,7 @@ impl Owner {
             rebound_snapshot::copy_file(&from, &dst)
         })
         .await
-        .map_err(|err| OpError::Internal(err.to_string()))?
+        .map_err(|err| OpError::Broken(Box::new(err)))?
         .map_err(InputError::Image)?;
         if h.checksum != e.checksum || h.size != e.size {
             let _ = std::fs::remove_file(&to);
@@ -49,7 +49,7 @@ pub(super) fn check_disk_layers(
     use rebound_vmm::qemu::DiskFormat;
     let listing = rebound_snapshot::Catalog::new(paths.snapshot_catalog())
         .listing(snap.path())
-        .map_err(|e| OpError::Internal(rebound_errors::chain(&e)))?;
+        .map_err(|e| OpError::Broken(Box::new(e)))?;
     let (bases, unrecorded) = match listing {
         Listing::NotListed => (Vec::new(), "and this daemon did not write the snapshot (only a snapshot it wrote may read through a base it recorded then)".to_string()),
         Listing::WithoutBases => (Vec::new(), "and the snapshot catalog lists this snapshot from an older Rebound, which recorded no bases: it can no longer read through files outside (restore the snapshot it came from, or take it again)".to_string()),

@@ -38,4 +38,31 @@ pub enum InputError {
     Layer(#[from] rebound_vmm::disks::DiskError),
     #[error("the snapshot has {snapshot} disks but its VM spec gives {spec}: the manifest does not fit together")]
     Disks { snapshot: usize, spec: usize },
+    #[error(transparent)]
+    Manifest(#[from] rebound_snapshot::ManifestError),
+    #[error("the manifest's VM spec is malformed")]
+    Spec(#[source] serde_json::Error),
+    /// The files a restore's user names again do not fit the snapshot's VM
+    /// (`VmSpec::for_restore`'s own words).
+    #[error("{0}")]
+    Named(String),
+    #[error("the snapshot records {snapshot} pmem devices but its VM spec lists {spec}: the manifest does not fit together")]
+    Pmem { snapshot: usize, spec: usize },
+    /// A crash policy's `--recover-from` snapshot cannot stand in for its VM.
+    #[error("--recover-from {dir}")]
+    RecoverFrom {
+        dir: String,
+        #[source]
+        source: Box<InputError>,
+    },
+    #[error("its VM has {what} {theirs}, this VM {ours}: a recovery VM must be the same guest")]
+    Mismatch {
+        what: &'static str,
+        theirs: String,
+        ours: String,
+    },
+    #[error("its RAM image holds {snapshot_mib} MiB, this VM has {vm_mib} MiB")]
+    RamSize { snapshot_mib: u64, vm_mib: u64 },
+    #[error("it has {0} RAM blocks; only single-block snapshots can be restored")]
+    RamBlocks(usize),
 }

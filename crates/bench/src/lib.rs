@@ -23,6 +23,7 @@ pub mod out;
 mod reboot;
 mod restore;
 mod slowdisk;
+mod throttledfs;
 mod webload;
 
 pub use clusters::Clusters;

@@ -8,6 +8,8 @@ use clap::Args;
 use rebound_api::{CrashPolicy, Forward, IoPolicy, OnCrash, PageClass, VmSpec};
 use serde::Serialize;
 
+use crate::throttledfs::ThrottledFs;
+
 pub(super) const MB: f64 = 1e6;
 pub(super) const MIB: f64 = (1u64 << 20) as f64;
 
@@ -33,7 +35,7 @@ pub struct CrashArgs {
     /// I/O-policy variants (e): a disk-bound service, as the paper's boot-time copy.
     #[arg(long, default_value = "256M", value_parser = rebound_api::spec::parse_memory_mib)]
     pub(super) disk_io: u64,
-    /// The emulated disk's rate for the dump, MB/s.
+    /// The emulated slow disk's rate, reads and writes together, MB/s.
     #[arg(long, default_value_t = 100)]
     pub(super) disk_mbps: u32,
     /// Chunk size of the dump and the memory handover.
@@ -55,7 +57,7 @@ pub(super) struct Case {
     pub(super) on_crash: OnCrash,
     pub(super) filter: Vec<PageClass>,
     pub(super) io_policy: IoPolicy,
-    /// The dump is held to the emulated disk's rate.
+    /// The dump, the guest's disk and the snapshot are on the emulated slow disk.
     pub(super) throttled: bool,
     /// MiB the service reads from its disk before it is ready (0: none).
     pub(super) disk_io_mib: u64,
@@ -80,9 +82,8 @@ pub(super) struct Outcome {
     pub(super) pages_written: u64,
     pub(super) pages_skipped: std::collections::BTreeMap<String, u64>,
     pub(super) notes: Vec<String>,
-    /// For `a`: QEMU's dump time at the emulated disk's rate, and the downtime with it.
-    pub(super) scaled_dump_s: Option<f64>,
-    pub(super) scaled_downtime_s: Option<f64>,
+    /// The service's capacity before the crash and while the dump ran.
+    pub(super) capacity: super::capacity::Capacity,
     /// For `a`: the reboot alone (panic seen, kill, boot, service answers), no dump.
     pub(super) reboot_only_s: Option<f64>,
     /// For `r`: the restore's time to running and the pages it read before.
@@ -101,6 +102,9 @@ pub(super) struct Setup {
     pub(super) progress: bool,
     /// The post-boot snapshot the `r` cases recover from.
     pub(super) snapshot: Option<PathBuf>,
+    /// The emulated slow disk, and the copy of the snapshot on it.
+    pub(super) slow: Option<ThrottledFs>,
+    pub(super) slow_snapshot: Option<PathBuf>,
 }
 
 impl Setup {
@@ -132,6 +136,15 @@ impl Setup {
         s
     }
 
+    /// Where a case's dumps and disk go and the snapshot it restores from: on the
+    /// emulated slow disk or on the real one.
+    pub(super) fn place(&self, throttled: bool) -> (&Path, Option<&Path>) {
+        match (&self.slow, throttled) {
+            (Some(fs), true) => (&fs.mount, self.slow_snapshot.as_deref()),
+            _ => (&self.dir, self.snapshot.as_deref()),
+        }
+    }
+
     pub(super) fn say(&self, m: &str) {
         if self.progress {
             eprintln!("bench crash: {m}");
@@ -139,9 +152,10 @@ impl Setup {
     }
 }
 
-/// A copy of the image's data disk for one guest, so that no case sees another's writes.
-pub(super) fn copy_disk(setup: &Setup, tag: &str) -> anyhow::Result<PathBuf> {
-    let d = setup.dir.join(format!("{tag}.ext4"));
+/// A copy of the image's data disk for one guest, so that no case sees another's
+/// writes, on the emulated slow disk or the real one.
+pub(super) fn copy_disk(setup: &Setup, tag: &str, throttled: bool) -> anyhow::Result<PathBuf> {
+    let d = setup.place(throttled).0.join(format!("{tag}.ext4"));
     std::fs::copy(&setup.disk, &d)?;
     Ok(d)
 }

@@ -13,23 +13,28 @@
 //! memory; the web service answers whether or not memfill runs. Variants:
 //!
 //! - `a` stock: policy none; crash; QEMU's `dump-guest-memory` (ELF) made durable; kill
-//!   and boot a fresh VM on the same disk and port. QEMU's dump cannot be held to a
-//!   rate, so its time at the emulated disk's rate is `bytes / rate` (when the real
-//!   disk is faster) and the downtime at that rate is scaled accordingly.
+//!   and boot a fresh VM on the same disk and port.
 //! - `b` dump-then-recover, `c` dump-and-recover, `d` dump-and-recover with the zero and
-//!   free pages filtered: each with the dump held to `--disk-mbps` by the dump writer's
-//!   token bucket (I/O policy `D:R`), then again unthrottled (`fair`) on the real disk.
-//! - `e` the I/O policies `fair`, `dump-first`, `recovery-first` and `auto` on the real
-//!   disk, with the service made disk-bound: it reads `--disk-io` of its data disk
-//!   with `O_DIRECT` before it is ready, at boot and again in the recovery VM (the
-//!   paper's recovery that copies a file while it boots); and on the emulated disk with
-//!   each named policy as its split of the disk's rate (`fair` 50:50, `dump-first`
-//!   90:10, `recovery-first` 10:90 at 100 MB/s).
+//!   free pages filtered. Every case at the crash policy's default I/O policy.
+//!
+//! Each of `a` to `d` (and `r`) runs twice: `@RATE` on an emulated slow disk, one
+//! device whose reads and writes together run at `--disk-mbps` (a file system on a
+//! throttled device, [`crate::throttledfs`]) holding the dump, the guest's disk and
+//! the snapshot `r` restores from, as one disk does on a real host; and `@disk` on the
+//! real disk.
+//! - `e` the I/O policies `fair`, `dump-first`, `recovery-first` and `auto`, with the
+//!   service made disk-bound: it reads `--disk-io` of its data disk with `O_DIRECT`
+//!   before it is ready, at boot and again in the recovery VM (the paper's recovery
+//!   that copies a file while it boots); on the real disk and on the emulated one.
 //! - `r` dump-and-recover as `c`, but the recovery VM is restored (elastic) from a
 //!   post-boot snapshot instead of booted (`--recover-from`): the snapshot is taken
 //!   once per run of a guest booted with the same command line, as soon as its service
 //!   answers, with a working-set trace; its files are dropped from the page cache before
-//!   each crash, so every restore reads cold. Held to `--disk-mbps` and unthrottled, as `c`.
+//!   each crash, so every restore reads cold. On the emulated disk and the real one, as `c`.
+//!
+//! Besides the downtime (the crash to the first answer), each case measures the
+//! service's capacity before the crash and while the dump still runs once it is back
+//! ([`capacity`]).
 //! - `s` one more crashed guest kept paused, dumped several ways on the same memory:
 //!   QEMU's ELF and ours (throughput, durable), ours filtered against `makedumpfile -d
 //!   31` of our unfiltered ELF, QEMU's kdump-zlib against ours in zlib and zstd.
@@ -50,18 +55,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::guest::{boot_filled, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
+use crate::throttledfs::ThrottledFs;
 pub use case::CrashArgs;
-use case::{copy_disk, Case, Outcome, Setup, MB};
+use case::{copy_disk, Case, Outcome, Setup};
 use rebound_client::{connect, Client};
 use report::{draw, print_text, Meta};
 use sizes::run_sizes;
 
+mod capacity;
 mod case;
 mod report;
 mod sizes;
 
-/// The recovery VM's disk rate under `D:R`: high enough never to bind here.
-const RECOVERY_MBPS: u32 = 1000;
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -73,10 +78,6 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
     {
         anyhow::bail!("unknown variant {bad:?}: expected a, b, c, d, e, r or s");
     }
-    let rate = IoPolicy::Rates {
-        dump_mbps: args.disk_mbps,
-        recovery_mbps: RECOVERY_MBPS,
-    };
     let r = args.disk_mbps;
     let mut out = Vec::new();
     let mut add = |id: &str, what: String, on_crash, filter: &[PageClass], io, throttled| {
@@ -93,20 +94,18 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
     };
     use OnCrash::*;
     let zf = [PageClass::Zero, PageClass::Free];
-    if want.contains(&"a") {
-        add(
-            "a",
-            "stock: QEMU ELF dump, reboot".into(),
-            None,
-            &[],
-            IoPolicy::Fair,
-            false,
-        );
-    }
-    for (throttled, io, at) in [
-        (true, rate, format!("@{r}")),
-        (false, IoPolicy::Fair, "@disk".into()),
-    ] {
+    let io = CrashPolicy::default().io_policy;
+    for (throttled, at) in [(true, format!("@{r}")), (false, "@disk".into())] {
+        if want.contains(&"a") {
+            add(
+                &format!("a{at}"),
+                "stock: QEMU ELF dump, reboot".into(),
+                None,
+                &[],
+                io,
+                throttled,
+            );
+        }
         if want.contains(&"b") {
             add(
                 &format!("b{at}"),
@@ -149,41 +148,24 @@ fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
         }
     }
     if want.contains(&"e") {
-        // The same service made disk-bound, each policy on the real disk.
-        for io in [
-            IoPolicy::Fair,
-            IoPolicy::DumpFirst,
-            IoPolicy::RecoveryFirst,
-            IoPolicy::Auto,
-        ] {
-            add(
-                &format!("e-{io}"),
-                format!("dump-and-recover, disk-bound service, io {io}"),
-                DumpAndRecover,
-                &[],
-                io,
-                false,
-            );
-        }
-        // And on the emulated disk, each policy as its split of the one disk's rate
-        // (D:R: the dump writer's token bucket and QMP throttling of the recovery VM).
-        let tenth = (r / 10).max(1);
-        for (name, d, rr) in [
-            ("fair", r / 2, r / 2),
-            ("dump-first", r - tenth, tenth),
-            ("recovery-first", tenth, r - tenth),
-        ] {
-            add(
-                &format!("e-{name}@{r}"),
-                format!("dump-and-recover, disk-bound service, {name} as {d}:{rr} MB/s"),
-                DumpAndRecover,
-                &[],
-                IoPolicy::Rates {
-                    dump_mbps: d,
-                    recovery_mbps: rr,
-                },
-                true,
-            );
+        // The same service made disk-bound, each policy on the real disk and on the
+        // emulated one.
+        for (throttled, at) in [(false, String::new()), (true, format!("@{r}"))] {
+            for io in [
+                IoPolicy::Fair,
+                IoPolicy::DumpFirst,
+                IoPolicy::RecoveryFirst,
+                IoPolicy::Auto,
+            ] {
+                add(
+                    &format!("e-{io}{at}"),
+                    format!("dump-and-recover, disk-bound service, io {io}"),
+                    DumpAndRecover,
+                    &[],
+                    io,
+                    throttled,
+                );
+            }
         }
         for c in out.iter_mut().filter(|c| c.id.starts_with("e-")) {
             c.disk_io_mib = args.disk_io;
@@ -323,12 +305,14 @@ async fn run_case(
     case: &Case,
     name: &str,
 ) -> anyhow::Result<(Outcome, VmStatus)> {
-    let disk = copy_disk(setup, name)?;
+    // Where the case's dump, disk and snapshot are: the emulated disk or the real one.
+    let (dir, snapshot) = setup.place(case.throttled);
+    let disk = copy_disk(setup, name, case.throttled)?;
     let spec = setup.spec(
         args,
         name,
         &disk,
-        policy(args, case, &setup.dir, setup.snapshot.as_deref()),
+        policy(args, case, dir, snapshot),
         case.disk_io_mib,
     );
     setup.say(&format!(
@@ -336,15 +320,27 @@ async fn run_case(
         case.id, args.fill
     ));
     let st = boot_filled(c, &spec, args.fill).await?;
-    if let (true, Some(snap)) = (case.recover_from, &setup.snapshot) {
+    if let (true, Some(snap)) = (case.recover_from, snapshot) {
         // The snapshot was written long before a real crash: restore it cold.
         crate::host::drop_cache(snap)?;
+    }
+    if let (true, Some(fs)) = (case.throttled, &setup.slow) {
+        // Nothing the emulated disk holds is read from memory that a real disk's
+        // host would not have cached either.
+        fs.drop_device_cache()?;
     }
     let probe = Prober::start(setup.port);
     tokio::time::sleep(Duration::from_secs(1)).await;
     if probe.answers().is_empty() {
         anyhow::bail!("{name}: the service does not answer the client before the crash");
     }
+    let load = capacity::Load::start(setup.port, probe.t0);
+    tokio::time::sleep(capacity::BEFORE).await;
+    let t_load = load.now();
+    let before = load
+        .stop()
+        .rate(t_load - capacity::BEFORE.as_secs_f64(), t_load);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     setup.say(&format!("{}: crash", case.id));
     let t_crash = probe.now();
     let _: Value = post(c, &format!("/v1/vms/{name}/crash"), None).await?;
@@ -352,6 +348,8 @@ async fn run_case(
         case: case.id.clone(),
         ..Outcome::default()
     };
+    o.capacity.before_rps = before;
+    let dump_file: Option<PathBuf>;
     if case.on_crash == OnCrash::None {
         let _: VmStatus = post(
             c,
@@ -360,16 +358,23 @@ async fn run_case(
         )
         .await?;
         let t_panicked = probe.now();
-        let out = setup.dir.join(format!("{name}.qemu.elf"));
-        setup.say("a: QEMU's dump-guest-memory (ELF, then fsync)");
+        let out = dir.join(format!("{name}.qemu.elf"));
+        setup.say(&format!(
+            "{}: QEMU's dump-guest-memory (ELF, then fsync)",
+            case.id
+        ));
         let d: DumpResult = post(
             c,
             &format!("/v1/vms/{name}/dump"),
             Some(&json!({"out": out, "format": "elf", "engine": "qemu"})),
         )
         .await?;
-        let _ = std::fs::remove_file(&out);
-        setup.say("a: reboot: kill, boot a fresh VM on the same disk and port");
+        // Deleted once the service is back: not part of the downtime.
+        dump_file = Some(out);
+        setup.say(&format!(
+            "{}: reboot: kill, boot a fresh VM on the same disk and port",
+            case.id
+        ));
         let t_reboot = probe.now();
         remove(c, name).await;
         let mut fresh = spec.clone();
@@ -382,12 +387,27 @@ async fn run_case(
         o.dump_bytes = d.bytes;
         o.dump_io_bytes = d.io_bytes;
         o.notes = d.notes;
-        let at_rate = d.bytes as f64 / (args.disk_mbps as f64 * MB);
-        let scaled = d.seconds.max(at_rate);
-        o.scaled_dump_s = Some(scaled);
         o.reboot_only_s = Some(t_panicked - t_crash + back - t_reboot);
     } else {
-        let r = wait_report(c, name, setup, &case.id).await?;
+        // Once the recovery VM answers, clients ask as fast as it answers until the
+        // dump is over: its capacity while the dump runs.
+        let back = probe
+            .wait_answer_after(t_crash, Duration::from_secs(900))
+            .await?;
+        let load = capacity::Load::start(setup.port, probe.t0);
+        let r = wait_report(c, name, setup, &case.id).await;
+        let answers = load.stop();
+        let r = r?;
+        // The daemon's clock starts at the panic it saw, a few ms after the request.
+        let dump_end = r
+            .timeline
+            .iter()
+            .find(|s| s.event.as_deref() == Some("dump finished"))
+            .map(|s| t_crash + s.t_s);
+        if let Some(end) = dump_end.filter(|&e| e > back) {
+            o.capacity.during_dump_rps = answers.rate(back, end);
+            o.capacity.window_s = Some(end - back);
+        }
         o.daemon_downtime_s = r.downtime_s;
         o.dump_s = r.dump_s.unwrap_or(0.0);
         o.dump_bytes = r.dump_bytes.unwrap_or(0);
@@ -396,9 +416,7 @@ async fn run_case(
         o.pages_written = r.pages_written.unwrap_or(0);
         o.pages_skipped = r.pages_skipped.clone();
         o.notes = r.notes.clone();
-        if let Some(p) = &r.dump_path {
-            let _ = std::fs::remove_file(p);
-        }
+        dump_file = r.dump_path.as_ref().map(PathBuf::from);
         if case.recover_from {
             let rr: RestoreReport = c
                 .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
@@ -419,11 +437,11 @@ async fn run_case(
     let (gap, back) = probe.outage_after(t_crash);
     o.longest_gap_s = gap;
     o.downtime_s = back - t_crash;
-    if let Some(scaled) = o.scaled_dump_s {
-        o.scaled_downtime_s = Some(o.downtime_s - o.dump_s + scaled);
-    }
     drop(probe);
     remove(c, name).await;
+    if let Some(f) = dump_file {
+        let _ = std::fs::remove_file(f);
+    }
     let _ = std::fs::remove_file(&disk);
     Ok((o, st))
 }
@@ -437,7 +455,7 @@ async fn post_boot_snapshot(
     setup: &Setup,
     name: &str,
 ) -> anyhow::Result<(PathBuf, SnapshotResult)> {
-    let disk = copy_disk(setup, name)?;
+    let disk = copy_disk(setup, name, false)?;
     let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
     setup.say(&format!("r: booting {name} for the post-boot snapshot"));
     let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
@@ -469,6 +487,23 @@ async fn post_boot_snapshot(
     remove(c, name).await;
     let _ = std::fs::remove_file(&disk);
     Ok((out, r))
+}
+
+/// Copies the files of `from` (a snapshot directory, one level of subdirectories
+/// at most) into `to`, flushed.
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)?;
+            std::fs::File::open(&dst)?.sync_all()?;
+        }
+    }
+    Ok(())
 }
 
 /// Polls the VM's latest crash report until everything the policy asked is finished.
@@ -550,7 +585,10 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         port: rebound_vmm::process::free_port()?,
         progress: std::io::stderr().is_terminal(),
         snapshot: None,
+        slow: None,
+        slow_snapshot: None,
     };
+    let mut slow_check = None;
     let c = connect(paths).await?;
     let load_before = load_average();
     let date = rebound_vmm::events::wall_now();
@@ -560,6 +598,20 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
     let mut accel = (String::new(), String::new());
     let mut snapshot = None;
     let r: anyhow::Result<()> = async {
+        if cases.iter().any(|c| c.throttled) {
+            // Room for a dump, the guest's disk and the snapshot, twice over; sparse.
+            let size = (args.memory * 4 + 4096) << 20;
+            let fs = ThrottledFs::new(&dir.join("slow-disk"), size, args.disk_mbps)?;
+            setup.slow = Some(fs);
+            let check = setup.slow.as_ref().map(|fs| fs.check(args.disk_mbps)).transpose()?;
+            if let Some(c) = &check {
+                setup.say(&format!(
+                    "emulated disk: {} MB/s for reads and writes together; a flushed write ran at {:.0} MB/s, a cold read at {:.0}",
+                    args.disk_mbps, c.write_mbps, c.read_mbps
+                ));
+            }
+            slow_check = check;
+        }
         if cases.iter().any(|c| c.recover_from) {
             let name = format!("{tag}-snap");
             let r = post_boot_snapshot(&c, &args, &setup, &name).await;
@@ -567,6 +619,12 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
                 remove(&c, &name).await;
             }
             let (dir, res) = r?;
+            if let Some(fs) = &setup.slow {
+                let copy = fs.mount.join("post-boot-snapshot");
+                setup.say("r: copying the snapshot onto the emulated disk");
+                copy_tree(&dir, &copy)?;
+                setup.slow_snapshot = Some(copy);
+            }
             setup.snapshot = Some(dir);
             snapshot = Some(res);
         }
@@ -599,6 +657,8 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         Ok(())
     }
     .await;
+    // Unmounted before the scratch directory goes.
+    drop(setup.slow.take());
     if args.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -620,6 +680,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         load_before,
         load_after,
         snapshot,
+        slow_disk: slow_check,
     };
     if let Some(svg) = &args.out.svg {
         std::fs::write(svg, draw(&meta, &med))?;
@@ -664,10 +725,11 @@ mod tests {
         assert_eq!(
             ids,
             [
-                "a",
+                "a@100",
                 "b@100",
                 "c@100",
                 "d@100",
+                "a@disk",
                 "b@disk",
                 "c@disk",
                 "d@disk",
@@ -677,17 +739,20 @@ mod tests {
                 "e-auto",
                 "e-fair@100",
                 "e-dump-first@100",
-                "e-recovery-first@100"
+                "e-recovery-first@100",
+                "e-auto@100"
             ]
         );
         let e = cases(&args("e")).unwrap();
         assert!(e.iter().all(|c| c.disk_io_mib == 256));
-        assert_eq!(e.iter().filter(|c| c.throttled).count(), 3);
-        assert_eq!(e[5].io_policy.to_string(), "90:10");
+        assert_eq!(e.iter().filter(|c| c.throttled).count(), 4);
+        assert_eq!(e[5].io_policy, IoPolicy::DumpFirst);
         assert!(cases(&args("a,x")).is_err());
         let c = cases(&args("d")).unwrap();
         assert_eq!(c[0].filter, [PageClass::Zero, PageClass::Free]);
         assert!(c[0].throttled && !c[1].throttled);
+        // The crash policy's defaults, not a rate picked for the benchmark.
+        assert_eq!(c[0].io_policy, CrashPolicy::default().io_policy);
         let p = policy(&args("d"), &c[0], Path::new("/x"), Some(Path::new("/s")));
         assert_eq!(p.host_memory_budget_mib, Some(768));
         assert_eq!(p.recover_from, None);
@@ -711,14 +776,19 @@ mod tests {
     }
 
     #[test]
-    fn stock_baseline_is_scaled_only_for_throttled_cases() {
-        let a = Outcome {
-            downtime_s: 6.0,
-            scaled_downtime_s: Some(10.0),
-            ..Outcome::default()
-        };
-        let c = cases(&args("c")).unwrap();
-        assert_eq!(baseline(&c[0], Some(&a)), Some(10.0));
-        assert_eq!(baseline(&c[1], Some(&a)), Some(6.0));
+    fn each_case_is_compared_with_stock_on_the_same_disk() {
+        let c = cases(&args("a,c")).unwrap();
+        let med: Vec<Outcome> = [10.0, 4.0, 6.0, 2.0]
+            .into_iter()
+            .map(|d| Outcome {
+                downtime_s: d,
+                ..Outcome::default()
+            })
+            .collect();
+        assert_eq!(c[1].id, "c@100");
+        assert_eq!(baseline(&c[1], &c, &med).unwrap().downtime_s, 10.0);
+        assert_eq!(c[3].id, "c@disk");
+        assert_eq!(baseline(&c[3], &c, &med).unwrap().downtime_s, 6.0);
+        assert!(baseline(&c[1], &c[1..2], &med).is_none());
     }
 }

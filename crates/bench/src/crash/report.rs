@@ -1,5 +1,6 @@
 //! What `rebound bench crash` prints and draws.
 
+use rebound_api::OnCrash;
 use serde::Serialize;
 
 use super::case::{Case, Outcome, MB, MIB};
@@ -22,17 +23,17 @@ pub(super) struct Meta {
     pub(super) load_after: String,
     /// The post-boot snapshot the `r` cases recovered from.
     pub(super) snapshot: Option<rebound_api::SnapshotResult>,
+    /// What the emulated slow disk gave a plain write and read.
+    pub(super) slow_disk: Option<crate::throttledfs::FsCheck>,
 }
 
-/// The stock baseline a case is compared with: `a` at the emulated disk's rate
-/// (scaled) for throttled cases, `a` as measured on the real disk otherwise.
-pub(super) fn baseline(case: &Case, a: Option<&Outcome>) -> Option<f64> {
-    let a = a?;
-    if case.throttled {
-        a.scaled_downtime_s
-    } else {
-        Some(a.downtime_s)
-    }
+/// The stock case a case is compared with: `a` on the same disk (the emulated one
+/// or the real one).
+pub(super) fn baseline<'a>(case: &Case, cases: &[Case], med: &'a [Outcome]) -> Option<&'a Outcome> {
+    cases
+        .iter()
+        .position(|c| c.on_crash == OnCrash::None && c.throttled == case.throttled)
+        .map(|i| &med[i])
 }
 
 pub(super) fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[Sizes]) {
@@ -40,16 +41,22 @@ pub(super) fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[
         "rebound bench crash: {} MiB guest, {} MiB filled (memfill) + web, 1 vCPU; accel {} ({}); host {} CPUs, kernel {}; {}",
         meta.memory_mib, meta.fill_mib, meta.accel, meta.accel_reason, meta.host_cpus, meta.host_kernel, meta.date
     );
+    match &meta.slow_disk {
+        Some(d) => println!(
+            "@{}: dump, guest disk and snapshot on one emulated disk, {} MB/s for reads and writes together (a plain write gave {:.0} MB/s, a read {:.0}); @disk: the real disk",
+            meta.disk_mbps, meta.disk_mbps, d.write_mbps, d.read_mbps
+        ),
+        None => println!("the real disk only"),
+    }
     println!(
-        "dump held to {} MB/s by the dump writer's token bucket in @{} cases (@disk: unthrottled, real disk); chunk {} MiB, min-memory {} MiB, budget memory + min-memory; {} run(s), medians; load {} -> {}",
-        meta.disk_mbps, meta.disk_mbps, meta.chunk_mib, meta.min_memory_mib, meta.runs, meta.load_before, meta.load_after
+        "chunk {} MiB, min-memory {} MiB, budget memory + min-memory, I/O policy the default unless named; {} run(s), medians; load {} -> {}",
+        meta.chunk_mib, meta.min_memory_mib, meta.runs, meta.load_before, meta.load_after
     );
     let guest = (meta.memory_mib << 20) as f64;
-    let a = cases.iter().position(|c| c.id == "a").map(|i| &med[i]);
     // With `--variants s` alone there are only the same-memory dumps.
     if !cases.is_empty() {
         println!(
-            "{:<22} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>7}",
+            "{:<24} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>8} {:>6}",
             "case",
             "downtime",
             "daemon",
@@ -59,17 +66,23 @@ pub(super) fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[
             "dump MiB",
             "io MiB",
             "io MB/s",
-            "vs a"
+            "vs a",
+            "rps pre",
+            "rps dump",
+            "ratio"
         );
     }
     let opt = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+    let opt1 = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
     for (case, o) in cases.iter().zip(med) {
-        let ratio = baseline(case, a)
-            .map(|b| format!("{:.2}x", o.downtime_s / b))
-            .unwrap_or_default();
-        let ratio = if case.id == "a" { String::new() } else { ratio };
+        let ratio = match baseline(case, cases, med) {
+            Some(a) if case.on_crash != OnCrash::None => {
+                format!("{:.2}x", o.downtime_s / a.downtime_s)
+            }
+            _ => String::new(),
+        };
         println!(
-            "{:<22} {:>9.2} {:>9} {:>8.2} {:>8.2} {:>10.0} {:>10.1} {:>9.1} {:>9.1} {:>7}",
+            "{:<24} {:>9.2} {:>9} {:>8.2} {:>8.2} {:>10.0} {:>10.1} {:>9.1} {:>9.1} {:>7} {:>8} {:>8} {:>6}",
             case.id,
             o.downtime_s,
             opt(o.daemon_downtime_s),
@@ -79,22 +92,32 @@ pub(super) fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[
             o.dump_bytes as f64 / MIB,
             o.dump_io_bytes as f64 / MIB,
             o.dump_io_bytes as f64 / o.dump_s / MB,
-            ratio
+            ratio,
+            opt1(o.capacity.before_rps),
+            opt1(o.capacity.during_dump_rps),
+            opt(o.capacity.ratio())
         );
     }
-    if let Some(a) = a {
-        println!(
-            "a at {} MB/s (QEMU cannot be throttled: its dump time there is bytes / rate): dump {} s, downtime {} s; reboot alone (no dump) {} s",
-            meta.disk_mbps,
-            opt(a.scaled_dump_s),
-            opt(a.scaled_downtime_s),
-            opt(a.reboot_only_s)
-        );
+    println!(
+        "rps: requests a second {} clients got back to back, in the {} s before the crash and from the service's first answer until the dump ended (-: the dump ended first)",
+        super::capacity::CLIENTS,
+        super::capacity::BEFORE.as_secs()
+    );
+    for (case, a) in cases
+        .iter()
+        .zip(med)
+        .filter(|(c, _)| c.on_crash == OnCrash::None)
+    {
         if let Some(reboot) = a.reboot_only_s {
-            for (case, o) in cases.iter().zip(med).filter(|(c, _)| c.id != "a") {
+            println!("{}: reboot alone (no dump) {reboot:.2} s", case.id);
+            for (c, o) in cases
+                .iter()
+                .zip(med)
+                .filter(|(c, _)| c.on_crash != OnCrash::None && c.throttled == case.throttled)
+            {
                 println!(
-                    "  {:<20} downtime / reboot alone {:.2}x",
-                    case.id,
+                    "  {:<22} downtime / reboot alone {:.2}x",
+                    c.id,
                     o.downtime_s / reboot
                 );
             }
@@ -157,25 +180,23 @@ pub(super) fn draw(meta: &Meta, med: &[Outcome]) -> String {
     let h = top + row * med.len() as f64 + 40.0;
     let max = med
         .iter()
-        .flat_map(|o| {
-            [
-                o.downtime_s,
-                o.longest_gap_s,
-                o.scaled_downtime_s.unwrap_or(0.0),
-            ]
-        })
+        .flat_map(|o| [o.downtime_s, o.longest_gap_s])
         .fold(1.0, f64::max);
     let x = |v: f64| left + v / max * (w - left - 30.0);
     let mut s = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <text x="10" y="18" font-size="14">Crash to service answering: {} MiB guest, {} MiB filled, accel {}, {}</text>
-<text x="10" y="36" fill="#555">bar: downtime seen by a client probing every 100 ms; black tick: its longest gap; dump held to {} MB/s in @{} cases</text>
+<text x="10" y="36" fill="#555">bar: downtime seen by a client probing every 100 ms; black tick: its longest gap; @{}: on one emulated {} MB/s disk</text>
 "##,
         meta.memory_mib, meta.fill_mib, meta.accel, meta.date, meta.disk_mbps, meta.disk_mbps
     );
     for (i, o) in med.iter().enumerate() {
         let y = top + row * i as f64;
-        let color = if o.case == "a" { "#c44" } else { "#48c" };
+        let color = if o.case.starts_with("a@") {
+            "#c44"
+        } else {
+            "#48c"
+        };
         s += &format!(
             "<text x=\"10\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"18\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.0}\">{:.2} s</text><line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{:.0}\" y2=\"{:.0}\" stroke=\"black\" stroke-width=\"2\"/>\n",
             y + 13.0,
@@ -189,18 +210,10 @@ pub(super) fn draw(meta: &Meta, med: &[Outcome]) -> String {
             y - 2.0,
             y + 20.0
         );
-        if let Some(sc) = o.scaled_downtime_s {
-            s += &format!(
-                "<rect x=\"{left}\" y=\"{:.0}\" width=\"{:.1}\" height=\"4\" fill=\"#e99\"/>\n",
-                y + 18.0,
-                x(sc) - left
-            );
-        }
     }
     s += &format!(
-        "<text x=\"{left}\" y=\"{:.0}\" fill=\"#555\">0 to {max:.1} s (thin red: a's downtime at {} MB/s, scaled)</text>\n</svg>\n",
-        h - 12.0,
-        meta.disk_mbps
+        "<text x=\"{left}\" y=\"{:.0}\" fill=\"#555\">0 to {max:.1} s</text>\n</svg>\n",
+        h - 12.0
     );
     s
 }

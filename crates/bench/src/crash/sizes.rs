@@ -35,7 +35,7 @@ pub(super) async fn run_sizes(
     setup: &Setup,
     name: &str,
 ) -> anyhow::Result<(Sizes, VmStatus)> {
-    let disk = copy_disk(setup, name)?;
+    let disk = copy_disk(setup, name, false)?;
     let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
     setup.say(&format!("s: booting {name} and filling {} MiB", args.fill));
     let st = boot_filled(c, &spec, args.fill).await?;

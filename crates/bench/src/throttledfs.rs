@@ -1,0 +1,214 @@
+//! An emulated slow disk that reads and writes share, with a file system on it: what
+//! a crash's dump and its recovery VM meet on a real host, where both use one disk.
+//!
+//! `qemu-storage-daemon` (Debian's QEMU) serves a sparse backing file through a
+//! throttle group (`x-bps-total`: reads and writes together) as a FUSE file; a loop
+//! device over that file carries an ext4 file system, mounted in the benchmark's
+//! scratch directory. Every byte that reaches the "disk" (a dump's writes when they
+//! are flushed, a guest's direct reads and writes of its disk image, a recovery VM's
+//! reads) passes the one rate; the host page cache in front of the file system stays
+//! at memory speed, as it would in front of a real slow disk. The backing file is
+//! opened with `O_DIRECT`, so the host's cache of it cannot absorb what the throttle
+//! is meant to hold. Needs root (loop devices, mounting) and `/dev/fuse`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+/// What [`ThrottledFs::check`] writes and reads back.
+const CHECK_BYTES: u64 = 256 << 20;
+
+/// A mounted file system on a throttled device; unmounted and torn down when dropped.
+pub struct ThrottledFs {
+    /// Where the file system is mounted.
+    pub mount: PathBuf,
+    dir: PathBuf,
+    loop_dev: Option<String>,
+    daemon: Option<Child>,
+    mounted: bool,
+}
+
+/// What a write and a read through the device achieved, to show the rate holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct FsCheck {
+    pub limit_mbps: u32,
+    pub write_mbps: f64,
+    pub read_mbps: f64,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let Ok(m) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let p = path.display().to_string();
+    m.lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(p.as_str()))
+}
+
+impl ThrottledFs {
+    /// A file system of `size` bytes under `dir` (which it creates) on a device whose
+    /// reads and writes together run at `mbps` MB/s.
+    pub fn new(dir: &Path, size: u64, mbps: u32) -> anyhow::Result<ThrottledFs> {
+        std::fs::create_dir_all(dir)?;
+        let dir = dir.canonicalize()?;
+        let (backing, device, mount) = (
+            dir.join("backing.img"),
+            dir.join("device.img"),
+            dir.join("fs"),
+        );
+        std::fs::File::create(&backing)?.set_len(size)?;
+        std::fs::File::create(&device)?;
+        std::fs::create_dir_all(&mount)?;
+        let mut fs = ThrottledFs {
+            mount,
+            dir: dir.clone(),
+            loop_dev: None,
+            daemon: None,
+            mounted: false,
+        };
+        let log = std::fs::File::create(dir.join("storage-daemon.log"))?;
+        let bps = mbps as u64 * 1_000_000;
+        let child = Command::new("qemu-storage-daemon")
+            .args([
+                "--object",
+                &format!("throttle-group,id=tg,x-bps-total={bps}"),
+            ])
+            .args([
+                "--blockdev",
+                &format!(
+                    "driver=file,node-name=f,filename={},cache.direct=on",
+                    backing.display()
+                ),
+            ])
+            .args([
+                "--blockdev",
+                "driver=throttle,node-name=t,throttle-group=tg,file=f",
+            ])
+            .args([
+                "--export",
+                &format!(
+                    "type=fuse,id=e,node-name=t,mountpoint={},writable=on",
+                    device.display()
+                ),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot run qemu-storage-daemon (package qemu-system-common)")?;
+        fs.daemon = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_mounted(&device) {
+            if let Some(Ok(Some(st))) = fs.daemon.as_mut().map(Child::try_wait) {
+                let log =
+                    std::fs::read_to_string(dir.join("storage-daemon.log")).unwrap_or_default();
+                anyhow::bail!("qemu-storage-daemon exited ({st}): {}", log.trim());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("qemu-storage-daemon's FUSE export did not appear in 10 s (is /dev/fuse there?)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Buffered: the loop device's direct I/O onto the FUSE export corrupted the
+        // file system here. The host's cache of the device file is dropped instead
+        // wherever reads must reach the throttle (`drop_device_cache`).
+        let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(&device))?;
+        fs.loop_dev = Some(dev.clone());
+        // Initialised in full now, so no background initialisation competes with
+        // what is measured later.
+        run(Command::new("mkfs.ext4").args([
+            "-q",
+            "-F",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+            &dev,
+        ]))?;
+        run(Command::new("mount").arg(&dev).arg(&fs.mount))?;
+        fs.mounted = true;
+        Ok(fs)
+    }
+
+    /// Flushes the file system and drops what the host caches of the device, so
+    /// that the next reads reach the throttle.
+    pub fn drop_device_cache(&self) -> anyhow::Result<()> {
+        run(Command::new("sync").arg("-f").arg(&self.mount))?;
+        rebound_snapshot::drop_page_cache(&self.dir.join("device.img"))?;
+        Ok(())
+    }
+
+    /// Writes [`CHECK_BYTES`] and flushes them, drops them from the page cache and
+    /// reads them back: the rates the device gave.
+    pub fn check(&self, limit_mbps: u32) -> anyhow::Result<FsCheck> {
+        use std::io::{Read, Write};
+        let f = self.mount.join("check.bin");
+        let buf = vec![0x5au8; 1 << 20];
+        let t = Instant::now();
+        let mut w = std::fs::File::create(&f)?;
+        for _ in 0..CHECK_BYTES >> 20 {
+            w.write_all(&buf)?;
+        }
+        w.sync_all()?;
+        let write_s = t.elapsed().as_secs_f64();
+        drop(w);
+        rebound_snapshot::drop_page_cache(&f)?;
+        let t = Instant::now();
+        let mut r = std::fs::File::open(&f)?;
+        let mut b = vec![0u8; 1 << 20];
+        while r.read(&mut b)? > 0 {}
+        let read_s = t.elapsed().as_secs_f64();
+        std::fs::remove_file(&f)?;
+        let c = FsCheck {
+            limit_mbps,
+            write_mbps: CHECK_BYTES as f64 / 1e6 / write_s,
+            read_mbps: CHECK_BYTES as f64 / 1e6 / read_s,
+        };
+        // A little over the limit is the throttle's burst; far over it, something
+        // in front of the throttle answered.
+        let most = limit_mbps as f64 * 1.25;
+        if c.write_mbps > most || c.read_mbps > most {
+            anyhow::bail!(
+                "the emulated disk is not held to {limit_mbps} MB/s: a flushed write ran at {:.0} MB/s, a cold read at {:.0}",
+                c.write_mbps,
+                c.read_mbps
+            );
+        }
+        Ok(c)
+    }
+}
+
+impl Drop for ThrottledFs {
+    fn drop(&mut self) {
+        if self.mounted && run(Command::new("umount").arg(&self.mount)).is_err() {
+            // Something still holds a file (a QEMU on its way out): detach now, the
+            // kernel finishes once it lets go.
+            let _ = run(Command::new("umount").arg("-l").arg(&self.mount));
+        }
+        if let Some(dev) = &self.loop_dev {
+            let _ = run(Command::new("losetup").args(["-d", dev]));
+        }
+        if let Some(mut c) = self.daemon.take() {
+            // SIGTERM: the storage daemon unmounts its export on the way out.
+            // SAFETY: kill(2) takes integers only; the pid is our own child's, not
+            // yet reaped, so it names no other process.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

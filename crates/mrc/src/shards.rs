@@ -195,3 +195,6 @@ impl Profiler for Shards {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod accuracy;

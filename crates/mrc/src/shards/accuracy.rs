@@ -30,9 +30,11 @@ impl Case {
         }
     }
 
-    /// 100 evenly spaced sizes from 1.25% to 125% of the distinct blocks.
+    /// Every size from 1 block to 125% of the distinct blocks. (A coarser
+    /// grid would weigh a loop's single step by whether a point happens to
+    /// sit on it.)
     pub fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        (1..=100).map(|i| i * self.distinct * 5 / 400)
+        1..=self.distinct * 5 / 4
     }
 
     /// The trace with its block ids XORed with a key: the same stream up to
@@ -82,100 +84,100 @@ fn run(profiler: &mut impl Profiler, trace: &[u64]) -> Histogram {
 /// Renamings averaged over in the report.
 const REPORT_KEYS: u64 = 8;
 
-/// Prints, per trace, the mean over renamings of the MAE and of the signed
-/// error of fixed-size SHARDS (8K blocks), with and without SHARDS_adj, and
-/// of fixed-rate SHARDS at the rate the fixed-size sampler ended at.
+/// Prints, per trace, the error of fixed-size SHARDS (8K blocks) on the
+/// blocks as generated (`0..n`) and its mean over renamings, with and
+/// without SHARDS_adj, and of fixed-rate SHARDS at the rate the fixed-size
+/// sampler ended at.
 #[test]
 #[ignore = "a measurement: cargo test --release -p rebound-mrc accuracy_report -- --ignored --nocapture"]
 fn accuracy_report() {
-    println!(
-        "{:<22} {:>7} | {:>7} {:>8} {:>7} | {:>7} {:>8} | {:>7} {:>8} | {:>7} {:>8}",
-        "trace", "rate", "fs MAE", "signed", "max", "noadj", "signed", "fr MAE", "signed", "fr-noadj", "signed"
-    );
     let per_block = std::env::var("PER_BLOCK").map_or(10, |v| v.parse().unwrap());
+    println!(
+        "{:<26} {:>6} | {:>14} | {:>23} | {:>6} | {:>6}",
+        "trace", "rate", "as generated", "8 renamings: MAE max signed", "no adj", "fixed R"
+    );
     for seed in [1, 2] {
         for case in cases(seed, per_block) {
-            let mut sums = [0.0f64; 9];
+            let fixed_size = |trace: &[u64]| {
+                let mut fs = Shards::fixed_size(DEFAULT_MAX_BLOCKS).unwrap();
+                let h = run(&mut fs, trace);
+                (case.errors(&h), fs.rate())
+            };
+            let ((mae0, signed0), rate) = fixed_size(&case.trace);
+            let (mut mae, mut max, mut signed, mut raw, mut fr) = (0.0, 0.0f64, 0.0, 0.0, 0.0);
+            let n = REPORT_KEYS as f64;
             for key in 0..REPORT_KEYS {
                 let trace = case.renamed(key);
-                let mut fs = Shards::fixed_size(DEFAULT_MAX_BLOCKS).unwrap();
-                let h = run(&mut fs, &trace);
-                let rate = fs.rate();
-                let (mae, signed) = case.errors(&h);
-                let mut raw = Shards::fixed_size(DEFAULT_MAX_BLOCKS)
+                let ((m, sg), rate) = fixed_size(&trace);
+                mae += m / n;
+                max = max.max(m);
+                signed += sg / n;
+                let mut r = Shards::fixed_size(DEFAULT_MAX_BLOCKS)
                     .unwrap()
                     .without_adjustment();
-                let (mae_raw, signed_raw) = case.errors(&run(&mut raw, &trace));
-                let mut fr = Shards::fixed_rate(rate).unwrap();
-                let (mae_fr, signed_fr) = case.errors(&run(&mut fr, &trace));
-                let mut frr = Shards::fixed_rate(rate).unwrap().without_adjustment();
-                let (mae_frr, signed_frr) = case.errors(&run(&mut frr, &trace));
-                let row = [
-                    rate, mae, signed, mae, mae_raw, signed_raw, mae_fr, signed_fr, mae_frr,
-                ];
-                for (i, v) in row.iter().enumerate() {
-                    if i == 3 {
-                        sums[3] = sums[3].max(*v);
-                    } else {
-                        sums[i] += v / REPORT_KEYS as f64;
-                    }
-                }
-                let _ = signed_frr;
+                raw += case.errors(&run(&mut r, &trace)).0 / n;
+                let mut f = Shards::fixed_rate(rate).unwrap();
+                fr += case.errors(&run(&mut f, &trace)).0 / n;
             }
             println!(
-                "{:<22} {:>7.4} | {:>7.4} {:>+8.4} {:>7.4} | {:>7.4} {:>+8.4} | {:>7.4} {:>+8.4} | {:>7.4}",
-                format!("{} s{seed}", case.name),
-                sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7], sums[8]
+                "{:<26} {rate:>6.4} | {mae0:.4} {signed0:+.4} | {mae:.4} {max:.4} {signed:+.4}       | {raw:.4} | {fr:.4}",
+                format!("{} seed {seed}", case.name),
             );
         }
     }
 }
 
+/// A loop over `K` blocks, `passes` times: every reuse is at distance `K`,
+/// so the miss ratio is 1 below `K` and `1 / passes` (the first pass) from
+/// `K` on. The sample's estimate of the step is the estimate of `K` (about
+/// 0.4% off, from the sketch and threshold together) and SHARDS_adj scales
+/// the level by the same error, so 1% on the level and 2% on the step are
+/// several times the expected error; before the fix the blocks `0..30_000`
+/// put the level 2.4% low.
 #[test]
-#[ignore = "diagnosis"]
-fn diag_keys() {
-    for case in cases(1, 10) {
-        for key in [None, Some(0), Some(1), Some(2), Some(3), Some(4), Some(5)] {
-            let trace = match key {
-                None => case.trace.clone(),
-                Some(k) => case.renamed(k),
-            };
+fn fixed_size_loop_matches_its_closed_form() {
+    for (k, passes) in [(30_000u64, 5), (60_000, 3)] {
+        let trace = testutil::sequential(k, (k * passes) as usize);
+        let mut fs = Shards::fixed_size(DEFAULT_MAX_BLOCKS).unwrap();
+        let curve = MissRatioCurve::from_histogram(&run(&mut fs, &trace), 2 * k).unwrap();
+        assert!(fs.rate() < 0.3, "the sample must have dropped its rate");
+        let after = 1.0 / passes as f64;
+        for c in (1..=k * 5 / 4).step_by(50) {
+            let got = curve.miss_ratio(c).unwrap();
+            if c <= k * 98 / 100 {
+                assert!((got - 1.0).abs() <= 0.01, "K {k}, size {c}: {got}");
+            } else if c >= k * 102 / 100 {
+                assert!((got - after).abs() <= 0.01, "K {k}, size {c}: {got}");
+            }
+        }
+    }
+}
+
+/// MAE against the exact curve on the generated traces, on the blocks as
+/// generated and on two renamings: at most 0.005 on average per trace and
+/// 0.01 for any one sample (the loops' worst renamings are near 0.008: the
+/// estimate of `K` is a few tenths of a percent off), with no systematic
+/// sign. Before the fix the blocks as generated gave 0.005 to 0.024, each
+/// low.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "1.5M exact accesses: run with --release")]
+fn fixed_size_error_is_small_on_generated_traces() {
+    let mut signed_sum = 0.0;
+    let mut runs = 0.0;
+    for case in cases(3, 4) {
+        let traces = [case.trace.clone(), case.renamed(100), case.renamed(101)];
+        let mut mae_sum = 0.0;
+        for (i, trace) in traces.iter().enumerate() {
             let mut fs = Shards::fixed_size(DEFAULT_MAX_BLOCKS).unwrap();
-            let h = run(&mut fs, &trace);
-            let mut raw = Shards::fixed_size(DEFAULT_MAX_BLOCKS).unwrap().without_adjustment();
-            let hr = run(&mut raw, &trace);
-            let (mae, signed) = case.errors(&h);
-            let (mae_r, signed_r) = case.errors(&hr);
-            println!(
-                "{:<22} {key:?} R*n/s {:.4} adj/total {:+.4} fs {mae:.4} {signed:+.4} noadj {mae_r:.4} {signed_r:+.4}",
-                case.name,
-                fs.rate() * case.distinct as f64 / DEFAULT_MAX_BLOCKS as f64,
-                (h.total() - hr.total()) / h.total(),
-            );
+            let (mae, signed) = case.errors(&run(&mut fs, trace));
+            assert!(mae <= 0.01, "{} sample {i}: MAE {mae}", case.name);
+            mae_sum += mae;
+            signed_sum += signed;
+            runs += 1.0;
         }
+        let mean = mae_sum / traces.len() as f64;
+        assert!(mean <= 0.005, "{}: mean MAE {mean}", case.name);
     }
-}
-
-#[test]
-#[ignore = "diagnosis"]
-fn diag_hash() {
-    // For block ranges start..start+n, the realised fraction below a few rates.
-    for (start, mul) in [(0u64, 1u64), (1_000_000, 1), (0, 8), (0, 4096), (12345, 7)] {
-        for n in [20_000u64, 50_000, 100_000, 1_000_000] {
-            let mut line = format!("start {start} x{mul} n {n}:");
-            for rate in [0.01, 0.0822, 0.4] {
-                let t = threshold(rate).unwrap();
-                let c = (start..start + n).filter(|b| spatial_hash(b * mul) < t).count() as f64;
-                let z = (c - n as f64 * rate) / (n as f64 * rate * (1.0 - rate)).sqrt();
-                line += &format!("  r{rate} z {z:+.2}");
-            }
-            // KMV: the 8193rd smallest hash.
-            let mut hs: Vec<u64> = (start..start + n).map(|b| spatial_hash(b * mul)).collect();
-            hs.sort_unstable();
-            if n > 8192 {
-                line += &format!("  R*n/s {:.4}", hs[8192] as f64 / MODULUS as f64 * n as f64 / 8192.0);
-            }
-            println!("{line}");
-        }
-    }
+    let signed = signed_sum / runs;
+    assert!(signed.abs() <= 0.002, "mean signed error {signed}");
 }

@@ -6,23 +6,39 @@
 //! the sampled blocks' stack distances among themselves are exact. The
 //! sample is a fraction `R = T / P` of the blocks, so a sampled distance `d`
 //! stands for about `d / R` distinct blocks of the full stream; each
-//! distance is scaled by `1 / R` before it is counted. The stack of sampled
-//! blocks is the exact structure of [`crate::stack`].
+//! distance is scaled by `1 / R` before it is counted (precisely, see
+//! below). The stack of sampled blocks is the exact structure of
+//! [`crate::stack`].
 //!
 //! - [`Shards::fixed_rate`] keeps `R` fixed; memory grows with the number of
 //!   distinct blocks times `R`.
 //! - [`Shards::fixed_size`] bounds memory instead: it tracks at most `s_max` sampled
 //!   blocks. When one more would be admitted, the blocks with the highest
 //!   hash value leave the sample and `T` drops to that value, so the sample
-//!   is again "hash below `T`", at a lower rate. Counts taken at the old
-//!   rate are scaled by `R_new / R_old` so that the whole histogram reads
-//!   as if sampled at the current rate.
+//!   is again "hash below `T`", at a lower rate. Each access is counted with
+//!   the weight `1 / R` of its own rate, and [`Profiler::histogram`] scales
+//!   the counts by the current `R`: the paper's rescaling by `R_new / R_old`
+//!   at every drop, done once.
+//!
+//!   Once `T` has dropped, the sample is the `s` blocks of lowest hash among
+//!   the `n` seen, so an access to a block seen before is sampled with
+//!   probability `s / n`, not `T / P`; `s / R` is only the k-minimum-values
+//!   estimate of `n`, about `1 / sqrt(s)` off (1.1% at 8K blocks) one way
+//!   for a whole run. The fixed-size sampler also keeps a HyperLogLog sketch
+//!   of every block seen (64 KiB, about 0.4%) and combines the two estimates
+//!   of `n`; distances and weights of reuses use `s / n`, and the cold
+//!   misses (one per distinct block) are `n` itself.
 //!
 //! SHARDS_adj (from the same paper): a few hot blocks in or out
 //! of the sample make the number of sampled accesses differ from its
 //! expectation `N * R` (`N` accesses in all), and that error lands mostly on
 //! the smallest distances. The adjustment adds the difference to the first
-//! bucket, so the histogram totals `N * R`. It is applied by default.
+//! bucket, so the histogram totals `N * R`. It is applied by default. At a
+//! fixed size each count already carries its own rate's weight, so the
+//! target is `N` before the final scaling.
+//!
+//! A sampled distance `d` stands for `(d - 1) / R + 1` blocks: the `d - 1`
+//! sampled blocks above the reused one stand for `(d - 1) / R`.
 //!
 //! Defaults: `P = 2^24` (the SHARDS paper's modulus); fixed rate
 //! [`DEFAULT_RATE`] = 0.01, which samples a thousand pages of a 400 MiB
@@ -34,9 +50,9 @@
 use std::collections::BinaryHeap;
 
 use crate::hash::block_hash;
-use distinct::Distinct;
 use crate::histogram::{Histogram, Profiler};
 use crate::stack::StackDistance;
+use distinct::Distinct;
 
 /// The hash modulus `P`.
 pub const MODULUS: u64 = 1 << 24;
@@ -96,10 +112,11 @@ struct FixedSize {
     /// `s` blocks of lowest hash among the `n` seen.
     dropped: bool,
     /// The fraction `s / n` of the seen blocks that the sample holds, as
-    /// last estimated, and whether the threshold or the sketch changed since.
+    /// last estimated, and whether the sample or the sketch changed since.
     held: f64,
     stale: bool,
 }
+
 impl Shards {
     /// Fixed-rate SHARDS at `rate` (in (0, 1]), with SHARDS_adj.
     pub fn fixed_rate(rate: f64) -> Result<Self, ShardsError> {
@@ -218,10 +235,7 @@ impl Shards {
         let by_sketch = fs.distinct.estimate();
         let var_threshold = 1.0 / (s - 1.0).max(1.0);
         let var_sketch = distinct::RELATIVE_VARIANCE;
-        Some(
-            (by_threshold * var_sketch + by_sketch * var_threshold)
-                / (var_sketch + var_threshold),
-        )
+        Some((by_threshold * var_sketch + by_sketch * var_threshold) / (var_sketch + var_threshold))
     }
 
     /// What one sampled access taken at `rate` adds to the histogram: 1 at
@@ -261,6 +275,7 @@ impl Profiler for Shards {
                 self.histogram.add(None, self.weight(self.rate()));
                 if let Some(fs) = &mut self.limit {
                     fs.by_hash.push((h, block));
+                    fs.stale = true;
                     self.shrink();
                 }
             }
@@ -270,17 +285,16 @@ impl Profiler for Shards {
     fn histogram(&self) -> Histogram {
         let mut h = self.histogram.clone();
         h.set_accesses(self.accesses);
-        let sampled = h.total();
-        // With nothing sampled there is nothing to adjust: the histogram
-        // stays empty and a curve of it is refused.
         // Every distinct block is one cold miss: once a fixed-size sample
         // has dropped its threshold, their count is the estimate of the
         // blocks seen, better than the admissions, which count `n` no
         // better than the threshold does.
-        if let (Some(n), true) = (self.seen_estimate(), sampled > 0.0) {
+        if let Some(n) = self.seen_estimate() {
             h.add(None, n - h.cold());
         }
         let sampled = h.total();
+        // With nothing sampled there is nothing to adjust: the histogram
+        // stays empty and a curve of it is refused.
         if self.adjust && sampled > 0.0 {
             // At a fixed size the counts already estimate the stream's, so
             // the target is `N` itself: each access's own rate is in them.

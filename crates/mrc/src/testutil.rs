@@ -54,9 +54,12 @@ pub fn classes(seed: u64, len: usize) -> Vec<u64> {
 pub fn phase_uniform(seed: u64, first: u64, second: u64, len: usize) -> Vec<u64> {
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..len)
-        .map(|i| match i < len / 2 {
-            true => rng.u64(0..first),
-            false => first + rng.u64(0..second),
+        .map(|i| {
+            if i < len / 2 {
+                rng.u64(0..first)
+            } else {
+                first + rng.u64(0..second)
+            }
         })
         .collect()
 }

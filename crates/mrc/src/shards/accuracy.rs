@@ -65,14 +65,23 @@ pub(super) fn cases(seed: u64, per_block: usize) -> Vec<Case> {
     let k = per_block;
     vec![
         Case::new("uniform 20k", testutil::uniform(seed, 20_000, 20_000 * k)),
-        Case::new("uniform 100k", testutil::uniform(seed, 100_000, 100_000 * k)),
-        Case::new("zipf 0.9 100k", testutil::zipf(seed, 100_000, 0.9, 100_000 * k)),
+        Case::new(
+            "uniform 100k",
+            testutil::uniform(seed, 100_000, 100_000 * k),
+        ),
+        Case::new(
+            "zipf 0.9 100k",
+            testutil::zipf(seed, 100_000, 0.9, 100_000 * k),
+        ),
         Case::new("loop 30k", testutil::sequential(30_000, 30_000 * k)),
         Case::new(
             "phase uniform 40k+60k",
             testutil::phase_uniform(seed, 40_000, 60_000, 100_000 * k),
         ),
-        Case::new("phase loop 25k+50k", testutil::phase_loop(25_000, 50_000, 75_000 * k)),
+        Case::new(
+            "phase loop 25k+50k",
+            testutil::phase_loop(25_000, 50_000, 75_000 * k),
+        ),
     ]
 }
 

@@ -131,7 +131,11 @@ mod tests {
                 sum += rel;
             }
             // No bias beyond the error of a mean of three.
-            assert!((sum / 3.0).abs() < 3.0 * sd, "n {n}: mean {:+.4}", sum / 3.0);
+            assert!(
+                (sum / 3.0).abs() < 3.0 * sd,
+                "n {n}: mean {:+.4}",
+                sum / 3.0
+            );
         }
     }
 }

@@ -49,7 +49,7 @@
 
 use std::collections::BinaryHeap;
 
-use crate::hash::block_hash;
+use crate::hash::{block_hash, BlockMap};
 use crate::histogram::{Histogram, Profiler};
 use crate::stack::StackDistance;
 use distinct::Distinct;
@@ -108,6 +108,9 @@ struct FixedSize {
     by_hash: BinaryHeap<(u64, u64)>,
     /// Every block seen, sampled or not.
     distinct: Distinct,
+    /// Accesses to each sampled block: how unequal they are says how far
+    /// the sampled accesses may stray from their expectation (SHARDS_adj).
+    counts: BlockMap<u32>,
     /// Whether the threshold has dropped: from then on the sample is the
     /// `s` blocks of lowest hash among the `n` seen.
     dropped: bool,
@@ -146,6 +149,7 @@ impl Shards {
             max_blocks,
             by_hash: BinaryHeap::new(),
             distinct: Distinct::new(),
+            counts: BlockMap::default(),
             dropped: false,
             held: 1.0,
             stale: true,
@@ -184,6 +188,7 @@ impl Shards {
                     break;
                 }
                 fs.by_hash.pop();
+                fs.counts.remove(&block);
                 self.stack.remove(block);
             }
             self.threshold = top;
@@ -231,11 +236,48 @@ impl Shards {
             return Some(self.stack.len() as f64 / fs.held);
         }
         let s = self.stack.len() as f64;
+        let (var_threshold, var_sketch) = self.seen_variances();
         let by_threshold = s / self.rate();
         let by_sketch = fs.distinct.estimate();
-        let var_threshold = 1.0 / (s - 1.0).max(1.0);
-        let var_sketch = distinct::RELATIVE_VARIANCE;
         Some((by_threshold * var_sketch + by_sketch * var_threshold) / (var_sketch + var_threshold))
+    }
+
+    /// Relative variances of the two estimates of the blocks seen.
+    fn seen_variances(&self) -> (f64, f64) {
+        let s = self.stack.len() as f64;
+        (1.0 / (s - 1.0).max(1.0), distinct::RELATIVE_VARIANCE)
+    }
+
+    /// The share of SHARDS_adj to apply. At a fixed rate, all of it (the
+    /// paper's). At a fixed size, the expected count `N` is itself
+    /// estimated (the weights are `n / s`), so the difference between it and
+    /// the sampled count is partly the error of `n`; the share is the
+    /// sample's own variance over the sum of both. A sample of `s` of `n`
+    /// blocks whose access counts have a coefficient of variation `cv`
+    /// counts accesses with a relative variance of `(1 - s/n) cv^2 / s`: near 0
+    /// for a loop, whose every block is accessed alike (there SHARDS_adj
+    /// would only move the curve by the error of `n`), large for a skewed
+    /// stream, where a hot block in or out of the sample is what it corrects.
+    fn adjustment_share(&self) -> f64 {
+        let Some(fs) = self.limit.as_ref().filter(|fs| fs.dropped) else {
+            return 1.0;
+        };
+        let s = fs.counts.len() as f64;
+        if s < 2.0 {
+            return 1.0;
+        }
+        let mean = fs.counts.values().map(|&c| f64::from(c)).sum::<f64>() / s;
+        let var = fs
+            .counts
+            .values()
+            .map(|&c| (f64::from(c) - mean).powi(2))
+            .sum::<f64>()
+            / (s - 1.0);
+        let held = self.stack.len() as f64 / self.seen_estimate().unwrap_or(s);
+        let var_sample = (1.0 - held).max(0.0) * var / (mean * mean) / s;
+        let (vt, vs) = self.seen_variances();
+        let var_seen = vt * vs / (vt + vs);
+        var_sample / (var_sample + var_seen)
     }
 
     /// What one sampled access taken at `rate` adds to the histogram: 1 at
@@ -263,6 +305,9 @@ impl Profiler for Shards {
         }
         match self.stack.access(block) {
             Some(d) => {
+                if let Some(fs) = &mut self.limit {
+                    *fs.counts.entry(block).or_default() += 1;
+                }
                 let rate = self.reuse_rate();
                 // The `d - 1` sampled blocks in between stand for
                 // `(d - 1) / R` blocks of the stream (`d / R` would count
@@ -275,6 +320,7 @@ impl Profiler for Shards {
                 self.histogram.add(None, self.weight(self.rate()));
                 if let Some(fs) = &mut self.limit {
                     fs.by_hash.push((h, block));
+                    fs.counts.insert(block, 1);
                     fs.stale = true;
                     self.shrink();
                 }
@@ -302,7 +348,7 @@ impl Profiler for Shards {
                 None => self.accesses as f64 * self.rate(),
                 Some(_) => self.accesses as f64,
             };
-            h.add(Some(1), expected - sampled);
+            h.add(Some(1), self.adjustment_share() * (expected - sampled));
         }
         if self.limit.is_some() {
             h.scale(self.rate());

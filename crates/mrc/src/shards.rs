@@ -35,7 +35,10 @@
 //! the smallest distances. The adjustment adds the difference to the first
 //! bucket, so the histogram totals `N * R`. It is applied by default. At a
 //! fixed size each count already carries its own rate's weight, so the
-//! target is `N` before the final scaling.
+//! target is `N` before the final scaling; and since those weights rest on
+//! the estimate of `n`, only the share of the difference that the sample's
+//! own spread explains is added (see `Shards::adjustment_share`): on a loop
+//! the whole difference would be the error of `n`, moving the curve by it.
 //!
 //! A sampled distance `d` stands for `(d - 1) / R + 1` blocks: the `d - 1`
 //! sampled blocks above the reused one stand for `(d - 1) / R`.

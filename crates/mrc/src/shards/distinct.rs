@@ -1,7 +1,7 @@
 //! A count of the distinct blocks a stream touched, in constant memory: a
 //! HyperLogLog sketch (Flajolet et al. 2007) read with Ertl's estimator
 //! ("New cardinality estimation algorithms for HyperLogLog sketches", 2017),
-//! which needs no empirical bias tables and is unbiased from a handful of
+//! which needs no empirical bias tables and is nearly unbiased from a handful of
 //! blocks to billions. Its relative error is about `1.04 / sqrt(m)`.
 //!
 //! Fixed-size SHARDS needs it because its own estimate of how many blocks it

@@ -46,8 +46,14 @@
 //!
 //! | stream | exact ([`stack`]) | SHARDS rate 0.01 | SHARDS 8K blocks |
 //! | --- | --- | --- | --- |
-//! | Zipf 0.9, 2M accesses over 200k blocks | 3.1–3.5 M/s | 107–124 M/s | 36–48 M/s |
-//! | uniform, 4M accesses over 1M blocks | 1.1–1.3 M/s | 102–119 M/s | 75–84 M/s |
+//! | Zipf 0.9, 2M accesses over 200k blocks | 3.1–3.5 M/s | 107–124 M/s | 31–47 M/s |
+//! | uniform, 4M accesses over 1M blocks | 1.1–1.3 M/s | 102–119 M/s | 70–81 M/s |
+//!
+//! The last column was measured again on 2026-11-28, after the fixed-size
+//! sampler gained its count of distinct blocks (a sketch updated on every
+//! access) and per-block access counts: the version before it ran 65–70 and
+//! 81–124 M/s in the same session, on a loaded machine
+//! (`cargo test --release -p rebound-mrc throughput_report -- --ignored --nocapture`).
 //!
 //! The exact profiler slows as the distinct blocks outgrow the processor's
 //! caches (its hash map and tree are touched at random); SHARDS spends

@@ -6,23 +6,42 @@
 //! the sampled blocks' stack distances among themselves are exact. The
 //! sample is a fraction `R = T / P` of the blocks, so a sampled distance `d`
 //! stands for about `d / R` distinct blocks of the full stream; each
-//! distance is scaled by `1 / R` before it is counted. The stack of sampled
-//! blocks is the exact structure of [`crate::stack`].
+//! distance is scaled by `1 / R` before it is counted (precisely, see
+//! below). The stack of sampled blocks is the exact structure of
+//! [`crate::stack`].
 //!
 //! - [`Shards::fixed_rate`] keeps `R` fixed; memory grows with the number of
 //!   distinct blocks times `R`.
 //! - [`Shards::fixed_size`] bounds memory instead: it tracks at most `s_max` sampled
 //!   blocks. When one more would be admitted, the blocks with the highest
 //!   hash value leave the sample and `T` drops to that value, so the sample
-//!   is again "hash below `T`", at a lower rate. Counts taken at the old
-//!   rate are scaled by `R_new / R_old` so that the whole histogram reads
-//!   as if sampled at the current rate.
+//!   is again "hash below `T`", at a lower rate. Each access is counted with
+//!   the weight `1 / R` of its own rate, and [`Profiler::histogram`] scales
+//!   the counts by the current `R`: the paper's rescaling by `R_new / R_old`
+//!   at every drop, done once.
+//!
+//!   Once `T` has dropped, the sample is the `s` blocks of lowest hash among
+//!   the `n` seen, so an access to a block seen before is sampled with
+//!   probability `s / n`, not `T / P`; `s / R` is only the k-minimum-values
+//!   estimate of `n`, about `1 / sqrt(s)` off (1.1% at 8K blocks) one way
+//!   for a whole run. The fixed-size sampler also keeps a HyperLogLog sketch
+//!   of every block seen (64 KiB, about 0.4%) and combines the two estimates
+//!   of `n`; distances and weights of reuses use `s / n`, and the cold
+//!   misses (one per distinct block) are `n` itself.
 //!
 //! SHARDS_adj (from the same paper): a few hot blocks in or out
 //! of the sample make the number of sampled accesses differ from its
 //! expectation `N * R` (`N` accesses in all), and that error lands mostly on
 //! the smallest distances. The adjustment adds the difference to the first
-//! bucket, so the histogram totals `N * R`. It is applied by default.
+//! bucket, so the histogram totals `N * R`. It is applied by default. At a
+//! fixed size each count already carries its own rate's weight, so the
+//! target is `N` before the final scaling; and since those weights rest on
+//! the estimate of `n`, only the share of the difference that the sample's
+//! own spread explains is added (see `Shards::adjustment_share`): on a loop
+//! the whole difference would be the error of `n`, moving the curve by it.
+//!
+//! A sampled distance `d` stands for `(d - 1) / R + 1` blocks: the `d - 1`
+//! sampled blocks above the reused one stand for `(d - 1) / R`.
 //!
 //! Defaults: `P = 2^24` (the SHARDS paper's modulus); fixed rate
 //! [`DEFAULT_RATE`] = 0.01, which samples a thousand pages of a 400 MiB
@@ -33,9 +52,10 @@
 
 use std::collections::BinaryHeap;
 
-use crate::hash::block_hash;
+use crate::hash::{block_hash, BlockMap};
 use crate::histogram::{Histogram, Profiler};
 use crate::stack::StackDistance;
+use distinct::Distinct;
 
 /// The hash modulus `P`.
 pub const MODULUS: u64 = 1 << 24;
@@ -79,14 +99,28 @@ pub struct Shards {
     threshold: u64,
     accesses: u64,
     adjust: bool,
-    /// What one sampled access adds to the stored counts. Rescaling every
-    /// stored count each time the rate drops would cost a pass over the
-    /// histogram per drop; instead later accesses weigh more, by the
-    /// inverse factor, and [`Profiler::histogram`] scales once.
-    weight: f64,
-    /// For the fixed-size variant: the bound and the sampled blocks by
-    /// hash, highest first (the next to leave).
-    limit: Option<(usize, BinaryHeap<(u64, u64)>)>,
+    /// For the fixed-size variant: the bound, the sampled blocks by hash and
+    /// the count of blocks seen.
+    limit: Option<FixedSize>,
+}
+
+#[derive(Clone, Debug)]
+struct FixedSize {
+    max_blocks: usize,
+    /// The sampled blocks by hash, highest first (the next to leave).
+    by_hash: BinaryHeap<(u64, u64)>,
+    /// Every block seen, sampled or not.
+    distinct: Distinct,
+    /// Accesses to each sampled block: how unequal they are says how far
+    /// the sampled accesses may stray from their expectation (SHARDS_adj).
+    counts: BlockMap<u32>,
+    /// Whether the threshold has dropped: from then on the sample is the
+    /// `s` blocks of lowest hash among the `n` seen.
+    dropped: bool,
+    /// The fraction `s / n` of the seen blocks that the sample holds, as
+    /// last estimated, and whether the sample or the sketch changed since.
+    held: f64,
+    stale: bool,
 }
 
 impl Shards {
@@ -98,7 +132,6 @@ impl Shards {
             threshold: threshold(rate)?,
             accesses: 0,
             adjust: true,
-            weight: 1.0,
             limit: None,
         })
     }
@@ -115,7 +148,15 @@ impl Shards {
             return Err(ShardsError::ZeroMaxBlocks);
         }
         let mut s = Self::fixed_rate(rate)?;
-        s.limit = Some((max_blocks, BinaryHeap::new()));
+        s.limit = Some(FixedSize {
+            max_blocks,
+            by_hash: BinaryHeap::new(),
+            distinct: Distinct::new(),
+            counts: BlockMap::default(),
+            dropped: false,
+            held: 1.0,
+            stale: true,
+        });
         Ok(s)
     }
 
@@ -136,25 +177,120 @@ impl Shards {
     }
 
     /// Fixed size: while the sample is over its bound, drops the blocks of
-    /// the highest hash value and lowers the threshold to that value,
-    /// rescaling the counts to the new rate.
+    /// the highest hash value and lowers the threshold to that value.
     fn shrink(&mut self) {
-        let Some((max_blocks, by_hash)) = &mut self.limit else {
+        let Some(fs) = &mut self.limit else {
             return;
         };
-        while self.stack.len() > *max_blocks {
-            let Some(&(top, _)) = by_hash.peek() else {
+        while self.stack.len() > fs.max_blocks {
+            let Some(&(top, _)) = fs.by_hash.peek() else {
                 return;
             };
-            while let Some(&(h, block)) = by_hash.peek() {
+            while let Some(&(h, block)) = fs.by_hash.peek() {
                 if h < top {
                     break;
                 }
-                by_hash.pop();
+                fs.by_hash.pop();
+                fs.counts.remove(&block);
                 self.stack.remove(block);
             }
-            self.weight *= self.threshold as f64 / top as f64;
             self.threshold = top;
+            fs.dropped = true;
+            fs.stale = true;
+        }
+    }
+
+    /// The probability that an access to a block already seen is sampled:
+    /// the rate for a fixed rate, or until a fixed-size sample first drops
+    /// its threshold; after that, the fraction `s / n` of the seen blocks
+    /// that the sample holds.
+    ///
+    /// Why not `T / P`: a fixed-size sample's threshold is the `(s + 1)`-th
+    /// lowest hash of the `n` blocks seen, so `s / R` is the k-minimum-values
+    /// estimate of `n`, off by about `1 / sqrt(s)` (1.1% at 8K blocks) one
+    /// way or the other for a whole run; every distance is scaled by it and
+    /// SHARDS_adj makes the histogram total `N * R`, so the whole curve moved
+    /// by that error, the same way at every size (on blocks `0..100_000` the
+    /// hash puts `R` 2.1% high, and the curve was 0.012 low). `n` is
+    /// estimated instead from both the threshold and a HyperLogLog sketch
+    /// of every block seen (0.4%), weighted by the inverse of their
+    /// variances.
+    fn reuse_rate(&mut self) -> f64 {
+        let rate = self.rate();
+        let Some(n) = self.seen_estimate() else {
+            return rate;
+        };
+        let s = self.stack.len() as f64;
+        let fs = self.limit.as_mut().expect("a fixed-size sample");
+        if fs.stale {
+            fs.held = (s / n).min(1.0);
+            fs.stale = false;
+        }
+        fs.held
+    }
+
+    /// Fixed size, once the threshold has dropped: the estimated number of
+    /// distinct blocks seen, from the threshold (`s / R`, relative variance
+    /// `1 / (s - 1)`) and from the sketch, weighted by the inverse of their
+    /// variances. Recomputed only when stale (see [`Shards::reuse_rate`]).
+    fn seen_estimate(&self) -> Option<f64> {
+        let fs = self.limit.as_ref().filter(|fs| fs.dropped)?;
+        if !fs.stale {
+            return Some(self.stack.len() as f64 / fs.held);
+        }
+        let s = self.stack.len() as f64;
+        let (var_threshold, var_sketch) = self.seen_variances();
+        let by_threshold = s / self.rate();
+        let by_sketch = fs.distinct.estimate();
+        Some((by_threshold * var_sketch + by_sketch * var_threshold) / (var_sketch + var_threshold))
+    }
+
+    /// Relative variances of the two estimates of the blocks seen.
+    fn seen_variances(&self) -> (f64, f64) {
+        let s = self.stack.len() as f64;
+        (1.0 / (s - 1.0).max(1.0), distinct::RELATIVE_VARIANCE)
+    }
+
+    /// The share of SHARDS_adj to apply. At a fixed rate, all of it (the
+    /// paper's). At a fixed size, the expected count `N` is itself
+    /// estimated (the weights are `n / s`), so the difference between it and
+    /// the sampled count is partly the error of `n`; the share is the
+    /// sample's own variance over the sum of both. A sample of `s` of `n`
+    /// blocks whose access counts have a coefficient of variation `cv`
+    /// counts accesses with a relative variance of `(1 - s/n) cv^2 / s`: near 0
+    /// for a loop, whose every block is accessed alike (there SHARDS_adj
+    /// would only move the curve by the error of `n`), large for a skewed
+    /// stream, where a hot block in or out of the sample is what it corrects.
+    fn adjustment_share(&self) -> f64 {
+        let Some(fs) = self.limit.as_ref().filter(|fs| fs.dropped) else {
+            return 1.0;
+        };
+        let s = fs.counts.len() as f64;
+        if s < 2.0 {
+            return 1.0;
+        }
+        let mean = fs.counts.values().map(|&c| f64::from(c)).sum::<f64>() / s;
+        let var = fs
+            .counts
+            .values()
+            .map(|&c| (f64::from(c) - mean).powi(2))
+            .sum::<f64>()
+            / (s - 1.0);
+        let held = self.stack.len() as f64 / self.seen_estimate().unwrap_or(s);
+        let var_sample = (1.0 - held).max(0.0) * var / (mean * mean) / s;
+        let (vt, vs) = self.seen_variances();
+        let var_seen = vt * vs / (vt + vs);
+        var_sample / (var_sample + var_seen)
+    }
+
+    /// What one sampled access taken at `rate` adds to the histogram: 1 at
+    /// a fixed rate; `1 / rate` at a fixed size, whose rate falls, so the
+    /// counts estimate the whole stream's until [`Profiler::histogram`]
+    /// scales them to the current rate (the paper's `T' / T` at every drop).
+    fn weight(&self, rate: f64) -> f64 {
+        match self.limit {
+            None => 1.0,
+            Some(_) => 1.0 / rate,
         }
     }
 }
@@ -162,36 +298,72 @@ impl Shards {
 impl Profiler for Shards {
     fn access(&mut self, block: u64) {
         self.accesses += 1;
-        let h = spatial_hash(block);
+        let hash = block_hash(block);
+        let h = hash % MODULUS;
+        if let Some(fs) = &mut self.limit {
+            fs.stale |= fs.distinct.insert(hash);
+        }
         if h >= self.threshold {
             return;
         }
-        let distance = self.stack.access(block);
-        let rate = self.rate();
-        let scaled = distance.map(|d| ((d as f64 / rate).round() as u64).max(1));
-        self.histogram.add(scaled, self.weight);
-        if let (None, Some((_, by_hash))) = (distance, &mut self.limit) {
-            by_hash.push((h, block));
-            self.shrink();
+        match self.stack.access(block) {
+            Some(d) => {
+                if let Some(fs) = &mut self.limit {
+                    *fs.counts.entry(block).or_default() += 1;
+                }
+                let rate = self.reuse_rate();
+                // The `d - 1` sampled blocks in between stand for
+                // `(d - 1) / R` blocks of the stream (`d / R` would count
+                // the block itself `1 / R` times).
+                let scaled = ((d - 1) as f64 / rate).round() as u64 + 1;
+                self.histogram.add(Some(scaled), self.weight(rate));
+            }
+            None => {
+                // A block never seen is admitted with probability `T / P`.
+                self.histogram.add(None, self.weight(self.rate()));
+                if let Some(fs) = &mut self.limit {
+                    fs.by_hash.push((h, block));
+                    fs.counts.insert(block, 1);
+                    fs.stale = true;
+                    self.shrink();
+                }
+            }
         }
     }
 
     fn histogram(&self) -> Histogram {
         let mut h = self.histogram.clone();
         h.set_accesses(self.accesses);
-        if self.weight != 1.0 {
-            h.scale(1.0 / self.weight);
+        // Every distinct block is one cold miss: once a fixed-size sample
+        // has dropped its threshold, their count is the estimate of the
+        // blocks seen, better than the admissions, which count `n` no
+        // better than the threshold does.
+        if let Some(n) = self.seen_estimate() {
+            h.add(None, n - h.cold());
         }
         let sampled = h.total();
         // With nothing sampled there is nothing to adjust: the histogram
         // stays empty and a curve of it is refused.
         if self.adjust && sampled > 0.0 {
-            let expected = self.accesses as f64 * self.rate();
-            h.add(Some(1), expected - sampled);
+            // At a fixed size the counts already estimate the stream's, so
+            // the target is `N` itself: each access's own rate is in them.
+            let expected = match self.limit {
+                None => self.accesses as f64 * self.rate(),
+                Some(_) => self.accesses as f64,
+            };
+            h.add(Some(1), self.adjustment_share() * (expected - sampled));
+        }
+        if self.limit.is_some() {
+            h.scale(self.rate());
         }
         h
     }
 }
 
+mod distinct;
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod accuracy;

@@ -48,3 +48,26 @@ pub fn classes(seed: u64, len: usize) -> Vec<u64> {
         })
         .collect()
 }
+
+/// `len` accesses whose working set changes halfway: the first half drawn
+/// uniformly from `0..first`, the second from `first..first + second`.
+pub fn phase_uniform(seed: u64, first: u64, second: u64, len: usize) -> Vec<u64> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len)
+        .map(|i| {
+            if i < len / 2 {
+                rng.u64(0..first)
+            } else {
+                first + rng.u64(0..second)
+            }
+        })
+        .collect()
+}
+
+/// `len` accesses looping in order over `0..first` for the first half,
+/// then over `first..first + second`.
+pub fn phase_loop(first: u64, second: u64, len: usize) -> Vec<u64> {
+    let mut t = sequential(first, len / 2);
+    t.extend((first..first + second).cycle().take(len - len / 2));
+    t
+}

@@ -482,6 +482,10 @@ pub struct MemorySample {
     pub recovery_bytes: u64,
     /// Guest memory the dump has covered (written or skipped), durable.
     pub dumped_bytes: u64,
+    /// Of `dumped_bytes`, what the page filter left out (not written); only when a
+    /// filter is in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_bytes: Option<u64>,
     /// What the VM's memory group holds (both QEMUs, the crashed RAM included),
     /// where the budget is enforced by a memory cgroup.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -70,6 +70,8 @@ pub enum Event {
     /// recovery VM's disks moved so far (when asked by [`Crash::watches_disks`]).
     Chunk {
         dumped_bytes: u64,
+        /// Of `dumped_bytes`, what the page filter left out.
+        skipped_bytes: u64,
         crashed_bytes: u64,
         recovery_disk_bytes: Option<u64>,
     },
@@ -180,6 +182,7 @@ pub struct Crash {
     pub(crate) recovery_mib: u64,
     pub(crate) boot_mib: u64,
     pub(crate) dumped_bytes: u64,
+    pub(crate) skipped_bytes: u64,
     /// The recovery VM's disks are throttled.
     pub(crate) throttled: bool,
     /// The I/O policy in force: `auto` resolved to dump-first or recovery-first.
@@ -231,6 +234,7 @@ impl Crash {
             recovery_mib: 0,
             boot_mib: 0,
             dumped_bytes: 0,
+            skipped_bytes: 0,
             throttled: false,
             io: policy.io_policy,
             disk_seen: None,
@@ -318,10 +322,12 @@ impl Crash {
             }
             Event::Chunk {
                 dumped_bytes,
+                skipped_bytes,
                 crashed_bytes,
                 recovery_disk_bytes,
             } => {
                 self.dumped_bytes = dumped_bytes;
+                self.skipped_bytes = skipped_bytes;
                 if let Some(b) = recovery_disk_bytes {
                     self.watch_disks(b, seen.now_ns, &mut out);
                 }
@@ -665,6 +671,9 @@ impl Crash {
             crashed_bytes: seen.crashed_bytes,
             recovery_bytes: self.recovery_mib * MIB,
             dumped_bytes,
+            // Only where a filter left pages out: the dumped line is then drawn as
+            // what was written and what was skipped.
+            skipped_bytes: (!self.report.policy.filter.is_empty()).then_some(self.skipped_bytes),
             charged_bytes: seen.charged_bytes,
             event: event.map(str::to_string),
         });

@@ -157,6 +157,7 @@ impl Crash {
             recovery_mib: last.as_ref().map_or(0, |s| s.recovery_bytes / MIB),
             boot_mib: started.as_ref().map_or(0, |s| s.recovery_bytes / MIB),
             dumped_bytes: 0,
+            skipped_bytes: 0,
             throttled: false,
             io: policy.io_policy,
             disk_seen: None,

@@ -246,6 +246,7 @@ impl World {
         let dumped = 512 * MIB - self.crashed;
         self.feed(Event::Chunk {
             dumped_bytes: dumped,
+            skipped_bytes: 0,
             crashed_bytes: self.crashed,
             recovery_disk_bytes: None,
         });
@@ -658,6 +659,7 @@ fn auto_chooses_by_memory_and_disk() {
         w.crashed -= 64 * MIB;
         w.feed(Event::Chunk {
             dumped_bytes: 512 * MIB - w.crashed,
+            skipped_bytes: 0,
             crashed_bytes: w.crashed,
             recovery_disk_bytes: Some(bytes),
         });
@@ -800,4 +802,39 @@ fn budget_without_a_memory_group_is_accounted() {
     w.feed(Event::Ready);
     assert!(w.finished);
     assert_eq!(w.report().memory_limit.unwrap().peak_bytes, None);
+}
+
+#[test]
+fn a_filtered_dump_keeps_what_it_skipped_apart_in_the_timeline() {
+    let mut p = policy(OnCrash::DumpAndRecover, IoPolicy::DumpFirst, Some(640));
+    p.filter = vec![rebound_api::PageClass::Free];
+    let mut w = World::crash(p);
+    w.at(1.0);
+    w.crashed -= 64 * MIB;
+    w.feed(Event::Chunk {
+        dumped_bytes: 64 * MIB,
+        skipped_bytes: 30 * MIB,
+        crashed_bytes: w.crashed,
+        recovery_disk_bytes: None,
+    });
+    let t = w.m().report().timeline.clone();
+    let last = t
+        .iter()
+        .rev()
+        .find(|s| s.dumped_bytes > 0)
+        .cloned()
+        .unwrap_or_else(|| panic!("{t:?}"));
+    assert_eq!(last.dumped_bytes, 64 * MIB);
+    assert_eq!(last.skipped_bytes, Some(30 * MIB));
+    // Without a filter nothing is skipped, and the sample says nothing of it.
+    let mut w = World::crash(policy(
+        OnCrash::DumpAndRecover,
+        IoPolicy::DumpFirst,
+        Some(640),
+    ));
+    w.at(1.0);
+    w.chunk(64);
+    let t = &w.m().report().timeline;
+    assert!(t.iter().any(|s| s.dumped_bytes > 0));
+    assert!(t.iter().all(|s| s.skipped_bytes.is_none()));
 }

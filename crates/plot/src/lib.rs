@@ -181,11 +181,29 @@ pub fn crash_timeline(r: &CrashReport, out: &Path) -> Result<(), PlotError> {
         RGBColor,
         fn(&rebound_api::MemorySample) -> u64,
     );
-    let series: [Series; 3] = [
+    // With a filter, what was written and what was skipped are two lines: skipped
+    // pages cost no I/O, so counted with the written ones they make the dumped line
+    // jump where the filter leaves much out.
+    let filtered = r.timeline.iter().any(|s| s.skipped_bytes.is_some());
+    let written: Series = if filtered {
+        ("dumped: pages written", GREEN, |s| {
+            s.dumped_bytes - s.skipped_bytes.unwrap_or(0).min(s.dumped_bytes)
+        })
+    } else {
+        ("dumped", GREEN, |s| s.dumped_bytes)
+    };
+    let mut series: Vec<Series> = vec![
         ("crashed VM's memory", RED, |s| s.crashed_bytes),
         ("recovery VM's memory", BLUE, |s| s.recovery_bytes),
-        ("dumped", GREEN, |s| s.dumped_bytes),
+        written,
     ];
+    if filtered {
+        series.push((
+            "dumped: pages the filter skipped",
+            RGBColor(150, 200, 60),
+            |s| s.skipped_bytes.unwrap_or(0),
+        ));
+    }
     let mut keys = Vec::new();
     for (label, color, f) in series {
         chart.draw_series(LineSeries::new(

@@ -102,3 +102,34 @@ fn a_crash_figure_keeps_every_label_inside_and_apart() {
         assert!(t.1 > 480.0, "{key} is drawn at y {} inside the plot", t.1);
     }
 }
+
+#[test]
+fn skipped_pages_are_a_line_of_their_own() {
+    let mut r = report();
+    for (i, s) in r.timeline.iter_mut().enumerate() {
+        // The filter's pages all come at the end, as free pages high in memory do.
+        s.skipped_bytes = Some(if i == 5 { 1000 << 20 } else { 0 });
+    }
+    let dir = std::env::temp_dir().join(format!("rebound-plot-skip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("crash.svg");
+    crash_timeline(&r, &out).unwrap();
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let keys: Vec<String> = texts(&svg).into_iter().map(|t| t.3).collect();
+    assert!(
+        keys.contains(&"dumped: pages written".to_string()),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&"dumped: pages the filter skipped".to_string()),
+        "{keys:?}"
+    );
+    assert!(!keys.contains(&"dumped".to_string()), "{keys:?}");
+    // The skipped line is drawn, in its own colour.
+    assert!(
+        svg.lines()
+            .any(|l| l.starts_with("<polyline") && l.contains("#96C83C")),
+        "{svg}"
+    );
+}

@@ -110,6 +110,7 @@ impl Owner {
         let done = match p {
             Some(DumpProgress::Chunk {
                 dumped_bytes,
+                skipped_bytes,
                 crashed_bytes,
             }) => {
                 let recovery_disk_bytes = match (&self.qmp, h.m.watches_disks()) {
@@ -118,6 +119,7 @@ impl Owner {
                 };
                 let chunk = Event::Chunk {
                     dumped_bytes,
+                    skipped_bytes,
                     crashed_bytes,
                     recovery_disk_bytes,
                 };

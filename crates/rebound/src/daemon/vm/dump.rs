@@ -44,6 +44,9 @@ pub struct DumpJob {
     pub release: bool,
 }
 
+/// A guest page.
+const PAGE: u64 = 4096;
+
 /// What the dump task reports to the owner.
 #[derive(Debug)]
 pub enum DumpProgress {
@@ -51,6 +54,8 @@ pub enum DumpProgress {
     /// now holds this much.
     Chunk {
         dumped_bytes: u64,
+        /// Of `dumped_bytes`, what the page filter left out (not written).
+        skipped_bytes: u64,
         crashed_bytes: u64,
     },
     /// Finished: the dump's size, or why it failed.
@@ -71,6 +76,9 @@ struct Punch<'a> {
     tx: Option<&'a UnboundedSender<DumpProgress>>,
     covered: &'a mut dyn FnMut(u64),
     durable: u64,
+    /// The pages the filter leaves out, and how many of the durable bytes they are.
+    excluded: Option<&'a rebound_guestmem::classify::Excluded<'a>>,
+    skipped: u64,
     rate: Rate,
     /// Token bucket: bytes written and when, at the last check.
     last: (u64, std::time::Instant),
@@ -134,10 +142,15 @@ impl Progress for Punch<'_> {
 
     fn durable(&mut self, gpa: Range<u64>) {
         self.durable += gpa.end - gpa.start;
+        if let Some(ex) = self.excluded {
+            let pages = (gpa.start..gpa.end).step_by(PAGE as usize);
+            self.skipped += pages.filter(|&g| ex.is_excluded_gpa(g)).count() as u64 * PAGE;
+        }
         self.punch(gpa);
         let Some(tx) = self.tx else { return };
         let _ = tx.send(DumpProgress::Chunk {
             dumped_bytes: self.durable,
+            skipped_bytes: self.skipped,
             crashed_bytes: rebound_vmm::process::allocated_bytes(self.path).unwrap_or(0),
         });
     }
@@ -237,16 +250,6 @@ pub fn write(
         ),
         false => None,
     };
-    let mut punch = Punch {
-        ram,
-        layout,
-        path: &job.ram,
-        tx,
-        covered,
-        durable: 0,
-        rate: job.rate.clone(),
-        last: (0, std::time::Instant::now()),
-    };
     let mut skipped = BTreeMap::new();
     // The classes the filter leaves out, classified from the guest's own struct pages
     // (as makedumpfile's dump levels), and given back before any I/O.
@@ -273,6 +276,18 @@ pub fn write(
         ex: c.excluded(level),
         bits,
     });
+    let mut punch = Punch {
+        ram,
+        layout,
+        path: &job.ram,
+        tx,
+        covered,
+        durable: 0,
+        excluded: excluded.as_ref().map(|f| &f.ex),
+        skipped: 0,
+        rate: job.rate.clone(),
+        last: (0, std::time::Instant::now()),
+    };
     if let Some(f) = &excluded {
         for r in f.ex.excluded_ranges() {
             punch.punch(r);

@@ -49,6 +49,20 @@ pub async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Resul
             return Ok(st);
         }
         last = held;
+        // memfill refuses a fill that does not fit and says so on the console: no
+        // point waiting out the deadline then.
+        if let Ok(log) = c.text(&format!("/v1/vms/{n}/logs")).await {
+            if let Some(l) = log
+                .lines()
+                .rev()
+                .find(|l| l.contains("memfill:") && l.contains("available"))
+            {
+                anyhow::bail!(
+                    "{n}: the guest refused the fill: {} (give it more --memory or a smaller --fill)",
+                    l.trim()
+                );
+            }
+        }
         if Instant::now() > deadline {
             anyhow::bail!(
                 "{n}: the guest's RAM holds {} MiB, not the {fill_mib} MiB memfill should fill, after 180 s (too little guest memory? memfill needs the fill + 16 MiB free)",

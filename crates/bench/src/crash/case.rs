@@ -18,8 +18,9 @@ pub struct CrashArgs {
     /// Guest memory, e.g. 512M, 1G (a bare number is MiB).
     #[arg(long, default_value = "512M", value_parser = rebound_api::spec::parse_memory_mib)]
     pub(super) memory: u64,
-    /// Memory the guest's memfill workload fills before the crash.
-    #[arg(long, default_value = "400M", value_parser = rebound_api::spec::parse_memory_mib)]
+    /// Memory the guest's memfill workload fills before the crash (the default 512 MiB
+    /// guest has about 413 MiB available and memfill keeps 16 MiB of it free).
+    #[arg(long, default_value = "384M", value_parser = rebound_api::spec::parse_memory_mib)]
     pub(super) fill: u64,
     /// Rounds over the variants (interleaved); medians are printed.
     #[arg(long, default_value_t = 1)]

@@ -703,7 +703,7 @@ mod tests {
     fn args(v: &str) -> CrashArgs {
         CrashArgs {
             memory: 512,
-            fill: 400,
+            fill: 384,
             runs: 1,
             variants: v.into(),
             trace_s: 8.0,

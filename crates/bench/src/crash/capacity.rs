@@ -14,6 +14,8 @@ use super::probe;
 pub(super) const CLIENTS: usize = 4;
 /// How long a client waits after a refused or failed request before the next.
 const BACKOFF: Duration = Duration::from_millis(20);
+/// The shortest window a capacity is given for, seconds.
+pub(super) const MIN_WINDOW_S: f64 = 1.0;
 /// How long the capacity before the crash is measured.
 pub(super) const BEFORE: Duration = Duration::from_secs(3);
 
@@ -78,7 +80,7 @@ pub(super) struct Capacity {
     /// Requests a second before the crash.
     pub before_rps: Option<f64>,
     /// Requests a second from the recovery VM's first answer until the dump ended
-    /// (none when the dump ended first).
+    /// (none when the dump ended first or less than a second after it).
     pub during_dump_rps: Option<f64>,
     /// Seconds of that window.
     pub window_s: Option<f64>,

@@ -405,7 +405,11 @@ async fn run_case(
             .find(|s| s.event.as_deref() == Some("dump finished"))
             .map(|s| t_crash + s.t_s);
         if let Some(end) = dump_end.filter(|&e| e > back) {
-            o.capacity.during_dump_rps = answers.rate(back, end);
+            // A rate over less than a second says little (the clients' first
+            // connections alone take part of it).
+            if end - back >= capacity::MIN_WINDOW_S {
+                o.capacity.during_dump_rps = answers.rate(back, end);
+            }
             o.capacity.window_s = Some(end - back);
         }
         o.daemon_downtime_s = r.downtime_s;

@@ -99,7 +99,7 @@ pub(super) fn print_text(meta: &Meta, cases: &[Case], med: &[Outcome], sizes: &[
         );
     }
     println!(
-        "rps: requests a second {} clients got back to back, in the {} s before the crash and from the service's first answer until the dump ended (-: the dump ended first)",
+        "rps: requests a second {} clients got back to back, in the {} s before the crash and from the service's first answer until the dump ended (-: the dump ended first, or less than 1 s after)",
         super::capacity::CLIENTS,
         super::capacity::BEFORE.as_secs()
     );

@@ -27,6 +27,16 @@ pub async fn remove(c: &Client, name: &str) {
         .await;
 }
 
+/// Removes every guest whose name starts with `tag` (a run's own guests).
+pub async fn remove_tagged(c: &Client, tag: &str) {
+    let Ok(vms) = c.call::<Vec<VmStatus>>(Method::GET, "/v1/vms", None).await else {
+        return;
+    };
+    for v in vms.iter().filter(|v| v.name.starts_with(tag)) {
+        remove(c, &v.name).await;
+    }
+}
+
 /// Starts the guest, waits for the service and for memfill to have filled its memory:
 /// the guest's RAM file holds at least the fill and has stopped growing. (A user
 /// kernel has no agent link, so no memfill events: the host side is what we watch.)

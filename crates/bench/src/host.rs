@@ -47,3 +47,17 @@ pub fn drop_cache(dir: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Runs `work` to its end, or until SIGINT or SIGTERM: then it is dropped (what it
+/// holds is released by its owners' `Drop`) and the run fails saying so.
+pub async fn until_interrupted(
+    work: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted (SIGINT): the run stopped and cleaned up"),
+        _ = term.recv() => anyhow::bail!("terminated (SIGTERM): the run stopped and cleaned up"),
+    }
+}

@@ -601,13 +601,17 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
     let mut sizes = Vec::new();
     let mut accel = (String::new(), String::new());
     let mut snapshot = None;
-    let r: anyhow::Result<()> = async {
+    let work = async {
         if cases.iter().any(|c| c.throttled) {
             // Room for a dump, the guest's disk and the snapshot, twice over; sparse.
             let size = (args.memory * 4 + 4096) << 20;
             let fs = ThrottledFs::new(&dir.join("slow-disk"), size, args.disk_mbps)?;
             setup.slow = Some(fs);
-            let check = setup.slow.as_ref().map(|fs| fs.check(args.disk_mbps)).transpose()?;
+            let check = setup
+                .slow
+                .as_ref()
+                .map(|fs| fs.check(args.disk_mbps))
+                .transpose()?;
             if let Some(c) = &check {
                 setup.say(&format!(
                     "emulated disk: {} MB/s for reads and writes together; a flushed write ran at {:.0} MB/s, a cold read at {:.0}",
@@ -659,8 +663,15 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
             }
         }
         Ok(())
+    };
+    // Interrupted, the run still unmounts its emulated disk and removes its guests'
+    // files on the way out.
+    let r: anyhow::Result<()> = crate::host::until_interrupted(work).await;
+    if r.is_err() {
+        // A guest the run was measuring when it stopped holds files on the
+        // emulated disk: gone before it is unmounted.
+        crate::guest::remove_tagged(&c, &tag).await;
     }
-    .await;
     // Unmounted before the scratch directory goes.
     drop(setup.slow.take());
     if args.out.dir.is_none() {

@@ -84,12 +84,13 @@ pub enum IoPolicy {
     DumpFirst,
     /// The dump is held back while the recovery VM boots.
     RecoveryFirst,
-    /// `dump-first` when the recovery is memory-critical (the budget lets the recovery
-    /// VM start with less than the VM's memory); otherwise `recovery-first` if the
-    /// service is disk-bound, else `dump-first`. The service counts as disk-bound when
-    /// the crashed VM's disks moved 5 MB/s or more on average since it started, or
-    /// when the recovery VM, before it is ready, keeps its disks at 80% or more of the
-    /// rate `dump-first` holds them to.
+    /// `recovery-first` if the service is disk-bound, else `dump-first` (held as
+    /// `dump-first` until it is known). The service counts as disk-bound when the
+    /// crashed VM's disks moved 5 MB/s or more on average since it started, or when
+    /// the recovery VM, before it is ready, keeps its disks at 80% or more of the rate
+    /// `dump-first` holds them to. A memory-critical recovery (the budget starts the
+    /// recovery VM with less than the VM's memory) is not given the dump first when it
+    /// is disk-bound: on a shared disk that held it to 10 MB/s for the whole dump.
     Auto,
     /// Fixed rates in MB/s for the dump and the recovery VM's disks.
     Rates { dump_mbps: u32, recovery_mbps: u32 },

@@ -240,11 +240,10 @@ impl Crash {
             disk_seen: None,
         };
         if policy.io_policy == IoPolicy::Auto {
-            let free = policy::free_mib(&policy, s.memory_mib, s.ram_bytes);
             let disk = s
                 .disk_since_start
                 .map(|(b, t0)| (b, seen.now_ns.saturating_sub(t0) as f64 / 1e9));
-            if let Some((to, why)) = policy::auto_at_crash(s.memory_mib, free, disk) {
+            if let Some((to, why)) = policy::auto_at_crash(disk) {
                 c.decide(to, why);
             }
         }

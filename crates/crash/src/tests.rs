@@ -631,13 +631,26 @@ fn every_policy_sets_its_rates() {
 
 #[test]
 fn auto_chooses_by_memory_and_disk() {
-    // Memory-critical: the default budget lets the recovery VM start with 128 of 512.
+    // Memory-critical (the default budget lets the recovery VM start with 128 of 512)
+    // and not disk-bound before the crash: held as dump-first while the recovery VM
+    // is watched, not decided for good.
     let w = World::crash(policy(OnCrash::DumpAndRecover, IoPolicy::Auto, None));
-    let r = w.report();
-    assert_eq!(r.io_policy, "auto: dump-first");
-    assert!(r.notes.iter().any(|n| n
-        == "I/O policy auto chose dump-first: the recovery is memory-critical: the budget lets the recovery VM start with 128 of its 512 MiB"));
-    // Not memory-critical and disk-bound before the crash: 600 MB over 100 s.
+    assert_eq!(w.boot, Some(Some(128)));
+    assert_eq!(w.report().io_policy, "auto");
+    assert_eq!(w.disk_rates, vec![SLOW]);
+    assert!(w.m().watches_disks());
+    // Memory-critical but disk-bound before the crash (600 MB over 100 s): the disk
+    // first. Held to 10 MB/s for the dump's length, such a recovery waited out the
+    // whole dump on a shared disk.
+    let w = World::crash_with(
+        policy(OnCrash::DumpAndRecover, IoPolicy::Auto, None),
+        Some((600_000_000, T0 - 100 * SEC)),
+    );
+    assert_eq!(w.report().io_policy, "auto: recovery-first");
+    assert!(w.report().notes.iter().any(|n| n
+        == "I/O policy auto chose recovery-first: the crashed VM's disks moved 6.0 MB/s on average over 100 s"));
+    assert_eq!(w.dump_rate, Some(SLOW));
+    // Not memory-critical and disk-bound before the crash.
     let w = World::crash_with(
         policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(1100)),
         Some((600_000_000, T0 - 100 * SEC)),

@@ -390,9 +390,9 @@ fn auto_io_policy_gives_a_disk_bound_service_the_disk_first() {
     let mut plain = policy.to_vec();
     plain.extend(["--io-policy", "auto"]);
     start(&env, "io2", &plain);
-    // A disk-bound guest whose budget starts the recovery VM short of memory gets the
-    // dump first: that choice depends on no measurement, and rebound-crash's
-    // `auto_chooses_by_memory_and_disk` covers it without a guest.
+    // Whether the budget starts the recovery VM short of memory does not change the
+    // choice: rebound-crash's `auto_chooses_by_memory_and_disk` covers both without a
+    // guest.
     for (name, chose, why) in [
         ("io1", "recovery-first", "disks moved"),
         ("io2", "dump-first", "not disk-bound"),

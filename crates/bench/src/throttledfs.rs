@@ -39,16 +39,9 @@ pub struct FsCheck {
     pub read_mbps: f64,
 }
 
+/// Runs a host tool; its standard output, or why it failed.
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let out = rebound_image::run_tool(cmd)?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 

@@ -38,7 +38,7 @@ pub use kcache::KernelCacheError;
 pub use kernel::KernelError;
 use manifest::{Manifest, ManifestError};
 pub use modules::ModulesError;
-pub use tools::{ToolError, Tools};
+pub use tools::{run as run_tool, ToolError, Tools};
 
 /// Image names that can be built.
 pub const KNOWN_IMAGES: &[&str] = &["default"];

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use rebound_api::{Compress, DumpFormat, PageClass, VmcoreinfoAddr};
 use rebound_dump::read::ResumeSource;
-use rebound_dump::{DumpOptions, DumpPages, Dumper, Format, PageFilter, Progress};
+use rebound_dump::{DumpOptions, DumpPages, Dumper, Format, PageFilter, Progress, PAGE_SIZE};
 use rebound_guestmem::{
     classify, find_vmcoreinfo, read_vmcoreinfo, DumpLevel, Excluded, FileSource, GuestMemory,
     Layout, VmcoreInfo,
@@ -43,9 +43,6 @@ pub struct DumpJob {
     /// Punch dumped memory out of the RAM file (a crashed guest's, never a live one's).
     pub release: bool,
 }
-
-/// A guest page.
-const PAGE: u64 = 4096;
 
 /// What the dump task reports to the owner.
 #[derive(Debug)]
@@ -142,12 +139,13 @@ impl Progress for Punch<'_> {
 
     fn durable(&mut self, gpa: Range<u64>) {
         self.durable += gpa.end - gpa.start;
-        if let Some(ex) = self.excluded {
-            let pages = (gpa.start..gpa.end).step_by(PAGE as usize);
-            self.skipped += pages.filter(|&g| ex.is_excluded_gpa(g)).count() as u64 * PAGE;
-        }
-        self.punch(gpa);
+        self.punch(gpa.clone());
         let Some(tx) = self.tx else { return };
+        // Counted only for a crash's owner, the one that reports it.
+        if let Some(ex) = self.excluded {
+            let pages = (gpa.start..gpa.end).step_by(PAGE_SIZE as usize);
+            self.skipped += pages.filter(|&g| ex.is_excluded_gpa(g)).count() as u64 * PAGE_SIZE;
+        }
         let _ = tx.send(DumpProgress::Chunk {
             dumped_bytes: self.durable,
             skipped_bytes: self.skipped,

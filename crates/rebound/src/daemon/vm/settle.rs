@@ -92,8 +92,8 @@ impl Owner {
             },
             pidfile: Some(side.join("qemu.pid")),
         };
-        // The host ports move only at the switch (loading slirp's state would drop
-        // them anyway): the new QEMU starts without them.
+        // The old QEMU holds the host ports until they are handed over (a second
+        // listener on one port would not bind): the new QEMU starts without them.
         let forwards: Vec<_> = dest
             .nics
             .iter()

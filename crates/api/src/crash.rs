@@ -78,19 +78,20 @@ pub enum PageClass {
 #[serde(rename_all = "kebab-case", tag = "policy")]
 pub enum IoPolicy {
     /// Both run unthrottled.
-    #[default]
     Fair,
     /// The recovery VM's disks are throttled while the dump runs.
     DumpFirst,
-    /// The dump is held back while the recovery VM boots.
+    /// The dump is held back while the recovery VM boots (not before it runs: the
+    /// dump frees the memory it starts with).
     RecoveryFirst,
-    /// `recovery-first` if the service is disk-bound, else `dump-first` (held as
-    /// `dump-first` until it is known). The service counts as disk-bound when the
-    /// crashed VM's disks moved 5 MB/s or more on average since it started, or when
-    /// the recovery VM, before it is ready, keeps its disks at 80% or more of the rate
-    /// `dump-first` holds them to. A memory-critical recovery (the budget starts the
-    /// recovery VM with less than the VM's memory) is not given the dump first when it
-    /// is disk-bound: on a shared disk that held it to 10 MB/s for the whole dump.
+    /// The default. The dump runs at full rate until the recovery VM runs, is held
+    /// while it boots (its reads would wait behind the dump's writes on a shared
+    /// disk), and runs at full rate once the service answers. The hold is unbounded
+    /// for a service that was disk-bound (the crashed VM's disks moved 5 MB/s or more
+    /// on average since it started); for any other it lasts at most 10 s, after which
+    /// the dump goes first (`dump-first`: a recovery that long is more likely waiting
+    /// for memory, which the dump frees). The report says which and why.
+    #[default]
     Auto,
     /// Fixed rates in MB/s for the dump and the recovery VM's disks.
     Rates { dump_mbps: u32, recovery_mbps: u32 },
@@ -153,7 +154,7 @@ impl Default for CrashPolicy {
             filter: Vec::new(),
             chunk_mib: default_chunk(),
             min_memory_mib: default_min_memory(),
-            io_policy: IoPolicy::Fair,
+            io_policy: IoPolicy::Auto,
             host_memory_budget_mib: None,
             recover_from: None,
             warm: false,

@@ -7,7 +7,7 @@ use rebound_api::{
     CrashPhase, CrashPolicy, CrashReport, EventData, IoPolicy, MemoryLimit, MemorySample, OnCrash,
 };
 
-use crate::policy::{self, MIB};
+use crate::policy::{self, Recovery, MIB};
 
 /// What the daemon sees when it feeds an event.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -66,15 +66,16 @@ pub enum Event {
     BudgetAccounted { why: String },
     /// The memory group's limit was lifted; the most it held.
     BudgetReleased { peak_bytes: Option<u64> },
-    /// A chunk is durable and punched out of the crashed RAM; for `auto`, what the
-    /// recovery VM's disks moved so far (when asked by [`Crash::watches_disks`]).
+    /// A chunk is durable and punched out of the crashed RAM.
     Chunk {
         dumped_bytes: u64,
         /// Of `dumped_bytes`, what the page filter left out.
         skipped_bytes: u64,
         crashed_bytes: u64,
-        recovery_disk_bytes: Option<u64>,
     },
+    /// Time passed: fed about once a second while [`Crash::wants_ticks`], for the end
+    /// of `auto`'s hold.
+    Tick,
     /// The dump is whole and renamed into place, or failed (why).
     DumpFinished(Result<DumpSummary, String>),
     /// The recovery VM's QEMU runs (`note`: what its start says for the report).
@@ -187,8 +188,6 @@ pub struct Crash {
     pub(crate) throttled: bool,
     /// The I/O policy in force: `auto` resolved to dump-first or recovery-first.
     pub(crate) io: IoPolicy,
-    /// `auto`: the recovery VM's disk bytes at the last look, and when.
-    pub(crate) disk_seen: Option<(u64, u64)>,
 }
 
 impl Crash {
@@ -237,7 +236,6 @@ impl Crash {
             skipped_bytes: 0,
             throttled: false,
             io: policy.io_policy,
-            disk_seen: None,
         };
         if policy.io_policy == IoPolicy::Auto {
             let disk = s
@@ -273,12 +271,20 @@ impl Crash {
         self.report.policy.on_crash.dumps()
     }
 
-    /// `auto` waits for the recovery VM's disks: feed their bytes with each chunk.
-    pub fn watches_disks(&self) -> bool {
-        self.report.policy.io_policy == IoPolicy::Auto
-            && self.io == IoPolicy::Auto
-            && self.recovery_spawned_ns.is_some()
-            && self.report.downtime_s.is_none()
+    /// `auto` holds the dump while the recovery VM boots, for a bounded time: feed
+    /// [`Event::Tick`] while this holds.
+    pub fn wants_ticks(&self) -> bool {
+        self.io == IoPolicy::Auto && self.dumping && self.recovery() == Recovery::Booting
+    }
+
+    /// Where the recovery VM stands.
+    fn recovery(&self) -> Recovery {
+        match (self.recovery_spawned_ns, self.report.downtime_s) {
+            (Some(_), Some(_)) => Recovery::Ready,
+            // One that failed to start or died before it was ready holds nothing up.
+            (Some(_), None) if self.report.phase != CrashPhase::Failed => Recovery::Booting,
+            _ => Recovery::Absent,
+        }
     }
 
     /// Feeds one event; returns what to do, in order.
@@ -323,15 +329,12 @@ impl Crash {
                 dumped_bytes,
                 skipped_bytes,
                 crashed_bytes,
-                recovery_disk_bytes,
             } => {
                 self.dumped_bytes = dumped_bytes;
                 self.skipped_bytes = skipped_bytes;
-                if let Some(b) = recovery_disk_bytes {
-                    self.watch_disks(b, seen.now_ns, &mut out);
-                }
                 self.grow(seen, Next::ChunkStart { crashed_bytes }, &mut out);
             }
+            Event::Tick => self.hold_over(seen.now_ns, &mut out),
             Event::DumpFinished(r) => self.dump_finished(r, seen, &mut out),
             Event::RecoveryStarted { pid, note } => {
                 out.push(Action::Emit(EventData::RecoveryStarted {
@@ -354,6 +357,7 @@ impl Crash {
                     .push(format!("the recovery VM {how}: {why}"));
                 self.recovery_due = false;
                 self.report.phase = CrashPhase::Failed;
+                self.apply_io_policy(&mut out);
                 out.push(Action::SaveReport);
             }
             Event::Plugged { mib } => self.recovery_mib = mib,
@@ -371,6 +375,7 @@ impl Crash {
             ));
             self.report.phase = CrashPhase::Failed;
             self.recovery_due = false;
+            self.apply_io_policy(out);
         } else {
             self.report.notes.push(format!(
                 "the recovered VM crashed again ({cause}) while this dump ran"
@@ -426,7 +431,7 @@ impl Crash {
             id: self.report.id.clone(),
             path: path.display().to_string(),
         }));
-        let (rate, _) = policy::io_rates(self.io, false);
+        let (rate, _) = policy::io_rates(self.io, self.recovery());
         out.push(Action::StartDump { out: path, rate });
     }
 
@@ -564,16 +569,17 @@ impl Crash {
         }
         let downtime = seen.now_ns.saturating_sub(self.report.crashed_mono_ns);
         self.report.downtime_s = Some(downtime as f64 / 1e9);
+        let recovery_s = seen.now_ns.saturating_sub(spawned) as f64 / 1e9;
         if self.io == IoPolicy::Auto {
-            self.decide(
-                IoPolicy::DumpFirst,
-                "the service was not disk-bound before the crash nor while it recovered".into(),
-            );
+            let (to, why) = policy::auto_at_ready(recovery_s);
+            self.decide(to, why);
         }
         if self.dumping {
-            out.push(Action::SetDumpRate(policy::io_rates(self.io, true).0));
+            out.push(Action::SetDumpRate(
+                policy::io_rates(self.io, Recovery::Ready).0,
+            ));
         }
-        self.report.recovery_s = Some(seen.now_ns.saturating_sub(spawned) as f64 / 1e9);
+        self.report.recovery_s = Some(recovery_s);
         self.sample(seen, Some("service ready"));
         out.push(Action::Transition(Step::Ready));
         out.push(Action::Emit(EventData::Recovered {
@@ -584,32 +590,22 @@ impl Crash {
         self.settle(out);
     }
 
-    /// `auto` while the dump runs and the recovery VM is not ready yet: a recovery VM
-    /// that keeps its throttled disks near the cap is disk-bound, so the policy turns
-    /// to recovery-first.
-    fn watch_disks(&mut self, bytes: u64, now: u64, out: &mut Vec<Action>) {
-        if !self.watches_disks() {
-            return;
-        }
-        let Some(before) = self.disk_seen.replace((bytes, now)) else {
+    /// `auto`'s hold of the dump for a booting recovery VM ends after a while.
+    fn hold_over(&mut self, now: u64, out: &mut Vec<Action>) {
+        let Some(spawned) = self.recovery_spawned_ns.filter(|_| self.wants_ticks()) else {
             return;
         };
-        match policy::auto_watching(before, (bytes, now)) {
-            None => self.disk_seen = Some(before),
-            Some(None) => {}
-            Some(Some((to, why))) => {
-                self.decide(to, why);
-                self.apply_io_policy(out);
-            }
+        if let Some((to, why)) = policy::auto_hold_over(spawned, now) {
+            self.decide(to, why);
+            self.apply_io_policy(out);
         }
     }
 
     /// Sets the dump's rate and the recovery VM's disk throttling for where the crash
     /// stands: limits only while both run, cleared when the dump ends.
     pub(crate) fn apply_io_policy(&mut self, out: &mut Vec<Action>) {
-        let ready = self.report.downtime_s.is_some();
         let (dump_rate, rec_rate) = if self.dumping {
-            policy::io_rates(self.io, ready)
+            policy::io_rates(self.io, self.recovery())
         } else {
             (0, 0)
         };

@@ -160,7 +160,6 @@ impl Crash {
             skipped_bytes: 0,
             throttled: false,
             io: policy.io_policy,
-            disk_seen: None,
             report,
         };
         let mut out = Vec::new();

@@ -248,7 +248,6 @@ impl World {
             dumped_bytes: dumped,
             skipped_bytes: 0,
             crashed_bytes: self.crashed,
-            recovery_disk_bytes: None,
         });
     }
 
@@ -630,73 +629,86 @@ fn every_policy_sets_its_rates() {
 }
 
 #[test]
-fn auto_chooses_by_memory_and_disk() {
-    // Memory-critical (the default budget lets the recovery VM start with 128 of 512)
-    // and not disk-bound before the crash: held as dump-first while the recovery VM
-    // is watched, not decided for good.
-    let w = World::crash(policy(OnCrash::DumpAndRecover, IoPolicy::Auto, None));
-    assert_eq!(w.boot, Some(Some(128)));
+fn auto_holds_the_dump_while_the_recovery_vm_boots() {
+    // Memory-critical: the budget (600 MiB) has no room for the recovery VM's minimum
+    // while the crashed RAM is whole, and the service was not disk-bound. The dump
+    // goes at full rate until the VM can start (it frees the memory it starts with).
+    let mut w = World::crash_with(
+        policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(600)),
+        Some((1_000, T0 - 100 * SEC)),
+    );
+    assert_eq!(w.boot, None, "no room yet");
+    assert_eq!(w.dump_rate, Some(0));
+    assert!(!w.m().wants_ticks());
+    // A chunk gives it room: it starts, and from then on its boot has the disk.
+    w.at(1.0);
+    w.chunk(64);
+    assert_eq!(w.boot, Some(Some(152)));
+    assert_eq!(w.dump_rate, Some(SLOW));
+    assert!(w.disk_rates.is_empty(), "its disks are not held");
     assert_eq!(w.report().io_policy, "auto");
+    assert!(w.m().wants_ticks());
+    w.at(3.0);
+    w.feed(Event::Tick);
+    assert_eq!(w.dump_rate, Some(SLOW), "2 s into the hold");
+    // Its service answers: the dump runs at full rate again, and the report says why.
+    w.at(5.0);
+    w.feed(Event::Ready);
+    assert_eq!(w.dump_rate, Some(0));
+    assert_eq!(w.report().io_policy, "auto: recovery-first");
+    assert!(w.report().notes.iter().any(|n| n
+        == "I/O policy auto chose recovery-first: the recovery VM's boot had the disk first \
+            (the dump held to 10 MB/s) and its service answered 4.0 s after it started"));
+    assert!(!w.m().wants_ticks());
+}
+
+#[test]
+fn auto_ends_its_hold_for_a_recovery_vm_that_takes_long() {
+    let mut w = World::crash(policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(1100)));
+    assert_eq!(w.boot, Some(None), "all its memory at once");
+    assert_eq!(w.dump_rate, Some(SLOW));
+    w.at(9.9);
+    w.feed(Event::Tick);
+    assert_eq!(w.dump_rate, Some(SLOW));
+    assert_eq!(w.report().io_policy, "auto");
+    // Not ready 10 s after it started: more likely waiting for memory than for the
+    // disk, so the dump goes first (its disks held, as dump-first does).
+    w.at(10.0);
+    w.feed(Event::Tick);
+    assert_eq!(w.dump_rate, Some(0));
     assert_eq!(w.disk_rates, vec![SLOW]);
-    assert!(w.m().watches_disks());
-    // Memory-critical but disk-bound before the crash (600 MB over 100 s): the disk
-    // first. Held to 10 MB/s for the dump's length, such a recovery waited out the
-    // whole dump on a shared disk.
-    let w = World::crash_with(
+    assert_eq!(w.m().report().io_policy, "auto: dump-first");
+    assert!(w.m().report().notes.iter().any(|n| n
+        == "I/O policy auto chose dump-first: the recovery VM was not ready 10 s after it \
+            started: the dump, which frees the memory it grows into, goes first"));
+    assert!(!w.m().wants_ticks());
+    w.at(12.0);
+    w.feed(Event::Ready);
+    assert_eq!(w.report().io_policy, "auto: dump-first");
+    assert_eq!(w.disk_rates, vec![SLOW], "held until the dump ends");
+    w.dump_done();
+    assert_eq!(w.disk_rates, vec![SLOW, 0]);
+}
+
+#[test]
+fn auto_gives_a_disk_bound_service_the_disk_until_it_answers() {
+    // Memory-critical and disk-bound before the crash (600 MB over 100 s).
+    let mut w = World::crash_with(
         policy(OnCrash::DumpAndRecover, IoPolicy::Auto, None),
         Some((600_000_000, T0 - 100 * SEC)),
     );
+    assert_eq!(w.boot, Some(Some(128)));
     assert_eq!(w.report().io_policy, "auto: recovery-first");
     assert!(w.report().notes.iter().any(|n| n
         == "I/O policy auto chose recovery-first: the crashed VM's disks moved 6.0 MB/s on average over 100 s"));
     assert_eq!(w.dump_rate, Some(SLOW));
-    // Not memory-critical and disk-bound before the crash.
-    let w = World::crash_with(
-        policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(1100)),
-        Some((600_000_000, T0 - 100 * SEC)),
-    );
-    assert_eq!(w.report().io_policy, "auto: recovery-first");
+    assert!(!w.m().wants_ticks(), "no bound on the hold");
+    w.at(30.0);
+    w.feed(Event::Tick);
     assert_eq!(w.dump_rate, Some(SLOW));
-    assert_eq!(w.boot, Some(None), "all its memory at once");
-    // Neither: held as dump-first while the recovery VM is watched; it keeps its
-    // throttled disks busy, so the policy turns to recovery-first.
-    let mut w = World::crash_with(
-        policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(1100)),
-        Some((1_000, T0 - 100 * SEC)),
-    );
-    assert_eq!(w.report().io_policy, "auto");
-    assert_eq!(w.disk_rates, vec![SLOW]);
-    assert!(w.m().watches_disks());
-    let disk_chunk = |w: &mut World, at: f64, bytes: u64| {
-        w.at(at);
-        w.crashed -= 64 * MIB;
-        w.feed(Event::Chunk {
-            dumped_bytes: 512 * MIB - w.crashed,
-            skipped_bytes: 0,
-            crashed_bytes: w.crashed,
-            recovery_disk_bytes: Some(bytes),
-        });
-    };
-    disk_chunk(&mut w, 1.0, 0);
-    disk_chunk(&mut w, 1.2, 5_000_000); // too short a look to judge
-    disk_chunk(&mut w, 2.0, 9_000_000);
-    assert_eq!(w.m().report().io_policy, "auto: recovery-first");
-    assert_eq!(w.disk_rates, vec![SLOW, 0]);
-    assert_eq!(w.dump_rate, Some(SLOW));
-    assert!(!w.m().watches_disks());
-    // Neither, and quiet until ready: dump-first.
-    let mut w = World::crash_with(
-        policy(OnCrash::DumpAndRecover, IoPolicy::Auto, Some(1100)),
-        None,
-    );
     w.feed(Event::Ready);
-    assert_eq!(w.report().io_policy, "auto: dump-first");
-    assert!(w
-        .report()
-        .notes
-        .iter()
-        .any(|n| n
-            .ends_with("the service was not disk-bound before the crash nor while it recovered")));
+    assert_eq!(w.dump_rate, Some(0));
+    assert_eq!(w.report().io_policy, "auto: recovery-first");
 }
 
 #[test]
@@ -782,6 +794,24 @@ fn recovery_vm_crashing_before_ready_fails_the_crash() {
 }
 
 #[test]
+fn a_recovery_vm_that_dies_or_cannot_start_holds_the_dump_no_longer() {
+    for io in [IoPolicy::Auto, IoPolicy::RecoveryFirst] {
+        let mut w = World::crash(policy(OnCrash::DumpAndRecover, io, None));
+        assert_eq!(w.dump_rate, Some(SLOW), "{io}");
+        w.feed(Event::CrashedAgain {
+            cause: "panic".into(),
+        });
+        assert_eq!(w.dump_rate, Some(0), "{io}");
+        assert!(!w.m().wants_ticks());
+        let mut w = World::new();
+        w.recovery_fails = true;
+        w.start(policy(OnCrash::DumpAndRecover, io, None), None);
+        assert_eq!(w.report().phase, CrashPhase::Failed);
+        assert_eq!(w.dump_rate, Some(0), "{io}");
+    }
+}
+
+#[test]
 fn recovery_that_cannot_start_fails_once_the_dump_ends() {
     let mut w = World::new();
     w.recovery_fails = true;
@@ -828,7 +858,6 @@ fn a_filtered_dump_keeps_what_it_skipped_apart_in_the_timeline() {
         dumped_bytes: 64 * MIB,
         skipped_bytes: 30 * MIB,
         crashed_bytes: w.crashed,
-        recovery_disk_bytes: None,
     });
     let t = w.m().report().timeline.clone();
     let last = t

@@ -289,9 +289,10 @@ pub struct StartArgs {
     /// Memory the recovery VM starts with.
     #[arg(long, default_value = "128M", value_parser = parse_memory)]
     pub min_memory: u64,
-    /// dump-first, recovery-first, fair, auto (recovery-first for a disk-bound service,
-    /// else dump-first), or D:R (MB/s for the dump and the recovery VM's disks).
-    #[arg(long, default_value = "fair", value_parser = parse_io_policy)]
+    /// auto (the dump held while the recovery VM boots: unbounded for a disk-bound
+    /// service, else at most 10 s), dump-first, recovery-first, fair, or D:R (MB/s for
+    /// the dump and the recovery VM's disks).
+    #[arg(long, default_value = "auto", value_parser = parse_io_policy)]
     pub io_policy: rebound_api::IoPolicy,
     /// What the crashed VM and its recovery VM may hold together (default: memory + min-memory).
     #[arg(long, value_parser = parse_memory)]

@@ -113,15 +113,10 @@ impl Owner {
                 skipped_bytes,
                 crashed_bytes,
             }) => {
-                let recovery_disk_bytes = match (&self.qmp, h.m.watches_disks()) {
-                    (Some(q), true) => super::crash_actions::disk_bytes(q).await,
-                    _ => None,
-                };
                 let chunk = Event::Chunk {
                     dumped_bytes,
                     skipped_bytes,
                     crashed_bytes,
-                    recovery_disk_bytes,
                 };
                 return self.feed(chunk).await;
             }
@@ -133,6 +128,13 @@ impl Owner {
         }
         h.progress = None;
         self.feed(Event::DumpFinished(done)).await;
+    }
+
+    /// A second passed while the crash machine asked for ticks (`auto`'s hold).
+    pub(super) async fn on_crash_tick(&mut self) {
+        if self.crash.as_ref().is_some_and(|h| h.m.wants_ticks()) {
+            self.feed(Event::Tick).await;
+        }
     }
 
     /// The recovery VM passed its readiness condition: the service is back.

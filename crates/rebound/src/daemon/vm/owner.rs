@@ -179,6 +179,7 @@ enum Input {
     Probed(Option<u32>, bool),
     Dump(Option<super::dump::DumpProgress>),
     WarmList,
+    CrashTick,
 }
 
 impl Owner {
@@ -280,7 +281,10 @@ impl Owner {
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warm_list = tokio::time::interval(WARM_LIST_EVERY);
         warm_list.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut crash_tick = tokio::time::interval(Duration::from_secs(1));
+        crash_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let ticking = self.crash.as_ref().is_some_and(|h| h.m.wants_ticks());
             let probing = !matches!(self.ready, ReadySpec::Agent)
                 && self.qmp.is_some()
                 && !self.vm.record().ready;
@@ -292,6 +296,7 @@ impl Owner {
                 (pid, ok) = probe_result(&mut self.probe_rx) => Input::Probed(pid, ok),
                 p = super::crash_state::next_progress(&mut self.crash) => Input::Dump(p),
                 _ = warm_list.tick() => Input::WarmList,
+                _ = crash_tick.tick(), if ticking => Input::CrashTick,
             };
             match input {
                 // The daemon dropped the handle (a new start replaced it, or the VM
@@ -314,6 +319,7 @@ impl Owner {
                 Input::Agent(None) => self.agent_msgs = None,
                 Input::Probe => self.probe(),
                 Input::WarmList => self.refresh_warm_list(),
+                Input::CrashTick => self.on_crash_tick().await,
                 Input::Probed(pid, ok) => {
                     self.probe_rx = None;
                     let rec = self.vm.record();

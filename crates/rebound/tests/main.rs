@@ -6,6 +6,7 @@ mod common;
 
 mod api_tour;
 mod bad_input;
+mod bench_smoke;
 mod blk_backend;
 mod blk_socket;
 mod byo_kernel;

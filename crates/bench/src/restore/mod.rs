@@ -175,6 +175,12 @@ fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> anyhow::Result<Vec<&'
     Ok(v)
 }
 
+/// The workload's VM boots a kernel the user names (the image's files, with its own
+/// command line), not the image by name.
+fn own_kernel(workload: &str) -> bool {
+    !matches!(workload, "idle" | "kv" | "memfill")
+}
+
 fn mode_of(id: &str) -> (RestoreMode, RestOrder, RamCheck) {
     let (base, check) = match id.split_once('-') {
         Some((b, "unchecked")) => (b, RamCheck::Off),
@@ -220,7 +226,8 @@ impl Bench {
     }
 
     /// The source VM of a workload; every restore of its snapshot keeps this
-    /// forward, so the host client finds the service on the same port.
+    /// forward, so the host client finds the service on the same port. Workloads
+    /// but the image's own boot as a user brings a kernel ([`own_kernel`]).
     fn spec(&self, workload: &str, name: &str) -> anyhow::Result<VmSpec> {
         let mut s = VmSpec::new(name);
         s.memory_mib = self.args.memory;
@@ -238,7 +245,8 @@ impl Bench {
                 s.workload = Some(Workload::Memfill);
                 s.workload_args.insert("memfill".into(), touch);
             }
-            _ => {
+            w => {
+                debug_assert!(own_kernel(w));
                 // As a user brings a kernel: the image's kernel and disk, its own
                 // command line with two workloads, readiness by HTTP.
                 let disk = self.dir.join(format!("{name}.ext4"));
@@ -349,8 +357,10 @@ impl Bench {
                     .collect(),
             ),
             replay: None,
-            kernel: None,
-            initrd: None,
+            // A snapshot's host paths are never opened on its say-so: the user names
+            // the kernel they booted again, as `spec` does for these workloads.
+            kernel: own_kernel(workload).then(|| self.img.kernel.display().to_string()),
+            initrd: own_kernel(workload).then(|| self.img.initrd.display().to_string()),
             pmem: Vec::new(),
         };
         let load = (workload == "kv").then(|| self.kv_load());

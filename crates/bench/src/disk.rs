@@ -25,8 +25,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::guest::{post, remove};
-use rebound_blk::timing::{Phase, TimingReport};
 use crate::host::{host_cpus, host_kernel, load_average};
+use rebound_blk::timing::{Phase, TimingReport};
 use rebound_client::{connect, Client};
 
 const MB: f64 = 1e6;
@@ -241,8 +241,9 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
     let c = connect(paths).await?;
     // Two wakes through eventfds on this host, no guest: the floor of a request's
     // kick and completion.
-    let notify_us = tokio::task::spawn_blocking(|| rebound_blk::timing::notify_round_trip_us(5_000, 5))
-        .await??;
+    let notify_us =
+        tokio::task::spawn_blocking(|| rebound_blk::timing::notify_round_trip_us(5_000, 5))
+            .await??;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let tag = format!("bd{}", std::process::id());
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -518,9 +519,12 @@ mod tests {
         let class = |requests: u64, cache_ns: u64, disk_ns: u64| ClassReport {
             requests,
             laps: requests * 10,
-            ns: [("cache".to_string(), cache_ns), ("disk".to_string(), disk_ns)]
-                .into_iter()
-                .collect(),
+            ns: [
+                ("cache".to_string(), cache_ns),
+                ("disk".to_string(), disk_ns),
+            ]
+            .into_iter()
+            .collect(),
             waits: requests,
             wait_ns: requests * 200_000,
             long_waits: 2,
@@ -559,7 +563,11 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[0].contains("30.0 us"), "{}", lines[0]);
         // 200 us in the guest's eyes, 5 in the backend: 195 outside it.
-        assert!(lines[2].contains("  200.0     5.00     195.0"), "{}", lines[2]);
+        assert!(
+            lines[2].contains("  200.0     5.00     195.0"),
+            "{}",
+            lines[2]
+        );
         assert!(lines[2].contains("cache 5.00"), "{}", lines[2]);
         assert!(where_time_goes(&[], 30.0).is_empty());
     }

@@ -3,8 +3,8 @@
 //! parallel: the backend holds no lock around a request, only the cache's own.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 use std::sync::Arc;
+use std::time::Instant;
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -59,6 +59,8 @@ impl BlkBackend {
     /// Answers every request waiting in queue `q`, timing each ([`crate::timing`]):
     /// every nanosecond from the wake to the return is charged to one request, the
     /// notification's to the last of a batch, the wait before the wake to the first.
+    /// The page map's update of the batch's last request ([`Device::finish`]) comes
+    /// after the signal.
     fn drain(&self, q: usize, vring: &VringRwLock<Mem>) -> std::io::Result<()> {
         let woke = Instant::now();
         let Some(mem) = self.dev.mem.read().expect("mem lock").clone() else {
@@ -66,7 +68,10 @@ impl BlkBackend {
         };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let timing = &self.dev.timing;
-        let since = self.idle_since.get(q).map_or(0, |a| a.load(Ordering::Relaxed));
+        let since = self
+            .idle_since
+            .get(q)
+            .map_or(0, |a| a.load(Ordering::Relaxed));
         let mut wait = (since > 0).then(|| {
             woke.saturating_duration_since(self.epoch + std::time::Duration::from_nanos(since))
         });
@@ -82,10 +87,17 @@ impl BlkBackend {
                     .get_queue_mut()
                     .pop_descriptor_chain(mem.memory());
                 let Some(chain) = next else { break };
-                if let Some(done) = open.take() {
-                    timing.add(&done);
+                match open.take() {
+                    // The request before, not the batch's last: this pop is its, as
+                    // the empty pop is the last's, then its page map's update.
+                    Some(mut done) => {
+                        done.lap(Phase::Pop);
+                        self.dev.finish(&mut done);
+                        timing.add(&done);
+                        lap = Lap::at(done.last().unwrap_or(woke));
+                    }
+                    None => lap.lap(Phase::Pop),
                 }
-                lap.lap(Phase::Pop);
                 let head = chain.head_index();
                 let len = self.dev.execute_timed(chain, &mut lap);
                 if let Some(w) = wait.take() {
@@ -121,6 +133,8 @@ impl BlkBackend {
                     .enable_notification()
                     .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
             last.lap(Phase::Used);
+            // The guest has its answer: now the page map's update.
+            self.dev.finish(last);
             if !again {
                 return Ok(());
             }

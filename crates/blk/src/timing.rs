@@ -394,7 +394,10 @@ mod tests {
         assert_eq!((c.requests, c.laps, c.waits, c.long_waits), (1, 3, 1, 1));
         assert_eq!(c.ns.values().sum::<u64>(), total.as_nanos() as u64);
         assert!(c.phase_us(Phase::Disk) >= 2000.0, "the sleep is the disk's");
-        assert!((c.wait_us() - 150.0).abs() < 1e-9, "the long wait is left out");
+        assert!(
+            (c.wait_us() - 150.0).abs() < 1e-9,
+            "the long wait is left out"
+        );
         assert_eq!(r.classes["read_hit"].requests, 0);
         assert_eq!(r.classes["read_hit"].busy_us(), 0.0);
         assert!(c.line(r.clock_ns).starts_with("1 requests, "));
@@ -415,8 +418,7 @@ mod tests {
         lap.class = Class::ReadHit;
         t.add(&lap);
         let r = t.report();
-        let back: TimingReport =
-            serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
+        let back: TimingReport = serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
         assert_eq!(back, r);
     }
 

@@ -165,16 +165,33 @@ fn spec(args: &DiskArgs, name: &str, variant: &str, disk: &str, pass: (&str, u64
     s
 }
 
-/// Our backend's timing, from its `stats` through the daemon; `None` for QEMU's own.
-async fn backend_timing(c: &Client, name: &str) -> anyhow::Result<Option<TimingReport>> {
+/// Our backend's timing of the bench's disk (`disk`: the guest has other disks), from
+/// its `stats` through the daemon; `None` for QEMU's own.
+async fn backend_timing(
+    c: &Client,
+    name: &str,
+    disk: &str,
+) -> anyhow::Result<Option<TimingReport>> {
     let disks: Value = c
         .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
         .await?;
-    let t = disks
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
-        .and_then(|d| serde_json::from_value(d["stats"]["timing"].clone()).ok());
-    Ok(t)
+    Ok(timing_of(&disks, disk))
+}
+
+/// The timing of the disk served from file `disk` by our backend, in a VM's disks.
+fn timing_of(disks: &Value, disk: &str) -> Option<TimingReport> {
+    let same = |f: &str| {
+        f == disk
+            || std::fs::canonicalize(f)
+                .ok()
+                .is_some_and(|a| std::fs::canonicalize(disk).ok().is_some_and(|b| a == b))
+    };
+    disks
+        .as_array()?
+        .iter()
+        .filter(|d| d["backend"] == "rebound")
+        .find(|d| d["file"].as_str().is_some_and(same))
+        .and_then(|d| serde_json::from_value(d["stats"]["timing"].clone()).ok())
 }
 
 /// Boots one pass of one variant and returns its phases' reports (the read phase's
@@ -211,7 +228,7 @@ async fn run_pass(
             .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
             .collect();
         if io.len() >= want {
-            let t = backend_timing(c, name).await?;
+            let t = backend_timing(c, name, disk).await?;
             return Ok((io, st, t.as_ref().and_then(BackendTime::of)));
         }
         if Instant::now() > deadline {
@@ -362,7 +379,7 @@ fn where_time_goes(med: &[Row], notify_us: f64) -> Vec<String> {
             .collect();
         let guest = r.guest_us();
         out.push(format!(
-            "{:<16} {:<10} {:>9} {:>8.1} {:>8.2} {:>9.1} {:>8.1}  {} (clock reads {:.2})",
+            "{:<16} {:<10} {:>9} {:>8.1} {:>8.2} {:>9.1} {:>8.1}  {} (clock reads {:.2}; {} requests)",
             r.variant,
             r.phase,
             b.class,
@@ -371,7 +388,8 @@ fn where_time_goes(med: &[Row], notify_us: f64) -> Vec<String> {
             guest - b.busy_us,
             b.wait_us,
             phases.join(", "),
-            b.clock_us
+            b.clock_us,
+            b.requests
         ));
     }
     out
@@ -570,5 +588,20 @@ mod tests {
         );
         assert!(lines[2].contains("cache 5.00"), "{}", lines[2]);
         assert!(where_time_goes(&[], 30.0).is_empty());
+    }
+
+    #[test]
+    fn the_timing_is_the_bench_disks_not_another_of_the_guests() {
+        let t = |n: u64| {
+            serde_json::json!({"clock_ns": 20.0, "classes": {"read_hit": {
+                "requests": n, "laps": 0, "ns": {}, "waits": 0, "wait_ns": 0, "long_waits": 0}}})
+        };
+        let disks = serde_json::json!([
+            {"id": "disk0", "file": "/images/data.img", "backend": "rebound", "stats": {"timing": t(3)}},
+            {"id": "disk1", "file": "/scratch/disk.img", "backend": "rebound", "stats": {"timing": t(20495)}},
+        ]);
+        let got = timing_of(&disks, "/scratch/disk.img").unwrap();
+        assert_eq!(got.classes["read_hit"].requests, 20495);
+        assert!(timing_of(&disks, "/elsewhere.img").is_none());
     }
 }

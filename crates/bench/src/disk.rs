@@ -26,6 +26,7 @@ use serde_json::Value;
 
 use crate::guest::{post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
+use rebound_blk::timing::{Phase, TimingReport};
 use rebound_client::{connect, Client};
 
 const MB: f64 = 1e6;
@@ -66,6 +67,46 @@ struct Row {
     p99_us: u64,
     ops: u64,
     seconds: f64,
+    /// Our backend's own time per request of this phase's class, by phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend: Option<BackendTime>,
+}
+
+/// Where a read's time went inside our backend (its `stats`' timing, the class of
+/// reads the pass made: hits for `rebound-cache`, misses for `rebound`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+struct BackendTime {
+    class: String,
+    requests: u64,
+    /// Microseconds per request inside the backend, and by phase.
+    busy_us: f64,
+    phases_us: Vec<(String, f64)>,
+    /// Microseconds the backend's clock reads cost per request (inside `busy_us`).
+    clock_us: f64,
+    /// The backend's mean wait before a request: outside it, at queue depth 1.
+    wait_us: f64,
+}
+
+impl BackendTime {
+    /// The pass's reads: whichever of hits and misses it made most of.
+    fn of(t: &TimingReport) -> Option<BackendTime> {
+        let (class, c) = ["read_hit", "read_miss"]
+            .iter()
+            .filter_map(|k| Some((*k, t.classes.get(*k)?)))
+            .max_by_key(|(_, c)| c.requests)
+            .filter(|(_, c)| c.requests > 0)?;
+        Some(BackendTime {
+            class: class.into(),
+            requests: c.requests,
+            busy_us: c.busy_us(),
+            phases_us: Phase::ALL
+                .iter()
+                .map(|&p| (p.name().to_string(), c.phase_us(p)))
+                .collect(),
+            clock_us: c.clock_us(t.clock_ns),
+            wait_us: c.wait_us(),
+        })
+    }
 }
 
 impl Row {
@@ -82,6 +123,16 @@ impl Row {
             p99_us: r.p99_us,
             ops: r.ops,
             seconds: r.seconds,
+            backend: None,
+        }
+    }
+
+    /// Microseconds per request as the guest saw it: at queue depth 1, the mean
+    /// round trip.
+    fn guest_us(&self) -> f64 {
+        match self.ops {
+            0 => 0.0,
+            n => self.seconds * 1e6 / n as f64,
         }
     }
 }
@@ -114,7 +165,37 @@ fn spec(args: &DiskArgs, name: &str, variant: &str, disk: &str, pass: (&str, u64
     s
 }
 
-/// Boots one pass of one variant and returns its phases' reports.
+/// Our backend's timing of the bench's disk (`disk`: the guest has other disks), from
+/// its `stats` through the daemon; `None` for QEMU's own.
+async fn backend_timing(
+    c: &Client,
+    name: &str,
+    disk: &str,
+) -> anyhow::Result<Option<TimingReport>> {
+    let disks: Value = c
+        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
+        .await?;
+    Ok(timing_of(&disks, disk))
+}
+
+/// The timing of the disk served from file `disk` by our backend, in a VM's disks.
+fn timing_of(disks: &Value, disk: &str) -> Option<TimingReport> {
+    let same = |f: &str| {
+        f == disk
+            || std::fs::canonicalize(f)
+                .ok()
+                .is_some_and(|a| std::fs::canonicalize(disk).ok().is_some_and(|b| a == b))
+    };
+    disks
+        .as_array()?
+        .iter()
+        .filter(|d| d["backend"] == "rebound")
+        .find(|d| d["file"].as_str().is_some_and(same))
+        .and_then(|d| serde_json::from_value(d["stats"]["timing"].clone()).ok())
+}
+
+/// Boots one pass of one variant and returns its phases' reports (the read phase's
+/// with our backend's time per request).
 async fn run_pass(
     c: &Client,
     args: &DiskArgs,
@@ -122,7 +203,7 @@ async fn run_pass(
     name: &str,
     disk: &str,
     pass: (&str, u64),
-) -> anyhow::Result<(Vec<IoReport>, VmStatus)> {
+) -> anyhow::Result<(Vec<IoReport>, VmStatus, Option<BackendTime>)> {
     let s = spec(args, name, variant, disk, pass);
     let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
     let st: VmStatus = post(
@@ -147,7 +228,8 @@ async fn run_pass(
             .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
             .collect();
         if io.len() >= want {
-            return Ok((io, st));
+            let t = backend_timing(c, name, disk).await?;
+            return Ok((io, st, t.as_ref().and_then(BackendTime::of)));
         }
         if Instant::now() > deadline {
             anyhow::bail!("{name}: {} of {want} io phases after 900 s", io.len());
@@ -174,6 +256,11 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
     let disk = dir.join("disk.img");
     std::fs::File::create(&disk)?.set_len(args.size << 20)?;
     let c = connect(paths).await?;
+    // Two wakes through eventfds on this host, no guest: the floor of a request's
+    // kick and completion.
+    let notify_us =
+        tokio::task::spawn_blocking(|| rebound_blk::timing::notify_round_trip_us(5_000, 5))
+            .await??;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let tag = format!("bd{}", std::process::id());
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -189,9 +276,13 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
                     }
                     let r = run_pass(&c, &args, v, &name, &disk.display().to_string(), *pass).await;
                     remove(&c, &name).await;
-                    let (io, st) = r?;
+                    let (io, st, backend) = r?;
                     accel = st.accel.as_str().to_string();
-                    rows.extend(io.iter().map(|r| Row::of(v, round, r)));
+                    rows.extend(io.iter().map(|r| Row {
+                        // The pass's one read phase is the class the backend timed.
+                        backend: backend.clone().filter(|_| r.phase.ends_with("read")),
+                        ..Row::of(v, round, r)
+                    }));
                 }
             }
         }
@@ -220,6 +311,7 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
         "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "size_mib": args.size, "io_seconds": args.io_seconds, "runs": args.runs,
         "load_before": load_before, "load_after": load_average(),
+        "notify_round_trip_us": notify_us,
     });
     if let Some(svg) = &args.out.svg {
         std::fs::write(svg, draw(&meta, &med))?;
@@ -254,7 +346,53 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
             rounds.join(", ")
         );
     }
+    for l in where_time_goes(&med, notify_us) {
+        println!("{l}");
+    }
     Ok(())
+}
+
+/// For each read phase our backend served: the guest's time per request against the
+/// backend's own, by phase, and the rest (the guest under its accelerator, and the
+/// kick and completion through QEMU).
+fn where_time_goes(med: &[Row], notify_us: f64) -> Vec<String> {
+    let timed: Vec<&Row> = med.iter().filter(|r| r.backend.is_some()).collect();
+    if timed.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![
+        format!(
+            "where a read's time goes, us per request (guest: the mean round trip at queue depth 1; backend: its own clock; host eventfd round trip, two wakes, no guest: {notify_us:.1} us):"
+        ),
+        format!(
+            "{:<16} {:<10} {:>9} {:>8} {:>8} {:>9} {:>8}  backend by phase",
+            "variant", "phase", "class", "guest", "backend", "outside", "b. wait"
+        ),
+    ];
+    for r in timed {
+        let b = r.backend.as_ref().expect("filtered");
+        let phases: Vec<String> = b
+            .phases_us
+            .iter()
+            .filter(|(_, us)| *us >= 0.005)
+            .map(|(p, us)| format!("{p} {us:.2}"))
+            .collect();
+        let guest = r.guest_us();
+        out.push(format!(
+            "{:<16} {:<10} {:>9} {:>8.1} {:>8.2} {:>9.1} {:>8.1}  {} (clock reads {:.2}; {} requests)",
+            r.variant,
+            r.phase,
+            b.class,
+            guest,
+            b.busy_us,
+            guest - b.busy_us,
+            b.wait_us,
+            phases.join(", "),
+            b.clock_us,
+            b.requests
+        ));
+    }
+    out
 }
 
 /// One comparison of two variants in one phase: the ratio of their medians and,
@@ -373,6 +511,7 @@ mod tests {
             p99_us: 0,
             ops: 0,
             seconds: 1.0,
+            backend: None,
         };
         // The figures of the issue: a median of 0.93x over rounds of 0.75, 1.06, 0.86.
         let rows = vec![
@@ -390,5 +529,79 @@ mod tests {
         assert!((r[0].of_medians - 0.86).abs() < 1e-9);
         let per: Vec<String> = r[0].per_round.iter().map(|x| format!("{x:.2}")).collect();
         assert_eq!(per, ["0.75", "1.06", "0.86"]);
+    }
+
+    #[test]
+    fn a_read_phase_shows_the_backends_time_against_the_guests() {
+        use rebound_blk::timing::{ClassReport, TimingReport};
+        let class = |requests: u64, cache_ns: u64, disk_ns: u64| ClassReport {
+            requests,
+            laps: requests * 10,
+            ns: [
+                ("cache".to_string(), cache_ns),
+                ("disk".to_string(), disk_ns),
+            ]
+            .into_iter()
+            .collect(),
+            waits: requests,
+            wait_ns: requests * 200_000,
+            long_waits: 2,
+        };
+        let t = TimingReport {
+            clock_ns: 20.0,
+            classes: [
+                ("read_hit".to_string(), class(1000, 5_000_000, 0)),
+                ("read_miss".to_string(), class(40, 400_000, 3_200_000)),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        // The pass's reads are the class it made most of: hits here.
+        let b = BackendTime::of(&t).unwrap();
+        assert_eq!((b.class.as_str(), b.requests), ("read_hit", 1000));
+        assert!((b.busy_us - 5.0).abs() < 1e-9);
+        assert!((b.clock_us - 0.2).abs() < 1e-9);
+        assert!((b.wait_us - 200.0).abs() < 1e-9);
+        assert!(BackendTime::of(&TimingReport::default()).is_none());
+        let row = Row {
+            variant: "rebound-cache".into(),
+            round: 0,
+            phase: "randread".into(),
+            bs: 4096,
+            mb_per_s: 0.0,
+            iops: 0.0,
+            p50_us: 0,
+            p99_us: 0,
+            ops: 10_000,
+            seconds: 2.0,
+            backend: Some(b),
+        };
+        assert!((row.guest_us() - 200.0).abs() < 1e-9);
+        let lines = where_time_goes(&[row], 30.0);
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].contains("30.0 us"), "{}", lines[0]);
+        // 200 us in the guest's eyes, 5 in the backend: 195 outside it.
+        assert!(
+            lines[2].contains("  200.0     5.00     195.0"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[2].contains("cache 5.00"), "{}", lines[2]);
+        assert!(where_time_goes(&[], 30.0).is_empty());
+    }
+
+    #[test]
+    fn the_timing_is_the_bench_disks_not_another_of_the_guests() {
+        let t = |n: u64| {
+            serde_json::json!({"clock_ns": 20.0, "classes": {"read_hit": {
+                "requests": n, "laps": 0, "ns": {}, "waits": 0, "wait_ns": 0, "long_waits": 0}}})
+        };
+        let disks = serde_json::json!([
+            {"id": "disk0", "file": "/images/data.img", "backend": "rebound", "stats": {"timing": t(3)}},
+            {"id": "disk1", "file": "/scratch/disk.img", "backend": "rebound", "stats": {"timing": t(20495)}},
+        ]);
+        let got = timing_of(&disks, "/scratch/disk.img").unwrap();
+        assert_eq!(got.classes["read_hit"].requests, 20495);
+        assert!(timing_of(&disks, "/elsewhere.img").is_none());
     }
 }

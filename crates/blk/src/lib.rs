@@ -13,6 +13,7 @@
 //! - [`faults`]: test builds only, correctness checks that can be turned off;
 //! - [`disk`]: the raw backing file (`O_DIRECT` where possible);
 //! - [`args`]: the `blk serve` command line;
+//! - [`timing`]: where a request's time goes, by phase, always on;
 //! - [`units`]: the block (one guest page) everything above counts in;
 //! - [`guest_memory`]: guest memory as the vhost-user connection maps it;
 //! - [`backend`] and [`serve`]: the vhost-user device on the rust-vmm crates, one
@@ -30,6 +31,7 @@ pub mod guest_memory;
 pub mod request;
 pub mod ring;
 pub mod serve;
+pub mod timing;
 pub mod units;
 
 pub use cache::{Cache, CacheStats};

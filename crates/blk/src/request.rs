@@ -20,6 +20,7 @@ use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef};
 use crate::faults::{skipped, Check};
 use crate::guest_memory::Mem;
 use crate::ring::NoticeSink;
+use crate::timing::{Class, Lap, Phase};
 use crate::units::{BLOCK, PAGE};
 
 /// The request header (virtio 1.2, 5.2.6).
@@ -64,6 +65,8 @@ pub struct Device {
     pub notices: crate::exclusive::NoticeStats,
     /// The guest's eviction-notice ring, when the daemon said where it is.
     pub ring: crate::ring::GuestRing,
+    /// Where requests' time goes, by phase.
+    pub timing: crate::timing::Timing,
 }
 
 /// What an eviction notice brings of its page.
@@ -142,12 +145,30 @@ impl Device {
         T: Deref + Clone,
         T::Target: GuestMemory + Sized,
     {
+        let mut lap = Lap::off();
+        let used = self.execute_timed(chain, &mut lap);
+        self.finish(&mut lap);
+        used
+    }
+
+    /// [`Device::execute`], charging its time to the phases of `lap` and setting its
+    /// class, but for the page map's update of a read or a write, left to
+    /// [`Device::finish`]: the caller answers the guest first, then finishes, before
+    /// this thread executes another request (which finishes it first otherwise).
+    pub fn execute_timed<T>(&self, chain: DescriptorChain<T>, lap: &mut Lap) -> u32
+    where
+        T: Deref + Clone,
+        T::Target: GuestMemory + Sized,
+    {
+        self.finish(&mut Lap::off());
         let mem = chain.memory();
+        lap.class = Class::Other;
         // Every eviction the guest noted before it sent this request comes first: a
         // read of a block it just evicted then finds it in the host cache.
         if !skipped(Check::Order) {
             self.ring.drain(self, mem);
         }
+        lap.lap(Phase::Ring);
         let (Ok(mut reader), Ok(mut data)) = (chain.clone().reader(mem), chain.clone().writer(mem))
         else {
             tracing::warn!("a descriptor chain outside guest memory: dropped");
@@ -163,7 +184,14 @@ impl Device {
         };
         let bufs = Some(Buffers::of(&chain));
         let r = match reader.read_obj::<Header>() {
-            Ok(h) => self.run(h, &mut reader, &mut data, bufs.as_ref()),
+            Ok(h) => {
+                lap.class = match h.kind {
+                    VIRTIO_BLK_T_IN => Class::ReadHit,
+                    VIRTIO_BLK_T_OUT => Class::Write,
+                    _ => Class::Other,
+                };
+                self.run(h, &mut reader, &mut data, bufs.as_ref(), lap)
+            }
             Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
         };
         let code = match &r {
@@ -178,10 +206,12 @@ impl Device {
             Ok(_) => {}
         }
         let written = r.unwrap_or(0);
-        if status.write_all(&[code as u8]).is_err() {
-            return 0;
+        let ok = status.write_all(&[code as u8]).is_ok();
+        lap.lap(Phase::Copy);
+        match ok {
+            true => (written + 1) as u32,
+            false => 0,
         }
-        (written + 1) as u32
     }
 
     /// Returns the data bytes written to the guest.
@@ -191,17 +221,42 @@ impl Device {
         reader: &mut R,
         data: &mut W,
         bufs: Option<&Buffers>,
+        lap: &mut Lap,
+    ) -> Result<usize, Failed> {
+        let r = self.run_kind(h, reader, data, bufs, lap);
+        if r.is_err() {
+            lap.lap(Phase::Parse);
+        }
+        r
+    }
+
+    fn run_kind<R: Read + Available, W: Write + Available>(
+        &self,
+        h: Header,
+        reader: &mut R,
+        data: &mut W,
+        bufs: Option<&Buffers>,
+        lap: &mut Lap,
     ) -> Result<usize, Failed> {
         match h.kind {
             VIRTIO_BLK_T_IN => {
                 let len = data.available();
                 let off = self.range(h.sector, len)?;
                 let gens = self.gens(off, len as u64);
+                lap.lap(Phase::Parse);
                 with_buf(len, |buf| {
-                    self.read(buf, off).map_err(Failed::Io)?;
+                    self.read(buf, off, lap).map_err(Failed::Io)?;
                     data.write_all(buf).map_err(Failed::Io)?;
+                    lap.lap(Phase::Copy);
                     let runs = bufs.map(|b| Buffers::window(&b.writable, 0, len as u64));
-                    self.map_pages(runs, off, buf, &gens, 0);
+                    defer(Deferred {
+                        device: self as *const Device as usize,
+                        runs,
+                        off,
+                        len,
+                        gens,
+                        own: 0,
+                    });
                     Ok(())
                 })?;
                 Ok(len)
@@ -213,22 +268,36 @@ impl Device {
                 let len = reader.available();
                 let off = self.range(h.sector, len)?;
                 let gens = self.gens(off, len as u64);
+                lap.lap(Phase::Parse);
                 with_buf(len, |buf| {
                     reader.read_exact(buf).map_err(Failed::Io)?;
-                    let r = self.write(buf, off).map_err(Failed::Io);
+                    lap.lap(Phase::Copy);
+                    let r = self.write(buf, off, lap).map_err(Failed::Io);
                     let runs = bufs.map(|b| Buffers::window(&b.readable, 16, len as u64));
                     match &r {
                         // This write's own two steps of the generation.
-                        Ok(()) => self.map_pages(runs, off, buf, &gens, 2),
-                        Err(_) => self.forget(off, len as u64),
+                        Ok(()) => defer(Deferred {
+                            device: self as *const Device as usize,
+                            runs,
+                            off,
+                            len,
+                            gens,
+                            own: 2,
+                        }),
+                        Err(_) => {
+                            self.forget(off, len as u64);
+                            lap.lap(Phase::Map);
+                        }
                     }
                     r
                 })?;
                 Ok(0)
             }
             VIRTIO_BLK_T_FLUSH => {
-                self.disk.flush().map_err(Failed::Io)?;
-                Ok(0)
+                lap.lap(Phase::Parse);
+                let r = self.disk.flush().map_err(Failed::Io);
+                lap.lap(Phase::Disk);
+                r.map(|()| 0)
             }
             VIRTIO_BLK_T_GET_ID => {
                 let n = self.serial.len().min(VIRTIO_BLK_ID_BYTES as usize);
@@ -250,8 +319,11 @@ impl Device {
                     let len = s.num_sectors as usize * SECTOR as usize;
                     let off = self.range(s.sector, len)?;
                     let unmap = h.kind == VIRTIO_BLK_T_DISCARD || s.flags & 1 != 0;
+                    lap.lap(Phase::Parse);
                     let r = self.zero(off, len as u64, unmap).map_err(Failed::Io);
+                    lap.lap(Phase::Disk);
                     self.forget(off, len as u64);
+                    lap.lap(Phase::Map);
                     r?;
                 }
                 Ok(0)
@@ -285,6 +357,28 @@ impl Device {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// The page map's update left by this thread's last request, if any, from the data
+    /// still in its buffer; its time is charged to `lap`'s map phase.
+    ///
+    /// Why it waits: hashing the 4 KiB of a block (BLAKE3) is most of the backend's
+    /// own time on a cache hit, and the guest need not wait for it. Meanwhile the page
+    /// has no mapping yet, so an eviction notice for it can only be refused (a caching
+    /// chance lost, nothing stale admitted), and a write that begins meanwhile makes
+    /// the update forget the block, as it would have if it raced the request.
+    pub fn finish(&self, lap: &mut Lap) {
+        let Some(d) = PENDING.with(|p| p.borrow_mut().take()) else {
+            return;
+        };
+        if d.device != self as *const Device as usize {
+            // Another device's, on a thread that served both (tests): not ours to apply.
+            return;
+        }
+        with_buf(d.len, |buf| {
+            self.map_pages(d.runs, d.off, buf, &d.gens, d.own)
+        });
+        lap.lap(Phase::Map);
     }
 
     /// After data moved between the guest buffers `runs` and the disk at `off`: each
@@ -470,22 +564,32 @@ impl Device {
             .then_some((off / BLOCK, len as u64 / BLOCK))
     }
 
-    fn read(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    /// Reads through the cache; ends with a lap of the cache's time.
+    fn read(&self, buf: &mut [u8], off: u64, lap: &mut Lap) -> std::io::Result<()> {
         if let Some((first, count)) = Self::blocks(off, buf.len()) {
-            return self.read_blocks(buf, first, count);
+            return self.read_blocks(buf, first, count, lap);
         }
         // Not whole blocks (a filesystem with 1 KiB blocks reads its metadata so): the
         // covering blocks go through the cache, and the part asked for is copied out.
         let first = off / BLOCK;
         let count = (off + buf.len() as u64).div_ceil(BLOCK) - first;
         let mut around = AlignedBuf::new((count * BLOCK) as usize);
-        self.read_blocks(around.as_mut(), first, count)?;
+        self.read_blocks(around.as_mut(), first, count, lap)?;
         let at = (off - first * BLOCK) as usize;
         buf.copy_from_slice(&around.as_ref()[at..at + buf.len()]);
+        lap.lap(Phase::Cache);
         Ok(())
     }
 
-    fn read_blocks(&self, buf: &mut [u8], first: u64, count: u64) -> std::io::Result<()> {
+    /// Each run of missing blocks makes the request a miss and is the disk's time;
+    /// the rest is the cache's.
+    fn read_blocks(
+        &self,
+        buf: &mut [u8],
+        first: u64,
+        count: u64,
+        lap: &mut Lap,
+    ) -> std::io::Result<()> {
         let off = first * BLOCK;
         let bs = BLOCK as usize;
         // Runs of missing blocks are read from the disk in one go each.
@@ -507,14 +611,20 @@ impl Device {
             // Block j (if any) was a hit and is in place; i..j are read now.
             let t = self.cache.begin_read(first + i, j - i);
             let run = &mut buf[at..j as usize * bs];
-            self.disk.read_at(run, off + at as u64)?;
+            lap.class = Class::ReadMiss;
+            lap.lap(Phase::Cache);
+            let r = self.disk.read_at(run, off + at as u64);
+            lap.lap(Phase::Disk);
+            r?;
             self.cache.end_read(&t, run);
             i = j + 1;
         }
+        lap.lap(Phase::Cache);
         Ok(())
     }
 
-    fn write(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+    /// Writes through the cache, laps for the cache and the disk.
+    fn write(&self, buf: &[u8], off: u64, lap: &mut Lap) -> std::io::Result<()> {
         let (first, count, whole) = match Self::blocks(off, buf.len()) {
             Some((f, c)) => (f, c, true),
             None => {
@@ -527,10 +637,13 @@ impl Device {
             }
         };
         let t = self.cache.begin_write(first, count);
+        lap.lap(Phase::Cache);
         let r = self.disk.write_at(buf, off);
+        lap.lap(Phase::Disk);
         let admit = (whole && r.is_ok()).then_some(buf);
         let done = if r.is_ok() { buf.len() as u64 } else { 0 };
         self.cache.end_write(&t, admit, done);
+        lap.lap(Phase::Cache);
         r
     }
 
@@ -549,6 +662,26 @@ thread_local! {
     /// Each queue thread's bounce buffer, kept between requests: a fresh megabyte
     /// per request costs page faults and zeroing that dominated large requests.
     static BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+    /// The page map's update of this thread's last request, over the data in `BUF`
+    /// ([`Device::finish`]).
+    static PENDING: std::cell::RefCell<Option<Deferred>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A page map update left for after the request's answer.
+struct Deferred {
+    /// Whose page map (the device's address).
+    device: usize,
+    runs: Option<Vec<(u64, u64)>>,
+    off: u64,
+    /// Bytes of `BUF` the request moved.
+    len: usize,
+    gens: Vec<u64>,
+    own: u64,
+}
+
+/// Leaves `d` for [`Device::finish`] (the request's data stays in `BUF` until then).
+fn defer(d: Deferred) {
+    PENDING.with(|p| *p.borrow_mut() = Some(d));
 }
 
 /// Runs `f` on this thread's buffer, at least `len` bytes (grown when needed).
@@ -596,380 +729,5 @@ impl NoticeSink for Device {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{split::Descriptor as D, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-    const HDR: u64 = 0x10_0000;
-    const DATA: u64 = 0x20_0000;
-    const STATUS: u64 = 0x30_0000;
-    const W: u16 = VRING_DESC_F_WRITE as u16;
-
-    struct Rig {
-        _dir: tempfile::TempDir,
-        path: std::path::PathBuf,
-        dev: Device,
-        mem: GuestMemoryMmap,
-    }
-
-    fn rig(cache: u64) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("disk.img");
-        let mut content = vec![0u8; 1 << 20];
-        for (i, b) in content.iter_mut().enumerate() {
-            *b = (i / 4096) as u8;
-        }
-        std::fs::write(&path, &content).unwrap();
-        let dev = Device {
-            disk: Disk::open(&path, false, false).unwrap(),
-            cache: Cache::new(cache),
-            pages: Default::default(),
-            mem: Default::default(),
-            notices: Default::default(),
-            ring: Default::default(),
-            serial: b"disk0".to_vec(),
-        };
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
-        Rig {
-            _dir: dir,
-            path,
-            dev,
-            mem,
-        }
-    }
-
-    impl Rig {
-        /// Runs one request; returns (used length, status byte).
-        fn run(&self, kind: u32, sector: u64, descs: &[RawDescriptor]) -> (u32, u8) {
-            let h = Header {
-                kind,
-                ioprio: 0,
-                sector,
-            };
-            self.mem.write_obj(h, GuestAddress(HDR)).unwrap();
-            self.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
-            let q = MockSplitQueue::new(&self.mem, 16);
-            let chain = q.build_desc_chain(descs).unwrap();
-            let used = self.dev.execute(chain);
-            (used, self.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
-        }
-    }
-
-    fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
-        RawDescriptor::from(D::new(addr, len, flags, 0))
-    }
-
-    fn hdr() -> RawDescriptor {
-        d(HDR, 16, 0)
-    }
-
-    fn status() -> RawDescriptor {
-        d(STATUS, 1, W)
-    }
-
-    /// A notice ring (`guest/evict/ring.h`, version 2) at `RING` with 16 page copies.
-    const RING: u64 = 0x38_0000;
-    const SLOTS: u64 = 0x39_0000;
-
-    fn make_ring(mem: &GuestMemoryMmap) {
-        let put = |at: u64, v: &[u8]| mem.write_slice(v, GuestAddress(RING + at)).unwrap();
-        put(0, b"RBEVRING");
-        put(8, &2u32.to_le_bytes());
-        put(12, &16u32.to_le_bytes());
-        put(16, &16u64.to_le_bytes());
-        put(32, &4096u32.to_le_bytes());
-        put(36, &16u32.to_le_bytes());
-        put(40, &1u32.to_le_bytes());
-        put(44, &4096u32.to_le_bytes());
-        put(64, &SLOTS.to_le_bytes());
-    }
-
-    /// The guest's module: notice n for the page at `gpa`, with its copy.
-    fn guest_evicts(mem: &GuestMemoryMmap, gpa: u64) {
-        let n = mem.read_obj::<u64>(GuestAddress(RING + 24)).unwrap() + 1;
-        let s = (n - 1) % 16;
-        let e = RING + 4096 + s * 16;
-        mem.write_obj(0u64, GuestAddress(e)).unwrap();
-        let mut page = vec![0u8; 4096];
-        mem.read_slice(&mut page, GuestAddress(gpa)).unwrap();
-        mem.write_slice(&page, GuestAddress(SLOTS + s * 4096))
-            .unwrap();
-        mem.write_obj((gpa / PAGE) | (1 << 56), GuestAddress(e + 8))
-            .unwrap();
-        mem.write_obj(n, GuestAddress(e)).unwrap();
-        mem.write_obj(n, GuestAddress(RING + 24)).unwrap();
-    }
-
-    #[test]
-    fn the_ring_is_taken_before_each_request_so_a_block_evicted_then_read_back_hits() {
-        let r = rig(1 << 20);
-        r.dev.reconfigure(1 << 20, true);
-        make_ring(&r.mem);
-        r.dev.ring.set(RING, 8192, &r.mem).unwrap();
-        // Block 2 read into a page; the guest evicts it and at once reuses the page.
-        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 4096, W), status()]);
-        guest_evicts(&r.mem, DATA);
-        r.mem
-            .write_slice(&[0x77; 4096], GuestAddress(DATA))
-            .unwrap();
-        // A forged notice: a page no I/O mapped, holding what block 3 would.
-        let forged = DATA + 0x20000;
-        r.mem.write_slice(&[3; 4096], GuestAddress(forged)).unwrap();
-        guest_evicts(&r.mem, forged);
-        // Its next request reads block 2 back: the ring was taken first, so the block
-        // is in the host cache, from the copy, and the read hits it.
-        let other = DATA + 0x10000;
-        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(other, 4096, W), status()]);
-        let mut got = vec![0u8; 4096];
-        r.mem.read_slice(&mut got, GuestAddress(other)).unwrap();
-        assert!(got.iter().all(|b| *b == 2), "block 2's bytes");
-        let (c, s) = (r.dev.ring.counts(), r.dev.cache.stats());
-        assert_eq!((c.evicted, c.lost, c.polls), (2, 0, 1));
-        assert_eq!((s.hits, s.held_bytes), (1, 0), "the hit moved block 2 back");
-        assert_eq!(
-            r.dev
-                .notices
-                .admitted
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
-        assert_eq!(r.dev.notices.refused()[&Refusal::NoMapping], 1);
-        // Nothing new: requests do not read the ring again.
-        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(other, 4096, W), status()]);
-        assert_eq!(r.dev.ring.counts().polls, 1);
-        // A ring whose magic is gone (the module unloaded) is given up, in words.
-        r.mem.write_obj(0u64, GuestAddress(RING)).unwrap();
-        guest_evicts(&r.mem, other);
-        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(other, 4096, W), status()]);
-        let c = r.dev.ring.counts();
-        assert!(c.ring.is_none() && c.error.unwrap().contains("magic"));
-    }
-
-    #[test]
-    fn exclusive_an_evicted_page_comes_back_from_the_host_and_nothing_stale_is_served() {
-        let r = rig(1 << 20);
-        r.dev.reconfigure(1 << 20, true);
-        let evict = |r: &Rig, gpa: u64| r.dev.evicted_in(gpa / PAGE, Page::InGuest, &r.mem);
-        // Read blocks 2 and 3 into two guest pages: mapped, nothing cached yet.
-        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
-        assert_eq!(r.dev.cache.stats().held_bytes, 0);
-        // The guest evicts both: admitted, copied from its memory.
-        assert_eq!(evict(&r, DATA), Ok(()));
-        assert_eq!(evict(&r, DATA + 4096), Ok(()));
-        assert_eq!(r.dev.cache.stats().held_bytes, 8192);
-        // A repeated notice finds nothing.
-        assert_eq!(evict(&r, DATA), Err(Refusal::NoMapping));
-        // The guest reuses the page, then reads block 2 again elsewhere: a host hit.
-        r.mem
-            .write_slice(&[0x77; 4096], GuestAddress(DATA))
-            .unwrap();
-        let other = DATA + 0x10000;
-        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(other, 4096, W), status()]);
-        let mut got = vec![0u8; 4096];
-        r.mem.read_slice(&mut got, GuestAddress(other)).unwrap();
-        assert!(got.iter().all(|b| *b == 2));
-        let s = r.dev.cache.stats();
-        assert_eq!(
-            (s.hits, s.held_bytes),
-            (1, 4096),
-            "the hit moved block 2 back to the guest"
-        );
-        // Block 3 is overwritten from another page: the host copy goes, and the page
-        // that read it before can no longer pass for it.
-        r.mem
-            .write_slice(&[0xcd; 4096], GuestAddress(other))
-            .unwrap();
-        r.run(VIRTIO_BLK_T_OUT, 24, &[hdr(), d(other, 4096, 0), status()]);
-        assert_eq!(r.dev.cache.stats().held_bytes, 0);
-        r.run(VIRTIO_BLK_T_IN, 24, &[hdr(), d(DATA, 4096, W), status()]);
-        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
-        assert!(
-            got.iter().all(|b| *b == 0xcd),
-            "the write, not the evicted copy"
-        );
-        // The page that read block 3 is scribbled on before its eviction: refused.
-        r.mem
-            .write_slice(&[0x01; 4096], GuestAddress(DATA))
-            .unwrap();
-        assert_eq!(evict(&r, DATA), Err(Refusal::ContentChanged));
-        // A discard forgets what the write mapped.
-        let seg = Segment {
-            sector: 24,
-            num_sectors: 8,
-            flags: 0,
-        };
-        r.mem.write_obj(seg, GuestAddress(DATA + 0x20000)).unwrap();
-        r.run(
-            VIRTIO_BLK_T_DISCARD,
-            0,
-            &[hdr(), d(DATA + 0x20000, 16, 0), status()],
-        );
-        assert_eq!(evict(&r, other), Err(Refusal::NoMapping));
-        assert_eq!(
-            r.dev
-                .notices
-                .admitted
-                .load(std::sync::atomic::Ordering::Relaxed),
-            2
-        );
-        // With the access log on, each eviction of a held block is an `e` line.
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log.csv");
-        r.dev.cache.record_to(Some(&log)).unwrap();
-        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
-        assert_eq!(evict(&r, DATA), Ok(()));
-        assert_eq!(evict(&r, DATA), Err(Refusal::NoMapping));
-        r.dev.cache.record_to(None).unwrap();
-        let kinds: Vec<String> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .map(|l| l.split(',').skip(1).collect::<Vec<_>>().join(","))
-            .collect();
-        assert_eq!(kinds, ["0,m", "0,e"]);
-    }
-
-    #[test]
-    fn a_read_returns_the_disk_and_a_second_read_hits_the_cache() {
-        let r = rig(1 << 20);
-        for round in 0..2 {
-            let (used, st) = r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 8192, W), status()]);
-            assert_eq!((used, st), (8193, VIRTIO_BLK_S_OK as u8), "round {round}");
-            let mut got = vec![0u8; 8192];
-            r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
-            assert!(got[..4096].iter().all(|b| *b == 2) && got[4096..].iter().all(|b| *b == 3));
-        }
-        let s = r.dev.cache.stats();
-        assert_eq!((s.misses, s.hits, s.admissions), (2, 2, 2));
-    }
-
-    #[test]
-    fn a_write_reaches_the_file_and_the_cache_serves_the_new_data() {
-        let r = rig(1 << 20);
-        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
-        r.mem
-            .write_slice(&[0xab; 4096], GuestAddress(DATA))
-            .unwrap();
-        let (used, st) = r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 4096, 0), status()]);
-        assert_eq!((used, st), (1, VIRTIO_BLK_S_OK as u8));
-        assert!(std::fs::read(&r.path).unwrap()[..4096]
-            .iter()
-            .all(|b| *b == 0xab));
-        r.mem.write_slice(&[0; 4096], GuestAddress(DATA)).unwrap();
-        r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 4096, W), status()]);
-        let mut got = vec![0u8; 4096];
-        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
-        assert!(got.iter().all(|b| *b == 0xab));
-        assert_eq!(r.dev.cache.stats().hits, 1);
-    }
-
-    #[test]
-    fn discard_zeroes_and_drops_the_cached_block() {
-        let r = rig(1 << 20);
-        r.run(VIRTIO_BLK_T_IN, 8, &[hdr(), d(DATA, 4096, W), status()]);
-        let seg = Segment {
-            sector: 8,
-            num_sectors: 8,
-            flags: 0,
-        };
-        r.mem.write_obj(seg, GuestAddress(DATA)).unwrap();
-        let (_, st) = r.run(VIRTIO_BLK_T_DISCARD, 0, &[hdr(), d(DATA, 16, 0), status()]);
-        assert_eq!(st, VIRTIO_BLK_S_OK as u8);
-        r.run(VIRTIO_BLK_T_IN, 8, &[hdr(), d(DATA, 4096, W), status()]);
-        let mut got = vec![1u8; 4096];
-        r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
-        assert!(got.iter().all(|b| *b == 0));
-        assert_eq!(r.dev.cache.stats().invalidations, 1);
-    }
-
-    #[test]
-    fn a_read_of_part_of_a_block_goes_through_the_cache_too() {
-        let r = rig(1 << 20);
-        for _ in 0..2 {
-            let (_, st) = r.run(VIRTIO_BLK_T_IN, 10, &[hdr(), d(DATA, 1024, W), status()]);
-            assert_eq!(st, 0);
-            let mut got = vec![0u8; 1024];
-            r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
-            assert!(got.iter().all(|b| *b == 1));
-        }
-        let s = r.dev.cache.stats();
-        assert_eq!((s.misses, s.hits), (1, 1));
-    }
-
-    #[test]
-    fn get_id_and_flush() {
-        let r = rig(0);
-        let (used, st) = r.run(VIRTIO_BLK_T_GET_ID, 0, &[hdr(), d(DATA, 20, W), status()]);
-        assert_eq!((used, st), (6, VIRTIO_BLK_S_OK as u8));
-        let mut id = [0u8; 5];
-        r.mem.read_slice(&mut id, GuestAddress(DATA)).unwrap();
-        assert_eq!(&id, b"disk0");
-        assert_eq!(r.run(VIRTIO_BLK_T_FLUSH, 0, &[hdr(), status()]).1, 0);
-    }
-
-    #[test]
-    fn malformed_requests_get_an_error_status_and_nothing_moves() {
-        let r = rig(1 << 20);
-        let before = std::fs::read(&r.path).unwrap();
-        let ioerr = VIRTIO_BLK_S_IOERR as u8;
-        // Past the end of the 1 MiB disk.
-        assert_eq!(
-            r.run(VIRTIO_BLK_T_IN, 2047, &[hdr(), d(DATA, 4096, W), status()])
-                .1,
-            ioerr
-        );
-        assert_eq!(
-            r.run(
-                VIRTIO_BLK_T_OUT,
-                u64::MAX / 256,
-                &[hdr(), d(DATA, 512, 0), status()]
-            )
-            .1,
-            ioerr
-        );
-        // Not whole sectors.
-        assert_eq!(
-            r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 100, 0), status()])
-                .1,
-            ioerr
-        );
-        // A header of 8 bytes.
-        assert_eq!(
-            r.run(
-                VIRTIO_BLK_T_IN,
-                0,
-                &[d(HDR, 8, 0), d(DATA, 512, W), status()]
-            )
-            .1,
-            ioerr
-        );
-        // An unknown type.
-        assert_eq!(
-            r.run(99, 0, &[hdr(), status()]).1,
-            VIRTIO_BLK_S_UNSUPP as u8
-        );
-        // No writable byte for the status: dropped, nothing written.
-        let (used, st) = r.run(VIRTIO_BLK_T_OUT, 0, &[hdr(), d(DATA, 512, 0)]);
-        assert_eq!((used, st), (0, 0xff));
-        // Data outside guest memory.
-        assert_eq!(
-            r.run(
-                VIRTIO_BLK_T_IN,
-                0,
-                &[hdr(), d(0x100_0000, 512, W), status()]
-            )
-            .0,
-            0
-        );
-        // Too many discard segments.
-        let (_, st) = r.run(
-            VIRTIO_BLK_T_DISCARD,
-            0,
-            &[hdr(), d(DATA, 16 * 17, 0), status()],
-        );
-        assert_eq!(st, ioerr);
-        assert_eq!(std::fs::read(&r.path).unwrap(), before);
-    }
-}
+#[path = "request_tests.rs"]
+mod tests;

@@ -96,6 +96,9 @@ pub struct Stats {
     pub notices_admitted: u64,
     pub notices_refused: std::collections::BTreeMap<crate::exclusive::Refusal, u64>,
     pub notices_released: u64,
+    /// Where requests' time went inside the backend, by class and phase.
+    #[serde(default)]
+    pub timing: crate::timing::TimingReport,
 }
 
 /// Serves until the process is killed (or the listener fails).
@@ -115,6 +118,7 @@ pub fn serve(o: Options) -> Result<(), ServeError> {
         mem: Default::default(),
         notices: Default::default(),
         ring: Default::default(),
+        timing: Default::default(),
     });
     let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if let Some(c) = &o.control {
@@ -169,6 +173,7 @@ fn control_loop(l: UnixListener, dev: &Device, o: &Options, conns: &std::sync::a
                     notices_admitted: dev.notices.admitted.load(Relaxed),
                     notices_refused: dev.notices.refused(),
                     notices_released: dev.notices.released.load(Relaxed),
+                    timing: dev.timing.report(),
                 })
                 .unwrap_or_default(),
                 Ok(Control::Ring { gpa, bytes }) => match dev.follow_ring(gpa, bytes) {

@@ -822,6 +822,9 @@ fn blk(c: BlkCmd) -> anyhow::Result<()> {
                 c.read_bytes >> 20,
                 c.written_bytes >> 20
             );
+            for (class, t) in s.timing.classes.iter().filter(|(_, t)| t.requests > 0) {
+                println!("{class}: {}", t.line(s.timing.clock_ns));
+            }
             Ok(())
         }
         BlkCmd::Record {

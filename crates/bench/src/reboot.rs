@@ -275,12 +275,13 @@ async fn run_variant(
         let l = equalmem::Limit::apply(
             qemu,
             std::path::Path::new(&st.ram_file),
+            std::path::Path::new(disk),
             warm_cache_mib(args) << 20,
         )
         .with_context(|| format!("{name}: equal host memory"))?;
         let f = &l.figures;
         eprintln!(
-            "bench reboot: {variant}: memory group {} limited to {} MiB: QEMU's footprint {} MiB (guest RAM charged in full) + the warm cache's {} MiB",
+            "bench reboot: {variant}: memory group {} limited to {} MiB: QEMU's footprint {} MiB (guest RAM charged in full) + the warm cache's {} MiB, following the footprint",
             f.group.display(),
             f.limit_bytes >> 20,
             f.footprint_bytes >> 20,

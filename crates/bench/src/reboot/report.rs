@@ -305,13 +305,15 @@ pub fn print(rows: &[Variant], summary: &[Summary]) {
         );
         if let Some(m) = &r.equal_memory {
             line += &format!(
-                "; memory group {} limited to {} MiB (QEMU's footprint {} MiB + the warm cache's {} MiB): peak {} MiB, file page cache {} MiB, limit reached {} times: held",
+"; memory group {} limited to QEMU's footprint + the warm cache's {} MiB ({} MiB at the start, footprint {} MiB growing to {} MiB, the limit moved {} times): peak {} MiB, the image's page cache at most {} MiB, limit reached {} times: held",
                 m.group.display(),
+                m.cache_bytes >> 20,
                 m.limit_bytes >> 20,
                 m.footprint_bytes >> 20,
-                m.cache_bytes >> 20,
+                m.footprint_max_bytes >> 20,
+                m.limit_moves,
                 m.peak_bytes >> 20,
-                m.file_bytes_after >> 20,
+                m.image_cached_max_bytes >> 20,
                 m.limit_hits
             );
         }

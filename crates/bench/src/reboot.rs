@@ -6,6 +6,10 @@
 //! - `normal-hostcache`: QEMU's virtio-blk through the host page cache (writeback):
 //!   the guest's cache is gone, but its reads come from the host's memory (CacheMind's
 //!   figure 4 case, with double caching);
+//!   In the default set it gets equal host memory: its QEMU's memory group is limited
+//!   to QEMU's own footprint plus the warm variant's host-cache size, so the kernel
+//!   keeps at most that much of the image in the page cache ([`equalmem`]);
+//!   `normal-hostcache-unlimited` is the same without the limit;
 //! - `warm`: Rebound's backend with a host cache and `vm reboot --warm`: the guest's
 //!   cached pages are listed before the reboot and read back after it through the
 //!   backend's cache;
@@ -16,7 +20,16 @@
 //! `rebound image webset`, then: three full reads of the set (first, second, third),
 //! a reboot, three reads again; then a steady random load for `--seconds`, a reboot
 //! under the load, and the load again until `--seconds` after the service is back,
-//! with the throughput of every second recorded.
+//! with the throughput of every second recorded. Over the window before each reboot
+//! the CPU of QEMU, the disk backends, the daemon and the load generator is counted
+//! ([`steady`]). The whole set of variants runs `--runs` times, interleaved; the
+//! report gives medians with min and max, and every variant's throughput after the
+//! reboot against the best level before it of all variants in the same run.
+
+mod draw;
+mod equalmem;
+mod report;
+mod steady;
 
 use std::time::Duration;
 
@@ -67,14 +80,24 @@ pub struct RebootArgs {
     /// (the figures are their means: one window of a network-bound service is noisy).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     reboots: u32,
-    /// Variants: normal, normal-hostcache, warm, dax.
+    /// Variants: normal, normal-hostcache (equal host memory), warm, dax, and
+    /// normal-hostcache-unlimited (the host page cache without a limit).
     #[arg(long, default_value = "normal,normal-hostcache,warm,dax")]
     variants: String,
+    /// Runs of every variant (interleaved); the report gives medians, min and max.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    runs: u32,
     #[command(flatten)]
     out: crate::out::BenchOut,
 }
 
-const VARIANTS: [&str; 4] = ["normal", "normal-hostcache", "warm", "dax"];
+const VARIANTS: [&str; 5] = [
+    "normal",
+    "normal-hostcache",
+    "normal-hostcache-unlimited",
+    "warm",
+    "dax",
+];
 
 /// One reboot under load.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -87,12 +110,18 @@ struct Round {
     first10_mb_s: f64,
     drop_pct: f64,
     recovery_s: Option<f64>,
+    /// CPU and backend work over the `--seconds` before the reboot.
+    #[serde(default)]
+    steady: steady::Steady,
 }
 
 /// One variant's results.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 struct Variant {
     variant: String,
+    /// Which of the `--runs` (from 1).
+    #[serde(default)]
+    run: u32,
     /// Seconds for the first, second and third full read of the set before and after
     /// the reboot.
     reads_before_s: [f64; 3],
@@ -111,6 +140,12 @@ struct Variant {
     first10_mb_s: f64,
     /// How far the first 10 s fall below the level before the reboot.
     drop_pct: f64,
+    /// How far they fall below the best level before the reboot of all variants in
+    /// the same run (the level the service could have kept).
+    #[serde(default)]
+    drop_vs_best_pct: f64,
+    #[serde(default)]
+    best_before_mb_s: f64,
     /// Seconds after the service is back until a 3-s mean reaches 95% of the level
     /// before; absent if it did not within the run.
     recovery_s: Option<f64>,
@@ -125,6 +160,24 @@ struct Variant {
     /// (`recovery_s`: the slowest, absent if one did not recover).
     #[serde(default)]
     rounds: Vec<Round>,
+    /// The steady state before the reboots, all rounds' windows together.
+    #[serde(default)]
+    steady: steady::Steady,
+    /// `normal-hostcache`: the memory limit and what held.
+    #[serde(default)]
+    equal_memory: Option<equalmem::EqualMemory>,
+    /// At the end: the image's bytes in the host page cache, and what the backends'
+    /// host caches held.
+    #[serde(default)]
+    image_cached_bytes: u64,
+    #[serde(default)]
+    blk_held_bytes: u64,
+}
+
+/// The warm variant's host cache in MiB: the whole set fits, plus the image's own
+/// metadata and some room.
+fn warm_cache_mib(args: &RebootArgs) -> u64 {
+    ((args.files * args.file_size.div_ceil(4096) * 4096) >> 20) + 64
 }
 
 fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
@@ -135,7 +188,7 @@ fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
     s.disks = vec![rebound_api::disk::entry(disk)];
     match variant {
         "normal" => s.disk_direct = true,
-        "normal-hostcache" => {}
+        "normal-hostcache" | "normal-hostcache-unlimited" => {}
         "dax" => {
             s.disks.clear();
             s.pmem = vec![disk.into()];
@@ -143,8 +196,7 @@ fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
         }
         _ => {
             s.disk_backend = DiskBackend::Rebound;
-            // The whole set fits, plus the image's own disk and metadata.
-            s.disk_cache_mib = ((args.files * args.file_size.div_ceil(4096) * 4096) >> 20) + 64;
+            s.disk_cache_mib = warm_cache_mib(args);
         }
     }
     s
@@ -191,6 +243,16 @@ async fn run_variant(
         None,
     )
     .await?;
+    let qemu = st
+        .qemu_pid
+        .ok_or_else(|| anyhow::anyhow!("{name}: the daemon reports no QEMU pid"))?;
+    let disks: Vec<Value> = c
+        .call(hyper::Method::GET, &format!("/v1/vms/{name}/disks"), None)
+        .await?;
+    let blk_pids: Vec<u32> = disks
+        .iter()
+        .filter_map(|d| d["pid"].as_u64().map(|p| p as u32))
+        .collect();
     // QEMU and the disk backends read from the slow disk from now on (the boot
     // itself is not measured).
     let _slow = if args.disk_read_mbps > 0 || args.disk_read_iops > 0 {
@@ -200,20 +262,40 @@ async fn run_variant(
             args.disk_read_mbps * 1_000_000,
             args.disk_read_iops,
         )?;
-        let disks: Vec<Value> = c
-            .call(hyper::Method::GET, &format!("/v1/vms/{name}/disks"), None)
-            .await?;
-        let pids = st.qemu_pid.into_iter().chain(
-            disks
-                .iter()
-                .filter_map(|d| d["pid"].as_u64().map(|p| p as u32)),
-        );
-        for pid in pids {
+        for &pid in std::iter::once(&qemu).chain(&blk_pids) {
             g.add(pid)?;
         }
         Some(g)
     } else {
         None
+    };
+    // Equal host memory, set after the slow disk's group (on a unified hierarchy it is
+    // QEMU's memory group too) and just before the workload.
+    let mut limit = if variant == "normal-hostcache" {
+        let l = equalmem::Limit::apply(
+            qemu,
+            std::path::Path::new(&st.ram_file),
+            std::path::Path::new(disk),
+            warm_cache_mib(args) << 20,
+        )
+        .with_context(|| format!("{name}: equal host memory"))?;
+        let f = &l.figures;
+        eprintln!(
+            "bench reboot: {variant}: memory group {} limited to {} MiB: QEMU's footprint {} MiB (guest RAM charged in full) + the warm cache's {} MiB, following the footprint",
+            f.group.display(),
+            f.limit_bytes >> 20,
+            f.footprint_bytes >> 20,
+            f.cache_bytes >> 20
+        );
+        Some(l)
+    } else {
+        None
+    };
+    let pids = steady::Pids {
+        qemu,
+        vcpus: st.cpus as usize,
+        backends: blk_pids,
+        daemon: steady::parent(qemu),
     };
     let port = st
         .forwards
@@ -244,15 +326,17 @@ async fn run_variant(
     ));
     let load = Load::start(set, args.conns, 0x5eed);
     let mut times = Vec::new();
+    let mut windows = Vec::new();
     for k in 0..args.reboots {
         // The window before each reboot is clean: the previous one's after-window
         // (with its recovery) is over before it starts.
-        let wait = if k == 0 {
-            args.seconds
-        } else {
-            2 * args.seconds
-        };
-        tokio::time::sleep(Duration::from_secs(wait)).await;
+        if k > 0 {
+            tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+        }
+        let a = steady::sample(c, name, &pids, load.now()).await;
+        tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+        let b = steady::sample(c, name, &pids, load.now()).await;
+        windows.push((a, b));
         let reboot_at_s = load.now();
         let r = reboot(c, name, warm).await;
         // The service is back at the first request answered after it went down (a
@@ -284,7 +368,8 @@ async fn run_variant(
     let series = webload::per_second(&done, end.ceil());
     let rounds: Vec<Round> = times
         .iter()
-        .map(|&(reboot_at_s, back_at_s)| {
+        .zip(&windows)
+        .map(|(&(reboot_at_s, back_at_s), (a, b))| {
             let before_mb_s =
                 webload::mean(&series, reboot_at_s - args.seconds as f64, reboot_at_s);
             let first10_mb_s = webload::mean(&series, back_at_s.ceil(), back_at_s.ceil() + 10.0);
@@ -301,9 +386,24 @@ async fn run_variant(
                     0.0
                 },
                 recovery_s: webload::recovery(&series, back_at_s, before_mb_s, 0.95),
+                steady: steady::between(a, b, &pids, steady::served(&done, a.t, b.t), args.conns),
             }
         })
         .collect();
+    let equal_memory = match &mut limit {
+        Some(l) => Some(
+            l.check(std::path::Path::new(disk))
+                .with_context(|| format!("{name}: equal host memory"))?,
+        ),
+        None => None,
+    };
+    let disks: Vec<Value> = c
+        .call(hyper::Method::GET, &format!("/v1/vms/{name}/disks"), None)
+        .await?;
+    let blk_held_bytes = disks
+        .iter()
+        .filter_map(|d| d["stats"]["cache"]["held_bytes"].as_u64())
+        .sum();
     let mean = |f: fn(&Round) -> f64| rounds.iter().map(f).sum::<f64>() / rounds.len() as f64;
     let recovery_s = rounds
         .iter()
@@ -321,12 +421,19 @@ async fn run_variant(
             before_mb_s: mean(|r| r.before_mb_s),
             first10_mb_s: mean(|r| r.first10_mb_s),
             drop_pct: mean(|r| r.drop_pct),
+            drop_vs_best_pct: 0.0,
+            best_before_mb_s: 0.0,
             recovery_s,
             series,
             reboot_at_s: rounds[0].reboot_at_s,
             back_at_s: rounds[0].back_at_s,
             reboots,
+            steady: steady::sum(&rounds.iter().map(|r| r.steady.clone()).collect::<Vec<_>>()),
             rounds,
+            run: 0,
+            equal_memory,
+            image_cached_bytes: rebound_snapshot::cached_bytes(std::path::Path::new(disk))?,
+            blk_held_bytes,
         },
         st,
     ))
@@ -338,7 +445,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
             .with_context(|| format!("{}", from.display()))?;
         let rows: Vec<Variant> = serde_json::from_value(v["variants"].clone())
             .with_context(|| format!("{}: no variants of `bench reboot --json`", from.display()))?;
-        return draw(&v["meta"], &rows, svg);
+        return draw::draw(&v["meta"], &rows, svg);
     }
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
@@ -365,13 +472,25 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut accel = String::new();
     let r: anyhow::Result<()> = async {
-        for v in &want {
-            let name = format!("{tag}-{v}");
-            let r = run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
-            remove(&c, &name).await;
-            let (row, st) = r.with_context(|| format!("variant {v}"))?;
-            accel = st.accel.as_str().to_string();
-            rows.push(row);
+        // Run-major: every variant once, then again, so a drift of the machine
+        // spreads over all variants.
+        for run in 1..=args.runs {
+            let mut this_run = Vec::new();
+            for v in &want {
+                if progress && args.runs > 1 {
+                    eprintln!("bench reboot: run {run} of {}: {v}", args.runs);
+                }
+                let name = format!("{tag}-{v}");
+                let r =
+                    run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
+                remove(&c, &name).await;
+                let (mut row, st) = r.with_context(|| format!("variant {v}, run {run}"))?;
+                row.run = run;
+                accel = st.accel.as_str().to_string();
+                this_run.push(row);
+            }
+            report::against_best(&mut this_run);
+            rows.extend(this_run);
         }
         Ok(())
     }
@@ -384,21 +503,25 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "files": args.files, "file_size": args.file_size, "memory_mib": args.memory,
         "conns": args.conns, "seconds": args.seconds, "reboots": args.reboots,
+        "runs": args.runs, "warm_cache_mib": warm_cache_mib(&args),
         "disk_read_mbps": args.disk_read_mbps, "disk_read_iops": args.disk_read_iops,
         "load_before": load_before, "load_after": load_average(),
     });
     if let Some(svg) = &args.out.svg {
-        draw(&meta, &rows, svg)?;
+        draw::draw(&meta, &rows, svg)?;
     }
+    let summary = report::summarize(&rows);
     if args.out.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"meta": meta, "variants": rows}))?
+            serde_json::to_string_pretty(
+                &json!({"meta": meta, "summary": summary, "variants": rows})
+            )?
         );
         return Ok(());
     }
     println!(
-        "rebound bench reboot: {} files of {} KiB ({:.0} MiB) on /data, guest {} MiB, {} clients, disk reads limited to {} MB/s and {} IOPS (0: none); accel {}; {}",
+        "rebound bench reboot: {} files of {} KiB ({:.0} MiB) on /data, guest {} MiB, {} clients, disk reads limited to {} MB/s and {} IOPS (0: none), warm host cache {} MiB; {} runs; accel {}; {}",
         args.files,
         args.file_size >> 10,
         (args.files * args.file_size) as f64 / 1048576.0,
@@ -406,182 +529,12 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         args.conns,
         args.disk_read_mbps,
         args.disk_read_iops,
+        warm_cache_mib(&args),
+        args.runs,
         meta["accel"].as_str().unwrap_or(""),
         date
     );
-    println!(
-        "{:<18} {:>23} {:>23} {:>9} {:>9} {:>9} {:>9} {:>7} {:>10}",
-        "variant",
-        "reads before (s)",
-        "reads after (s)",
-        "reboot s",
-        "outage s",
-        "MB/s bef",
-        "MB/s 10s",
-        "drop %",
-        "recovery s"
-    );
-    let three = |r: &[f64; 3]| format!("{:.1} / {:.1} / {:.1}", r[0], r[1], r[2]);
-    for r in &rows {
-        println!(
-            "{:<18} {:>23} {:>23} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>10}",
-            r.variant,
-            three(&r.reads_before_s),
-            three(&r.reads_after_s),
-            r.reboot_s,
-            r.outage_s,
-            r.before_mb_s,
-            r.first10_mb_s,
-            r.drop_pct,
-            r.recovery_s
-                .map(|s| format!("{s:.1}"))
-                .unwrap_or_else(|| "-".into())
-        );
-    }
-    for r in rows.iter().filter(|r| r.read_retries > 0) {
-        println!(
-            "{}: {} requests of the reads stalled past {} s and were sent again",
-            r.variant,
-            r.read_retries,
-            webload::REQUEST_TIMEOUT_S
-        );
-    }
-    for r in rows.iter().filter(|r| r.variant == "warm") {
-        for (k, b) in r.reboots.iter().enumerate() {
-            if let Some(p) = &b.prefetch {
-                println!(
-                    "warm reboot {}: listed {:.1} MiB in {:.2} s, read back {:.1} MiB in {:.2} s ({:.2} s per 256 MiB)",
-                    k + 1,
-                    b.cached_pages as f64 / 256.0,
-                    b.list_ms.unwrap_or(0) as f64 / 1000.0,
-                    p.bytes as f64 / 1048576.0,
-                    p.ms as f64 / 1000.0,
-                    if p.bytes > 0 { p.ms as f64 / 1000.0 * (256.0 * 1048576.0) / p.bytes as f64 } else { 0.0 }
-                );
-            }
-            if let Some(w) = &b.cold_reason {
-                println!("warm reboot {}: went cold: {w}", k + 1);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Throughput per second across the reboot, one line per variant, aligned on the
-/// reboot request (CacheMind's figure 5), plus the reads before and after (figure 3).
-fn draw(meta: &Value, rows: &[Variant], out: &std::path::Path) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(out, (900, 760)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (top, bottom) = root.split_vertically(420);
-    let colors = [
-        RGBColor(200, 60, 60),
-        RGBColor(230, 150, 60),
-        RGBColor(50, 120, 200),
-        RGBColor(60, 160, 90),
-    ];
-    let secs = meta["seconds"].as_f64().unwrap_or(30.0);
-    let y_max = rows
-        .iter()
-        .flat_map(|r| r.series.iter().copied())
-        .fold(1.0, f64::max)
-        * 1.1;
-    let x_max = rows
-        .iter()
-        .map(|r| r.series.len() as f64 - r.reboot_at_s)
-        .fold(secs, f64::max);
-    let mut chart = ChartBuilder::on(&top)
-        .caption(
-            format!(
-                "Web throughput across a reboot: {} files of {} KiB, {} clients, disk {} MB/s {} IOPS, accel {}, {}",
-                meta["files"],
-                meta["file_size"].as_u64().unwrap_or(0) >> 10,
-                meta["conns"],
-                meta["disk_read_mbps"],
-                meta["disk_read_iops"],
-                meta["accel"].as_str().unwrap_or(""),
-                meta["date"].as_str().unwrap_or("")
-            ),
-            ("sans-serif", 15),
-        )
-        .margin(10)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
-        .build_cartesian_2d(-secs..x_max, 0f64..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds from the reboot request")
-        .y_desc("MB/s served")
-        .draw()?;
-    for (k, r) in rows.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let pts: Vec<(f64, f64)> = r
-            .series
-            .iter()
-            .enumerate()
-            .map(|(s, v)| (s as f64 + 0.5 - r.reboot_at_s, *v))
-            .filter(|(t, _)| *t >= -secs)
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
-            .label(format!(
-                "{}: drop {:.0}%, back after {:.1} s",
-                r.variant, r.drop_pct, r.reboot_s
-            ))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()?;
-    // Reads: six bars per variant (before 1-3, after 1-3), seconds.
-    let r_max = rows
-        .iter()
-        .flat_map(|r| {
-            r.reads_before_s
-                .iter()
-                .chain(r.reads_after_s.iter())
-                .copied()
-        })
-        .fold(0.1, f64::max)
-        * 1.15;
-    let n = rows.len() as f64;
-    let mut bars = ChartBuilder::on(&bottom)
-        .caption(
-            "Seconds to read the whole set: 1st, 2nd, 3rd read before the reboot | after it",
-            ("sans-serif", 14),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..n * 7.0, 0f64..r_max)?;
-    bars.configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_desc("seconds")
-        .draw()?;
-    for (k, r) in rows.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let x0 = k as f64 * 7.0;
-        let vals = r.reads_before_s.iter().chain(r.reads_after_s.iter());
-        bars.draw_series(vals.enumerate().map(|(j, v)| {
-            let x = x0 + j as f64 + if j >= 3 { 0.4 } else { 0.0 };
-            let style = if j >= 3 {
-                c.filled()
-            } else {
-                c.mix(0.45).filled()
-            };
-            Rectangle::new([(x + 0.1, 0.0), (x + 0.9, *v)], style)
-        }))?;
-        bars.draw_series(std::iter::once(Text::new(
-            r.variant.clone(),
-            (x0 + 0.2, r_max * 0.96),
-            ("sans-serif", 13),
-        )))?;
-    }
-    root.present()?;
+    report::print(&rows, &summary);
     Ok(())
 }
 
@@ -602,12 +555,15 @@ mod tests {
             plot_from: None,
             reboots: 1,
             variants: String::new(),
+            runs: 3,
             out: Default::default(),
         };
         let s = |v| spec(&a, "x", v, "/w.img");
         assert!(s("normal").disk_direct);
-        let hc = s("normal-hostcache");
-        assert!(!hc.disk_direct && hc.disk_backend == DiskBackend::Qemu);
+        for v in ["normal-hostcache", "normal-hostcache-unlimited"] {
+            let hc = s(v);
+            assert!(!hc.disk_direct && hc.disk_backend == DiskBackend::Qemu);
+        }
         let w = s("warm");
         assert_eq!(w.disk_backend, DiskBackend::Rebound);
         assert_eq!(w.disk_cache_mib, 195 + 64);

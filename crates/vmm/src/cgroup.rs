@@ -108,6 +108,22 @@ fn mounts(mountinfo: &str) -> (Option<PathBuf>, Option<PathBuf>) {
     (v1, v2)
 }
 
+/// The memory controller's interface and mount point on this host.
+fn controller() -> Result<(Version, PathBuf), CgroupError> {
+    let mi = Path::new("/proc/self/mountinfo");
+    let mountinfo = fs::read_to_string(mi).map_err(io("cannot read", mi))?;
+    match mounts(&mountinfo) {
+        (Some(r), _) => Ok((Version::V1, r)),
+        (None, Some(r))
+            if fs::read_to_string(r.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory")) =>
+        {
+            Ok((Version::V2, r))
+        }
+        _ => Err(CgroupError::NoController),
+    }
+}
+
 /// A stable group name for a state directory: `state-` and a hash of its path.
 fn scope_name(home: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
@@ -142,21 +158,9 @@ impl MemoryCgroups {
     /// Finds the memory controller and makes the top group of the daemon whose state
     /// is in `home` (needs root, or a delegated subtree).
     pub fn detect(home: &Path) -> Result<MemoryCgroups, CgroupError> {
-        let mi = Path::new("/proc/self/mountinfo");
-        let mountinfo = fs::read_to_string(mi).map_err(io("cannot read", mi))?;
         let pc = Path::new("/proc/self/cgroup");
         let proc_cgroup = fs::read_to_string(pc).map_err(io("cannot read", pc))?;
-        let (v1, v2) = mounts(&mountinfo);
-        let (version, root) = match (v1, v2) {
-            (Some(r), _) => (Version::V1, r),
-            (None, Some(r))
-                if fs::read_to_string(r.join("cgroup.controllers"))
-                    .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory")) =>
-            {
-                (Version::V2, r)
-            }
-            _ => return Err(CgroupError::NoController),
-        };
+        let (version, root) = controller()?;
         let own = own_group(&proc_cgroup, version);
         let own = root.join(own.trim_start_matches('/'));
         let scope = scope_name(home);
@@ -260,9 +264,70 @@ pub struct Group {
     dir: PathBuf,
 }
 
+/// Memory charged to a group, by kind (from `memory.stat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charged {
+    /// Anonymous memory of the group's processes.
+    pub anon: u64,
+    /// Shared memory and tmpfs pages (a guest's RAM file on /dev/shm).
+    pub shmem: u64,
+    /// Page cache of files on disks (shmem excluded): what reclaim drops first.
+    pub file: u64,
+}
+
+impl Charged {
+    /// Parses `memory.stat`: v1 counts shmem in `cache` and anon as `rss`; v2 counts
+    /// shmem in `file`.
+    fn parse(stat: &str, version: Version) -> Charged {
+        let get = |key: &str| {
+            stat.lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == key).then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0u64)
+        };
+        let (anon, file) = match version {
+            Version::V1 => (get("rss"), get("cache")),
+            Version::V2 => (get("anon"), get("file")),
+        };
+        let shmem = get("shmem");
+        Charged {
+            anon,
+            shmem,
+            file: file.saturating_sub(shmem),
+        }
+    }
+}
+
 impl Group {
+    /// The memory group process `pid` is in now: where what it charges from now on
+    /// goes (charges it made in an earlier group stay there).
+    pub fn of_process(pid: u32) -> Result<Group, CgroupError> {
+        let (version, root) = controller()?;
+        let p = PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let text = fs::read_to_string(&p).map_err(io("cannot read", &p))?;
+        let own = own_group(&text, version);
+        Ok(Group {
+            version,
+            dir: root.join(own.trim_start_matches('/')),
+        })
+    }
+
+    /// Whether this is the hierarchy's root (which holds the whole host: never limit it).
+    pub fn is_root(&self) -> bool {
+        controller().is_ok_and(|(_, root)| root == self.dir)
+    }
+
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// What is charged to the group now, by kind.
+    pub fn charged(&self) -> Result<Charged, CgroupError> {
+        let p = self.dir.join("memory.stat");
+        let text = fs::read_to_string(&p).map_err(io("cannot read", &p))?;
+        Ok(Charged::parse(&text, self.version))
     }
 
     fn file(&self, v1: &str, v2: &str) -> PathBuf {
@@ -373,6 +438,32 @@ mod tests {
         assert_eq!(own_group(pc, Version::V1), "/ci/job7");
         assert_eq!(own_group(pc, Version::V2), "/system.slice/x.service");
         assert_eq!(own_group("", Version::V2), "/");
+    }
+
+    #[test]
+    fn charges_by_kind_keep_shmem_out_of_the_file_cache() {
+        let v1 = "cache 700\nrss 50\nrss_huge 0\nshmem 600\nmapped_file 10\ntotal_cache 9999\n";
+        let c = Charged::parse(v1, Version::V1);
+        assert_eq!((c.anon, c.shmem, c.file), (50, 600, 100));
+        let v2 = "anon 40\nfile 900\nkernel 7\nshmem 512\nfile_mapped 3\n";
+        let c = Charged::parse(v2, Version::V2);
+        assert_eq!((c.anon, c.shmem, c.file), (40, 512, 388));
+        assert_eq!(Charged::parse("", Version::V2), Charged::default());
+    }
+
+    #[test]
+    fn this_process_is_in_a_memory_group_under_the_mount() {
+        // Skipped on hosts with no memory controller at all.
+        let Ok((_, root)) = controller() else {
+            return;
+        };
+        let g = Group::of_process(std::process::id()).unwrap();
+        assert!(g.path().starts_with(&root), "{}", g.path().display());
+        assert!(
+            g.path().join("cgroup.procs").exists(),
+            "{}",
+            g.path().display()
+        );
     }
 
     /// A v2 tree in a plain directory: no v2 memory controller is mounted on our build

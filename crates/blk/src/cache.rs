@@ -444,10 +444,14 @@ mod tests {
         c.end_write(&w, Some(&block(7)), BLOCK);
         assert_eq!(c.stats().held_bytes, 0);
         m.on_io(3, 8, &block(8), c.gen_of(8));
-        let e = m.evicted(3, |p| {
-            p.copy_from_slice(&block(8));
-            true
-        });
+        let e = m.evicted(
+            3,
+            |p| {
+                p.copy_from_slice(&block(8));
+                true
+            },
+            |_, _| unreachable!(),
+        );
         let e = e.unwrap();
         c.admit_evicted(&e).unwrap();
         let mut out = block(0);
@@ -457,10 +461,14 @@ mod tests {
         // A write to the block begins between the check of the page and the admission.
         m.on_io(4, 9, &block(9), c.gen_of(9));
         let e = m
-            .evicted(4, |p| {
-                p.copy_from_slice(&block(9));
-                true
-            })
+            .evicted(
+                4,
+                |p| {
+                    p.copy_from_slice(&block(9));
+                    true
+                },
+                |_, _| unreachable!(),
+            )
             .unwrap();
         let w = c.begin_write(9, 1);
         assert_eq!(c.admit_evicted(&e), Err(Refusal::WrittenSince));

@@ -10,14 +10,20 @@
 //! - **P2S** (page → sector, here block) and **S2P** (block → page) are set by every
 //!   whole, aligned 4 KiB block a request moved between a guest page and the disk
 //!   (reads: the page now holds the block; writes: the block now holds the page), with
-//!   a BLAKE3 hash of the bytes moved and the block's cache generation after the I/O.
+//!   the block's cache generation after the I/O and, while the cache is exclusive, a
+//!   BLAKE3 hash of the bytes moved. Hashing is most of the backend's own time per
+//!   block, so a cache that admits no evictions (inclusive, or none) maps without it;
+//!   such a mapping is checked against the block's bytes on the disk instead, which
+//!   equal the bytes moved while the generation is unchanged (the map is kept in
+//!   either mode so that the pages a guest already holds count from the switch on).
 //!   A later request that moves another block through the same page, or the same block
 //!   through another page, replaces both directions, so the two maps always agree on
 //!   a mapping that is still current; a discard forgets the block.
 //! - An **eviction notice** names a guest page. It is admitted only if P2S maps the page
 //!   to a block, S2P maps that block back to the same page, no write to the block began
 //!   since the I/O (its cache generation is unchanged), and the page read now from guest
-//!   memory hashes to the hash taken at the I/O. What is admitted is that copy, the one
+//!   memory hashes to the hash taken at the I/O (or, unhashed, equals the block on
+//!   the disk). What is admitted is that copy, the one
 //!   that was hashed. Anything else is refused with its reason, and the mapping is
 //!   dropped either way: the guest has let the page go.
 //! - A notice may come with a **copy** of the page taken by the guest as it let the
@@ -47,7 +53,9 @@ pub use crate::units::PAGE;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mapping {
     pub block: u64,
-    pub hash: [u8; 32],
+    /// `None`: mapped while the cache admitted no evictions; the content check reads
+    /// the block from the disk.
+    pub hash: Option<[u8; 32]>,
     /// The block's cache generation right after the I/O.
     pub gen: u64,
 }
@@ -176,6 +184,12 @@ impl PageMap {
     /// `gen` is the block's cache generation after it.
     pub fn on_io(&mut self, pfn: u64, block: u64, data: &[u8], gen: u64) {
         debug_assert_eq!(data.len() as u64, PAGE);
+        self.map(pfn, block, Some(hash(data)), gen);
+    }
+
+    /// As [`PageMap::on_io`], with the hash of the bytes moved already taken (`None`:
+    /// not taken; the content check then reads the disk).
+    pub fn map(&mut self, pfn: u64, block: u64, hash: Option<[u8; 32]>, gen: u64) {
         if let Some(old) = self.p2s.remove(&pfn) {
             if self.s2p.get(&old.block) == Some(&pfn) {
                 self.s2p.remove(&old.block);
@@ -190,7 +204,6 @@ impl PageMap {
                 self.displace(old_pfn, old);
             }
         }
-        let hash = hash(data);
         self.p2s.insert(pfn, Mapping { block, hash, gen });
     }
 
@@ -229,13 +242,16 @@ impl PageMap {
     }
 
     /// An eviction notice for `pfn`: takes its mapping out and checks it; `read_page`
-    /// copies the page from guest memory. On success, what to hand to
+    /// copies the page from guest memory, `on_disk(block, bytes)` says whether the
+    /// block's bytes on the disk are `bytes` (for an unhashed mapping). On success,
+    /// what to hand to
     /// [`Cache::admit_evicted`](crate::Cache::admit_evicted), which checks the
     /// generation under the cache's lock (a write beginning in between is then seen).
     pub fn evicted(
         &mut self,
         pfn: u64,
         read_page: impl FnOnce(&mut [u8]) -> bool,
+        on_disk: impl FnOnce(u64, &[u8]) -> bool,
     ) -> Result<Evicted, Refusal> {
         let m = self.p2s.remove(&pfn).ok_or(Refusal::NoMapping)?;
         if self.s2p.get(&m.block) != Some(&pfn) {
@@ -249,7 +265,11 @@ impl PageMap {
         if !read_page(&mut data) {
             return Err(Refusal::Unreadable);
         }
-        if hash(&data) != m.hash && !skipped(Check::Content) {
+        let same = match m.hash {
+            Some(h) => hash(&data) == h,
+            None => on_disk(m.block, &data),
+        };
+        if !same && !skipped(Check::Content) {
             return Err(Refusal::ContentChanged);
         }
         Ok(Evicted {
@@ -264,11 +284,17 @@ impl PageMap {
     /// An eviction notice for `pfn` that came with the guest's `copy` of the page:
     /// the copy is admitted as the block of the page's current mapping, or of one an
     /// I/O displaced from the page since (the newest that matches: its generation is
-    /// the latest), whichever it hashes to. The mapping it matched goes; others stay. On success, the block the guest let
-    /// go (for the access log) and what to hand to
-    /// [`Cache::admit_evicted`](crate::Cache::admit_evicted).
-    pub fn evicted_copy(&mut self, pfn: u64, copy: &[u8]) -> Result<Evicted, Refusal> {
-        let h = hash(copy);
+    /// the latest), whichever it hashes to (or, unhashed, equals on the disk, by
+    /// `on_disk` as in [`PageMap::evicted`]). The mapping it matched goes; others
+    /// stay. On success, the block the guest let go (for the access log) and what to
+    /// hand to [`Cache::admit_evicted`](crate::Cache::admit_evicted).
+    pub fn evicted_copy(
+        &mut self,
+        pfn: u64,
+        copy: &[u8],
+        mut on_disk: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<Evicted, Refusal> {
+        let h = std::cell::OnceCell::new();
         let evicted = |m: Mapping| Evicted {
             block: m.block,
             gen: m.gen,
@@ -276,9 +302,15 @@ impl PageMap {
         };
         // (Test builds can turn a check off: `faults`. Without the content check the
         // copy goes to whatever the page maps now, as a host that trusts notices would.)
-        let matches = |m: &Mapping| m.hash == h || skipped(Check::Content);
+        let mut matches = |m: &Mapping| {
+            skipped(Check::Content)
+                || match m.hash {
+                    Some(mh) => *h.get_or_init(|| hash(copy)) == mh,
+                    None => on_disk(m.block, copy),
+                }
+        };
         let remap = !skipped(Check::Remap);
-        if let Some(m) = self.p2s.get(&pfn).copied().filter(matches) {
+        if let Some(m) = self.p2s.get(&pfn).copied().filter(&mut matches) {
             self.p2s.remove(&pfn);
             if self.s2p.get(&m.block) != Some(&pfn) {
                 if remap {
@@ -290,7 +322,7 @@ impl PageMap {
             return Ok(evicted(m));
         }
         if let Some(hist) = self.prev.get_mut(&pfn) {
-            if let Some(i) = hist.iter().rposition(matches) {
+            if let Some(i) = hist.iter().rposition(&mut matches) {
                 let m = hist.remove(i);
                 if hist.is_empty() {
                     self.prev.remove(&pfn);
@@ -346,6 +378,11 @@ mod tests {
         vec![v; PAGE as usize]
     }
 
+    /// For hashed mappings, whose check reads no disk.
+    fn no_disk(_: u64, _: &[u8]) -> bool {
+        panic!("a hashed mapping's check read the disk")
+    }
+
     fn read(v: &[u8]) -> impl FnOnce(&mut [u8]) -> bool + '_ {
         move |out: &mut [u8]| {
             out.copy_from_slice(v);
@@ -357,10 +394,13 @@ mod tests {
     fn a_page_evicted_as_it_was_read_is_admitted_with_the_copy_checked() {
         let mut m = PageMap::new();
         m.on_io(10, 7, &page(1), 4);
-        let e = m.evicted(10, read(&page(1))).unwrap();
+        let e = m.evicted(10, read(&page(1)), no_disk).unwrap();
         assert_eq!((e.block, e.gen, &e.data[..]), (7, 4, &page(1)[..]));
         assert!(m.is_empty(), "the mapping went with the page");
-        assert_eq!(m.evicted(10, read(&page(1))), Err(Refusal::NoMapping));
+        assert_eq!(
+            m.evicted(10, read(&page(1)), no_disk),
+            Err(Refusal::NoMapping)
+        );
     }
 
     #[test]
@@ -368,29 +408,44 @@ mod tests {
         let mut m = PageMap::new();
         // Scribbled on (or reused) before the host copied it.
         m.on_io(1, 1, &page(1), 0);
-        assert_eq!(m.evicted(1, read(&page(2))), Err(Refusal::ContentChanged));
+        assert_eq!(
+            m.evicted(1, read(&page(2)), no_disk),
+            Err(Refusal::ContentChanged)
+        );
         // The block went through another page since: the old page's P2S is gone, so the
         // old page finds nothing; the new page still maps.
         m.on_io(1, 1, &page(1), 0);
         m.on_io(2, 1, &page(1), 0);
-        assert_eq!(m.evicted(1, read(&page(1))), Err(Refusal::NoMapping));
-        assert!(m.evicted(2, read(&page(1))).is_ok());
+        assert_eq!(
+            m.evicted(1, read(&page(1)), no_disk),
+            Err(Refusal::NoMapping)
+        );
+        assert!(m.evicted(2, read(&page(1)), no_disk).is_ok());
         // The page held another block since: the first block's S2P is gone.
         m.on_io(3, 5, &page(5), 0);
         m.on_io(3, 6, &page(6), 0);
         assert_eq!(m.get(3).map(|x| x.block), Some(6));
-        assert_eq!(m.evicted(3, read(&page(5))), Err(Refusal::ContentChanged));
+        assert_eq!(
+            m.evicted(3, read(&page(5)), no_disk),
+            Err(Refusal::ContentChanged)
+        );
         // Unreadable guest memory.
         m.on_io(4, 4, &page(4), 0);
-        assert_eq!(m.evicted(4, |_| false), Err(Refusal::Unreadable));
+        assert_eq!(m.evicted(4, |_| false, no_disk), Err(Refusal::Unreadable));
         // Released, then a (forged) eviction of the same page.
         m.on_io(5, 5, &page(5), 0);
         m.release(5);
-        assert_eq!(m.evicted(5, read(&page(5))), Err(Refusal::NoMapping));
+        assert_eq!(
+            m.evicted(5, read(&page(5)), no_disk),
+            Err(Refusal::NoMapping)
+        );
         // Discarded block.
         m.on_io(6, 9, &page(9), 0);
         m.forget_block(9);
-        assert_eq!(m.evicted(6, read(&page(9))), Err(Refusal::NoMapping));
+        assert_eq!(
+            m.evicted(6, read(&page(9)), no_disk),
+            Err(Refusal::NoMapping)
+        );
         assert!(m.is_empty());
     }
 
@@ -401,25 +456,37 @@ mod tests {
         // notice with the copy of block 10 arrives after that read.
         m.on_io(1, 10, &page(10), 3);
         m.on_io(1, 20, &page(20), 5);
-        let e = m.evicted_copy(1, &page(10)).unwrap();
+        let e = m.evicted_copy(1, &page(10), no_disk).unwrap();
         assert_eq!((e.block, e.gen, &e.data[..]), (10, 3, &page(10)[..]));
         assert_eq!(
             m.holds(1),
             Some(20),
             "the current occupant keeps its mapping"
         );
-        assert_eq!(m.evicted_copy(1, &page(10)), Err(Refusal::ContentChanged));
-        let e = m.evicted_copy(1, &page(20)).unwrap();
+        assert_eq!(
+            m.evicted_copy(1, &page(10), no_disk),
+            Err(Refusal::ContentChanged)
+        );
+        let e = m.evicted_copy(1, &page(20), no_disk).unwrap();
         assert_eq!(e.block, 20);
-        assert_eq!(m.evicted_copy(1, &page(20)), Err(Refusal::NoMapping));
+        assert_eq!(
+            m.evicted_copy(1, &page(20), no_disk),
+            Err(Refusal::NoMapping)
+        );
         // A copy matching nothing (scribbled, forged) leaves the mapping alone.
         m.on_io(2, 30, &page(30), 0);
-        assert_eq!(m.evicted_copy(2, &page(99)), Err(Refusal::ContentChanged));
+        assert_eq!(
+            m.evicted_copy(2, &page(99), no_disk),
+            Err(Refusal::ContentChanged)
+        );
         assert_eq!(m.holds(2), Some(30));
         // Block 30 read again into page 3 before page 2's notice: the guest holds it,
         // so the late notice is not admitted (the host would cache it twice).
         m.on_io(3, 30, &page(30), 0);
-        assert_eq!(m.evicted_copy(2, &page(30)), Err(Refusal::Remapped));
+        assert_eq!(
+            m.evicted_copy(2, &page(30), no_disk),
+            Err(Refusal::Remapped)
+        );
         assert_eq!(m.holds(3), Some(30));
         assert_eq!(m.displaced(), 0, "consumed displaced mappings go");
         // Under reclaim a page cycles through several blocks before the first notice
@@ -428,15 +495,55 @@ mod tests {
             m.on_io(4, b, &page(b as u8), b);
         }
         for b in [45, 41, 49, 40] {
-            let e = m.evicted_copy(4, &page(b as u8)).unwrap();
+            let e = m.evicted_copy(4, &page(b as u8), no_disk).unwrap();
             assert_eq!((e.block, e.gen), (b, b));
         }
         // Only the last HISTORY displaced mappings are kept.
         for b in 0..HISTORY as u64 + 5 {
             m.on_io(5, 100 + b, &page(b as u8 + 100), 0);
         }
-        assert_eq!(m.evicted_copy(5, &page(100)), Err(Refusal::ContentChanged));
-        assert!(m.evicted_copy(5, &page(106)).is_ok());
+        assert_eq!(
+            m.evicted_copy(5, &page(100), no_disk),
+            Err(Refusal::ContentChanged)
+        );
+        assert!(m.evicted_copy(5, &page(106), no_disk).is_ok());
+    }
+
+    #[test]
+    fn an_unhashed_mapping_is_checked_by_the_disk_and_only_for_its_block() {
+        let mut m = PageMap::new();
+        let disk = |b: u64, bytes: &[u8]| bytes == page(b as u8).as_slice();
+        m.map(1, 7, None, 0);
+        assert_eq!(
+            m.evicted(1, read(&page(8)), disk),
+            Err(Refusal::ContentChanged)
+        );
+        m.map(1, 7, None, 0);
+        assert_eq!(m.evicted(1, read(&page(7)), disk).unwrap().block, 7);
+        // A copy is matched against the unhashed current and displaced mappings alike,
+        // each by its own block's bytes.
+        m.map(2, 10, None, 1);
+        m.on_io(2, 11, &page(11), 2);
+        m.map(2, 12, None, 3);
+        let mut asked = Vec::new();
+        let e = m
+            .evicted_copy(2, &page(10), |b, bytes| {
+                asked.push(b);
+                disk(b, bytes)
+            })
+            .unwrap();
+        assert_eq!((e.block, e.gen), (10, 1));
+        assert_eq!(
+            asked,
+            [12, 10],
+            "the current mapping, then the newest displaced"
+        );
+        assert_eq!(
+            m.evicted_copy(2, &page(99), disk),
+            Err(Refusal::ContentChanged)
+        );
+        assert_eq!(m.evicted_copy(2, &page(11), disk).unwrap().block, 11);
+        assert_eq!(m.evicted_copy(2, &page(12), disk).unwrap().block, 12);
     }
 
     #[test]

@@ -398,16 +398,27 @@ impl Device {
         };
         let (whole, partial) = pages_of(&runs, off);
         let first = off / BLOCK;
+        // Only a cache that admits evictions needs the hash now (see `exclusive`); it
+        // is taken before the lock, which eviction notices wait on.
+        let hashed = self.cache.is_exclusive();
+        let updates: Vec<_> = whole
+            .into_iter()
+            .map(|(pfn, block)| {
+                let now = self.cache.gen_of(block);
+                let then = before.get((block - first) as usize).copied();
+                let current = then.map(|g| g.wrapping_add(own)) == Some(now);
+                let at = (block * BLOCK - off) as usize;
+                let hash = (current && hashed)
+                    .then(|| crate::exclusive::hash(&data[at..at + BLOCK as usize]));
+                (pfn, block, current.then_some((hash, now)))
+            })
+            .collect();
         let mut map = pages.lock().expect("page map lock");
-        for (pfn, block) in whole {
-            let now = self.cache.gen_of(block);
-            let then = before.get((block - first) as usize).copied();
-            if then.map(|g| g.wrapping_add(own)) != Some(now) {
-                map.forget_block(block);
-                continue;
+        for (pfn, block, mapping) in updates {
+            match mapping {
+                Some((hash, gen)) => map.map(pfn, block, hash, gen),
+                None => map.forget_block(block),
             }
-            let at = (block * BLOCK - off) as usize;
-            map.on_io(pfn, block, &data[at..at + BLOCK as usize], now);
         }
         for block in partial {
             map.forget_block(block);
@@ -440,10 +451,11 @@ impl Device {
         };
         let e = match page {
             Page::Copy(copy) => {
-                let e = pages
-                    .lock()
-                    .expect("page map lock")
-                    .evicted_copy(pfn, copy?);
+                let e =
+                    pages
+                        .lock()
+                        .expect("page map lock")
+                        .evicted_copy(pfn, copy?, |b, bytes| self.on_disk(b, bytes));
                 if let Ok(e) = &e {
                     // The access log's eviction, which the curve below the guest needs.
                     self.cache.record_eviction(e.block);
@@ -456,13 +468,27 @@ impl Device {
                 if let Some(block) = map.holds(pfn) {
                     self.cache.record_eviction(block);
                 }
-                map.evicted(pfn, |out| {
-                    pfn.checked_mul(PAGE)
-                        .is_some_and(|a| read_guest(mem, a, out))
-                })?
+                map.evicted(
+                    pfn,
+                    |out| {
+                        pfn.checked_mul(PAGE)
+                            .is_some_and(|a| read_guest(mem, a, out))
+                    },
+                    |b, bytes| self.on_disk(b, bytes),
+                )?
             }
         };
         self.cache.admit_evicted(&e)
+    }
+
+    /// Whether block `block` on the disk holds `bytes`: the content check of a mapping
+    /// made without a hash (a read error counts as a mismatch: nothing is admitted).
+    fn on_disk(&self, block: u64, bytes: &[u8]) -> bool {
+        let mut b = AlignedBuf::new(BLOCK as usize);
+        let Some(off) = block.checked_mul(BLOCK) else {
+            return false;
+        };
+        self.disk.read_at(b.as_mut(), off).is_ok() && b.as_mut()[..] == *bytes
     }
 
     /// The guest's copies of evicted pages, read all at once before anything else is

@@ -522,3 +522,49 @@ fn a_page_map_update_left_after_the_answer_is_done_before_the_next_request() {
     other.dev.finish(&mut Lap::off());
     assert!(other.dev.pages.lock().unwrap().is_empty());
 }
+
+#[test]
+fn pages_read_before_the_cache_turned_exclusive_are_checked_against_the_disk() {
+    // Inclusive, then none, then exclusive: the map is kept in every mode, hashed
+    // only in the last.
+    for before in [1 << 20, 0] {
+        let r = rig(before);
+        r.run(VIRTIO_BLK_T_IN, 16, &[hdr(), d(DATA, 12288, W), status()]);
+        let m = *r.dev.pages.lock().unwrap().get(DATA / PAGE).unwrap();
+        assert_eq!((m.block, m.hash), (2, None), "no hash outside exclusive");
+        r.dev.reconfigure(1 << 20, true);
+        let evict = |gpa: u64| r.dev.evicted_in(gpa / PAGE, Page::InGuest, &r.mem);
+        // As read: equal to the disk, admitted.
+        assert_eq!(evict(DATA), Ok(()));
+        // Scribbled on since: the disk says otherwise.
+        r.mem
+            .write_slice(&[0x55; 4096], GuestAddress(DATA + 4096))
+            .unwrap();
+        assert_eq!(evict(DATA + 4096), Err(Refusal::ContentChanged));
+        // The file changed under the mapping (not through this backend): the page no
+        // longer equals its block, so it is not admitted as the block.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&r.path)
+            .and_then(|f| {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&[0x66; 4096], 4 * 4096)
+            })
+            .unwrap();
+        assert_eq!(evict(DATA + 8192), Err(Refusal::ContentChanged));
+        let mut got = vec![0u8; 4096];
+        assert!(r.dev.cache.get(2, &mut got));
+        assert!(got.iter().all(|b| *b == 2), "block 2 as on the disk");
+        // Read now, while exclusive: hashed.
+        r.run(VIRTIO_BLK_T_IN, 40, &[hdr(), d(DATA, 4096, W), status()]);
+        assert!(r
+            .dev
+            .pages
+            .lock()
+            .unwrap()
+            .get(DATA / PAGE)
+            .unwrap()
+            .hash
+            .is_some());
+    }
+}

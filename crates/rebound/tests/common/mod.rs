@@ -341,6 +341,9 @@ impl Drop for Env {
     fn drop(&mut self) {
         // Before the teardown below moves counters of its own (kills, stops).
         self.record_metrics();
+        if std::thread::panicking() {
+            self.print_evidence();
+        }
         // Kill every VM this test started, through the daemon if it answers ...
         // (removed, so their memory groups go too).
         if let Ok((_, Value::Array(vms))) = self.call("GET", "/v1/vms", None) {
@@ -369,6 +372,33 @@ impl Drop for Env {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+impl Env {
+    /// What a failed test leaves to diagnose it by: the tail of the daemon's log and
+    /// of each VM's event log and QEMU log (a flake in CI is otherwise gone with
+    /// its temporary home).
+    fn print_evidence(&self) {
+        fn tail(p: &Path, lines: usize) -> String {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        let home = self.home.path();
+        eprintln!(
+            "--- daemon log (tail) ---\n{}",
+            tail(&home.join("reboundd.log"), 40)
+        );
+        let Ok(vms) = std::fs::read_dir(home.join("vms")) else {
+            return;
+        };
+        for d in vms.flatten() {
+            let name = d.file_name().to_string_lossy().to_string();
+            for f in ["events.jsonl", "qemu.log"] {
+                eprintln!("--- {name}/{f} (tail) ---\n{}", tail(&d.path().join(f), 15));
             }
         }
     }

@@ -4,10 +4,18 @@
 //! with text rather than a QMP error: an empty answer is success for `hostfwd_add`,
 //! "... removed" for `hostfwd_remove`; anything else is QEMU's reason, passed on.
 //!
-//! A listening socket cannot move between processes here, so a hand-over has a gap
-//! of one monitor command (the old QEMU closes its listener, the new one binds): a
-//! connection attempt in it is refused. Connections already accepted stay with the
-//! QEMU that accepted them (their TCP state lives in its slirp).
+//! A listening socket cannot move into QEMU (its forwards bind their own), so a
+//! hand-over has a gap of one monitor command to the new QEMU (the old listener
+//! closed, the new one not yet bound): a connection attempt in it is refused.
+//! Connections the kernel had queued on the old listener, which slirp had not yet
+//! accepted, would be reset when it closes: the hand-over first takes a duplicate of
+//! the listener out of the old QEMU (`pidfd_getfd`), so the removal leaves it
+//! listening, accepts what is queued, and relays each such connection to the new
+//! QEMU. Connections slirp had accepted stay with the QEMU that accepted them (their
+//! TCP state lives in its slirp).
+
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::port::Monitor;
 use crate::qemu::HostForward;
@@ -62,16 +70,36 @@ pub async fn remove(q: &impl Monitor, f: &HostForward) -> Result<(), UsernetErro
 }
 
 /// Moves every forward in `forwards` from `from` to `to`, each off and at once on.
-/// On an error the forwards already moved (and the one that failed) go back onto
-/// `from`, as far as it takes them, and the error is returned.
+/// With `from_pid`, the process behind `from`, the connections queued on each old
+/// listener are relayed to whichever QEMU holds the port afterwards (see the module
+/// doc); without it (or where the listener cannot be taken) they are reset, as QEMU
+/// alone would. On an error the forwards already moved (and the one that failed) go
+/// back onto `from`, as far as it takes them, and the error is returned.
 pub async fn hand_over(
     from: &impl Monitor,
+    from_pid: Option<u32>,
     to: &impl Monitor,
     forwards: &[HostForward],
 ) -> Result<(), UsernetError> {
+    let fds = match from_pid {
+        Some(_) => listeners(&hmp(from, "info usernet".into()).await?.1),
+        None => Vec::new(),
+    };
     for (i, f) in forwards.iter().enumerate() {
+        let taken = from_pid.and_then(|pid| {
+            let fd = fds
+                .iter()
+                .find(|l| (l.1, l.2) == (f.bind, f.host))
+                .map(|l| l.0)?;
+            take_listener(pid, fd, f)
+        });
         let moved = match remove(from, f).await {
-            Ok(()) => add(to, f).await,
+            Ok(()) => {
+                let queued = taken.map(drain).unwrap_or_default();
+                let r = add(to, f).await;
+                relay(queued, f);
+                r
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = moved {
@@ -84,10 +112,84 @@ pub async fn hand_over(
     Ok(())
 }
 
+/// Forward `f`'s listening socket, fd `fd` of process `pid`, duplicated into this
+/// process; `None` where it cannot be had (no permission, a kernel before 5.6) or
+/// the fd is not that listener (checked: the process may have reused the number).
+fn take_listener(pid: u32, fd: i32, f: &HostForward) -> Option<TcpListener> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no
+    // memory is passed.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if pidfd < 0 {
+        return None;
+    }
+    // SAFETY: `pidfd` was just returned by pidfd_open and nothing else owns it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let raw = {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number in that process and
+        // flags, and returns a new descriptor of this process or -1; no memory.
+        unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) }
+    };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` was just returned by pidfd_getfd and nothing else owns it.
+    let dup = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let listening =
+        nix::sys::socket::getsockopt(&dup, nix::sys::socket::sockopt::AcceptConn).ok()?;
+    let l = TcpListener::from(dup);
+    let at = l.local_addr().ok()?;
+    let want = std::net::SocketAddr::V4(SocketAddrV4::new(f.bind, f.host));
+    (listening && at == want).then_some(l)
+}
+
+/// The connections queued on `l`, which only this process holds now.
+fn drain(l: TcpListener) -> Vec<TcpStream> {
+    if l.set_nonblocking(true).is_err() {
+        return Vec::new();
+    }
+    std::iter::from_fn(|| l.accept().ok().map(|(c, _)| c)).collect()
+}
+
+/// Relays each of `queued` to forward `f`'s port, whoever listens there now, until
+/// either side closes (needs a tokio runtime; the connections are few: those queued
+/// in the instant of one monitor command).
+fn relay(queued: Vec<TcpStream>, f: &HostForward) {
+    let to = SocketAddrV4::new(
+        if f.bind.is_unspecified() {
+            Ipv4Addr::LOCALHOST
+        } else {
+            f.bind
+        },
+        f.host,
+    );
+    for c in queued {
+        tokio::spawn(async move {
+            let Ok(mut c) = c
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(c))
+            else {
+                return;
+            };
+            if let Ok(mut q) = tokio::net::TcpStream::connect(to).await {
+                let _ = tokio::io::copy_bidirectional(&mut c, &mut q).await;
+            }
+        });
+    }
+}
+
 /// The host ports (address, port) QEMU's `info usernet` answer lists as forwarded.
 /// Lines it does not recognise are skipped: what is not understood is not counted
 /// as held, so the worst outcome is an `add` that QEMU refuses.
-pub fn listening(info_usernet: &str) -> Vec<(std::net::Ipv4Addr, u16)> {
+pub fn listening(info_usernet: &str) -> Vec<(Ipv4Addr, u16)> {
+    listeners(info_usernet)
+        .into_iter()
+        .map(|(_, a, p)| (a, p))
+        .collect()
+}
+
+/// As [`listening`], with the descriptor number of each listener in QEMU.
+fn listeners(info_usernet: &str) -> Vec<(i32, Ipv4Addr, u16)> {
     info_usernet
         .lines()
         .filter_map(|l| {
@@ -95,8 +197,11 @@ pub fn listening(info_usernet: &str) -> Vec<(std::net::Ipv4Addr, u16)> {
             if w.next()? != "TCP[HOST_FORWARD]" {
                 return None;
             }
-            let _fd = w.next()?;
-            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+            Some((
+                w.next()?.parse().ok()?,
+                w.next()?.parse().ok()?,
+                w.next()?.parse().ok()?,
+            ))
         })
         .collect()
 }

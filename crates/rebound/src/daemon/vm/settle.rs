@@ -125,8 +125,9 @@ impl Owner {
                 ));
             }
         };
-        if let Err(e) = usernet::hand_over(&*src, &*dq, &forwards).await {
-            self.abandon(new_pid, &src, &forwards).await;
+        if let Err(e) = usernet::hand_over(&*src, Some(old_pid), &*dq, &forwards).await {
+            // The hand-over put back what it had moved.
+            self.abandon(new_pid, None, &src, &forwards).await;
             let _ = std::fs::remove_dir_all(&side);
             return Err(e.into());
         }
@@ -157,7 +158,7 @@ impl Owner {
         let info = match r {
             Ok(i) => i,
             Err(e) => {
-                self.abandon(new_pid, &src, &forwards).await;
+                self.abandon(new_pid, Some(&*dq), &src, &forwards).await;
                 let _ = self.command("cont", None).await;
                 let _ = std::fs::remove_dir_all(&side);
                 return Err(e);
@@ -213,13 +214,20 @@ impl Owner {
     }
 
     /// The settle is given up: the QEMU to settle onto is killed, and the restored
-    /// QEMU, which keeps the guest, gets back the host ports it handed over.
+    /// QEMU, which keeps the guest, gets back the host ports it handed over. While the
+    /// new QEMU (`to`) still answers, they are handed back before it is killed, so a
+    /// port is closed for one monitor command rather than for the kill.
     async fn abandon(
         &self,
         new_pid: u32,
+        to: Option<&rebound_vmm::qmp::Qmp>,
         src: &rebound_vmm::qmp::Qmp,
         forwards: &[rebound_vmm::qemu::HostForward],
     ) {
+        if let Some(to) = to {
+            // What this misses, the restore below puts back.
+            let _ = usernet::hand_over(to, Some(new_pid), src, forwards).await;
+        }
         rebound_vmm::process::sigkill(new_pid);
         rebound_vmm::process::wait_gone(new_pid, Duration::from_secs(10)).await;
         if let Err(e) = usernet::restore(src, forwards).await {

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hyper::Method;
 use rebound_api::{
     Forward, RamCheck, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
     SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
@@ -36,11 +35,71 @@ use serde_json::json;
 
 mod cells;
 
-use crate::guest::{boot_filled, post, remove};
+use crate::guest::{boot_filled, create, get, post, remove};
 use crate::host::{drop_cache, host_cpus, host_kernel, load_average};
 use crate::slowdisk::{DiskCheck, SlowDisk};
 use cells::Cell;
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
+
+/// Why the restore benchmark, or one of its snapshots or restores, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown {what} {bad:?}: expected {expected}")]
+    Unknown {
+        what: String,
+        bad: String,
+        expected: String,
+    },
+    #[error(
+        "--touch {touch} MiB needs at least 128 MiB more guest memory than --memory {memory} MiB"
+    )]
+    Touch { touch: u64, memory: u64 },
+    #[error("--runs must be at least 1")]
+    NoRuns,
+    #[error("--watch-s and --trace-s must be positive")]
+    Times,
+    #[error("the default image is not usable (run `rebound image build`)")]
+    Image(#[source] rebound_vmm::images::ImagesError),
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error("no free port for the host client")]
+    Port(#[source] rebound_vmm::process::ProcessError),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("cannot copy the image's disk {} to {}", .from.display(), .to.display())]
+    CopyDisk {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the snapshot request does not encode as JSON")]
+    Request(#[source] serde_json::Error),
+    #[error("cannot connect to the kv service")]
+    KvConnect(#[source] std::io::Error),
+    #[error("cannot write the kv keys")]
+    KvWrite(#[source] std::io::Error),
+    #[error("the kv writer stopped")]
+    KvTask(#[source] tokio::task::JoinError),
+    #[error("kv closed the connection after {got} of {keys} keys")]
+    KvClosed { got: u64, keys: u64 },
+    #[error("kv refused key {key}: {answer}")]
+    KvRefused { key: u64, answer: String },
+    #[error("the snapshot cannot be restored cold")]
+    Cold(#[source] crate::host::CacheError),
+    #[error("{name}: the restore failed: {why}")]
+    Failed { name: String, why: String },
+    #[error("{0}: the restore report was not done after 300 s")]
+    NotDone(String),
+    #[error("cannot emulate the slow disk")]
+    SlowDisk(#[source] crate::slowdisk::Error),
+    #[error("cannot write {}", .0.display())]
+    Svg(PathBuf, #[source] std::io::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
@@ -167,10 +226,14 @@ struct Meta {
     load_after: String,
 }
 
-fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> anyhow::Result<Vec<&'a str>> {
+fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> Result<Vec<&'a str>, Error> {
     let v: Vec<&str> = list.split(',').map(str::trim).collect();
     if let Some(bad) = v.iter().find(|x| !all.contains(x)) {
-        anyhow::bail!("unknown {what} {bad:?}: expected {}", all.join(", "));
+        return Err(Error::Unknown {
+            what: what.to_string(),
+            bad: bad.to_string(),
+            expected: all.join(", "),
+        });
     }
     Ok(v)
 }
@@ -228,7 +291,7 @@ impl Bench {
     /// The source VM of a workload; every restore of its snapshot keeps this
     /// forward, so the host client finds the service on the same port. Workloads
     /// but the image's own boot as a user brings a kernel ([`own_kernel`]).
-    fn spec(&self, workload: &str, name: &str) -> anyhow::Result<VmSpec> {
+    fn spec(&self, workload: &str, name: &str) -> Result<VmSpec, Error> {
         let mut s = VmSpec::new(name);
         s.memory_mib = self.args.memory;
         let touch = (self.args.touch << 20).to_string();
@@ -250,7 +313,11 @@ impl Bench {
                 // As a user brings a kernel: the image's kernel and disk, its own
                 // command line with two workloads, readiness by HTTP.
                 let disk = self.dir.join(format!("{name}.ext4"));
-                std::fs::copy(&self.img.disk, &disk)?;
+                std::fs::copy(&self.img.disk, &disk).map_err(|source| Error::CopyDisk {
+                    from: self.img.disk.clone(),
+                    to: disk.clone(),
+                    source,
+                })?;
                 s.kernel = Some(self.img.kernel.display().to_string());
                 s.initrd = Some(self.img.initrd.display().to_string());
                 s.append = Some(format!(
@@ -270,14 +337,14 @@ impl Bench {
 
     /// Boots the workload's guest, loads it, snapshots it (with QEMU's stock stream
     /// and a post-snapshot trace) and removes it.
-    async fn snapshot(&self, workload: &str, tag: &str) -> anyhow::Result<(PathBuf, Snap, String)> {
+    async fn snapshot(&self, workload: &str, tag: &str) -> Result<(PathBuf, Snap, String), Error> {
         let name = format!("{tag}-{workload}");
         let spec = self.spec(workload, &name)?;
         self.say(&format!("{workload}: booting {name}"));
         let st: VmStatus = if matches!(workload, "memfill" | "mixed") {
             boot_filled(&self.c, &spec, self.args.touch).await?
         } else {
-            let _: VmStatus = post(&self.c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
+            create(&self.c, &spec).await?;
             post(
                 &self.c,
                 &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
@@ -310,7 +377,7 @@ impl Bench {
         let r: SnapshotResult = post(
             &self.c,
             &format!("/v1/vms/{name}/snapshot"),
-            Some(&serde_json::to_value(&req)?),
+            Some(&serde_json::to_value(&req).map_err(Error::Request)?),
         )
         .await?;
         drop(load);
@@ -334,8 +401,8 @@ impl Bench {
         mode_id: &str,
         snap: &Path,
         name: &str,
-    ) -> anyhow::Result<Record> {
-        drop_cache(snap)?;
+    ) -> Result<Record, Error> {
+        drop_cache(snap).map_err(Error::Cold)?;
         let (mode, rest_order, ram_check) = mode_of(mode_id);
         let req = RestoreRequest {
             dir: snap.display().to_string(),
@@ -365,24 +432,21 @@ impl Bench {
         };
         let load = (workload == "kv").then(|| self.kv_load());
         let t0 = Instant::now();
-        let _: RestoreReport =
-            post(&self.c, "/v1/restore", Some(&serde_json::to_value(&req)?)).await?;
+        let body = serde_json::to_value(&req).map_err(Error::Request)?;
+        let _: RestoreReport = post(&self.c, "/v1/restore", Some(&body)).await?;
         let rep = loop {
-            let r: RestoreReport = self
-                .c
-                .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
-                .await?;
+            let r: RestoreReport = get(&self.c, &format!("/v1/vms/{name}/restore")).await?;
             if r.phase == "failed" {
-                anyhow::bail!(
-                    "{name}: the restore failed: {}",
-                    r.error.unwrap_or_default()
-                );
+                return Err(Error::Failed {
+                    name: name.to_string(),
+                    why: r.error.unwrap_or_default(),
+                });
             }
             if r.phase == "done" {
                 break r;
             }
             if t0.elapsed() > Duration::from_secs(300) {
-                anyhow::bail!("{name}: the restore report was not done after 300 s");
+                return Err(Error::NotDone(name.to_string()));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
@@ -495,9 +559,11 @@ impl Drop for KvLoad {
 }
 
 /// Writes the kv guest's keys (pipelined on one connection).
-async fn kv_fill(port: u16, keys: u64) -> anyhow::Result<()> {
+async fn kv_fill(port: u16, keys: u64) -> Result<(), Error> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(Error::KvConnect)?;
     let (r, mut w) = conn.into_split();
     let writer = tokio::spawn(async move {
         let v = "v".repeat(KV_VALUE as usize);
@@ -510,18 +576,24 @@ async fn kv_fill(port: u16, keys: u64) -> anyhow::Result<()> {
     let mut line = String::new();
     for i in 0..keys {
         line.clear();
-        if r.read_line(&mut line).await? == 0 {
-            anyhow::bail!("kv closed the connection after {i} of {keys} keys");
+        if r.read_line(&mut line).await.map_err(Error::KvWrite)? == 0 {
+            return Err(Error::KvClosed { got: i, keys });
         }
         if line.starts_with("ERR") {
-            anyhow::bail!("kv refused key {i}: {}", line.trim());
+            return Err(Error::KvRefused {
+                key: i,
+                answer: line.trim().to_string(),
+            });
         }
     }
-    writer.await??;
+    writer
+        .await
+        .map_err(Error::KvTask)?
+        .map_err(Error::KvWrite)?;
     Ok(())
 }
 
-pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
+pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
     let (w, m, d) = (
         args.workloads.clone(),
         args.modes.clone(),
@@ -531,31 +603,26 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let modes = pick(&m, &MODES, "mode")?;
     let disks = pick(&d, &["real", "emulated"], "disk")?;
     if matches!(args.touch.checked_add(128), Some(t) if t > args.memory) {
-        anyhow::bail!(
-            "--touch {} MiB needs at least 128 MiB more guest memory than --memory {} MiB",
-            args.touch,
-            args.memory
-        );
+        return Err(Error::Touch {
+            touch: args.touch,
+            memory: args.memory,
+        });
     }
     if args.runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
+        return Err(Error::NoRuns);
     }
     if args.watch_s <= 0.0 || args.trace_s <= 0.0 {
-        anyhow::bail!("--watch-s and --trace-s must be positive");
+        return Err(Error::Times);
     }
-    let img = rebound_vmm::images::open(&paths.home, "default")
-        .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
+    let img = rebound_vmm::images::open(&paths.home, "default").map_err(Error::Image)?;
     let dir = args.out.scratch("restore")?;
-    let c = connect(paths).await?;
-    let daemon_pid = c
-        .call::<rebound_api::Health>(Method::GET, "/v1/health", None)
-        .await?
-        .pid;
+    let c = connect(paths).await.map_err(Error::Connect)?;
+    let daemon_pid = get::<rebound_api::Health>(&c, "/v1/health").await?.pid;
     let keep_dir = args.out.dir.is_some();
     let b = Bench {
         c,
         dir: dir.clone(),
-        port: rebound_vmm::process::free_port()?,
+        port: rebound_vmm::process::free_port().map_err(Error::Port)?,
         progress: std::io::stderr().is_terminal(),
         img,
         args,
@@ -567,7 +634,7 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let mut snaps = Vec::new();
     let mut checks = Vec::new();
     let mut accel = String::new();
-    let r: anyhow::Result<()> = async {
+    let r: Result<(), Error> = async {
         for w in &workloads {
             let (snap, s, a) = b.snapshot(w, &tag).await?;
             accel = a;
@@ -580,9 +647,10 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
                             &snap,
                             b.args.disk_mbps as u64 * 1_000_000,
                             0,
-                        )?;
-                        s.add(daemon_pid)?;
-                        let chk = s.check(&b.dir, b.args.disk_mbps)?;
+                        )
+                        .map_err(Error::SlowDisk)?;
+                        s.add(daemon_pid).map_err(Error::SlowDisk)?;
+                        let chk = s.check(&b.dir, b.args.disk_mbps).map_err(Error::SlowDisk)?;
                         b.say(&format!(
                             "emulated disk: {} limited to {} MB/s; dd O_DIRECT read {:.0} MB/s",
                             chk.device, chk.limit_mbps, chk.dd_mbps
@@ -644,12 +712,12 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let medians: Vec<Record> = cells.iter().map(|c| c.median.clone()).collect();
     let ratios = ratios(&medians);
     if let Some(svg) = &b.args.out.svg {
-        std::fs::write(svg, draw(&meta, &cells))?;
+        std::fs::write(svg, draw(&meta, &cells)).map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if b.args.out.json {
         let v = json!({"meta": meta, "snapshots": snaps, "emulated_disk": checks,
             "records": records, "medians": cells, "ratios": ratios});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
         print_text(&meta, &snaps, &checks, &cells, &ratios);
     }

@@ -141,7 +141,7 @@ pub(super) fn print_text(
 /// row with failed restores is marked in red, and what failed before any restore
 /// (a snapshot, an emulated disk) is listed under the rows.
 pub(super) fn draw(meta: &Meta, cells: &[Cell], failures: &[Failure]) -> String {
-    let (w, left, row, top) = (900.0, 240.0, 24.0, 50.0);
+    let (w, left, row, top) = (900.0, 240.0, 24.0, 66.0);
     let setups: Vec<&Failure> = failures.iter().filter(|f| !f.is_restore()).collect();
     let h = top + row * (cells.len() + setups.len()) as f64 + 40.0;
     let max = cells
@@ -158,7 +158,8 @@ pub(super) fn draw(meta: &Meta, cells: &[Cell], failures: &[Failure]) -> String 
     let mut s = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <text x="10" y="18" font-size="14">Restore: {} MiB guest, {} MiB touched, accel {}, {}</text>
-<text x="10" y="36" fill="#555">medians of the runs that succeeded ({tried} tried per row; red: failed runs); bar: time to running; thin bar: time to responsive; whisker: min to max; cold page cache; emulated disk {} MB/s</text>
+<text x="10" y="36" fill="#555">medians of the runs that succeeded ({tried} tried per row; in red: runs that failed, their errors are in the text and JSON)</text>
+<text x="10" y="52" fill="#555">bar: time to running; thin bar: time to responsive; whisker: min to max; cold page cache; emulated disk {} MB/s</text>
 "##,
         meta.memory_mib, meta.touch_mib, meta.accel, meta.date, meta.disk_mbps
     );

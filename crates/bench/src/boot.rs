@@ -4,14 +4,26 @@
 
 use std::time::Duration;
 
-use hyper::Method;
 use rebound_api::{VmSpec, VmStatus};
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
 use rebound_vmm::paths::Paths;
 use rebound_vmm::process;
 use serde::Serialize;
 
-use crate::guest::remove;
+use crate::guest::{create, post, remove};
+
+/// Why the boot benchmark did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("--runs must be at least 1")]
+    NoRuns,
+    #[error("no daemon to boot the guests")]
+    Connect(#[source] ClientError),
+    #[error("a guest did not boot")]
+    Boot(#[source] crate::guest::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 #[derive(Debug, Serialize)]
 struct Run {
@@ -51,16 +63,16 @@ pub async fn run(
     settle: u64,
     parallel: bool,
     json: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let how = if parallel {
         "side by side"
     } else {
         "one after another"
     };
     if runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
+        return Err(Error::NoRuns);
     }
-    let c = connect(paths).await?;
+    let c = connect(paths).await.map_err(Error::Connect)?;
     let names: Vec<String> = (0..runs)
         .map(|i| format!("bench-{}-{i}", std::process::id()))
         .collect();
@@ -68,7 +80,7 @@ pub async fn run(
     for n in &names {
         remove(&c, n).await;
     }
-    let (accel, reason, runs) = result?;
+    let (accel, reason, runs) = result.map_err(Error::Boot)?;
     let date = rebound_vmm::events::wall_now();
     let ready = summary(runs.iter().map(|r| r.ready_ms).collect());
     let ram = summary(runs.iter().map(|r| r.ram_file_bytes).collect());
@@ -82,7 +94,7 @@ pub async fn run(
             "runs": runs, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
             "qemu_anon_bytes": anon, "qemu_shmem_bytes": shmem, "qemu_file_bytes": file,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
         println!(
             "rebound bench boot: {} guests {how}, {memory} MiB each, accel {accel} ({reason}), {date}",
@@ -120,7 +132,7 @@ async fn measure(
     settle: u64,
     parallel: bool,
     json: bool,
-) -> anyhow::Result<(String, String, Vec<Run>)> {
+) -> Result<(String, String, Vec<Run>), crate::guest::Error> {
     // One at a time unless asked: concurrent TCG boots on a small host measure CPU
     // contention, not boot time. Earlier guests stay up (idle) for the memory figures.
     let waves: Vec<&[String]> = if parallel {
@@ -133,18 +145,15 @@ async fn measure(
         for n in wave {
             let mut s = VmSpec::new(n);
             s.memory_mib = memory;
-            let _: VmStatus = c
-                .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&s)?))
-                .await?;
+            create(c, &s).await?;
         }
         for n in wave {
-            let v: VmStatus = c
-                .call(
-                    Method::POST,
-                    &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
-                    None,
-                )
-                .await?;
+            let v: VmStatus = post(
+                c,
+                &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
+                None,
+            )
+            .await?;
             if !json {
                 eprintln!("{n}: ready after {} ms", v.ready_after_ms.unwrap_or(0));
             }

@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use hyper::Method;
 use rebound_cluster::spec::{ClusterSpec, PEER_PORT};
@@ -36,10 +35,68 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::clusters::Clusters;
+use crate::clusters::{Clusters, PortError};
 use crate::host::{host_cpus, host_kernel, load_average};
 use crate::out::BenchOut;
 use crate::slowdisk::SlowDisk;
+
+/// Why the cluster benchmark did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("--vms must be 2 to 32 and --hosts 1 to 8")]
+    Size,
+    #[error("--{what}: {value:?} is not valid")]
+    List { what: String, value: String },
+    #[error("--topologies: {0:?} is not client-server, all-to-all or ring")]
+    UnknownTopology(String),
+    #[error("--variants: {0:?} is not working-set, elastic, line or line-keep")]
+    Variant(String),
+    #[error("--touch-mib: give MiB values that leave the guest at least 96 MiB")]
+    Touch,
+    #[error("no daemon to run the cluster from")]
+    Connect(#[source] rebound_client::ClientError),
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("{ip}: STATS answered {line:?}")]
+    Stats {
+        ip: Ipv4Addr,
+        line: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{ip} does not answer STATS")]
+    NoStats {
+        ip: Ipv4Addr,
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    #[error("VM {0} does not reach all its peers")]
+    Peers(String),
+    #[error("host {0}: health without pid")]
+    NoPid(String),
+    #[error("cannot {what}")]
+    Port {
+        what: String,
+        #[source]
+        source: PortError,
+    },
+    #[error("the snapshot cannot be restored cold")]
+    Cold(#[source] crate::host::CacheError),
+    #[error("cannot emulate the slow disk")]
+    SlowDisk(#[source] crate::slowdisk::Error),
+    #[error("topology {0}")]
+    InTopology(String, #[source] Box<Error>),
+    #[error("cannot write {}", .0.display())]
+    Svg(std::path::PathBuf, #[source] std::io::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
+
+/// What failed in a call to the cluster commands, for [`Error::Port`].
+fn port(what: impl Into<String>) -> impl FnOnce(PortError) -> Error {
+    let what = what.into();
+    move |source| Error::Port { what, source }
+}
 
 #[derive(Args, Debug)]
 pub struct ClusterArgs {
@@ -172,7 +229,7 @@ fn request(s: &mut TcpStream, line: &str, timeout: Duration) -> std::io::Result<
 
 /// A guest's counters; a guest still busy loading its memory from the slow disk
 /// gets a minute.
-fn counters(ip: Ipv4Addr) -> anyhow::Result<Counters> {
+fn counters(ip: Ipv4Addr) -> Result<Counters, Error> {
     let addr = SocketAddr::from((ip, PEER_PORT));
     let mut last = None;
     let t = Instant::now();
@@ -181,8 +238,11 @@ fn counters(ip: Ipv4Addr) -> anyhow::Result<Counters> {
             .and_then(|mut s| request(&mut s, "STATS", Duration::from_secs(5)));
         match r {
             Ok(l) => {
-                let v: Value = serde_json::from_str(l.trim())
-                    .with_context(|| format!("{ip}: STATS answered {l:?}"))?;
+                let v: Value = serde_json::from_str(l.trim()).map_err(|source| Error::Stats {
+                    ip,
+                    line: l.clone(),
+                    source,
+                })?;
                 return Ok(Counters {
                     retrans: v["retrans_segs"].as_u64().unwrap_or(0),
                     dead: v["declared_dead"].as_u64().unwrap_or(0),
@@ -192,7 +252,7 @@ fn counters(ip: Ipv4Addr) -> anyhow::Result<Counters> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    anyhow::bail!("{ip} does not answer STATS: {last:?}")
+    Err(Error::NoStats { ip, source: last })
 }
 
 /// One QUERY: when it was sent (unix ns) and its latency (`None`: no answer).
@@ -261,13 +321,14 @@ impl Client {
     }
 }
 
-fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
+fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, Error> {
     s.split(',')
         .filter(|x| !x.trim().is_empty())
         .map(|x| {
-            x.trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--{what}: {x:?} is not valid"))
+            x.trim().parse().map_err(|_| Error::List {
+                what: what.to_string(),
+                value: x.to_string(),
+            })
         })
         .collect()
 }
@@ -292,7 +353,7 @@ fn cluster_file(a: &ClusterArgs, topology: &str, subnet: u8, touch: &[u64]) -> S
 }
 
 /// Waits until every guest answers a QUERY with all its peers.
-fn wait_connected(spec: &ClusterSpec, timeout: Duration) -> anyhow::Result<()> {
+fn wait_connected(spec: &ClusterSpec, timeout: Duration) -> Result<(), Error> {
     let t = Instant::now();
     for v in &spec.vms {
         let addr = SocketAddr::from((v.ip, PEER_PORT));
@@ -303,7 +364,7 @@ fn wait_connected(spec: &ClusterSpec, timeout: Duration) -> anyhow::Result<()> {
                 break;
             }
             if t.elapsed() > timeout {
-                anyhow::bail!("VM {} does not reach all its peers", v.name);
+                return Err(Error::Peers(v.name.clone()));
             }
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -311,18 +372,23 @@ fn wait_connected(spec: &ClusterSpec, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn all_counters(spec: &ClusterSpec) -> anyhow::Result<BTreeMap<String, Counters>> {
+fn all_counters(spec: &ClusterSpec) -> Result<BTreeMap<String, Counters>, Error> {
     spec.vms
         .iter()
         .map(|v| Ok((v.name.clone(), counters(v.ip)?)))
         .collect()
 }
 
-async fn daemon_pids<P: Clusters>(cl: &P, c: &P::Cluster) -> anyhow::Result<Vec<(String, u32)>> {
+async fn daemon_pids<P: Clusters>(cl: &P, c: &P::Cluster) -> Result<Vec<(String, u32)>, Error> {
     let mut out = Vec::new();
     for h in &P::spec(c).hosts {
-        let v = cl.call(c, &h.name, Method::GET, "/v1/health").await?;
-        let pid = v["pid"].as_u64().context("health without pid")? as u32;
+        let v = cl
+            .call(c, &h.name, Method::GET, "/v1/health")
+            .await
+            .map_err(port(format!("ask host {} for its health", h.name)))?;
+        let pid = v["pid"]
+            .as_u64()
+            .ok_or_else(|| Error::NoPid(h.name.clone()))? as u32;
         out.push((h.name.clone(), pid));
     }
     Ok(out)
@@ -418,15 +484,17 @@ async fn one_restore<P: Clusters>(
     before: &BTreeMap<String, Counters>,
     touch: &BTreeMap<String, u64>,
     say: &dyn Fn(&str),
-) -> anyhow::Result<Run<P::Variant, P::Outcome>> {
+) -> Result<Run<P::Variant, P::Outcome>, Error> {
     // The VMs of the previous restore go first: their QEMUs map the snapshot's
     // images, and pages mapped by a process stay in the page cache whatever we
     // advise, so the next variant would read them warm.
     let spec = P::spec(c);
     for v in &spec.vms {
-        cl.remove_vm(c, &v.host, &v.name).await?;
+        cl.remove_vm(c, &v.host, &v.name)
+            .await
+            .map_err(port(format!("remove VM {}", v.name)))?;
     }
-    crate::host::drop_cache(snap)?;
+    crate::host::drop_cache(snap).map_err(Error::Cold)?;
     let disks = if a.disk_read_mbps > 0 {
         let mut v = Vec::new();
         for (h, pid) in daemon_pids(cl, c).await? {
@@ -435,8 +503,9 @@ async fn one_restore<P: Clusters>(
                 snap,
                 a.disk_read_mbps as u64 * 1_000_000,
                 0,
-            )?;
-            d.add(pid)?;
+            )
+            .map_err(Error::SlowDisk)?;
+            d.add(pid).map_err(Error::SlowDisk)?;
             v.push(d);
         }
         v
@@ -450,7 +519,10 @@ async fn one_restore<P: Clusters>(
         Ok(o) => o,
         Err(e) => {
             client.finish();
-            return Err(e);
+            return Err(port(format!(
+                "restore the cluster ({})",
+                P::variant_name(variant)
+            ))(e));
         }
     };
     tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
@@ -522,15 +594,20 @@ async fn one_topology<P: Clusters>(
     variants: &[P::Variant],
     scratch: &Path,
     say: &dyn Fn(&str),
-) -> anyhow::Result<TopologyResult<P::Variant, P::Outcome>> {
+) -> Result<TopologyResult<P::Variant, P::Outcome>, Error> {
     let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
     let name = format!("bc{}{k}", std::process::id() % 100_000);
     let text = cluster_file(a, topology, 10 + k as u8, &touch);
-    let c = cl.create(&name, &text).await?;
+    let c = cl
+        .create(&name, &text)
+        .await
+        .map_err(port(format!("create cluster {name}")))?;
     let spec = P::spec(&c);
     let r = async {
         say(&format!("{topology}: starting {} VMs on {} hosts", a.vms, a.hosts));
-        cl.start_vms(&c).await?;
+        cl.start_vms(&c)
+            .await
+            .map_err(port("start the cluster's VMs"))?;
         wait_connected(spec, Duration::from_secs(120))?;
         let first = &spec.vms[0];
         let st = cl
@@ -540,7 +617,8 @@ async fn one_topology<P: Clusters>(
                 Method::GET,
                 &format!("/v1/vms/{}", rebound_client::enc(&first.name)),
             )
-            .await?;
+            .await
+            .map_err(port(format!("ask host {} about VM {}", first.host, first.name)))?;
         let accel = st["accel"].as_str().unwrap_or("unknown").to_string();
         // Normal running, as long as a restore is watched: what noise looks like.
         let n0 = all_counters(spec)?;
@@ -555,8 +633,13 @@ async fn one_topology<P: Clusters>(
         });
         let snap = scratch.join(format!("{topology}-snap"));
         let _ = std::fs::remove_dir_all(&snap);
-        let pause_spread_s = cl.snapshot(&c, &snap, a.trace_s).await?;
-        let rdg = cl.traffic(&snap)?;
+        let pause_spread_s = cl
+            .snapshot(&c, &snap, a.trace_s)
+            .await
+            .map_err(port("snapshot the cluster"))?;
+        let rdg = cl
+            .traffic(&snap)
+            .map_err(port("read the snapshot's recorded traffic"))?;
         say(&format!(
             "{topology}: snapshot taken, the VMs stopped within {:.3} s of each other; {} edges, {} rings; over {:.0} s of normal running: {normal_retransmits} retransmits, {normal_false_alarms} false alarms",
             pause_spread_s,
@@ -575,7 +658,7 @@ async fn one_topology<P: Clusters>(
             runs.push(one_restore(cl, &c, &snap, v, a, &before, &touch_of, say).await?);
         }
         let _ = std::fs::remove_dir_all(&snap);
-        Ok::<_, anyhow::Error>(TopologyResult {
+        Ok::<_, Error>(TopologyResult {
             topology: topology.to_string(),
             accel,
             edges: rdg
@@ -602,35 +685,39 @@ async fn one_topology<P: Clusters>(
         }
     }
     if let Err(e) = cl.rm(&c).await {
-        say(&format!("warning: cannot remove cluster {name}: {e}"));
+        say(&format!(
+            "warning: cannot remove cluster {name}: {}",
+            rebound_errors::chain(e.as_ref())
+        ));
     }
-    r
+    r.map_err(|e| Error::InTopology(topology.to_string(), Box::new(e)))
 }
 
-pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> anyhow::Result<()> {
+pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(), Error> {
     if a.vms < 2 || a.hosts < 1 || a.hosts > 8 || a.vms > 32 {
-        anyhow::bail!("--vms must be 2 to 32 and --hosts 1 to 8");
+        return Err(Error::Size);
     }
     let topologies: Vec<String> = parse_list(&a.topologies, "topologies")?;
     for t in &topologies {
         if !["client-server", "all-to-all", "ring"].contains(&t.as_str()) {
-            anyhow::bail!("--topologies: {t:?} is not client-server, all-to-all or ring");
+            return Err(Error::UnknownTopology(t.clone()));
         }
     }
     let variants: Vec<P::Variant> = a
         .variants
         .split(',')
         .map(|v| {
-            <P::Variant as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
-                anyhow::anyhow!("--variants: {v:?} is not working-set, elastic, line or line-keep")
-            })
+            <P::Variant as clap::ValueEnum>::from_str(v.trim(), false)
+                .map_err(|_| Error::Variant(v.to_string()))
         })
         .collect::<Result<_, _>>()?;
     let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
     if touch.is_empty() || touch.iter().any(|&t| t + 96 > a.memory) {
-        anyhow::bail!("--touch-mib: give MiB values that leave the guest at least 96 MiB");
+        return Err(Error::Touch);
     }
-    rebound_client::connect(paths).await?;
+    rebound_client::connect(paths)
+        .await
+        .map_err(Error::Connect)?;
     let scratch = a.out.scratch("cluster")?;
     let json_out = a.out.json;
     let say = move |s: &str| {
@@ -702,10 +789,13 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> anyhow::
     });
     if let Some(svg) = &a.out.svg {
         std::fs::write(svg, draw::<P>(&results, &variants))
-            .with_context(|| format!("cannot write {}", svg.display()))?;
+            .map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if a.out.json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).map_err(Error::Json)?
+        );
     } else {
         println!(
             "{:<12} {:>14} {:>14} {:>17} {:>11} {:>12} {:>15}",

@@ -12,6 +12,10 @@ use rebound_cluster::{Disruption, Rdg};
 use serde::Serialize;
 use serde_json::Value;
 
+/// An error of the product's cluster commands, with its sources: printed by the
+/// benchmark's caller as a chain.
+pub type PortError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The cluster commands as the benchmark drives them.
 #[async_trait::async_trait]
 pub trait Clusters: Sync {
@@ -37,9 +41,9 @@ pub trait Clusters: Sync {
 
     /// `rebound cluster create NAME` from a cluster file's text, in the installation
     /// the benchmark runs in.
-    async fn create(&self, name: &str, file: &str) -> anyhow::Result<Self::Cluster>;
+    async fn create(&self, name: &str, file: &str) -> Result<Self::Cluster, PortError>;
     /// `rebound cluster start`: the hosts and every VM, waiting for readiness.
-    async fn start_vms(&self, c: &Self::Cluster) -> anyhow::Result<()>;
+    async fn start_vms(&self, c: &Self::Cluster) -> Result<(), PortError>;
     /// One API request to the daemon of one of the cluster's hosts.
     async fn call(
         &self,
@@ -47,15 +51,16 @@ pub trait Clusters: Sync {
         host: &str,
         method: Method,
         path: &str,
-    ) -> anyhow::Result<Value>;
+    ) -> Result<Value, PortError>;
     /// Kills and removes one VM on its host; whether it existed.
-    async fn remove_vm(&self, c: &Self::Cluster, host: &str, vm: &str) -> anyhow::Result<bool>;
+    async fn remove_vm(&self, c: &Self::Cluster, host: &str, vm: &str) -> Result<bool, PortError>;
     /// `rebound cluster snapshot` into the new directory `out`, recording `trace_s`
     /// seconds after the snapshot point; the seconds between the first and the last
     /// VM's stop.
-    async fn snapshot(&self, c: &Self::Cluster, out: &Path, trace_s: f64) -> anyhow::Result<f64>;
+    async fn snapshot(&self, c: &Self::Cluster, out: &Path, trace_s: f64)
+        -> Result<f64, PortError>;
     /// The restore dependency graph of a cluster snapshot's recorded traffic.
-    fn traffic(&self, snap: &Path) -> anyhow::Result<Rdg>;
+    fn traffic(&self, snap: &Path) -> Result<Rdg, PortError>;
     /// `rebound cluster restore --replace` from `snap`: load rates measured, a VM up
     /// `margin_s` before the VMs that send to it.
     async fn restore(
@@ -64,7 +69,7 @@ pub trait Clusters: Sync {
         snap: &Path,
         variant: Self::Variant,
         margin_s: f64,
-    ) -> anyhow::Result<Self::Outcome>;
+    ) -> Result<Self::Outcome, PortError>;
     /// `rebound cluster rm`: its VMs, hosts and state.
-    async fn rm(&self, c: &Self::Cluster) -> anyhow::Result<()>;
+    async fn rm(&self, c: &Self::Cluster) -> Result<(), PortError>;
 }

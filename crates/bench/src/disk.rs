@@ -17,17 +17,61 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hyper::Method;
 use rebound_api::spec::DiskBackend;
 use rebound_api::{IoReport, VmSpec, VmStatus, Workload};
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::guest::{post, remove};
+use crate::guest::{create, get, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
 use rebound_blk::timing::{Phase, TimingReport};
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
+
+/// Why the disk benchmark did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown variant {bad:?}: expected {}", VARIANTS.join(", "))]
+    Variant { bad: String },
+    #[error("--runs must be at least 1 and --size at least 16M")]
+    Args,
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("cannot make the disk file {}", .0.display())]
+    DiskFile(std::path::PathBuf, #[source] std::io::Error),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error("cannot time an eventfd round trip on this host")]
+    Notify(#[source] std::io::Error),
+    #[error("the eventfd round trip's thread failed")]
+    NotifyTask(#[source] tokio::task::JoinError),
+    #[error("{name}: the guest did not run its pass")]
+    Guest {
+        name: String,
+        #[source]
+        source: crate::guest::Error,
+    },
+    #[error("{name}: the io workload failed: {detail}")]
+    Workload { name: String, detail: String },
+    #[error("{name}: {got} of {want} io phases after 900 s")]
+    Phases {
+        name: String,
+        got: usize,
+        want: usize,
+    },
+    #[error("variant {variant}, round {round}, pass {pass:?}")]
+    Pass {
+        variant: String,
+        round: usize,
+        pass: String,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("cannot write {}", .0.display())]
+    Svg(std::path::PathBuf, #[source] std::io::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 const MB: f64 = 1e6;
 
@@ -171,10 +215,8 @@ async fn backend_timing(
     c: &Client,
     name: &str,
     disk: &str,
-) -> anyhow::Result<Option<TimingReport>> {
-    let disks: Value = c
-        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
+) -> Result<Option<TimingReport>, crate::guest::Error> {
+    let disks: Value = get(c, &format!("/v1/vms/{name}/disks")).await?;
     Ok(timing_of(&disks, disk))
 }
 
@@ -203,24 +245,32 @@ async fn run_pass(
     name: &str,
     disk: &str,
     pass: (&str, u64),
-) -> anyhow::Result<(Vec<IoReport>, VmStatus, Option<BackendTime>)> {
+) -> Result<(Vec<IoReport>, VmStatus, Option<BackendTime>), Error> {
+    let guest = |source| Error::Guest {
+        name: name.to_string(),
+        source,
+    };
     let s = spec(args, name, variant, disk, pass);
-    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+    create(c, &s).await.map_err(guest)?;
     let st: VmStatus = post(
         c,
         &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
         None,
     )
-    .await?;
+    .await
+    .map_err(guest)?;
     let want = pass.0.split(',').count();
     // The fill at TCG speeds, then the phases.
     let deadline = Instant::now() + Duration::from_secs(900);
     loop {
-        let ev: Vec<Value> = c
-            .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
-            .await?;
+        let ev: Vec<Value> = get(c, &format!("/v1/vms/{name}/events"))
+            .await
+            .map_err(guest)?;
         if let Some(e) = ev.iter().find(|e| e["kind"] == "agent_error") {
-            anyhow::bail!("{name}: the io workload failed: {}", e["detail"]);
+            return Err(Error::Workload {
+                name: name.to_string(),
+                detail: e["detail"].to_string(),
+            });
         }
         let io: Vec<IoReport> = ev
             .iter()
@@ -228,11 +278,15 @@ async fn run_pass(
             .filter_map(|e| serde_json::from_value(e["detail"].clone()).ok())
             .collect();
         if io.len() >= want {
-            let t = backend_timing(c, name, disk).await?;
+            let t = backend_timing(c, name, disk).await.map_err(guest)?;
             return Ok((io, st, t.as_ref().and_then(BackendTime::of)));
         }
         if Instant::now() > deadline {
-            anyhow::bail!("{name}: {} of {want} io phases after 900 s", io.len());
+            return Err(Error::Phases {
+                name: name.to_string(),
+                got: io.len(),
+                want,
+            });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -244,29 +298,35 @@ fn median(v: &[Row]) -> Row {
     v[v.len() / 2].clone()
 }
 
-pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
+pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
-        anyhow::bail!("unknown variant {bad:?}: expected {}", VARIANTS.join(", "));
+        return Err(Error::Variant {
+            bad: bad.to_string(),
+        });
     }
     if args.runs == 0 || args.size < 16 {
-        anyhow::bail!("--runs must be at least 1 and --size at least 16M");
+        return Err(Error::Args);
     }
     let dir = args.out.scratch("disk")?;
     let disk = dir.join("disk.img");
-    std::fs::File::create(&disk)?.set_len(args.size << 20)?;
-    let c = connect(paths).await?;
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(args.size << 20))
+        .map_err(|e| Error::DiskFile(disk.clone(), e))?;
+    let c = connect(paths).await.map_err(Error::Connect)?;
     // Two wakes through eventfds on this host, no guest: the floor of a request's
     // kick and completion.
     let notify_us =
         tokio::task::spawn_blocking(|| rebound_blk::timing::notify_round_trip_us(5_000, 5))
-            .await??;
+            .await
+            .map_err(Error::NotifyTask)?
+            .map_err(Error::Notify)?;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let tag = format!("bd{}", std::process::id());
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut rows: Vec<Row> = Vec::new();
     let mut accel = String::new();
-    let r: anyhow::Result<()> = async {
+    let r: Result<(), Error> = async {
         for round in 0..args.runs {
             for v in &want {
                 for (i, pass) in PASSES.iter().enumerate() {
@@ -276,7 +336,12 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
                     }
                     let r = run_pass(&c, &args, v, &name, &disk.display().to_string(), *pass).await;
                     remove(&c, &name).await;
-                    let (io, st, backend) = r?;
+                    let (io, st, backend) = r.map_err(|e| Error::Pass {
+                        variant: v.to_string(),
+                        round,
+                        pass: pass.0.to_string(),
+                        source: Box::new(e),
+                    })?;
                     accel = st.accel.as_str().to_string();
                     rows.extend(io.iter().map(|r| Row {
                         // The pass's one read phase is the class the backend timed.
@@ -314,13 +379,13 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> anyhow::Result<()> {
         "notify_round_trip_us": notify_us,
     });
     if let Some(svg) = &args.out.svg {
-        std::fs::write(svg, draw(&meta, &med))?;
+        std::fs::write(svg, draw(&meta, &med)).map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if args.out.json {
         let v = serde_json::json!({"meta": meta, "median": med, "runs": rows,
             "ratios": ratios.iter().map(|r| (r.name.clone(), serde_json::json!(r.of_medians))).collect::<serde_json::Map<_, _>>(),
             "ratios_per_round": ratios.iter().map(|r| (r.name.clone(), serde_json::json!(r.per_round))).collect::<serde_json::Map<_, _>>()});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
         return Ok(());
     }
     println!(

@@ -5,16 +5,66 @@ use std::time::{Duration, Instant};
 
 use hyper::Method;
 use rebound_api::{VmSpec, VmStatus};
-use rebound_client::Client;
+use rebound_client::{Client, ClientError};
 use serde_json::Value;
+
+/// Why a guest could not be started or asked something.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the daemon refused POST {path}")]
+    Post {
+        path: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("the daemon refused GET {path}")]
+    Get {
+        path: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("the guest spec {0:?} does not encode as JSON")]
+    Spec(String, #[source] serde_json::Error),
+    #[error(
+        "{vm}: the guest refused the fill: {line} (give it more --memory or a smaller --fill)"
+    )]
+    FillRefused { vm: String, line: String },
+    #[error("{vm}: the guest's RAM holds {held_mib} MiB, not the {fill_mib} MiB memfill should fill, after 180 s (too little guest memory? memfill needs the fill + 16 MiB free)")]
+    FillShort {
+        vm: String,
+        held_mib: u64,
+        fill_mib: u64,
+    },
+}
 
 /// A POST whose JSON answer is decoded.
 pub async fn post<T: serde::de::DeserializeOwned>(
     c: &Client,
     path: &str,
     body: Option<&Value>,
-) -> anyhow::Result<T> {
-    Ok(c.call(Method::POST, path, body).await?)
+) -> Result<T, Error> {
+    c.call(Method::POST, path, body)
+        .await
+        .map_err(|source| Error::Post {
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// A GET whose JSON answer is decoded.
+pub async fn get<T: serde::de::DeserializeOwned>(c: &Client, path: &str) -> Result<T, Error> {
+    c.call(Method::GET, path, None)
+        .await
+        .map_err(|source| Error::Get {
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// Creates (starts) the guest `s` describes.
+pub async fn create(c: &Client, s: &VmSpec) -> Result<VmStatus, Error> {
+    let spec = serde_json::to_value(s).map_err(|e| Error::Spec(s.name.clone(), e))?;
+    post(c, "/v1/vms", Some(&spec)).await
 }
 
 /// Kills and forgets a guest, whatever state it is in (errors ignored: it may be gone).
@@ -40,8 +90,8 @@ pub async fn remove_tagged(c: &Client, tag: &str) {
 /// Starts the guest, waits for the service and for memfill to have filled its memory:
 /// the guest's RAM file holds at least the fill and has stopped growing. (A user
 /// kernel has no agent link, so no memfill events: the host side is what we watch.)
-pub async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Result<VmStatus> {
-    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(s)?)).await?;
+pub async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> Result<VmStatus, Error> {
+    create(c, s).await?;
     let n = &s.name;
     let st: VmStatus = post(
         c,
@@ -67,17 +117,18 @@ pub async fn boot_filled(c: &Client, s: &VmSpec, fill_mib: u64) -> anyhow::Resul
                 .rev()
                 .find(|l| l.contains("memfill:") && l.contains("available"))
             {
-                anyhow::bail!(
-                    "{n}: the guest refused the fill: {} (give it more --memory or a smaller --fill)",
-                    l.trim()
-                );
+                return Err(Error::FillRefused {
+                    vm: n.clone(),
+                    line: l.trim().to_string(),
+                });
             }
         }
         if Instant::now() > deadline {
-            anyhow::bail!(
-                "{n}: the guest's RAM holds {} MiB, not the {fill_mib} MiB memfill should fill, after 180 s (too little guest memory? memfill needs the fill + 16 MiB free)",
-                held >> 20
-            );
+            return Err(Error::FillShort {
+                vm: n.clone(),
+                held_mib: held >> 20,
+                fill_mib,
+            });
         }
     }
 }

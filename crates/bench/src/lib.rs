@@ -26,7 +26,29 @@ mod slowdisk;
 mod throttledfs;
 mod webload;
 
-pub use clusters::Clusters;
+pub use clusters::{Clusters, PortError};
+
+/// Why a benchmark failed: each driver's own error, whose text says what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Boot(#[from] boot::Error),
+    #[error(transparent)]
+    Crash(#[from] crash::Error),
+    #[error(transparent)]
+    Restore(#[from] restore::Error),
+    #[error(transparent)]
+    Disk(#[from] disk::Error),
+    /// The host-cache benchmark still reports through `anyhow`, kept with its chain.
+    #[error(transparent)]
+    Hcache(Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Reboot(#[from] reboot::Error),
+    #[error(transparent)]
+    Cluster(#[from] cluster::Error),
+    #[error(transparent)]
+    Ha(#[from] ha::Error),
+}
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
@@ -83,21 +105,52 @@ pub enum BenchCmd {
 
 /// Runs one benchmark; `clusters` makes and restores the clusters of `bench cluster`
 /// (the `rebound cluster` commands, which live in the product).
-pub async fn run<C: Clusters>(paths: &Paths, cmd: BenchCmd, clusters: &C) -> anyhow::Result<()> {
+pub async fn run<C: Clusters>(paths: &Paths, cmd: BenchCmd, clusters: &C) -> Result<(), Error> {
     match cmd {
-        BenchCmd::Ha { args } => ha::run(&args),
-        BenchCmd::Crash(args) => crash::run(paths, args).await,
-        BenchCmd::Restore(args) => restore::run(paths, args).await,
-        BenchCmd::Disk(args) => disk::run(paths, args).await,
-        BenchCmd::Hcache(args) => hcache::run(paths, args).await,
-        BenchCmd::Reboot(args) => reboot::run(paths, args).await,
-        BenchCmd::Cluster(args) => cluster::run(paths, args, clusters).await,
+        BenchCmd::Ha { args } => Ok(ha::run(&args)?),
+        BenchCmd::Crash(args) => Ok(crash::run(paths, args).await?),
+        BenchCmd::Restore(args) => Ok(restore::run(paths, args).await?),
+        BenchCmd::Disk(args) => Ok(disk::run(paths, args).await?),
+        BenchCmd::Hcache(args) => hcache::run(paths, args)
+            .await
+            .map_err(|e| Error::Hcache(e.into())),
+        BenchCmd::Reboot(args) => Ok(reboot::run(paths, args).await?),
+        BenchCmd::Cluster(args) => Ok(cluster::run(paths, args, clusters).await?),
         BenchCmd::Boot {
             runs,
             memory,
             settle,
             parallel,
             json,
-        } => boot::run(paths, runs, memory, settle, parallel, json).await,
+        } => Ok(boot::run(paths, runs, memory, settle, parallel, json).await?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_bench_prints_what_failed_and_why_once() {
+        let daemon = rebound_client::ClientError::Api {
+            status: 404,
+            message: "no image named default".into(),
+        };
+        let e = Error::from(disk::Error::Pass {
+            variant: "rebound".into(),
+            round: 1,
+            pass: "seqread".into(),
+            source: Box::new(disk::Error::Guest {
+                name: "bd7-rebound-0-1".into(),
+                source: guest::Error::Post {
+                    path: "/v1/vms".into(),
+                    source: daemon,
+                },
+            }),
+        });
+        assert_eq!(
+            rebound_errors::chain(&e),
+            "variant rebound, round 1, pass \"seqread\": bd7-rebound-0-1: the guest did not run its pass: the daemon refused POST /v1/vms: no image named default"
+        );
     }
 }

@@ -1,6 +1,11 @@
 //! What every guest benchmark shares on its command line: its scratch directory and
 //! how it reports.
 
+/// The scratch directory could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the scratch directory {}", .0.display())]
+pub struct ScratchError(std::path::PathBuf, #[source] std::io::Error);
+
 /// Where a guest benchmark keeps its files and how it reports.
 #[derive(clap::Args, Debug, Default)]
 pub struct BenchOut {
@@ -18,11 +23,11 @@ pub struct BenchOut {
 
 impl BenchOut {
     /// The scratch directory, created; `kind` names the default one.
-    pub fn scratch(&self, kind: &str) -> anyhow::Result<std::path::PathBuf> {
+    pub fn scratch(&self, kind: &str) -> Result<std::path::PathBuf, ScratchError> {
         let dir = self.dir.clone().unwrap_or_else(|| {
             format!("/var/tmp/rebound-bench-{kind}-{}", std::process::id()).into()
         });
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&dir).map_err(|e| ScratchError(dir.clone(), e))?;
         Ok(dir)
     }
 }

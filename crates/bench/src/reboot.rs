@@ -33,7 +33,6 @@ mod steady;
 
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use rebound_api::spec::DiskBackend;
 use rebound_api::{RebootReport, RebootRequest, VmSpec, VmStatus, Workload};
@@ -41,10 +40,73 @@ use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::guest::{post, remove};
+use crate::guest::{create, get, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
 use crate::webload::{self, Load, Set};
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
+
+/// Why the reboot benchmark did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {}", .0.display())]
+    ReadPlot(std::path::PathBuf, #[source] std::io::Error),
+    #[error("{}: no variants of `bench reboot --json`", .0.display())]
+    PlotJson(std::path::PathBuf, #[source] serde_json::Error),
+    #[error(transparent)]
+    Draw(#[from] draw::DrawError),
+    #[error("unknown variant {bad:?}: expected {}", VARIANTS.join(", "))]
+    Variant { bad: String },
+    #[error("--seconds must be at least 12 and --files at least 1")]
+    Args,
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error(transparent)]
+    Set(#[from] webload::Error),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error("cannot drop the disk {} from the page cache", .0.display())]
+    DropCache(std::path::PathBuf, #[source] rebound_snapshot::ImageError),
+    #[error("cannot tell how much of the disk {} is in the page cache", .0.display())]
+    Cached(std::path::PathBuf, #[source] rebound_snapshot::ImageError),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("{0}: the daemon reports no QEMU pid")]
+    NoPid(String),
+    #[error("{0}: no forward for the web service")]
+    NoForward(String),
+    #[error("cannot emulate the slow disk")]
+    SlowDisk(#[source] crate::slowdisk::Error),
+    #[error("{name}: equal host memory")]
+    EqualMemory {
+        name: String,
+        #[source]
+        source: equalmem::Error,
+    },
+    #[error("the reboot request does not encode as JSON")]
+    Request(#[source] serde_json::Error),
+    #[error("the file set's reads did not finish")]
+    ReadTask(#[source] tokio::task::JoinError),
+    #[error("the reads before the reboot")]
+    ReadsBefore(#[source] webload::Error),
+    #[error("the reads after the reboot")]
+    ReadsAfter(#[source] webload::Error),
+    #[error("{name}: the service did not come back within 300 s of the reboot ({ok} requests answered and {failed} failed since; the reboot answered {reboot:?})")]
+    NotBack {
+        name: String,
+        ok: usize,
+        failed: usize,
+        reboot: Result<Option<u64>, String>,
+    },
+    #[error("variant {variant}, run {run}")]
+    Run {
+        variant: String,
+        run: u32,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 #[derive(Args, Debug)]
 pub struct RebootArgs {
@@ -202,18 +264,25 @@ fn spec(args: &RebootArgs, name: &str, variant: &str, disk: &str) -> VmSpec {
     s
 }
 
-async fn reboot(c: &Client, name: &str, warm: bool) -> anyhow::Result<RebootReport> {
-    let body = serde_json::to_value(RebootRequest { warm, hard: false })?;
-    post(c, &format!("/v1/vms/{name}/reboot"), Some(&body)).await
+async fn reboot(c: &Client, name: &str, warm: bool) -> Result<RebootReport, Error> {
+    let body = serde_json::to_value(RebootRequest { warm, hard: false }).map_err(Error::Request)?;
+    Ok(post(c, &format!("/v1/vms/{name}/reboot"), Some(&body)).await?)
 }
 
 /// Three full reads of the set with `conns` clients; the seconds of each, and the
 /// requests that timed out and were sent again.
-async fn three_reads(set: Set, conns: usize) -> anyhow::Result<([f64; 3], u64)> {
+async fn three_reads(
+    set: Set,
+    conns: usize,
+    fail: fn(webload::Error) -> Error,
+) -> Result<([f64; 3], u64), Error> {
     let mut r = [0.0; 3];
     let mut retries = 0;
     for x in &mut r {
-        let (s, again) = tokio::task::spawn_blocking(move || set.pass(conns)).await??;
+        let (s, again) = tokio::task::spawn_blocking(move || set.pass(conns))
+            .await
+            .map_err(Error::ReadTask)?
+            .map_err(fail)?;
         *x = s;
         retries += again;
     }
@@ -227,7 +296,7 @@ async fn run_variant(
     name: &str,
     disk: &str,
     progress: bool,
-) -> anyhow::Result<(Variant, VmStatus)> {
+) -> Result<(Variant, VmStatus), Error> {
     let say = |m: &str| {
         if progress {
             eprintln!("bench reboot: {variant}: {m}");
@@ -235,20 +304,17 @@ async fn run_variant(
     };
     let s = spec(args, name, variant, disk);
     // Each variant starts with the disk cold on the host.
-    rebound_snapshot::drop_page_cache(std::path::Path::new(disk))?;
-    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+    rebound_snapshot::drop_page_cache(std::path::Path::new(disk))
+        .map_err(|e| Error::DropCache(disk.into(), e))?;
+    create(c, &s).await?;
     let st: VmStatus = post(
         c,
         &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=300000"),
         None,
     )
     .await?;
-    let qemu = st
-        .qemu_pid
-        .ok_or_else(|| anyhow::anyhow!("{name}: the daemon reports no QEMU pid"))?;
-    let disks: Vec<Value> = c
-        .call(hyper::Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
+    let qemu = st.qemu_pid.ok_or_else(|| Error::NoPid(name.to_string()))?;
+    let disks: Vec<Value> = get(c, &format!("/v1/vms/{name}/disks")).await?;
     let blk_pids: Vec<u32> = disks
         .iter()
         .filter_map(|d| d["pid"].as_u64().map(|p| p as u32))
@@ -261,9 +327,10 @@ async fn run_variant(
             std::path::Path::new(disk),
             args.disk_read_mbps * 1_000_000,
             args.disk_read_iops,
-        )?;
+        )
+        .map_err(Error::SlowDisk)?;
         for &pid in std::iter::once(&qemu).chain(&blk_pids) {
-            g.add(pid)?;
+            g.add(pid).map_err(Error::SlowDisk)?;
         }
         Some(g)
     } else {
@@ -278,7 +345,10 @@ async fn run_variant(
             std::path::Path::new(disk),
             warm_cache_mib(args) << 20,
         )
-        .with_context(|| format!("{name}: equal host memory"))?;
+        .map_err(|source| Error::EqualMemory {
+            name: name.to_string(),
+            source,
+        })?;
         let f = &l.figures;
         eprintln!(
             "bench reboot: {variant}: memory group {} limited to {} MiB: QEMU's footprint {} MiB (guest RAM charged in full) + the warm cache's {} MiB, following the footprint",
@@ -302,7 +372,7 @@ async fn run_variant(
         .iter()
         .find(|f| f.guest == 8080)
         .map(|f| f.host)
-        .ok_or_else(|| anyhow::anyhow!("{name}: no forward for the web service"))?;
+        .ok_or_else(|| Error::NoForward(name.to_string()))?;
     let set = Set {
         port,
         files: args.files,
@@ -312,13 +382,9 @@ async fn run_variant(
     let mut reboots = Vec::new();
 
     say("three reads, reboot, three reads");
-    let (reads_before_s, r1) = three_reads(set, args.conns)
-        .await
-        .context("the reads before the reboot")?;
+    let (reads_before_s, r1) = three_reads(set, args.conns, Error::ReadsBefore).await?;
     reboots.push(reboot(c, name, warm).await?);
-    let (reads_after_s, r2) = three_reads(set, args.conns)
-        .await
-        .context("the reads after the reboot")?;
+    let (reads_after_s, r2) = three_reads(set, args.conns, Error::ReadsAfter).await?;
 
     say(&format!(
         "{} s of load, reboot under load, {} s after (x{})",
@@ -349,10 +415,14 @@ async fn run_variant(
                 let done = load.stop();
                 let ok = done.iter().filter(|d| d.ok && d.t >= reboot_at_s).count();
                 let failed = done.iter().filter(|d| !d.ok && d.t >= reboot_at_s).count();
-                anyhow::bail!(
-                    "{name}: the service did not come back within 300 s of the reboot ({ok} requests answered and {failed} failed since; the reboot answered {:?})",
-                    r.map(|r| r.reboot_ms).map_err(|e| e.to_string())
-                );
+                return Err(Error::NotBack {
+                    name: name.to_string(),
+                    ok,
+                    failed,
+                    reboot: r
+                        .map(|r| r.reboot_ms)
+                        .map_err(|e| rebound_errors::chain(&e)),
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
@@ -391,15 +461,18 @@ async fn run_variant(
         })
         .collect();
     let equal_memory = match &mut limit {
-        Some(l) => Some(
-            l.check(std::path::Path::new(disk))
-                .with_context(|| format!("{name}: equal host memory"))?,
-        ),
+        Some(l) => {
+            Some(
+                l.check(std::path::Path::new(disk))
+                    .map_err(|source| Error::EqualMemory {
+                        name: name.to_string(),
+                        source,
+                    })?,
+            )
+        }
         None => None,
     };
-    let disks: Vec<Value> = c
-        .call(hyper::Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
+    let disks: Vec<Value> = get(c, &format!("/v1/vms/{name}/disks")).await?;
     let blk_held_bytes = disks
         .iter()
         .filter_map(|d| d["stats"]["cache"]["held_bytes"].as_u64())
@@ -432,27 +505,30 @@ async fn run_variant(
             rounds,
             run: 0,
             equal_memory,
-            image_cached_bytes: rebound_snapshot::cached_bytes(std::path::Path::new(disk))?,
+            image_cached_bytes: rebound_snapshot::cached_bytes(std::path::Path::new(disk))
+                .map_err(|e| Error::Cached(disk.into(), e))?,
             blk_held_bytes,
         },
         st,
     ))
 }
 
-pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
+pub async fn run(paths: &Paths, args: RebootArgs) -> Result<(), Error> {
     if let (Some(from), Some(svg)) = (&args.plot_from, &args.out.svg) {
-        let v: Value = serde_json::from_slice(&std::fs::read(from)?)
-            .with_context(|| format!("{}", from.display()))?;
-        let rows: Vec<Variant> = serde_json::from_value(v["variants"].clone())
-            .with_context(|| format!("{}: no variants of `bench reboot --json`", from.display()))?;
-        return draw::draw(&v["meta"], &rows, svg);
+        let bytes = std::fs::read(from).map_err(|e| Error::ReadPlot(from.clone(), e))?;
+        let json = |e| Error::PlotJson(from.clone(), e);
+        let v: Value = serde_json::from_slice(&bytes).map_err(json)?;
+        let rows: Vec<Variant> = serde_json::from_value(v["variants"].clone()).map_err(json)?;
+        return Ok(draw::draw(&v["meta"], &rows, svg)?);
     }
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want.iter().find(|v| !VARIANTS.contains(v)) {
-        anyhow::bail!("unknown variant {bad:?}: expected {}", VARIANTS.join(", "));
+        return Err(Error::Variant {
+            bad: bad.to_string(),
+        });
     }
     if args.seconds < 12 || args.files == 0 {
-        anyhow::bail!("--seconds must be at least 12 and --files at least 1");
+        return Err(Error::Args);
     }
     let dir = args.out.scratch("reboot")?;
     let disk = dir.join(webload::SET_IMAGE);
@@ -466,12 +542,12 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
         }
         webload::make_set(&dir, args.files, args.file_size)?;
     }
-    let c = connect(paths).await?;
+    let c = connect(paths).await.map_err(Error::Connect)?;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let tag = format!("br{}", std::process::id());
     let mut rows = Vec::new();
     let mut accel = String::new();
-    let r: anyhow::Result<()> = async {
+    let r: Result<(), Error> = async {
         // Run-major: every variant once, then again, so a drift of the machine
         // spreads over all variants.
         for run in 1..=args.runs {
@@ -484,7 +560,11 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
                 let r =
                     run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
                 remove(&c, &name).await;
-                let (mut row, st) = r.with_context(|| format!("variant {v}, run {run}"))?;
+                let (mut row, st) = r.map_err(|e| Error::Run {
+                    variant: v.to_string(),
+                    run,
+                    source: Box::new(e),
+                })?;
                 row.run = run;
                 accel = st.accel.as_str().to_string();
                 this_run.push(row);
@@ -516,7 +596,8 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> anyhow::Result<()> {
             "{}",
             serde_json::to_string_pretty(
                 &json!({"meta": meta, "summary": summary, "variants": rows})
-            )?
+            )
+            .map_err(Error::Json)?
         );
         return Ok(());
     }

@@ -8,8 +8,40 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
 use serde::Serialize;
+
+/// Why the slow disk could not be set up or checked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no block-I/O control group hierarchy (cgroup v2 io or v1 blkio): the slow disk cannot be emulated here")]
+    NoHierarchy,
+    #[error("cannot create {} (root is needed)", .0.display())]
+    Create(PathBuf, #[source] std::io::Error),
+    #[error("cannot write {value:?} to {}", .file.display())]
+    Write {
+        value: String,
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot move pid {pid} into {}", .group.display())]
+    Add {
+        pid: u32,
+        group: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the rate check's file {}", .0.display())]
+    CheckFile(PathBuf, #[source] std::io::Error),
+    #[error("cannot run dd for the rate check")]
+    Dd(#[source] std::io::Error),
+    #[error("dd of {} failed: {why}", .file.display())]
+    DdFailed { file: PathBuf, why: String },
+    #[error("cannot find the device under {}", .0.display())]
+    Device(PathBuf, #[source] std::io::Error),
+    #[error("{} is on device {maj}:{min}, which is not a block device (tmpfs?): it cannot be throttled", .path.display())]
+    NotBlock { path: PathBuf, maj: u32, min: u32 },
+}
 
 /// What [`SlowDisk::check`] reads.
 const CHECK_BYTES: u64 = 256 << 20;
@@ -36,23 +68,26 @@ pub struct DiskCheck {
 impl SlowDisk {
     /// A group named `name` limiting reads from the device under `file` to `bps`
     /// bytes and `iops` requests per second (0: that one unlimited).
-    pub fn new(name: &str, file: &Path, bps: u64, iops: u64) -> anyhow::Result<SlowDisk> {
+    pub fn new(name: &str, file: &Path, bps: u64, iops: u64) -> Result<SlowDisk, Error> {
         let device = whole_disk(file)?;
         let io_v2 = io_v2();
         let dir = hierarchy(io_v2).join(name);
         if !dir.parent().is_some_and(Path::exists) {
-            anyhow::bail!("no block-I/O control group hierarchy (cgroup v2 io or v1 blkio): the slow disk cannot be emulated here");
+            return Err(Error::NoHierarchy);
         }
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {} (root is needed)", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Create(dir.clone(), e))?;
         let d = SlowDisk {
             dir,
             device,
             added: Default::default(),
         };
         let write = |f: &str, v: String| {
-            std::fs::write(d.dir.join(f), &v)
-                .with_context(|| format!("cannot write {v:?} to {}", d.dir.join(f).display()))
+            let file = d.dir.join(f);
+            std::fs::write(&file, &v).map_err(|source| Error::Write {
+                value: v,
+                file,
+                source,
+            })
         };
         if io_v2 {
             let lim = |k: &str, v: u64| {
@@ -84,10 +119,15 @@ impl SlowDisk {
     }
 
     /// Moves a process (all its threads) into the group, until the group is dropped.
-    pub fn add(&self, pid: u32) -> anyhow::Result<()> {
+    pub fn add(&self, pid: u32) -> Result<(), Error> {
         let was = group_of(pid).unwrap_or_else(|| hierarchy(io_v2()));
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
-            .with_context(|| format!("cannot move pid {pid} into {}", self.dir.display()))?;
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).map_err(|source| {
+            Error::Add {
+                pid,
+                group: self.dir.clone(),
+                source,
+            }
+        })?;
         self.added
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -98,17 +138,18 @@ impl SlowDisk {
     /// Writes a dense file of `CHECK_BYTES` in `dir` (an image's holes would read
     /// without touching the disk), then reads it with O_DIRECT from inside the
     /// group: the rate the limit lets through.
-    pub fn check(&self, dir: &Path, limit_mbps: u32) -> anyhow::Result<DiskCheck> {
+    pub fn check(&self, dir: &Path, limit_mbps: u32) -> Result<DiskCheck, Error> {
         use std::io::Write;
         let file = dir.join(".rate-check");
-        {
+        (|| {
             let mut f = std::fs::File::create(&file)?;
             let block = vec![0x5au8; 1 << 20];
             for _ in 0..CHECK_BYTES >> 20 {
                 f.write_all(&block)?;
             }
-            f.sync_all()?;
-        }
+            f.sync_all()
+        })()
+        .map_err(|e| Error::CheckFile(file.clone(), e))?;
         let t = Instant::now();
         let out = std::process::Command::new("sh")
             .arg("-c")
@@ -119,13 +160,10 @@ impl SlowDisk {
             .output();
         let secs = t.elapsed().as_secs_f64();
         let _ = std::fs::remove_file(&file);
-        let out = out?;
+        let out = out.map_err(Error::Dd)?;
         if !out.status.success() {
-            anyhow::bail!(
-                "dd of {} failed: {}",
-                file.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(Error::DdFailed { file, why });
         }
         Ok(DiskCheck {
             device: self.device.clone(),
@@ -191,19 +229,23 @@ fn group_of(pid: u32) -> Option<PathBuf> {
 
 /// `MAJ:MIN` of the whole disk that holds `path` (throttling rules name disks, not
 /// partitions).
-pub fn whole_disk(path: &Path) -> anyhow::Result<String> {
+pub fn whole_disk(path: &Path) -> Result<String, Error> {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path)?.dev();
+    let dev = std::fs::metadata(path)
+        .map_err(|e| Error::Device(path.to_path_buf(), e))?
+        .dev();
     let (maj, min) = (libc::major(dev), libc::minor(dev));
     let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
     if !sys.exists() {
-        anyhow::bail!(
-            "{} is on device {maj}:{min}, which is not a block device (tmpfs?): it cannot be throttled",
-            path.display()
-        );
+        return Err(Error::NotBlock {
+            path: path.to_path_buf(),
+            maj,
+            min,
+        });
     }
     if sys.join("partition").exists() {
-        let parent = std::fs::read_to_string(sys.join("../dev"))?;
+        let parent = std::fs::read_to_string(sys.join("../dev"))
+            .map_err(|e| Error::Device(path.to_path_buf(), e))?;
         return Ok(parent.trim().to_string());
     }
     Ok(format!("{maj}:{min}"))

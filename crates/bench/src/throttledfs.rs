@@ -15,8 +15,35 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use serde::Serialize;
+
+/// Why the throttled file system could not be made or checked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot prepare {} for the throttled device", .0.display())]
+    Prepare(PathBuf, #[source] std::io::Error),
+    #[error("cannot run qemu-storage-daemon (package qemu-system-common)")]
+    Spawn(#[source] std::io::Error),
+    #[error("qemu-storage-daemon exited ({status}): {log}")]
+    Exited {
+        status: std::process::ExitStatus,
+        log: String,
+    },
+    #[error("qemu-storage-daemon's FUSE export did not appear in 10 s (is /dev/fuse there?)")]
+    NoExport,
+    #[error("a host tool failed on the throttled device")]
+    Tool(#[source] rebound_image::ToolError),
+    #[error("cannot drop the throttled device's file {} from the page cache", .0.display())]
+    DropCache(PathBuf, #[source] rebound_snapshot::ImageError),
+    #[error("cannot write and read back the rate check's file {}", .0.display())]
+    CheckFile(PathBuf, #[source] std::io::Error),
+    #[error("the emulated disk is not held to {limit_mbps} MB/s: a flushed write ran at {write_mbps:.0} MB/s, a cold read at {read_mbps:.0}")]
+    NotHeld {
+        limit_mbps: u32,
+        write_mbps: f64,
+        read_mbps: f64,
+    },
+}
 
 /// What [`ThrottledFs::check`] writes and reads back.
 const CHECK_BYTES: u64 = 256 << 20;
@@ -40,8 +67,8 @@ pub struct FsCheck {
 }
 
 /// Runs a host tool; its standard output, or why it failed.
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = rebound_image::run_tool(cmd)?;
+fn run(cmd: &mut Command) -> Result<String, Error> {
+    let out = rebound_image::run_tool(cmd).map_err(Error::Tool)?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
@@ -57,17 +84,20 @@ fn is_mounted(path: &Path) -> bool {
 impl ThrottledFs {
     /// A file system of `size` bytes under `dir` (which it creates) on a device whose
     /// reads and writes together run at `mbps` MB/s.
-    pub fn new(dir: &Path, size: u64, mbps: u32) -> anyhow::Result<ThrottledFs> {
-        std::fs::create_dir_all(dir)?;
-        let dir = dir.canonicalize()?;
+    pub fn new(dir: &Path, size: u64, mbps: u32) -> Result<ThrottledFs, Error> {
+        let prep = |e| Error::Prepare(dir.to_path_buf(), e);
+        std::fs::create_dir_all(dir).map_err(prep)?;
+        let dir = dir.canonicalize().map_err(prep)?;
         let (backing, device, mount) = (
             dir.join("backing.img"),
             dir.join("device.img"),
             dir.join("fs"),
         );
-        std::fs::File::create(&backing)?.set_len(size)?;
-        std::fs::File::create(&device)?;
-        std::fs::create_dir_all(&mount)?;
+        std::fs::File::create(&backing)
+            .and_then(|f| f.set_len(size))
+            .and_then(|()| std::fs::File::create(&device))
+            .and_then(|_| std::fs::create_dir_all(&mount))
+            .map_err(prep)?;
         let mut fs = ThrottledFs {
             mount,
             dir: dir.clone(),
@@ -75,7 +105,8 @@ impl ThrottledFs {
             daemon: None,
             mounted: false,
         };
-        let log = std::fs::File::create(dir.join("storage-daemon.log"))?;
+        let log = std::fs::File::create(dir.join("storage-daemon.log")).map_err(prep)?;
+        let log2 = log.try_clone().map_err(prep)?;
         let bps = mbps as u64 * 1_000_000;
         let child = Command::new("qemu-storage-daemon")
             .args([
@@ -101,20 +132,23 @@ impl ThrottledFs {
                 ),
             ])
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
+            .stdout(log2)
             .stderr(log)
             .spawn()
-            .context("cannot run qemu-storage-daemon (package qemu-system-common)")?;
+            .map_err(Error::Spawn)?;
         fs.daemon = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !is_mounted(&device) {
             if let Some(Ok(Some(st))) = fs.daemon.as_mut().map(Child::try_wait) {
                 let log =
                     std::fs::read_to_string(dir.join("storage-daemon.log")).unwrap_or_default();
-                anyhow::bail!("qemu-storage-daemon exited ({st}): {}", log.trim());
+                return Err(Error::Exited {
+                    status: st,
+                    log: log.trim().to_string(),
+                });
             }
             if Instant::now() > deadline {
-                anyhow::bail!("qemu-storage-daemon's FUSE export did not appear in 10 s (is /dev/fuse there?)");
+                return Err(Error::NoExport);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -139,33 +173,34 @@ impl ThrottledFs {
 
     /// Flushes the file system and drops what the host caches of the device, so
     /// that the next reads reach the throttle.
-    pub fn drop_device_cache(&self) -> anyhow::Result<()> {
+    pub fn drop_device_cache(&self) -> Result<(), Error> {
         run(Command::new("sync").arg("-f").arg(&self.mount))?;
-        rebound_snapshot::drop_page_cache(&self.dir.join("device.img"))?;
-        Ok(())
+        let dev = self.dir.join("device.img");
+        rebound_snapshot::drop_page_cache(&dev).map_err(|e| Error::DropCache(dev, e))
     }
 
     /// Writes [`CHECK_BYTES`] and flushes them, drops them from the page cache and
     /// reads them back: the rates the device gave.
-    pub fn check(&self, limit_mbps: u32) -> anyhow::Result<FsCheck> {
+    pub fn check(&self, limit_mbps: u32) -> Result<FsCheck, Error> {
         use std::io::{Read, Write};
         let f = self.mount.join("check.bin");
+        let io = |e| Error::CheckFile(f.clone(), e);
         let buf = vec![0x5au8; 1 << 20];
         let t = Instant::now();
-        let mut w = std::fs::File::create(&f)?;
+        let mut w = std::fs::File::create(&f).map_err(io)?;
         for _ in 0..CHECK_BYTES >> 20 {
-            w.write_all(&buf)?;
+            w.write_all(&buf).map_err(io)?;
         }
-        w.sync_all()?;
+        w.sync_all().map_err(io)?;
         let write_s = t.elapsed().as_secs_f64();
         drop(w);
-        rebound_snapshot::drop_page_cache(&f)?;
+        rebound_snapshot::drop_page_cache(&f).map_err(|e| Error::DropCache(f.clone(), e))?;
         let t = Instant::now();
-        let mut r = std::fs::File::open(&f)?;
+        let mut r = std::fs::File::open(&f).map_err(io)?;
         let mut b = vec![0u8; 1 << 20];
-        while r.read(&mut b)? > 0 {}
+        while r.read(&mut b).map_err(io)? > 0 {}
         let read_s = t.elapsed().as_secs_f64();
-        std::fs::remove_file(&f)?;
+        std::fs::remove_file(&f).map_err(io)?;
         let c = FsCheck {
             limit_mbps,
             write_mbps: CHECK_BYTES as f64 / 1e6 / write_s,
@@ -175,11 +210,11 @@ impl ThrottledFs {
         // in front of the throttle answered.
         let most = limit_mbps as f64 * 1.25;
         if c.write_mbps > most || c.read_mbps > most {
-            anyhow::bail!(
-                "the emulated disk is not held to {limit_mbps} MB/s: a flushed write ran at {:.0} MB/s, a cold read at {:.0}",
-                c.write_mbps,
-                c.read_mbps
-            );
+            return Err(Error::NotHeld {
+                limit_mbps,
+                write_mbps: c.write_mbps,
+                read_mbps: c.read_mbps,
+            });
         }
         Ok(c)
     }

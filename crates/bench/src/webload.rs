@@ -13,6 +13,22 @@ use std::time::{Duration, Instant};
 use rebound_image::splitmix64;
 use rebound_image::webset::{file_content, file_path};
 
+/// Why the file set could not be made or was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the host tools for the file set's image are missing")]
+    Tools(#[source] rebound_image::ToolError),
+    #[error("cannot make the file set's image {}", .0.display())]
+    Make(
+        std::path::PathBuf,
+        #[source] rebound_image::webset::WebsetError,
+    ),
+    #[error("cannot remove the file set's scratch files {}", .0.display())]
+    Scratch(std::path::PathBuf, #[source] std::io::Error),
+    #[error("the guest did not serve {0}")]
+    NotServed(String),
+}
+
 /// The file set's image in a benchmark's scratch directory.
 pub const SET_IMAGE: &str = "webset.img";
 
@@ -22,8 +38,8 @@ pub fn make_set(
     dir: &std::path::Path,
     files: u64,
     file_size: u64,
-) -> anyhow::Result<std::path::PathBuf> {
-    let tools = rebound_image::Tools::check()?;
+) -> Result<std::path::PathBuf, Error> {
+    let tools = rebound_image::Tools::check().map_err(Error::Tools)?;
     let scratch = dir.join("webset-files");
     let img = dir.join(SET_IMAGE);
     let shape = rebound_image::webset::WebsetShape {
@@ -31,8 +47,9 @@ pub fn make_set(
         file_size,
         io_size: 0,
     };
-    rebound_image::webset::make(&tools, shape, &scratch, &img, &mut |_| {})?;
-    std::fs::remove_dir_all(&scratch)?;
+    rebound_image::webset::make(&tools, shape, &scratch, &img, &mut |_| {})
+        .map_err(|e| Error::Make(img.clone(), e))?;
+    std::fs::remove_dir_all(&scratch).map_err(|e| Error::Scratch(scratch.clone(), e))?;
     Ok(img)
 }
 
@@ -109,7 +126,7 @@ impl Set {
     /// Reads every file once with `conns` connections in parallel; returns seconds
     /// and the requests that had to be sent again, or an error naming the first file
     /// that did not come back right.
-    pub fn pass(&self, conns: usize) -> anyhow::Result<(f64, u64)> {
+    pub fn pass(&self, conns: usize) -> Result<(f64, u64), Error> {
         let retries = AtomicU64::new(0);
         let next = AtomicU64::new(0);
         let bad = Mutex::new(None);
@@ -136,7 +153,7 @@ impl Set {
             }
         });
         match bad.into_inner().expect("pass lock") {
-            Some(why) => anyhow::bail!("the guest did not serve {why}"),
+            Some(why) => Err(Error::NotServed(why)),
             None => Ok((t0.elapsed().as_secs_f64(), retries.into_inner())),
         }
     }

@@ -8,6 +8,7 @@ use clap::Args;
 use rebound_api::{CrashPolicy, Forward, IoPolicy, OnCrash, PageClass, VmSpec};
 use serde::Serialize;
 
+use super::Error;
 use crate::throttledfs::ThrottledFs;
 
 pub(super) const MB: f64 = 1e6;
@@ -155,8 +156,12 @@ impl Setup {
 
 /// A copy of the image's data disk for one guest, so that no case sees another's
 /// writes, on the emulated slow disk or the real one.
-pub(super) fn copy_disk(setup: &Setup, tag: &str, throttled: bool) -> anyhow::Result<PathBuf> {
+pub(super) fn copy_disk(setup: &Setup, tag: &str, throttled: bool) -> Result<PathBuf, Error> {
     let d = setup.place(throttled).0.join(format!("{tag}.ext4"));
-    std::fs::copy(&setup.disk, &d)?;
+    std::fs::copy(&setup.disk, &d).map_err(|source| Error::Copy {
+        from: setup.disk.clone(),
+        to: d.clone(),
+        source,
+    })?;
     Ok(d)
 }

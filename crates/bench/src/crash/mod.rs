@@ -44,7 +44,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper::Method;
 use rebound_api::{
     CrashPhase, CrashPolicy, CrashReport, DumpResult, IoPolicy, OnCrash, PageClass, RestoreReport,
     SnapshotRequest, SnapshotResult, VmStatus,
@@ -53,12 +52,12 @@ use rebound_vmm::paths::Paths;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::guest::{boot_filled, post, remove};
+use crate::guest::{boot_filled, create, get, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
 use crate::throttledfs::ThrottledFs;
 pub use case::CrashArgs;
 use case::{copy_disk, Case, Outcome, Setup};
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
 use report::{draw, print_text, Meta};
 use sizes::run_sizes;
 
@@ -67,16 +66,75 @@ mod case;
 mod report;
 mod sizes;
 
+/// Why the crash benchmark (or one of its cases) did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown variant {0:?}: expected a, b, c, d, e, r or s")]
+    Variant(String),
+    #[error("--runs must be at least 1")]
+    NoRuns,
+    #[error("--fill {fill} MiB must be below --memory {memory} MiB")]
+    Fill { fill: u64, memory: u64 },
+    #[error("the default image is not usable (run `rebound image build`)")]
+    Image(#[source] rebound_vmm::images::ImagesError),
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("no free port for the service")]
+    Port(#[source] rebound_vmm::process::ProcessError),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error("cannot set up the emulated disk")]
+    SlowDisk(#[source] crate::throttledfs::Error),
+    #[error("cannot copy {} to {}", .from.display(), .to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("the snapshot cannot be read cold")]
+    Cold(#[source] crate::host::CacheError),
+    #[error("{0}: the service does not answer the client before the crash")]
+    NoAnswerBefore(String),
+    #[error("the service did not answer within {0:?}")]
+    NoAnswer(Duration),
+    #[error("{name}: crash handling failed: {notes}")]
+    Failed { name: String, notes: String },
+    #[error("{0}: the recovery VM was not ready 180 s after the dump finished (see `rebound vm logs {0}`)")]
+    RecoveryNotReady(String),
+    #[error("{0}: the crash was not handled within 900 s")]
+    NotHandled(String),
+    #[error("the snapshot request does not encode as JSON")]
+    Request(#[source] serde_json::Error),
+    #[error("dump {0}")]
+    Dump(String, #[source] crate::guest::Error),
+    #[error("case {case}, round {round}")]
+    Case {
+        case: String,
+        round: usize,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error(transparent)]
+    Interrupted(#[from] crate::host::Interrupted),
+    #[error("cannot write {}", .0.display())]
+    Svg(PathBuf, #[source] std::io::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
+
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
-fn cases(args: &CrashArgs) -> anyhow::Result<Vec<Case>> {
+fn cases(args: &CrashArgs) -> Result<Vec<Case>, Error> {
     let want: Vec<&str> = args.variants.split(',').map(str::trim).collect();
     if let Some(bad) = want
         .iter()
         .find(|v| !["a", "b", "c", "d", "e", "r", "s"].contains(v))
     {
-        anyhow::bail!("unknown variant {bad:?}: expected a, b, c, d, e, r or s");
+        return Err(Error::Variant(bad.to_string()));
     }
     let r = args.disk_mbps;
     let mut out = Vec::new();
@@ -231,14 +289,14 @@ impl Prober {
         outage(&self.answers(), t)
     }
 
-    async fn wait_answer_after(&self, t: f64, limit: Duration) -> anyhow::Result<f64> {
+    async fn wait_answer_after(&self, t: f64, limit: Duration) -> Result<f64, Error> {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(x) = self.first_after(t) {
                 return Ok(x);
             }
             if Instant::now() > deadline {
-                anyhow::bail!("the service did not answer within {limit:?}");
+                return Err(Error::NoAnswer(limit));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -304,7 +362,7 @@ async fn run_case(
     setup: &Setup,
     case: &Case,
     name: &str,
-) -> anyhow::Result<(Outcome, VmStatus)> {
+) -> Result<(Outcome, VmStatus), Error> {
     // Where the case's dump, disk and snapshot are: the emulated disk or the real one.
     let (dir, snapshot) = setup.place(case.throttled);
     let disk = copy_disk(setup, name, case.throttled)?;
@@ -322,17 +380,17 @@ async fn run_case(
     let st = boot_filled(c, &spec, args.fill).await?;
     if let (true, Some(snap)) = (case.recover_from, snapshot) {
         // The snapshot was written long before a real crash: restore it cold.
-        crate::host::drop_cache(snap)?;
+        crate::host::drop_cache(snap).map_err(Error::Cold)?;
     }
     if let (true, Some(fs)) = (case.throttled, &setup.slow) {
         // Nothing the emulated disk holds is read from memory that a real disk's
         // host would not have cached either.
-        fs.drop_device_cache()?;
+        fs.drop_device_cache().map_err(Error::SlowDisk)?;
     }
     let probe = Prober::start(setup.port);
     tokio::time::sleep(Duration::from_secs(1)).await;
     if probe.answers().is_empty() {
-        anyhow::bail!("{name}: the service does not answer the client before the crash");
+        return Err(Error::NoAnswerBefore(name.to_string()));
     }
     let load = capacity::Load::start(setup.port, probe.t0);
     tokio::time::sleep(capacity::BEFORE).await;
@@ -379,7 +437,7 @@ async fn run_case(
         remove(c, name).await;
         let mut fresh = spec.clone();
         fresh.crash = CrashPolicy::default();
-        let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&fresh)?)).await?;
+        create(c, &fresh).await?;
         let back = probe
             .wait_answer_after(t_reboot, Duration::from_secs(600))
             .await?;
@@ -422,14 +480,15 @@ async fn run_case(
         o.notes = r.notes.clone();
         dump_file = r.dump_path.as_ref().map(PathBuf::from);
         if case.recover_from {
-            let rr: RestoreReport = c
-                .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
-                .await?;
+            let rr: RestoreReport = get(c, &format!("/v1/vms/{name}/restore")).await?;
             o.restore_running_s = rr.time_to_running_s;
             o.restore_pages_before_start = Some(rr.pages_loaded_before_start);
         }
         if r.phase == CrashPhase::Failed {
-            anyhow::bail!("{name}: crash handling failed: {}", r.notes.join("; "));
+            return Err(Error::Failed {
+                name: name.to_string(),
+                notes: r.notes.join("; "),
+            });
         }
     }
     // The service is back (for b-e before the dump ended); a short look after it, so
@@ -458,11 +517,11 @@ async fn post_boot_snapshot(
     args: &CrashArgs,
     setup: &Setup,
     name: &str,
-) -> anyhow::Result<(PathBuf, SnapshotResult)> {
+) -> Result<(PathBuf, SnapshotResult), Error> {
     let disk = copy_disk(setup, name, false)?;
     let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
     setup.say(&format!("r: booting {name} for the post-boot snapshot"));
-    let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
+    create(c, &spec).await?;
     let _: VmStatus = post(
         c,
         &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
@@ -485,7 +544,7 @@ async fn post_boot_snapshot(
     let r: SnapshotResult = post(
         c,
         &format!("/v1/vms/{name}/snapshot"),
-        Some(&serde_json::to_value(&req)?),
+        Some(&serde_json::to_value(&req).map_err(Error::Request)?),
     )
     .await?;
     remove(c, name).await;
@@ -495,16 +554,26 @@ async fn post_boot_snapshot(
 
 /// Copies the files of `from` (a snapshot directory, one level of subdirectories
 /// at most) into `to`, flushed.
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)? {
-        let e = e?;
+fn copy_tree(from: &Path, to: &Path) -> Result<(), Error> {
+    let copy = |source| Error::Copy {
+        from: from.to_path_buf(),
+        to: to.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(to).map_err(copy)?;
+    for e in std::fs::read_dir(from).map_err(copy)? {
+        let e = e.map_err(copy)?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
-        if e.file_type()?.is_dir() {
+        if e.file_type().map_err(copy)?.is_dir() {
             copy_tree(&src, &dst)?;
         } else {
-            std::fs::copy(&src, &dst)?;
-            std::fs::File::open(&dst)?.sync_all()?;
+            std::fs::copy(&src, &dst)
+                .and_then(|_| std::fs::File::open(&dst)?.sync_all())
+                .map_err(|source| Error::Copy {
+                    from: src,
+                    to: dst,
+                    source,
+                })?;
         }
     }
     Ok(())
@@ -516,24 +585,19 @@ async fn wait_report(
     name: &str,
     setup: &Setup,
     id: &str,
-) -> anyhow::Result<CrashReport> {
+) -> Result<CrashReport, Error> {
     let deadline = Instant::now() + Duration::from_secs(900);
     let mut said_back = false;
     let mut dumped_at: Option<Instant> = None;
     loop {
-        if let Ok(r) = c
-            .call::<CrashReport>(Method::GET, &format!("/v1/vms/{name}/crashes/latest"), None)
-            .await
-        {
+        if let Ok(r) = get::<CrashReport>(c, &format!("/v1/vms/{name}/crashes/latest")).await {
             if matches!(r.phase, CrashPhase::Done | CrashPhase::Failed) {
                 return Ok(r);
             }
             if r.dump_s.is_some() && r.downtime_s.is_none() {
                 let t = *dumped_at.get_or_insert_with(Instant::now);
                 if t.elapsed() > Duration::from_secs(180) {
-                    anyhow::bail!(
-                        "{name}: the recovery VM was not ready 180 s after the dump finished (see `rebound vm logs {name}`)"
-                    );
+                    return Err(Error::RecoveryNotReady(name.to_string()));
                 }
             }
             if let (Some(d), false) = (r.downtime_s, said_back) {
@@ -544,7 +608,7 @@ async fn wait_report(
             }
         }
         if Instant::now() > deadline {
-            anyhow::bail!("{name}: the crash was not handled within 900 s");
+            return Err(Error::NotHandled(name.to_string()));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -564,21 +628,19 @@ fn accel_of(st: &VmStatus) -> (String, String) {
     )
 }
 
-pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
+pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
     if args.runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
+        return Err(Error::NoRuns);
     }
     if args.fill >= args.memory {
-        anyhow::bail!(
-            "--fill {} MiB must be below --memory {} MiB",
-            args.fill,
-            args.memory
-        );
+        return Err(Error::Fill {
+            fill: args.fill,
+            memory: args.memory,
+        });
     }
     let cases = cases(&args)?;
     let want_sizes = args.variants.split(',').any(|v| v.trim() == "s");
-    let img = rebound_vmm::images::open(&paths.home, "default")
-        .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
+    let img = rebound_vmm::images::open(&paths.home, "default").map_err(Error::Image)?;
     let dir = args.out.scratch("crash")?;
     let mut setup = Setup {
         kernel: img.kernel.display().to_string(),
@@ -586,14 +648,14 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         append: img.append.clone(),
         disk: img.disk.clone(),
         dir: dir.clone(),
-        port: rebound_vmm::process::free_port()?,
+        port: rebound_vmm::process::free_port().map_err(Error::Port)?,
         progress: std::io::stderr().is_terminal(),
         snapshot: None,
         slow: None,
         slow_snapshot: None,
     };
     let mut slow_check = None;
-    let c = connect(paths).await?;
+    let c = connect(paths).await.map_err(Error::Connect)?;
     let load_before = load_average();
     let date = rebound_vmm::events::wall_now();
     let tag = format!("bc{}", std::process::id());
@@ -605,13 +667,15 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         if cases.iter().any(|c| c.throttled) {
             // Room for a dump, the guest's disk and the snapshot, twice over; sparse.
             let size = (args.memory * 4 + 4096) << 20;
-            let fs = ThrottledFs::new(&dir.join("slow-disk"), size, args.disk_mbps)?;
+            let fs = ThrottledFs::new(&dir.join("slow-disk"), size, args.disk_mbps)
+                .map_err(Error::SlowDisk)?;
             setup.slow = Some(fs);
             let check = setup
                 .slow
                 .as_ref()
                 .map(|fs| fs.check(args.disk_mbps))
-                .transpose()?;
+                .transpose()
+                .map_err(Error::SlowDisk)?;
             if let Some(c) = &check {
                 setup.say(&format!(
                     "emulated disk: {} MB/s for reads and writes together; a flushed write ran at {:.0} MB/s, a cold read at {:.0}",
@@ -643,7 +707,11 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
                 if r.is_err() {
                     remove(&c, &name).await;
                 }
-                let (o, st) = r?;
+                let (o, st) = r.map_err(|e| Error::Case {
+                    case: case.id.clone(),
+                    round,
+                    source: Box::new(e),
+                })?;
                 accel = accel_of(&st);
                 setup.say(&format!(
                     "{}: client saw the service back after {:.2} s (longest gap {:.2} s)",
@@ -657,16 +725,20 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
                 if r.is_err() {
                     remove(&c, &name).await;
                 }
-                let (sz, st) = r?;
+                let (sz, st) = r.map_err(|e| Error::Case {
+                    case: "s".into(),
+                    round,
+                    source: Box::new(e),
+                })?;
                 accel = accel_of(&st);
                 sizes.push(sz);
             }
         }
-        Ok(())
+        Ok::<(), Error>(())
     };
     // Interrupted, the run still unmounts its emulated disk and removes its guests'
     // files on the way out.
-    let r: anyhow::Result<()> = crate::host::until_interrupted(work).await;
+    let r = crate::host::until_interrupted(work).await;
     if r.is_err() {
         // A guest the run was measuring when it stopped holds files on the
         // emulated disk: gone before it is unmounted.
@@ -698,12 +770,12 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> anyhow::Result<()> {
         slow_disk: slow_check,
     };
     if let Some(svg) = &args.out.svg {
-        std::fs::write(svg, draw(&meta, &med))?;
+        std::fs::write(svg, draw(&meta, &med)).map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if args.out.json {
         let v =
             json!({"meta": meta, "cases": cases, "median": med, "runs": results, "sizes": sizes});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
         print_text(&meta, &cases, &med, &sizes);
     }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::case::{copy_disk, CrashArgs, Setup, MIB};
+use super::Error;
 use crate::guest::{boot_filled, post, remove};
 use rebound_client::Client;
 
@@ -34,7 +35,7 @@ pub(super) async fn run_sizes(
     args: &CrashArgs,
     setup: &Setup,
     name: &str,
-) -> anyhow::Result<(Sizes, VmStatus)> {
+) -> Result<(Sizes, VmStatus), Error> {
     let disk = copy_disk(setup, name, false)?;
     let spec = setup.spec(args, name, &disk, CrashPolicy::default(), 0);
     setup.say(&format!("s: booting {name} and filling {} MiB", args.fill));
@@ -108,24 +109,19 @@ async fn dump_as(
     name: &str,
     file: &str,
     mut body: Value,
-) -> anyhow::Result<DumpResult> {
+) -> Result<DumpResult, Error> {
     body["out"] = json!(setup.dir.join(format!("{name}.{file}")));
     setup.say(&format!("s: dump {file}"));
     post(c, &format!("/v1/vms/{name}/dump"), Some(&body))
         .await
-        .map_err(|e| anyhow::anyhow!("{file}: {e}"))
+        .map_err(|e| Error::Dump(file.to_string(), e))
 }
 
 /// A dump's result, or `None` with why in `notes`: one failed dump of `s` does not
 /// lose the run.
-fn keep(r: anyhow::Result<DumpResult>, notes: &mut Vec<String>) -> Option<DumpResult> {
-    r.map_err(|e| {
-        notes.push(format!(
-            "dump {} (not counted)",
-            rebound_errors::chain(e.as_ref())
-        ))
-    })
-    .ok()
+fn keep(r: Result<DumpResult, Error>, notes: &mut Vec<String>) -> Option<DumpResult> {
+    r.map_err(|e| notes.push(format!("{} (not counted)", rebound_errors::chain(&e))))
+        .ok()
 }
 
 pub(super) fn print_sizes(s: &Sizes) {

@@ -41,7 +41,24 @@ fn median_runs(rows: &[Variant]) -> Vec<(&Variant, String)> {
         .collect()
 }
 
-pub fn draw(meta: &Value, rows: &[Variant], out: &std::path::Path) -> anyhow::Result<()> {
+/// The figure could not be drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot draw the figure to {}", .0.display())]
+pub struct DrawError(
+    std::path::PathBuf,
+    #[source] plotters::drawing::DrawingAreaErrorKind<std::io::Error>,
+);
+
+/// Draws the run to the SVG file `out`.
+pub fn draw(meta: &Value, rows: &[Variant], out: &std::path::Path) -> Result<(), DrawError> {
+    paint(meta, rows, out).map_err(|e| DrawError(out.to_path_buf(), e))
+}
+
+fn paint(
+    meta: &Value,
+    rows: &[Variant],
+    out: &std::path::Path,
+) -> Result<(), plotters::drawing::DrawingAreaErrorKind<std::io::Error>> {
     use plotters::prelude::*;
     let picked = median_runs(rows);
     let root = SVGBackend::new(out, (1000, 760)).into_drawing_area();

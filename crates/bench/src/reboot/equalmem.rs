@@ -20,9 +20,41 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-use rebound_vmm::cgroup::Group;
+use rebound_vmm::cgroup::{CgroupError, Group};
 use serde::{Deserialize, Serialize};
+
+/// Why equal host memory could not be set up or did not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot find the memory group of QEMU (pid {0})")]
+    Group(u32, #[source] CgroupError),
+    #[error(
+        "QEMU (pid {0}) runs in the root memory group: limiting it would limit the whole host"
+    )]
+    Root(u32),
+    #[error("cannot read or set QEMU's memory group")]
+    Cgroup(#[source] CgroupError),
+    #[error("cannot tell how much of the image is in the page cache")]
+    Cached(#[source] rebound_snapshot::ImageError),
+    #[error("the memory limit did not apply: {0}")]
+    NotApplied(String),
+    #[error("QEMU left the limited memory group {} for {}", .was.display(), .now.display())]
+    Left { was: PathBuf, now: PathBuf },
+    #[error("the limit could not follow QEMU's footprint: {0}")]
+    NotFollowed(String),
+    #[error("equal memory did not hold: {0}")]
+    NotHeld(String),
+    #[error("cannot read the guest's RAM file {}", .0.display())]
+    RamFile(PathBuf, #[source] std::io::Error),
+    #[error("cannot run fallocate")]
+    Fallocate(#[source] std::io::Error),
+    #[error("fallocate of {} in {} failed: {why}", .file.display(), .group.display())]
+    FallocateFailed {
+        file: PathBuf,
+        group: PathBuf,
+        why: String,
+    },
+}
 
 /// How often the limit follows QEMU's footprint.
 const FOLLOW: std::time::Duration = std::time::Duration::from_millis(100);
@@ -120,19 +152,16 @@ impl Limit {
         ram_file: &Path,
         image: &Path,
         cache_bytes: u64,
-    ) -> anyhow::Result<Limit> {
-        let group = Group::of_process(qemu_pid)
-            .with_context(|| format!("the memory group of QEMU (pid {qemu_pid})"))?;
+    ) -> Result<Limit, Error> {
+        let group = Group::of_process(qemu_pid).map_err(|e| Error::Group(qemu_pid, e))?;
         if group.is_root() {
-            anyhow::bail!(
-                "QEMU (pid {qemu_pid}) runs in the root memory group: limiting it would limit the whole host"
-            );
+            return Err(Error::Root(qemu_pid));
         }
         charge_ram(&group, ram_file)?;
-        group.reset_peak()?;
+        group.reset_peak().map_err(Error::Cgroup)?;
         let footprint = footprint(&group, image)?;
         let limit = limit_for(footprint, cache_bytes);
-        group.set_limit(Some(limit))?;
+        group.set_limit(Some(limit)).map_err(Error::Cgroup)?;
         let figures = EqualMemory {
             group: group.path().to_path_buf(),
             cache_bytes,
@@ -140,8 +169,7 @@ impl Limit {
             limit_bytes: limit,
             ..Default::default()
         };
-        held(&figures, group.limit()?, limit)
-            .map_err(|e| anyhow::anyhow!("the memory limit did not apply: {e}"))?;
+        held(&figures, group.limit().map_err(Error::Cgroup)?, limit).map_err(Error::NotApplied)?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let follower = {
             let (g, image, stop) = (group.clone(), image.to_path_buf(), stop.clone());
@@ -157,30 +185,29 @@ impl Limit {
     }
 
     /// What held over the run; fails loudly if the limit did not.
-    pub fn check(&mut self, image: &Path) -> anyhow::Result<EqualMemory> {
-        let now = Group::of_process(self.qemu_pid)?;
+    pub fn check(&mut self, image: &Path) -> Result<EqualMemory, Error> {
+        let now = Group::of_process(self.qemu_pid).map_err(|e| Error::Group(self.qemu_pid, e))?;
         if now.path() != self.group.path() {
-            anyhow::bail!(
-                "QEMU left the limited memory group {} for {}",
-                self.group.path().display(),
-                now.path().display()
-            );
+            return Err(Error::Left {
+                was: self.group.path().to_path_buf(),
+                now: now.path().to_path_buf(),
+            });
         }
         let seen = self.stop_following();
         if let Some(e) = seen.error {
-            anyhow::bail!("the limit could not follow QEMU's footprint: {e}");
+            return Err(Error::NotFollowed(e));
         }
         let f = &mut self.figures;
         f.footprint_max_bytes = seen.footprint_max;
         f.image_cached_max_bytes = seen.image_max;
         f.limit_moves = seen.moves;
-        f.peak_bytes = self.group.peak()?;
-        f.file_bytes_after = self.group.charged()?.file;
-        f.image_cached_bytes = rebound_snapshot::cached_bytes(image)?;
-        f.limit_hits = self.group.limit_hits()?;
-        let want = limit_for(footprint(&self.group, image)?, f.cache_bytes);
-        held(f, self.group.limit()?, want)
-            .map_err(|e| anyhow::anyhow!("equal memory did not hold: {e}"))?;
+        let g = &self.group;
+        f.peak_bytes = g.peak().map_err(Error::Cgroup)?;
+        f.file_bytes_after = g.charged().map_err(Error::Cgroup)?.file;
+        f.image_cached_bytes = rebound_snapshot::cached_bytes(image).map_err(Error::Cached)?;
+        f.limit_hits = g.limit_hits().map_err(Error::Cgroup)?;
+        let want = limit_for(footprint(g, image)?, f.cache_bytes);
+        held(f, g.limit().map_err(Error::Cgroup)?, want).map_err(Error::NotHeld)?;
         Ok(f.clone())
     }
 
@@ -201,9 +228,9 @@ impl Drop for Limit {
 }
 
 /// QEMU's footprint: what its group holds but the image's page cache.
-fn footprint(group: &Group, image: &Path) -> anyhow::Result<u64> {
-    let image = rebound_snapshot::cached_bytes(image)?;
-    Ok(group.usage()?.saturating_sub(image))
+fn footprint(group: &Group, image: &Path) -> Result<u64, Error> {
+    let image = rebound_snapshot::cached_bytes(image).map_err(Error::Cached)?;
+    Ok(group.usage().map_err(Error::Cgroup)?.saturating_sub(image))
 }
 
 /// Moves the limit after QEMU's footprint until `stop`.
@@ -216,22 +243,22 @@ fn follow(
     let mut seen = Followed::default();
     let mut set = 0;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let r = (|| -> anyhow::Result<()> {
-            let cached = rebound_snapshot::cached_bytes(image)?;
-            let own = group.usage()?.saturating_sub(cached);
+        let r = (|| -> Result<(), Error> {
+            let cached = rebound_snapshot::cached_bytes(image).map_err(Error::Cached)?;
+            let own = group.usage().map_err(Error::Cgroup)?.saturating_sub(cached);
             seen.footprint_max = seen.footprint_max.max(own);
             seen.image_max = seen.image_max.max(cached);
             let want = limit_for(own, cache);
             // Moves of less than a MiB are noise of the usage counter.
             if want.abs_diff(set) >= 1 << 20 {
-                group.set_limit(Some(want))?;
+                group.set_limit(Some(want)).map_err(Error::Cgroup)?;
                 set = want;
                 seen.moves += 1;
             }
             Ok(())
         })();
         if let Err(e) = r {
-            seen.error.get_or_insert(format!("{e:#}"));
+            seen.error.get_or_insert_with(|| rebound_errors::chain(&e));
         }
         std::thread::sleep(FOLLOW);
     }
@@ -240,9 +267,9 @@ fn follow(
 
 /// Allocates every page of the guest's RAM file from a process inside `group`
 /// (`fallocate` keeps what is written and charges what it adds to the caller's group).
-fn charge_ram(group: &Group, ram_file: &Path) -> anyhow::Result<()> {
+fn charge_ram(group: &Group, ram_file: &Path) -> Result<(), Error> {
     let size = std::fs::metadata(ram_file)
-        .with_context(|| format!("the guest's RAM file {}", ram_file.display()))?
+        .map_err(|e| Error::RamFile(ram_file.to_path_buf(), e))?
         .len();
     let out = std::process::Command::new("sh")
         .arg("-c")
@@ -252,14 +279,13 @@ fn charge_ram(group: &Group, ram_file: &Path) -> anyhow::Result<()> {
         .arg(size.to_string())
         .arg(ram_file)
         .output()
-        .context("cannot run fallocate")?;
+        .map_err(Error::Fallocate)?;
     if !out.status.success() {
-        anyhow::bail!(
-            "fallocate of {} in {} failed: {}",
-            ram_file.display(),
-            group.path().display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(Error::FallocateFailed {
+            file: ram_file.to_path_buf(),
+            group: group.path().to_path_buf(),
+            why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }

@@ -20,12 +20,9 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hyper::Method;
 use rebound_api::{
     Forward, RamCheck, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
     SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
@@ -35,12 +32,78 @@ use serde::Serialize;
 use serde_json::json;
 
 mod cells;
+mod kv;
+mod report;
 
-use crate::guest::{boot_filled, post, remove};
+use crate::guest::{boot_filled, create, get, post, remove};
 use crate::host::{drop_cache, host_cpus, host_kernel, load_average};
 use crate::slowdisk::{DiskCheck, SlowDisk};
-use cells::Cell;
-use rebound_client::{connect, Client};
+use cells::{Cell, Failure};
+use kv::{kv_fill, KvLoad};
+use rebound_client::{connect, Client, ClientError};
+use report::{draw, print_text};
+
+/// Why the restore benchmark, or one of its snapshots or restores, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown {what} {bad:?}: expected {expected}")]
+    Unknown {
+        what: String,
+        bad: String,
+        expected: String,
+    },
+    #[error(
+        "--touch {touch} MiB needs at least 128 MiB more guest memory than --memory {memory} MiB"
+    )]
+    Touch { touch: u64, memory: u64 },
+    #[error("--runs must be at least 1")]
+    NoRuns,
+    #[error("--watch-s and --trace-s must be positive")]
+    Times,
+    #[error("the default image is not usable (run `rebound image build`)")]
+    Image(#[source] rebound_vmm::images::ImagesError),
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error("no free port for the host client")]
+    Port(#[source] rebound_vmm::process::ProcessError),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("cannot copy the image's disk {} to {}", .from.display(), .to.display())]
+    CopyDisk {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the snapshot request does not encode as JSON")]
+    Request(#[source] serde_json::Error),
+    #[error("cannot connect to the kv service")]
+    KvConnect(#[source] std::io::Error),
+    #[error("cannot write the kv keys")]
+    KvWrite(#[source] std::io::Error),
+    #[error("the kv writer stopped")]
+    KvTask(#[source] tokio::task::JoinError),
+    #[error("kv closed the connection after {got} of {keys} keys")]
+    KvClosed { got: u64, keys: u64 },
+    #[error("kv refused key {key}: {answer}")]
+    KvRefused { key: u64, answer: String },
+    #[error("the snapshot cannot be restored cold")]
+    Cold(#[source] crate::host::CacheError),
+    #[error("{name}: the restore failed: {why}")]
+    Failed { name: String, why: String },
+    #[error("{0}: the restore report was not done after 300 s")]
+    NotDone(String),
+    #[error("cannot emulate the slow disk")]
+    SlowDisk(#[source] crate::slowdisk::Error),
+    #[error("cannot write {}", .0.display())]
+    Svg(PathBuf, #[source] std::io::Error),
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("{0}")]
+    Incomplete(Incomplete),
+}
 
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
@@ -167,10 +230,14 @@ struct Meta {
     load_after: String,
 }
 
-fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> anyhow::Result<Vec<&'a str>> {
+fn pick<'a>(list: &'a str, all: &[&'a str], what: &str) -> Result<Vec<&'a str>, Error> {
     let v: Vec<&str> = list.split(',').map(str::trim).collect();
     if let Some(bad) = v.iter().find(|x| !all.contains(x)) {
-        anyhow::bail!("unknown {what} {bad:?}: expected {}", all.join(", "));
+        return Err(Error::Unknown {
+            what: what.to_string(),
+            bad: bad.to_string(),
+            expected: all.join(", "),
+        });
     }
     Ok(v)
 }
@@ -228,7 +295,7 @@ impl Bench {
     /// The source VM of a workload; every restore of its snapshot keeps this
     /// forward, so the host client finds the service on the same port. Workloads
     /// but the image's own boot as a user brings a kernel ([`own_kernel`]).
-    fn spec(&self, workload: &str, name: &str) -> anyhow::Result<VmSpec> {
+    fn spec(&self, workload: &str, name: &str) -> Result<VmSpec, Error> {
         let mut s = VmSpec::new(name);
         s.memory_mib = self.args.memory;
         let touch = (self.args.touch << 20).to_string();
@@ -250,7 +317,11 @@ impl Bench {
                 // As a user brings a kernel: the image's kernel and disk, its own
                 // command line with two workloads, readiness by HTTP.
                 let disk = self.dir.join(format!("{name}.ext4"));
-                std::fs::copy(&self.img.disk, &disk)?;
+                std::fs::copy(&self.img.disk, &disk).map_err(|source| Error::CopyDisk {
+                    from: self.img.disk.clone(),
+                    to: disk.clone(),
+                    source,
+                })?;
                 s.kernel = Some(self.img.kernel.display().to_string());
                 s.initrd = Some(self.img.initrd.display().to_string());
                 s.append = Some(format!(
@@ -270,14 +341,14 @@ impl Bench {
 
     /// Boots the workload's guest, loads it, snapshots it (with QEMU's stock stream
     /// and a post-snapshot trace) and removes it.
-    async fn snapshot(&self, workload: &str, tag: &str) -> anyhow::Result<(PathBuf, Snap, String)> {
+    async fn snapshot(&self, workload: &str, tag: &str) -> Result<(PathBuf, Snap, String), Error> {
         let name = format!("{tag}-{workload}");
         let spec = self.spec(workload, &name)?;
         self.say(&format!("{workload}: booting {name}"));
         let st: VmStatus = if matches!(workload, "memfill" | "mixed") {
             boot_filled(&self.c, &spec, self.args.touch).await?
         } else {
-            let _: VmStatus = post(&self.c, "/v1/vms", Some(&serde_json::to_value(&spec)?)).await?;
+            create(&self.c, &spec).await?;
             post(
                 &self.c,
                 &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
@@ -310,7 +381,7 @@ impl Bench {
         let r: SnapshotResult = post(
             &self.c,
             &format!("/v1/vms/{name}/snapshot"),
-            Some(&serde_json::to_value(&req)?),
+            Some(&serde_json::to_value(&req).map_err(Error::Request)?),
         )
         .await?;
         drop(load);
@@ -326,6 +397,27 @@ impl Bench {
         Ok((out, snap, st.accel.as_str().to_string()))
     }
 
+    /// The emulated slow disk under `snap` for the daemon (and the QEMUs it starts),
+    /// checked with a direct read through it.
+    fn emulated_disk(&self, snap: &Path, daemon_pid: u32) -> Result<(SlowDisk, DiskCheck), Error> {
+        let s = SlowDisk::new(
+            &format!("rebound-bench-{}", std::process::id()),
+            snap,
+            self.args.disk_mbps as u64 * 1_000_000,
+            0,
+        )
+        .map_err(Error::SlowDisk)?;
+        s.add(daemon_pid).map_err(Error::SlowDisk)?;
+        let chk = s
+            .check(&self.dir, self.args.disk_mbps)
+            .map_err(Error::SlowDisk)?;
+        self.say(&format!(
+            "emulated disk: {} limited to {} MB/s; dd O_DIRECT read {:.0} MB/s",
+            chk.device, chk.limit_mbps, chk.dd_mbps
+        ));
+        Ok((s, chk))
+    }
+
     /// One cold restore of `snap` in `mode`, watched to the end of its report.
     async fn restore(
         &self,
@@ -334,8 +426,8 @@ impl Bench {
         mode_id: &str,
         snap: &Path,
         name: &str,
-    ) -> anyhow::Result<Record> {
-        drop_cache(snap)?;
+    ) -> Result<Record, Error> {
+        drop_cache(snap).map_err(Error::Cold)?;
         let (mode, rest_order, ram_check) = mode_of(mode_id);
         let req = RestoreRequest {
             dir: snap.display().to_string(),
@@ -365,24 +457,21 @@ impl Bench {
         };
         let load = (workload == "kv").then(|| self.kv_load());
         let t0 = Instant::now();
-        let _: RestoreReport =
-            post(&self.c, "/v1/restore", Some(&serde_json::to_value(&req)?)).await?;
+        let body = serde_json::to_value(&req).map_err(Error::Request)?;
+        let _: RestoreReport = post(&self.c, "/v1/restore", Some(&body)).await?;
         let rep = loop {
-            let r: RestoreReport = self
-                .c
-                .call(Method::GET, &format!("/v1/vms/{name}/restore"), None)
-                .await?;
+            let r: RestoreReport = get(&self.c, &format!("/v1/vms/{name}/restore")).await?;
             if r.phase == "failed" {
-                anyhow::bail!(
-                    "{name}: the restore failed: {}",
-                    r.error.unwrap_or_default()
-                );
+                return Err(Error::Failed {
+                    name: name.to_string(),
+                    why: r.error.unwrap_or_default(),
+                });
             }
             if r.phase == "done" {
                 break r;
             }
             if t0.elapsed() > Duration::from_secs(300) {
-                anyhow::bail!("{name}: the restore report was not done after 300 s");
+                return Err(Error::NotDone(name.to_string()));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
@@ -422,106 +511,7 @@ fn service_port(workload: &str) -> Option<u16> {
     }
 }
 
-/// A host client reading kv keys as fast as one connection allows, reconnecting
-/// when the service is away; the answers' times since its start.
-struct KvLoad {
-    t0: Instant,
-    answers: Arc<std::sync::Mutex<Vec<f64>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl KvLoad {
-    /// Reads every `stride`-th of `keys` keys, in a scattered order.
-    fn start(port: u16, keys: u64, stride: u64) -> KvLoad {
-        let hot = (keys / stride).max(1);
-        let t0 = Instant::now();
-        let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (a, s) = (answers.clone(), stop.clone());
-        let seq = AtomicU64::new(0);
-        tokio::spawn(async move {
-            use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-            while !s.load(Ordering::Relaxed) {
-                let Ok(Ok(conn)) = tokio::time::timeout(
-                    Duration::from_millis(500),
-                    tokio::net::TcpStream::connect(("127.0.0.1", port)),
-                )
-                .await
-                else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let mut conn = tokio::io::BufReader::new(conn);
-                let mut line = String::new();
-                while !s.load(Ordering::Relaxed) {
-                    let i = seq.fetch_add(7919, Ordering::Relaxed) % hot * stride;
-                    if conn
-                        .get_mut()
-                        .write_all(format!("GET k{i}\n").as_bytes())
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                    line.clear();
-                    match tokio::time::timeout(Duration::from_secs(2), conn.read_line(&mut line))
-                        .await
-                    {
-                        Ok(Ok(n)) if n > 0 => a.lock().unwrap().push(t0.elapsed().as_secs_f64()),
-                        _ => break,
-                    }
-                }
-            }
-        });
-        KvLoad { t0, answers, stop }
-    }
-
-    /// Answers in the `window` seconds after `from`.
-    fn answers_within(&self, from: Instant, window: f64) -> u64 {
-        let lo = from.duration_since(self.t0).as_secs_f64();
-        self.answers
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|&&t| t >= lo && t < lo + window)
-            .count() as u64
-    }
-}
-
-impl Drop for KvLoad {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Writes the kv guest's keys (pipelined on one connection).
-async fn kv_fill(port: u16, keys: u64) -> anyhow::Result<()> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let (r, mut w) = conn.into_split();
-    let writer = tokio::spawn(async move {
-        let v = "v".repeat(KV_VALUE as usize);
-        for i in 0..keys {
-            w.write_all(format!("SET k{i} {v}\n").as_bytes()).await?;
-        }
-        Ok::<_, std::io::Error>(w)
-    });
-    let mut r = tokio::io::BufReader::new(r);
-    let mut line = String::new();
-    for i in 0..keys {
-        line.clear();
-        if r.read_line(&mut line).await? == 0 {
-            anyhow::bail!("kv closed the connection after {i} of {keys} keys");
-        }
-        if line.starts_with("ERR") {
-            anyhow::bail!("kv refused key {i}: {}", line.trim());
-        }
-    }
-    writer.await??;
-    Ok(())
-}
-
-pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
+pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
     let (w, m, d) = (
         args.workloads.clone(),
         args.modes.clone(),
@@ -531,31 +521,26 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let modes = pick(&m, &MODES, "mode")?;
     let disks = pick(&d, &["real", "emulated"], "disk")?;
     if matches!(args.touch.checked_add(128), Some(t) if t > args.memory) {
-        anyhow::bail!(
-            "--touch {} MiB needs at least 128 MiB more guest memory than --memory {} MiB",
-            args.touch,
-            args.memory
-        );
+        return Err(Error::Touch {
+            touch: args.touch,
+            memory: args.memory,
+        });
     }
     if args.runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
+        return Err(Error::NoRuns);
     }
     if args.watch_s <= 0.0 || args.trace_s <= 0.0 {
-        anyhow::bail!("--watch-s and --trace-s must be positive");
+        return Err(Error::Times);
     }
-    let img = rebound_vmm::images::open(&paths.home, "default")
-        .map_err(|e| anyhow::anyhow!("the default image: {e} (run `rebound image build`)"))?;
+    let img = rebound_vmm::images::open(&paths.home, "default").map_err(Error::Image)?;
     let dir = args.out.scratch("restore")?;
-    let c = connect(paths).await?;
-    let daemon_pid = c
-        .call::<rebound_api::Health>(Method::GET, "/v1/health", None)
-        .await?
-        .pid;
+    let c = connect(paths).await.map_err(Error::Connect)?;
+    let daemon_pid = get::<rebound_api::Health>(&c, "/v1/health").await?.pid;
     let keep_dir = args.out.dir.is_some();
     let b = Bench {
         c,
         dir: dir.clone(),
-        port: rebound_vmm::process::free_port()?,
+        port: rebound_vmm::process::free_port().map_err(Error::Port)?,
         progress: std::io::stderr().is_terminal(),
         img,
         args,
@@ -563,68 +548,81 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
     let load_before = load_average();
     let date = rebound_vmm::events::wall_now();
     let tag = format!("br{}", std::process::id());
-    let mut records = Vec::new();
+    // Every restore tried, measured or failed: one failure is reported with the rest
+    // and the run goes on.
+    let mut tried: Vec<Result<Record, Failure>> = Vec::new();
     let mut snaps = Vec::new();
     let mut checks = Vec::new();
     let mut accel = String::new();
-    let r: anyhow::Result<()> = async {
-        for w in &workloads {
-            let (snap, s, a) = b.snapshot(w, &tag).await?;
-            accel = a;
-            snaps.push(s);
-            for d in &disks {
-                let slow = match *d {
-                    "emulated" => {
-                        let s = SlowDisk::new(
-                            &format!("rebound-bench-{}", std::process::id()),
-                            &snap,
-                            b.args.disk_mbps as u64 * 1_000_000,
-                            0,
-                        )?;
-                        s.add(daemon_pid)?;
-                        let chk = s.check(&b.dir, b.args.disk_mbps)?;
-                        b.say(&format!(
-                            "emulated disk: {} limited to {} MB/s; dd O_DIRECT read {:.0} MB/s",
-                            chk.device, chk.limit_mbps, chk.dd_mbps
-                        ));
+    let failure = |w: &str, d: Option<&str>, m: Option<&str>, round: Option<usize>, e: Error| {
+        let f = Failure {
+            workload: w.into(),
+            disk: d.map(Into::into),
+            mode: m.map(Into::into),
+            round,
+            error: rebound_errors::chain(&e),
+        };
+        eprintln!("bench restore: {} failed: {}", f.place(), f.error);
+        f
+    };
+    for w in &workloads {
+        let (snap, s, a) = match b.snapshot(w, &tag).await {
+            Ok(x) => x,
+            Err(e) => {
+                remove(&b.c, &format!("{tag}-{w}")).await;
+                let _ = std::fs::remove_dir_all(b.dir.join(format!("snap-{w}")));
+                tried.push(Err(failure(w, None, None, None, e)));
+                continue;
+            }
+        };
+        accel = a;
+        snaps.push(s);
+        for d in &disks {
+            let slow = match *d {
+                "emulated" => match b.emulated_disk(&snap, daemon_pid) {
+                    Ok((s, chk)) => {
                         checks.push(chk);
                         Some(s)
                     }
-                    _ => None,
-                };
-                for round in 0..b.args.runs {
-                    for m in &modes {
-                        let name = format!("{tag}-{w}-{m}-{d}-{round}");
-                        b.say(&format!(
-                            "{w}: {m} restore, {d} disk, cold (run {} of {})",
-                            round + 1,
-                            b.args.runs
-                        ));
-                        let r = b.restore(w, d, m, &snap, &name).await;
-                        if r.is_err() {
-                            remove(&b.c, &name).await;
+                    Err(e) => {
+                        tried.push(Err(failure(w, Some(d), None, None, e)));
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            for round in 0..b.args.runs {
+                for m in &modes {
+                    let name = format!("{tag}-{w}-{m}-{d}-{round}");
+                    b.say(&format!(
+                        "{w}: {m} restore, {d} disk, cold (run {} of {})",
+                        round + 1,
+                        b.args.runs
+                    ));
+                    match b.restore(w, d, m, &snap, &name).await {
+                        Ok(mut rec) => {
+                            rec.round = round;
+                            b.say(&format!(
+                                "{w}/{d}/{m}: running after {}, responsive after {}",
+                                secs(rec.time_to_running_s),
+                                secs(rec.time_to_responsive_s)
+                            ));
+                            tried.push(Ok(rec));
                         }
-                        let mut rec = r?;
-                        rec.round = round;
-                        b.say(&format!(
-                            "{w}/{d}/{m}: running after {}, responsive after {}",
-                            secs(rec.time_to_running_s),
-                            secs(rec.time_to_responsive_s)
-                        ));
-                        records.push(rec);
+                        Err(e) => {
+                            remove(&b.c, &name).await;
+                            tried.push(Err(failure(w, Some(d), Some(m), Some(round), e)));
+                        }
                     }
                 }
-                drop(slow);
             }
-            let _ = std::fs::remove_dir_all(&snap);
+            drop(slow);
         }
-        Ok(())
+        let _ = std::fs::remove_dir_all(&snap);
     }
-    .await;
     if !keep_dir {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    r?;
     let meta = Meta {
         date,
         accel,
@@ -640,20 +638,74 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> anyhow::Result<()> {
         load_before,
         load_after: load_average(),
     };
-    let cells = cells::cells(&records);
-    let medians: Vec<Record> = cells.iter().map(|c| c.median.clone()).collect();
+    let cells = cells::cells(&tried);
+    let medians: Vec<Record> = cells.iter().filter_map(|c| c.median.clone()).collect();
     let ratios = ratios(&medians);
+    let (records, failures): (Vec<_>, Vec<_>) = tried.into_iter().partition(Result::is_ok);
+    let records: Vec<Record> = records.into_iter().flatten().collect();
+    let failures: Vec<Failure> = failures.into_iter().filter_map(Result::err).collect();
     if let Some(svg) = &b.args.out.svg {
-        std::fs::write(svg, draw(&meta, &cells))?;
+        std::fs::write(svg, draw(&meta, &cells, &failures))
+            .map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if b.args.out.json {
+        let measured: Vec<&Cell> = cells.iter().filter(|c| c.median.is_some()).collect();
         let v = json!({"meta": meta, "snapshots": snaps, "emulated_disk": checks,
-            "records": records, "medians": cells, "ratios": ratios});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+            "records": records, "failures": failures, "medians": measured, "ratios": ratios});
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
-        print_text(&meta, &snaps, &checks, &cells, &ratios);
+        print_text(&meta, &snaps, &checks, &cells, &ratios, &failures);
     }
-    Ok(())
+    match Incomplete::of(&failures, records.len()) {
+        Some(e) => Err(Error::Incomplete(e)),
+        None => Ok(()),
+    }
+}
+
+/// What failed of a run, for its exit: how many restores of how many tried, and how
+/// many snapshots or emulated disks (each one's restores were not tried).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Incomplete {
+    pub restores_failed: usize,
+    pub restores_tried: usize,
+    pub setups_failed: usize,
+}
+
+impl Incomplete {
+    /// `None` when nothing failed.
+    fn of(failures: &[Failure], measured: usize) -> Option<Incomplete> {
+        let restores_failed = failures.iter().filter(|f| f.is_restore()).count();
+        let i = Incomplete {
+            restores_failed,
+            restores_tried: measured + restores_failed,
+            setups_failed: failures.len() - restores_failed,
+        };
+        (!failures.is_empty()).then_some(i)
+    }
+}
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} restores failed",
+            self.restores_failed, self.restores_tried
+        )?;
+        if self.setups_failed > 0 {
+            let (n, s) = (
+                self.setups_failed,
+                if self.setups_failed == 1 { "" } else { "s" },
+            );
+            write!(
+                f,
+                " and {n} snapshot{s} or emulated disk{s} could not be made (their restores were not tried)"
+            )?;
+        }
+        write!(
+            f,
+            "; the report above has each error and the medians of the rest"
+        )
+    }
 }
 
 fn secs(v: Option<f64>) -> String {
@@ -726,185 +778,6 @@ fn ratios(records: &[Record]) -> Vec<Ratio> {
     out
 }
 
-fn print_text(meta: &Meta, snaps: &[Snap], checks: &[DiskCheck], cells: &[Cell], ratios: &[Ratio]) {
-    println!(
-        "rebound bench restore: {} MiB guest, memfill/mixed touch {} MiB, kv holds {} MiB and its client reads {}% of the keys, 1 vCPU; accel {}; host {} CPUs, kernel {}; {}",
-        meta.memory_mib, meta.touch_mib, meta.kv_data_mib, meta.kv_hot_percent, meta.accel, meta.host_cpus, meta.host_kernel, meta.date
-    );
-    println!(
-        "cold restores (snapshot files dropped from the page cache before each); watch {} s; trace {} s; load {} -> {}",
-        meta.watch_s, meta.trace_s, meta.load_before, meta.load_after
-    );
-    for s in snaps {
-        let stock = s
-            .stock
-            .as_ref()
-            .map(|x| {
-                format!(
-                    "; QEMU stock save {:.1} MiB: {:.2} s at the default cap, {:.2} s raised",
-                    x.bytes as f64 / MIB,
-                    x.default_cap_s,
-                    x.raised_cap_s
-                )
-            })
-            .unwrap_or_default();
-        println!(
-            "snapshot {}: pause {:.0} ms, {:.2} s, {:.1} MiB RAM data, trace {} pages{stock}",
-            s.workload,
-            s.pause_ms,
-            s.seconds,
-            s.ram_data_bytes as f64 / MIB,
-            s.trace_pages
-        );
-    }
-    for c in checks {
-        println!(
-            "emulated disk: reads on {} limited to {} MB/s (blkio); dd O_DIRECT in the group read {:.1} MiB at {:.1} MB/s",
-            c.device,
-            c.limit_mbps,
-            c.dd_bytes as f64 / MIB,
-            c.dd_mbps
-        );
-    }
-    let runs = cells.iter().map(|c| c.spread.runs).max().unwrap_or(0);
-    println!("medians of {runs} restores per row; min-max of the times beside them");
-    println!(
-        "{:<8} {:<9} {:<13} {:>8} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
-        "workload",
-        "disk",
-        "mode",
-        "running",
-        "min-max",
-        "respond",
-        "min-max",
-        "pre MiB",
-        "faults",
-        "read MiB",
-        "ws pages",
-        "hit",
-        "acc",
-        "run/eag",
-        "rsp/eag",
-        "flt/lazy"
-    );
-    let o2 = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
-    let o3 = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
-    let range = |lo: Option<f64>, hi: Option<f64>| match (lo, hi) {
-        (Some(a), Some(b)) => format!("{a:.2}-{b:.2}"),
-        _ => "-".into(),
-    };
-    for (c, q) in cells.iter().zip(ratios) {
-        let (r, sp) = (&c.median, &c.spread);
-        println!(
-            "{:<8} {:<9} {:<13} {:>8} {:>11} {:>8} {:>11} {:>9.1} {:>9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>8}",
-            r.workload,
-            r.disk,
-            r.mode,
-            o2(r.time_to_running_s),
-            range(sp.running_min_s, sp.running_max_s),
-            o2(r.time_to_responsive_s),
-            range(sp.responsive_min_s, sp.responsive_max_s),
-            r.bytes_loaded_before_start as f64 / MIB,
-            r.major_faults_after_start
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "-".into()),
-            r.bytes_read_after_start
-                .map(|v| format!("{:.1}", v as f64 / MIB))
-                .unwrap_or_else(|| "-".into()),
-            r.working_set_pages,
-            o3(r.hit_rate),
-            o3(r.accuracy),
-            o3(q.running_vs_eager),
-            o3(q.responsive_vs_eager),
-            o3(q.faults_vs_lazy)
-        );
-    }
-    println!("run/eag, rsp/eag: against the faster of stock and eager to running on the same disk; flt/lazy: major faults after the start against lazy");
-    for r in cells.iter().map(|c| &c.median) {
-        if let Some(a) = r.client_answers {
-            println!(
-                "{}/{}/{}: the kv client got {a} answers (median) in the {} s after the restore request",
-                r.workload, r.disk, r.mode, meta.watch_s
-            );
-        }
-        for n in &r.notes {
-            println!("{}/{}/{}: note: {n}", r.workload, r.disk, r.mode);
-        }
-    }
-}
-
-/// Time to running (bar) and to responsive (thin bar) per restore, as an SVG.
-fn draw(meta: &Meta, cells: &[Cell]) -> String {
-    let (w, left, row, top) = (820.0, 240.0, 24.0, 50.0);
-    let h = top + row * cells.len() as f64 + 40.0;
-    let max = cells
-        .iter()
-        .flat_map(|c| [c.spread.running_max_s, c.spread.responsive_max_s])
-        .flatten()
-        .fold(1.0, f64::max);
-    let runs = cells.iter().map(|c| c.spread.runs).max().unwrap_or(0);
-    let x = |v: f64| v / max * (w - left - 60.0);
-    let mut s = format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<text x="10" y="18" font-size="14">Restore: {} MiB guest, {} MiB touched, accel {}, {}</text>
-<text x="10" y="36" fill="#555">medians of {runs} runs; bar: time to running; thin bar: time to responsive; whisker: min to max; cold page cache; emulated disk {} MB/s</text>
-"##,
-        meta.memory_mib, meta.touch_mib, meta.accel, meta.date, meta.disk_mbps
-    );
-    for (i, c) in cells.iter().enumerate() {
-        let r = &c.median;
-        let y = top + row * i as f64;
-        let color = match r.mode.as_str() {
-            "stock" | "eager" => "#c44",
-            "lazy" => "#999",
-            _ => "#48c",
-        };
-        let run = r.time_to_running_s.unwrap_or(0.0);
-        s += &format!(
-            "<text x=\"10\" y=\"{:.0}\">{} {} {}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"12\" fill=\"{color}\"/>\n",
-            y + 11.0,
-            r.workload,
-            r.disk,
-            r.mode,
-            x(run)
-        );
-        for (lo, hi, at) in [
-            (c.spread.running_min_s, c.spread.running_max_s, y + 6.0),
-            (
-                c.spread.responsive_min_s,
-                c.spread.responsive_max_s,
-                y + 16.0,
-            ),
-        ] {
-            if let (Some(lo), Some(hi)) = (lo, hi) {
-                s += &format!(
-                    "<line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{at:.0}\" y2=\"{at:.0}\" stroke=\"#000\"/>\n",
-                    left + x(lo),
-                    left + x(hi)
-                );
-            }
-        }
-        if let Some(t) = r.time_to_responsive_s {
-            let end = [c.spread.running_max_s, c.spread.responsive_max_s]
-                .into_iter()
-                .flatten()
-                .fold(run.max(t), f64::max);
-            s += &format!(
-                "<rect x=\"{left}\" y=\"{:.0}\" width=\"{:.1}\" height=\"4\" fill=\"#333\"/><text x=\"{:.1}\" y=\"{:.0}\">{run:.2} / {t:.2} s</text>\n",
-                y + 14.0,
-                x(t),
-                left + x(end) + 4.0,
-                y + 11.0
-            );
-        }
-    }
-    s += &format!(
-        "<text x=\"{left}\" y=\"{:.0}\" fill=\"#555\">0 to {max:.1} s</text>\n</svg>\n",
-        h - 12.0
-    );
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -953,6 +826,56 @@ mod tests {
         // No eager path measured on the emulated disk: no ratio against it.
         assert_eq!(q[5].running_vs_eager, None);
         assert_eq!(q[5].faults_vs_lazy, Some(0.1));
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            date: "2026-11-28".into(),
+            accel: "tcg".into(),
+            host_cpus: 2,
+            host_kernel: "6.18".into(),
+            memory_mib: 1024,
+            touch_mib: 800,
+            kv_data_mib: 700,
+            kv_hot_percent: 1,
+            disk_mbps: 200,
+            watch_s: 10.0,
+            trace_s: 8.0,
+            load_before: String::new(),
+            load_after: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_with_failures_says_what_failed_and_fails_at_the_end() {
+        let fail = |d: Option<&str>, m: Option<&str>, round: Option<usize>| Failure {
+            workload: "kv".into(),
+            disk: d.map(Into::into),
+            mode: m.map(Into::into),
+            round,
+            error: "the restore failed".into(),
+        };
+        let tried = vec![
+            Ok(rec("kv", "real", "elastic", 0.5, 1.5, 10)),
+            Err(fail(Some("real"), Some("elastic"), Some(1))),
+            Ok(rec("kv", "real", "elastic", 0.7, 1.9, 10)),
+            Err(fail(Some("real"), Some("lazy"), Some(0))),
+            Err(fail(Some("emulated"), None, None)),
+        ];
+        let failures: Vec<Failure> = tried.iter().filter_map(|t| t.clone().err()).collect();
+        let e = Error::Incomplete(Incomplete::of(&failures, 2).expect("failures"));
+        assert_eq!(
+            e.to_string(),
+            "2 of 4 restores failed and 1 snapshot or emulated disk could not be made (their restores were not tried); the report above has each error and the medians of the rest"
+        );
+        assert_eq!(Incomplete::of(&[], 5), None);
+        let svg = draw(&meta(), &cells::cells(&tried), &failures);
+        assert!(svg.contains("1 of 3 failed"), "{svg}");
+        assert!(svg.contains("failed: all 1 runs (no figures)"), "{svg}");
+        assert!(
+            svg.contains("kv/emulated (the emulated disk) failed"),
+            "{svg}"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use hyper::Method;
+use rebound_bench::PortError;
 use rebound_cluster::spec::ClusterSpec;
 use rebound_cluster::{Disruption, Rdg};
 use rebound_vmm::paths::Paths;
@@ -45,12 +46,12 @@ impl rebound_bench::Clusters for CliClusters {
         &o.plan
     }
 
-    async fn create(&self, name: &str, file: &str) -> anyhow::Result<Cluster> {
-        commands::create_cluster(&self.0, name, file).await
+    async fn create(&self, name: &str, file: &str) -> Result<Cluster, PortError> {
+        Ok(commands::create_cluster(&self.0, name, file).await?)
     }
 
-    async fn start_vms(&self, c: &Cluster) -> anyhow::Result<()> {
-        commands::start_vms(c).await
+    async fn start_vms(&self, c: &Cluster) -> Result<(), PortError> {
+        Ok(commands::start_vms(c).await?)
     }
 
     async fn call(
@@ -59,19 +60,19 @@ impl rebound_bench::Clusters for CliClusters {
         host: &str,
         method: Method,
         path: &str,
-    ) -> anyhow::Result<Value> {
-        c.link(host)?.call(method, path, None).await
+    ) -> Result<Value, PortError> {
+        Ok(c.link(host)?.call(method, path, None).await?)
     }
 
-    async fn remove_vm(&self, c: &Cluster, host: &str, vm: &str) -> anyhow::Result<bool> {
-        restore::remove_vm(&c.link(host)?, vm).await
+    async fn remove_vm(&self, c: &Cluster, host: &str, vm: &str) -> Result<bool, PortError> {
+        Ok(restore::remove_vm(&c.link(host)?, vm).await?)
     }
 
-    async fn snapshot(&self, c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Result<f64> {
+    async fn snapshot(&self, c: &Cluster, out: &Path, trace_s: f64) -> Result<f64, PortError> {
         Ok(snapshot::take(c, out, trace_s).await?.pause_spread_s)
     }
 
-    fn traffic(&self, snap: &Path) -> anyhow::Result<Rdg> {
+    fn traffic(&self, snap: &Path) -> Result<Rdg, PortError> {
         Ok(snapshot::traffic(snap, 1)?.1.rdg)
     }
 
@@ -81,7 +82,7 @@ impl rebound_bench::Clusters for CliClusters {
         snap: &Path,
         variant: Variant,
         margin_s: f64,
-    ) -> anyhow::Result<Outcome> {
+    ) -> Result<Outcome, PortError> {
         let opts = RestoreOpts {
             variant,
             load_rate: None,
@@ -89,10 +90,10 @@ impl rebound_bench::Clusters for CliClusters {
             replace: true,
             no_wait: false,
         };
-        restore::restore(c, snap, &opts).await
+        Ok(restore::restore(c, snap, &opts).await?)
     }
 
-    async fn rm(&self, c: &Cluster) -> anyhow::Result<()> {
-        commands::rm_cluster(c).await
+    async fn rm(&self, c: &Cluster) -> Result<(), PortError> {
+        Ok(commands::rm_cluster(c).await?)
     }
 }

@@ -778,7 +778,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Crash(c) => crash::run(&paths, c).await,
         Cmd::Bench(c) => {
             let clusters = bench_clusters::CliClusters(paths.clone());
-            rebound_bench::run(&paths, c, &clusters).await
+            Ok(rebound_bench::run(&paths, c, &clusters).await?)
         }
         Cmd::Snapshot(c) => snapshot::run_offline(c),
         Cmd::Cluster(c) => cluster::run(&paths, c).await,

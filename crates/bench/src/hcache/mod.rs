@@ -168,6 +168,11 @@ fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
         .collect()
 }
 
+/// The host cache of a setting: `percent` of the allocation, to the nearest MiB.
+fn host_cache_mib(allocation: u64, percent: f64) -> u64 {
+    (allocation as f64 * percent / 100.0).round() as u64
+}
+
 /// Starts (or with `None` stops) the backend's access log.
 fn record_to(control: &Path, path: Option<&Path>) -> anyhow::Result<()> {
     let v = rebound_blk::serve::ask(control, &json!({"op": "record", "path": path}))?;
@@ -438,6 +443,23 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // Checked now rather than after the settings' runs: where the curves will start.
+    if !args.no_validate {
+        let Some(max) = settings
+            .iter()
+            .copied()
+            .reduce(f64::max)
+            .filter(|m| *m > 0.0)
+        else {
+            anyhow::bail!("no curve to validate: --settings moves nothing to the host cache (or pass --no-validate)");
+        };
+        let start = args.allocation - host_cache_mib(args.allocation, max);
+        if let Some(m) = explicit_sizes.iter().flatten().find(|m| **m < start) {
+            anyhow::bail!(
+                "--validate-sizes: {m} MiB is below where the curves start ({start} MiB)"
+            );
+        }
+    }
     let (io, web) = (
         patterns.iter().any(|p| p != "web"),
         patterns.iter().any(|p| p == "web"),
@@ -492,7 +514,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     let r: anyhow::Result<()> = async {
         for p in &patterns {
             for &s in std::iter::once(&0.0).chain(&settings) {
-                let y = (args.allocation as f64 * s / 100.0).round() as u64;
+                let y = host_cache_mib(args.allocation, s);
                 let (run, c) = setup.run(p, s, args.allocation, y).await?;
                 res.runs.push(run);
                 if let Some(c) = c.filter(|_| setup.record_setting == Some(s)) {
@@ -560,17 +582,20 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     }
     .await;
     // Up to twice the largest host cache, in 4 KiB blocks, at 64 sizes.
-    if r.is_ok() {
-        let y = (args.allocation as f64 * setup.record_setting.unwrap_or(0.0) / 100.0) as u64;
-        for (p, t) in &setup.traces {
-            res.checks
-                .push(validate::mrc_check(p, t, 2 * y * MIB / 4096, 64)?);
-        }
-    }
+    let y = host_cache_mib(args.allocation, setup.record_setting.unwrap_or(0.0));
+    let checks: anyhow::Result<Vec<MrcCheck>> = match &r {
+        Ok(()) => setup
+            .traces
+            .iter()
+            .map(|(p, t)| validate::mrc_check(p, t, 2 * y * MIB / 4096, 64))
+            .collect(),
+        Err(_) => Ok(Vec::new()),
+    };
     if args.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     r?;
+    res.checks = checks?;
     let meta = json!({
         "date": date, "accel": setup.accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "allocation_mib": args.allocation, "files": args.files, "file_mib": 1,
@@ -596,5 +621,13 @@ mod tests {
         assert_eq!(parse_list("12.5, 25", "x").unwrap(), vec![12.5, 25.0]);
         assert!(parse_list("12.5,-1", "x").is_err());
         assert!(parse_list("12.5,x", "x").is_err());
+    }
+
+    #[test]
+    fn a_setting_is_a_share_of_the_allocation_to_the_mib() {
+        assert_eq!(host_cache_mib(512, 75.0), 384);
+        assert_eq!(host_cache_mib(512, 12.5), 64);
+        assert_eq!(host_cache_mib(300, 12.5), 38);
+        assert_eq!(host_cache_mib(512, 0.0), 0);
     }
 }

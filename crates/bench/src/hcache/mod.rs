@@ -15,10 +15,32 @@
 //!    from the file, cold start included), throughput, the backend's CPU per request,
 //!    and the eviction notices admitted and refused by reason. `io_ratio` is the
 //!    worst ratio of disk reads per request against all-in-guest.
-//! 2. **Curve**: the curve traced in the run with the largest host cache (`vm mrc`)
-//!    predicts the disk reads of a guest of each validation size; a run with that much
-//!    memory, all in the guest, counts them. `prediction_error_max` is the worst
-//!    relative difference.
+//! 2. **Curve** (`validate`), for every pattern: the curve traced in the pattern's run
+//!    with the largest host cache (`vm mrc`) predicts the disk reads of a guest of each
+//!    validation size; a run with that much memory, all in the guest, counts them. The
+//!    sizes are even steps from the curve's start (that run's guest memory) to the
+//!    allocation and one step beyond (`--validate-steps`, default 3: 128, 256, 384,
+//!    512 and 640 MiB at the defaults); the allocation's own count is the settings'
+//!    all-in-guest run, so each pattern costs four more runs. Below the allocation a
+//!    validation guest is the traced VM resized (booted with the allocation and
+//!    ballooned down). Each size reports the relative error and the error in miss
+//!    ratio (over the 4 KiB blocks the requests read: the relative error explodes
+//!    where a guest misses almost nothing). `prediction_error_max` is the worst
+//!    relative error over every pattern and size, the curve's start included, and
+//!    names where it was. The same runs log every access, and the curve algorithm is
+//!    checked against a plain simulation of each log (`mrc_mae`: the worst pattern).
+//! 3. **Allocation** (`alloc`): two VMs whose misses both fall with memory; the
+//!    isolated-sharing plan moves memory between them and each VM's reads after the
+//!    move are measured against the plan's prediction and its bound.
+//!
+//! Duration at the defaults, on 2 CPUs under TCG with a quiet host: about 25 minutes.
+//! An io run is a boot, the 8 s delay and 1,500 requests (about 15 s); a web run is
+//! about 75 s (9,000 requests one at a time); the allocation's two VMs about 3 minutes.
+//! The settings are 25 runs, the validation 20 (four per pattern): the number of
+//! sizes trades time for resolution, and three steps below the allocation plus one
+//! above it put a point at the curve's start, at its end and every 128 MiB between for
+//! about 10 minutes, a third of it the web pattern's. `--validate-steps 1` (the start,
+//! the allocation and one size beyond) halves that.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,10 +57,14 @@ use crate::guest::{post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
 use rebound_client::{connect, Client};
 use setup::{backend, files_reports, io_spec, make_disk, IoRun};
+use validate::{predicted, MrcCheck, Validation};
 use web::Served;
 
 mod alloc;
+mod draw;
+mod report;
 mod setup;
+mod validate;
 mod web;
 
 const MIB: u64 = 1 << 20;
@@ -76,17 +102,19 @@ pub struct HcacheArgs {
     /// Probability that a request overwrites its file (io patterns).
     #[arg(long, default_value_t = 0.0)]
     write_ratio: f64,
-    /// The pattern whose curve is validated.
-    #[arg(long, default_value = "zipf")]
-    validate_pattern: String,
-    /// Guest sizes the curve is checked at (MiB, comma-separated; default: five below
-    /// the allocation, down to the curve's start, and five above).
+    /// Even steps from the curve's start (the guest's memory at the largest setting)
+    /// to the allocation at which every pattern's curve is checked, plus one step
+    /// beyond the allocation: each size but the allocation is one more run.
+    #[arg(long, default_value_t = 3)]
+    validate_steps: u64,
+    /// Guest sizes the curves are checked at instead (MiB, comma-separated, none below
+    /// the curve's start).
     #[arg(long)]
     validate_sizes: Option<String>,
     /// Skip the curve validation.
     #[arg(long)]
     no_validate: bool,
-    /// Skip the allocation of memory between three VMs (`memory plan --apply`).
+    /// Skip the allocation of memory between two VMs (`memory plan --apply`).
     #[arg(long)]
     no_allocation: bool,
     /// The allocation's bound on each VM's loss (isolated sharing).
@@ -113,6 +141,8 @@ struct Run {
     /// 4 KiB blocks read from the disk file, per request.
     disk_reads_per_request: f64,
     disk_reads: u64,
+    /// 4 KiB blocks the requests read (the guest's accesses, hits and misses).
+    blocks_read: u64,
     host_cache_hits: u64,
     /// The backend's CPU time (user + system) per request, ms.
     backend_cpu_ms_per_request: f64,
@@ -124,15 +154,6 @@ struct Run {
     ring_polls: u64,
     /// Blocks whose signature did not check in the guest (must be 0).
     errors: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Validation {
-    guest_mib: u64,
-    predicted_disk_reads: f64,
-    measured_disk_reads: u64,
-    relative_error: f64,
-    below_allocation: bool,
 }
 
 fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
@@ -147,6 +168,11 @@ fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
         .collect()
 }
 
+/// The host cache of a setting: `percent` of the allocation, to the nearest MiB.
+fn host_cache_mib(allocation: u64, percent: f64) -> u64 {
+    (allocation as f64 * percent / 100.0).round() as u64
+}
+
 /// Starts (or with `None` stops) the backend's access log.
 fn record_to(control: &Path, path: Option<&Path>) -> anyhow::Result<()> {
     let v = rebound_blk::serve::ask(control, &json!({"op": "record", "path": path}))?;
@@ -154,69 +180,6 @@ fn record_to(control: &Path, path: Option<&Path>) -> anyhow::Result<()> {
         Some(e) => anyhow::bail!("{}: cannot record: {e}", control.display()),
         None => Ok(()),
     }
-}
-
-/// The curve algorithm against a plain simulation of the exclusive cache, on the
-/// access log of one run: the mean absolute difference in miss ratio over `sizes`
-/// sizes up to `max_blocks`, exact (the tracer's default) and sampled.
-#[derive(Debug, Clone, Serialize)]
-struct MrcCheck {
-    events: usize,
-    misses: u64,
-    sizes: usize,
-    max_blocks: u64,
-    mae_exact: f64,
-    sampled_rate: f64,
-    mae_sampled: f64,
-}
-
-/// The sampled tracer's rate in the check (SHARDS' fixed rate).
-const CHECK_RATE: f64 = 0.1;
-
-fn mrc_check(trace: &Path, max_blocks: u64, sizes: u64) -> anyhow::Result<MrcCheck> {
-    use rebound_mrc::{ExclusiveTracer, GuestEvent, MissRatioCurve};
-    let text = std::fs::read_to_string(trace)?;
-    let mut events = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let mut f = line.split(',');
-        let (_, block, kind) = (f.next(), f.next(), f.next());
-        let block: u64 = block
-            .and_then(|b| b.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("{}:{}: not t,block,kind", trace.display(), i + 1))?;
-        events.push(match kind {
-            Some("h") | Some("m") => GuestEvent::Miss(block),
-            Some("e") => GuestEvent::Evict(block),
-            _ => GuestEvent::Returned(block),
-        });
-    }
-    let misses = events
-        .iter()
-        .filter(|e| matches!(e, GuestEvent::Miss(_)))
-        .count() as u64;
-    let step = (max_blocks / sizes).max(1);
-    let grid: Vec<u64> = (0..=sizes).map(|i| i * step).collect();
-    let sim: Vec<f64> = grid
-        .iter()
-        .map(|&s| rebound_mrc::lru_sim::exclusive_misses(&events, s) as f64 / misses.max(1) as f64)
-        .collect();
-    let mae = |mut t: ExclusiveTracer| -> anyhow::Result<f64> {
-        events.iter().for_each(|e| t.record(*e));
-        let c = MissRatioCurve::from_histogram(&t.histogram(), max_blocks + step)?;
-        let mut sum = 0.0;
-        for (s, want) in grid.iter().zip(&sim) {
-            sum += (c.miss_ratio(*s)? - want).abs();
-        }
-        Ok(sum / grid.len() as f64)
-    };
-    Ok(MrcCheck {
-        events: events.len(),
-        misses,
-        sizes: grid.len(),
-        max_blocks,
-        mae_exact: mae(ExclusiveTracer::with_bucket_width(1))?,
-        sampled_rate: CHECK_RATE,
-        mae_sampled: mae(ExclusiveTracer::sampled(CHECK_RATE, 1)?)?,
-    })
 }
 
 /// User + system CPU seconds of a process.
@@ -244,11 +207,12 @@ struct Setup<'a> {
     tag: String,
     progress: bool,
     accel: String,
-    /// The setting whose run's accesses are logged, and the log once written.
+    /// The setting whose runs' accesses are logged, and each pattern's log once
+    /// written.
     record_setting: Option<f64>,
     /// Guests smaller than this boot with it and are ballooned down (validation).
     boot_floor: Option<u64>,
-    trace: Option<PathBuf>,
+    traces: Vec<(String, PathBuf)>,
 }
 
 impl Setup<'_> {
@@ -339,12 +303,16 @@ impl Setup<'_> {
         }
         let (s0, pid, control) = backend(c, name).await?;
         let cpu0 = cpu_s(pid);
-        // The run whose curve is validated also logs every access the curve is traced
-        // from, to check the curve algorithm against a plain simulation of that log.
-        let record = (host_cache_mib > 0
-            && self.record_setting == Some(setting)
-            && pattern == self.args.validate_pattern)
-            .then(|| (control.clone(), self.dir.join("trace.csv")));
+        // The runs whose curves are validated also log every access the curve is
+        // traced from, to check the curve algorithm against a plain simulation of it.
+        let record =
+            (host_cache_mib > 0 && self.record_setting == Some(setting) && !self.args.no_validate)
+                .then(|| {
+                    (
+                        control.clone(),
+                        self.dir.join(format!("trace-{pattern}.csv")),
+                    )
+                });
         if let Some((Some(ctl), path)) = &record {
             record_to(ctl, Some(path))?;
         }
@@ -359,7 +327,7 @@ impl Setup<'_> {
         let cpu = cpu_s(pid) - cpu0;
         if let Some((Some(ctl), path)) = &record {
             record_to(ctl, None)?;
-            self.trace = Some(path.clone());
+            self.traces.push((pattern.to_string(), path.clone()));
         }
         let ev: Value = c
             .call(Method::GET, &format!("/v1/vms/{name}/evict"), None)
@@ -393,6 +361,7 @@ impl Setup<'_> {
             requests_per_s: last.requests as f64 / last.seconds.max(1e-9),
             disk_reads_per_request: disk_reads as f64 / requests as f64,
             disk_reads,
+            blocks_read: last.bytes_read / 4096,
             host_cache_hits: n(&s1, "hits") - n(&s0, "hits"),
             backend_cpu_ms_per_request: cpu * 1000.0 / requests as f64,
             notices_admitted: s1["notices_admitted"].as_u64().unwrap_or(0),
@@ -422,6 +391,7 @@ impl Setup<'_> {
             if let Some(l) = r.into_iter().find(|r| r.requests >= self.args.requests) {
                 return Ok(Served {
                     requests: l.requests,
+                    bytes_read: l.bytes_read,
                     seconds: l.seconds,
                     errors: l.errors,
                     first_error: l.first_error,
@@ -438,13 +408,14 @@ impl Setup<'_> {
     }
 }
 
-/// Misses a curve predicts for a guest of `bytes` (the last point at or below it).
-fn predicted(curve: &MrcReport, bytes: u64) -> Option<f64> {
-    let d = curve.disks.first()?;
-    d.points
-        .iter()
-        .rfind(|p| p.bytes <= bytes)
-        .map(|p| p.misses)
+/// What one invocation found, for the text, JSON and SVG reports.
+struct Results {
+    runs: Vec<Run>,
+    /// Per pattern: the largest setting and the curve traced in its run.
+    curves: BTreeMap<String, (f64, MrcReport)>,
+    validation: Vec<Validation>,
+    checks: Vec<MrcCheck>,
+    alloc: Option<alloc::AllocOutcome>,
 }
 
 pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
@@ -453,15 +424,9 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         .split(',')
         .map(|p| p.trim().to_string())
         .collect();
-    // Every pattern that runs: the settings', and the validated one.
-    let runs_of: Vec<&str> = patterns
+    if let Some(p) = patterns
         .iter()
-        .map(String::as_str)
-        .chain((!args.no_validate).then_some(args.validate_pattern.as_str()))
-        .collect();
-    if let Some(p) = runs_of
-        .iter()
-        .find(|p| !["seq", "random", "zipf", "class", "web"].contains(p))
+        .find(|p| !["seq", "random", "zipf", "class", "web"].contains(&p.as_str()))
     {
         anyhow::bail!("unknown pattern {p:?}: seq, random, zipf, class or web");
     }
@@ -469,9 +434,35 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     if settings.iter().any(|s| *s >= 100.0) {
         anyhow::bail!("--settings are percentages below 100");
     }
+    let explicit_sizes: Option<Vec<u64>> = match &args.validate_sizes {
+        Some(s) => Some(
+            parse_list(s, "--validate-sizes")?
+                .iter()
+                .map(|v| *v as u64)
+                .collect(),
+        ),
+        None => None,
+    };
+    // Checked now rather than after the settings' runs: where the curves will start.
+    if !args.no_validate {
+        let Some(max) = settings
+            .iter()
+            .copied()
+            .reduce(f64::max)
+            .filter(|m| *m > 0.0)
+        else {
+            anyhow::bail!("no curve to validate: --settings moves nothing to the host cache (or pass --no-validate)");
+        };
+        let start = args.allocation - host_cache_mib(args.allocation, max);
+        if let Some(m) = explicit_sizes.iter().flatten().find(|m| **m < start) {
+            anyhow::bail!(
+                "--validate-sizes: {m} MiB is below where the curves start ({start} MiB)"
+            );
+        }
+    }
     let (io, web) = (
-        runs_of.iter().any(|p| *p != "web"),
-        runs_of.contains(&"web"),
+        patterns.iter().any(|p| p != "web"),
+        patterns.iter().any(|p| p == "web"),
     );
     if io && args.files * MIB <= args.allocation * MIB {
         anyhow::bail!(
@@ -489,6 +480,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     let dir = args.out.scratch("hcache")?;
     let c = connect(paths).await?;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
+    let started = Instant::now();
     let mut setup = Setup {
         c: &c,
         args: &args,
@@ -510,26 +502,29 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         accel: String::new(),
         record_setting: settings.iter().copied().reduce(f64::max),
         boot_floor: None,
-        trace: None,
+        traces: Vec::new(),
     };
-    let mut runs: Vec<Run> = Vec::new();
-    let mut curve: Option<(f64, MrcReport)> = None;
-    let mut validation: Vec<Validation> = Vec::new();
-    let mut alloc = None;
+    let mut res = Results {
+        runs: Vec::new(),
+        curves: BTreeMap::new(),
+        validation: Vec::new(),
+        checks: Vec::new(),
+        alloc: None,
+    };
     let r: anyhow::Result<()> = async {
         for p in &patterns {
             for &s in std::iter::once(&0.0).chain(&settings) {
-                let y = (args.allocation as f64 * s / 100.0).round() as u64;
+                let y = host_cache_mib(args.allocation, s);
                 let (run, c) = setup.run(p, s, args.allocation, y).await?;
-                runs.push(run);
-                if *p == args.validate_pattern && curve.as_ref().is_none_or(|(b, _)| s > *b) {
-                    curve = c.map(|c| (s, c));
+                res.runs.push(run);
+                if let Some(c) = c.filter(|_| setup.record_setting == Some(s)) {
+                    res.curves.insert(p.clone(), (s, c));
                 }
             }
         }
         if !args.no_allocation {
             let tag = setup.tag.clone();
-            alloc = Some(
+            res.alloc = Some(
                 alloc::run(
                     &c,
                     &dir,
@@ -544,200 +539,95 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         if args.no_validate {
             return Ok(());
         }
-        let Some((_, mrc)) = &curve else {
-            anyhow::bail!(
-                "no curve of the {} pattern to validate",
-                args.validate_pattern
-            );
-        };
-        let from = mrc.guest_bytes / MIB;
-        let sizes = match &args.validate_sizes {
-            Some(s) => parse_list(s, "--validate-sizes")?
-                .iter()
-                .map(|v| *v as u64)
-                .collect(),
-            None => {
-                let a = args.allocation;
-                let step = (a - from) / 5;
-                let below = (0..5).map(|i| from + step / 2 + i * step);
-                let above = (1..=5).map(|i| a + i * a / 5);
-                below.chain(above).map(|m| m / 4 * 4).collect::<Vec<u64>>()
-            }
-        };
         setup.boot_floor = Some(args.allocation);
-        for m in sizes {
-            let (run, _) = setup.run(&args.validate_pattern, 0.0, m, 0).await?;
-            let pred = predicted(mrc, m * MIB).ok_or_else(|| {
-                anyhow::anyhow!("{m} MiB is below where the curve starts ({from} MiB)")
-            })?;
-            let meas = run.disk_reads;
-            validation.push(Validation {
-                guest_mib: m,
-                predicted_disk_reads: pred,
-                measured_disk_reads: meas,
-                relative_error: (pred - meas as f64).abs() / (meas.max(1) as f64),
-                below_allocation: m < args.allocation,
-            });
-            runs.push(run);
+        for p in &patterns {
+            let Some((_, mrc)) = res.curves.get(p) else {
+                anyhow::bail!(
+                    "no curve of the {p} pattern to validate: --settings has no host cache"
+                );
+            };
+            let from = validate::start_mib(mrc);
+            let sizes = explicit_sizes
+                .clone()
+                .unwrap_or_else(|| validate::sizes(from, args.allocation, args.validate_steps));
+            for m in sizes {
+                let pred = predicted(mrc, m * MIB).ok_or_else(|| {
+                    anyhow::anyhow!("{m} MiB is below where the {p} curve starts ({from} MiB)")
+                })?;
+                // The allocation all in the guest is the settings' first run.
+                let done = res
+                    .runs
+                    .iter()
+                    .find(|r| &r.pattern == p && r.setting == 0.0 && r.guest_mib == m)
+                    .cloned();
+                let run = match done {
+                    Some(r) => r,
+                    None => {
+                        let (r, _) = setup.run(p, 0.0, m, 0).await?;
+                        res.runs.push(r.clone());
+                        r
+                    }
+                };
+                res.validation.push(Validation::new(
+                    p,
+                    m,
+                    m == from,
+                    pred,
+                    run.disk_reads,
+                    run.blocks_read,
+                ));
+            }
         }
         Ok(())
     }
     .await;
     // Up to twice the largest host cache, in 4 KiB blocks, at 64 sizes.
-    let check = match (&r, &setup.trace) {
-        (Ok(()), Some(t)) => {
-            let y = (args.allocation as f64 * setup.record_setting.unwrap_or(0.0) / 100.0) as u64;
-            Some(mrc_check(t, 2 * y * MIB / 4096, 64)?)
-        }
-        _ => None,
+    let y = host_cache_mib(args.allocation, setup.record_setting.unwrap_or(0.0));
+    let checks: anyhow::Result<Vec<MrcCheck>> = match &r {
+        Ok(()) => setup
+            .traces
+            .iter()
+            .map(|(p, t)| validate::mrc_check(p, t, 2 * y * MIB / 4096, 64))
+            .collect(),
+        Err(_) => Ok(Vec::new()),
     };
     if args.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     r?;
-    let mrc_mae = check.as_ref().map(|c| c.mae_exact.max(c.mae_sampled));
-    if let (Some(svg), Some((s, mrc))) = (&args.out.svg, &curve) {
-        let measured: Vec<(f64, f64)> = validation
-            .iter()
-            .map(|v| (v.guest_mib as f64, v.measured_disk_reads as f64))
-            .collect();
-        let name = format!("{} at {s}% in the host cache", args.validate_pattern);
-        rebound_plot::mrc(&name, mrc, &measured, svg)?;
-    }
-    let base = |p: &str| {
-        runs.iter()
-            .find(|r| r.pattern == p && r.setting == 0.0 && r.guest_mib == args.allocation)
-            .map(|r| r.disk_reads_per_request)
-    };
-    let io_ratio = runs
-        .iter()
-        .filter(|r| r.setting > 0.0)
-        .filter_map(|r| Some(r.disk_reads_per_request / base(&r.pattern)?.max(1e-9)))
-        .fold(0.0, f64::max);
-    let prediction_error_max = validation
-        .iter()
-        .map(|v| v.relative_error)
-        .fold(0.0, f64::max);
+    res.checks = checks?;
     let meta = json!({
         "date": date, "accel": setup.accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
         "allocation_mib": args.allocation, "files": args.files, "file_mib": 1,
         "requests": args.requests, "write_ratio": args.write_ratio,
         "web_files": args.web_files, "web_file_size": args.web_file_size,
         "web_requests": args.web_requests, "web_skew": web::SKEW,
+        "validate_steps": args.validate_steps, "validate_sizes": explicit_sizes,
         "load_before": load_before, "load_after": load_average(),
+        "seconds": started.elapsed().as_secs_f64(),
     });
-    if args.out.json {
-        let v = json!({"meta": meta, "io_ratio": io_ratio, "mrc_mae": mrc_mae, "mrc_check": check,
-            "bound_violations": alloc.as_ref().map(|a: &alloc::AllocOutcome| a.bound_violations),
-            "allocation": alloc,
-            "prediction_error_max": if validation.is_empty() { Value::Null } else { json!(prediction_error_max) },
-            "runs": runs, "validation": validation,
-            "curve": curve.map(|(_, c)| c)});
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+    if let Some(svg) = &args.out.svg {
+        std::fs::write(svg, draw::draw(&meta, &res))?;
     }
-    println!(
-        "rebound bench hcache: allocation {} MiB, {} files of 1 MiB, {} requests per run, write ratio {}; web: {} files of {} KiB, {} requests; accel {}; {}",
-        args.allocation, args.files, args.requests, args.write_ratio, args.web_files,
-        args.web_file_size >> 10, args.web_requests, setup.accel, date
-    );
-    println!(
-        "{:<7} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>8}  refused",
-        "pattern", "cache%", "guest", "cache", "reads/req", "vs 0%", "req/s", "cpu ms"
-    );
-    for r in &runs {
-        println!(
-            "{:<7} {:>6} {:>6} {:>6} {:>10.1} {:>8} {:>9.2} {:>8.2}  {:?}",
-            r.pattern,
-            r.setting,
-            r.guest_mib,
-            r.host_cache_mib,
-            r.disk_reads_per_request,
-            base(&r.pattern)
-                .filter(|_| r.guest_mib + r.host_cache_mib == args.allocation)
-                .map(|b| format!("{:.3}", r.disk_reads_per_request / b.max(1e-9)))
-                .unwrap_or_else(|| "-".into()),
-            r.requests_per_s,
-            r.backend_cpu_ms_per_request,
-            r.notices_refused
-        );
-    }
-    println!("io_ratio (worst, host cache against all in the guest): {io_ratio:.3}");
-    for v in &validation {
-        println!(
-            "guest {:>5} MiB: predicted {:>9.0} disk reads, measured {:>9}, error {:.1}%",
-            v.guest_mib,
-            v.predicted_disk_reads,
-            v.measured_disk_reads,
-            v.relative_error * 100.0
-        );
-    }
-    if !validation.is_empty() {
-        println!("prediction_error_max: {:.1}%", prediction_error_max * 100.0);
-    }
-    if let Some(a) = &alloc {
-        println!(
-            "allocation ({}, bound {}): {} of {} VMs over the bound",
-            a.policy,
-            a.bound,
-            a.bound_violations,
-            a.vms.len()
-        );
-        for v in &a.vms {
-            println!(
-                "  {:<6} {:<5} {:>4} -> {:>4} MiB: reads/request {:.1} -> {:.1}, predicted x{:.3}, measured x{:.3}{}",
-                v.role,
-                v.pattern,
-                v.baseline_mib,
-                v.applied_mib.unwrap_or(v.baseline_mib),
-                v.baseline_reads_per_request,
-                v.outcome_reads_per_request,
-                v.predicted_relative,
-                v.measured_relative,
-                v.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
-            );
-        }
-    }
-    if let Some(c) = &check {
-        println!(
-            "curve algorithm against a simulated exclusive LRU on the {} events of one run, {} sizes up to {} blocks: mean absolute error exact {:.4}, sampled at {} {:.4}",
-            c.events, c.sizes, c.max_blocks, c.mae_exact, c.sampled_rate, c.mae_sampled
-        );
-    }
-    Ok(())
+    report::print(&args, &meta, &res)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rebound_api::{DiskMrc, MrcPoint};
 
     #[test]
-    fn a_size_takes_the_last_point_at_or_below_it() {
-        let point = |mib: u64, misses: f64| MrcPoint {
-            bytes: mib * MIB,
-            misses,
-            vs_allocation: None,
-        };
-        let curve = MrcReport {
-            guest_bytes: 96 * MIB,
-            allocation_bytes: 192 * MIB,
-            disks: vec![DiskMrc {
-                id: "disk1".into(),
-                host_cache_bytes: 96 * MIB,
-                rate: 1.0,
-                misses: 10,
-                evicted_blocks: 0,
-                inconsistent_blocks: 0,
-                points: vec![point(96, 10.0), point(100, 7.0), point(768, 7.0)],
-                detail: None,
-            }],
-        };
-        assert_eq!(predicted(&curve, 96 * MIB), Some(10.0));
-        assert_eq!(predicted(&curve, 99 * MIB), Some(10.0));
-        assert_eq!(predicted(&curve, 300 * MIB), Some(7.0));
-        assert_eq!(predicted(&curve, 64 * MIB), None);
-        assert!(parse_list("12.5, 25", "x").is_ok());
+    fn lists_are_non_negative_numbers() {
+        assert_eq!(parse_list("12.5, 25", "x").unwrap(), vec![12.5, 25.0]);
         assert!(parse_list("12.5,-1", "x").is_err());
+        assert!(parse_list("12.5,x", "x").is_err());
+    }
+
+    #[test]
+    fn a_setting_is_a_share_of_the_allocation_to_the_mib() {
+        assert_eq!(host_cache_mib(512, 75.0), 384);
+        assert_eq!(host_cache_mib(512, 12.5), 64);
+        assert_eq!(host_cache_mib(300, 12.5), 38);
+        assert_eq!(host_cache_mib(512, 0.0), 0);
     }
 }

@@ -69,6 +69,8 @@ impl Sequence {
 /// What the client saw.
 pub struct Served {
     pub requests: u64,
+    /// Bytes the requests read (whole files).
+    pub bytes_read: u64,
     pub seconds: f64,
     /// Replies that failed or were not the file's content.
     pub errors: u64,
@@ -98,6 +100,7 @@ pub async fn drive(
         let t0 = Instant::now();
         let mut served = Served {
             requests,
+            bytes_read: requests * file_size,
             seconds: 0.0,
             errors: 0,
             first_error: None,

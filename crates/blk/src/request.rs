@@ -618,23 +618,20 @@ impl Device {
     ) -> std::io::Result<()> {
         let off = first * BLOCK;
         let bs = BLOCK as usize;
+        let hits = self.cache.get_many(first, buf);
         // Runs of missing blocks are read from the disk in one go each.
         let mut i = 0u64;
         while i < count {
             let at = i as usize * bs;
-            if self.cache.get(first + i, &mut buf[at..at + bs]) {
+            if hits[i as usize] {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < count
-                && !self
-                    .cache
-                    .get(first + j, &mut buf[j as usize * bs..(j as usize + 1) * bs])
-            {
+            while j < count && !hits[j as usize] {
                 j += 1;
             }
-            // Block j (if any) was a hit and is in place; i..j are read now.
+            // The hits are in place; i..j are read now.
             let t = self.cache.begin_read(first + i, j - i);
             let run = &mut buf[at..j as usize * bs];
             lap.class = Class::ReadMiss;
@@ -643,7 +640,7 @@ impl Device {
             lap.lap(Phase::Disk);
             r?;
             self.cache.end_read(&t, run);
-            i = j + 1;
+            i = j;
         }
         lap.lap(Phase::Cache);
         Ok(())

@@ -568,3 +568,30 @@ fn pages_read_before_the_cache_turned_exclusive_are_checked_against_the_disk() {
             .is_some());
     }
 }
+
+#[test]
+fn a_read_of_cached_and_uncached_blocks_takes_each_from_where_it_is() {
+    let r = rig(1 << 20);
+    // Blocks 2 and 5 cached; then one request over blocks 0..8.
+    for sector in [16, 40] {
+        r.run(
+            VIRTIO_BLK_T_IN,
+            sector,
+            &[hdr(), d(DATA, 4096, W), status()],
+        );
+    }
+    let (used, st) = r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 8 * 4096, W), status()]);
+    assert_eq!((used, st), (8 * 4096 + 1, VIRTIO_BLK_S_OK as u8));
+    let mut got = vec![0u8; 8 * 4096];
+    r.mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    for (i, block) in got.chunks(4096).enumerate() {
+        assert!(block.iter().all(|b| *b == i as u8), "block {i}");
+    }
+    let s = r.dev.cache.stats();
+    assert_eq!((s.hits, s.misses), (2, 2 + 6));
+    // Exclusive: a hit leaves the cache; the runs of misses around it still come in.
+    r.dev.reconfigure(1 << 20, true);
+    r.run(VIRTIO_BLK_T_IN, 0, &[hdr(), d(DATA, 8 * 4096, W), status()]);
+    let s = r.dev.cache.stats();
+    assert_eq!((s.hits, s.held_bytes), (2 + 8, 0));
+}

@@ -8,7 +8,7 @@
 //! xxh3-64 of everything before it.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -352,14 +352,18 @@ pub fn unmap_for_trace(pid: u32, ranges: &[(u64, u64)]) -> Result<(), TraceError
     {
         return Err(TraceError::Unaligned(a, l));
     }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no
-    // memory of ours is involved.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return Err(TraceError::Unmap(pid, io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` was just returned by pidfd_open and nothing else owns it.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let raw = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    let pidfd = raw
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))
+        .and_then(|p| {
+            Ok(rustix::process::pidfd_open(
+                p,
+                rustix::process::PidfdFlags::empty(),
+            )?)
+        })
+        .map_err(|e| TraceError::Unmap(pid, e))?;
     for &(addr, len) in ranges {
         advise(pid, &pidfd, addr, len)?;
     }

@@ -15,7 +15,6 @@
 //! TCP state lives in its slirp).
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::port::Monitor;
 use crate::qemu::HostForward;
@@ -116,25 +115,10 @@ pub async fn hand_over(
 /// process; `None` where it cannot be had (no permission, a kernel before 5.6) or
 /// the fd is not that listener (checked: the process may have reused the number).
 fn take_listener(pid: u32, fd: i32, f: &HostForward) -> Option<TcpListener> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no
-    // memory is passed.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if pidfd < 0 {
-        return None;
-    }
-    // SAFETY: `pidfd` was just returned by pidfd_open and nothing else owns it.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
-    let raw = {
-        use std::os::fd::AsRawFd;
-        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number in that process and
-        // flags, and returns a new descriptor of this process or -1; no memory.
-        unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) }
-    };
-    if raw < 0 {
-        return None;
-    }
-    // SAFETY: `raw` was just returned by pidfd_getfd and nothing else owns it.
-    let dup = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let pidfd = pidfd_open(pid, PidfdFlags::empty()).ok()?;
+    let dup = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).ok()?;
     let listening =
         nix::sys::socket::getsockopt(&dup, nix::sys::socket::sockopt::AcceptConn).ok()?;
     let l = TcpListener::from(dup);

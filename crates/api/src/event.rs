@@ -90,6 +90,14 @@ pub enum EventData {
         #[serde(default)]
         reason: Option<String>,
     },
+    /// The machine reset: the guest's own reboot (`guest: true`) or a reset the
+    /// daemon asked QEMU for.
+    Reset {
+        #[serde(default)]
+        guest: Option<bool>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
     /// The balloon reached a new size.
     Balloon {
         #[serde(default)]
@@ -295,6 +303,7 @@ impl EventData {
             EventData::Resumed => "resumed",
             EventData::Watchdog { .. } => "watchdog",
             EventData::Shutdown { .. } => "shutdown",
+            EventData::Reset { .. } => "reset",
             EventData::Balloon { .. } => "balloon",
             EventData::Memfill { .. } => "memfill",
             EventData::AgentError { .. } => "agent_error",
@@ -327,7 +336,7 @@ impl EventData {
     }
 
     /// Every kind's name (documentation and the API spec list the same).
-    pub const KINDS: [&'static str; 38] = [
+    pub const KINDS: [&'static str; 39] = [
         "started",
         "reattached",
         "agent_ready",
@@ -338,6 +347,7 @@ impl EventData {
         "resumed",
         "watchdog",
         "shutdown",
+        "reset",
         "balloon",
         "memfill",
         "agent_error",
@@ -383,6 +393,10 @@ impl EventData {
                 action: s("action"),
             },
             "SHUTDOWN" => EventData::Shutdown {
+                guest: data.get("guest").and_then(Value::as_bool),
+                reason: s("reason"),
+            },
+            "RESET" => EventData::Reset {
                 guest: data.get("guest").and_then(Value::as_bool),
                 reason: s("reason"),
             },
@@ -529,6 +543,13 @@ mod tests {
         assert_eq!(
             EventData::from_qmp("BALLOON_CHANGE", &json!({"actual": 5})),
             Some(EventData::Balloon { actual: Some(5) })
+        );
+        assert_eq!(
+            EventData::from_qmp("RESET", &json!({"guest": true, "reason": "guest-reset"})),
+            Some(EventData::Reset {
+                guest: Some(true),
+                reason: Some("guest-reset".into())
+            })
         );
         assert_eq!(
             EventData::from_qmp("NIC_RX_FILTER_CHANGED", &json!({})),

@@ -299,6 +299,20 @@ fn a_damaged_or_missing_warm_cache_list_makes_the_reboot_cold_and_says_so() {
         .filter(|e| e["kind"] == "warm_cache_cold")
         .count();
     assert_eq!(colds, 2);
+    // Each reboot shows the machine's reset, the guest's own (the daemon watches for
+    // it to tell a guest hung on its way down from one that is booting).
+    let resets: Vec<Value> = env
+        .events("c")
+        .into_iter()
+        .filter(|e| e["kind"] == "reset")
+        .collect();
+    assert_eq!(resets.len(), 2, "{resets:?}");
+    assert!(
+        resets
+            .iter()
+            .all(|e| e["detail"]["guest"] == true && e["detail"]["reason"] == "guest-reset"),
+        "{resets:?}"
+    );
     env.ok(&["vm", "stop", "c"]);
 }
 

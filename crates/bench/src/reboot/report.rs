@@ -351,6 +351,20 @@ pub fn print(rows: &[Variant], summary: &[Summary]) {
             }
         }
     }
+    // A reboot the daemon had to finish with a reset took its grace periods: say so
+    // beside the outage it explains.
+    for r in rows {
+        for (k, b) in r.reboots.iter().enumerate() {
+            if b.how == "agent+reset" {
+                println!(
+                    "{} run {} reboot {}: the guest did not reset or come back by itself after its reboot(2); the daemon reset it",
+                    r.variant,
+                    r.run,
+                    k + 1
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -24,8 +24,10 @@ use crate::daemon::error::OpError;
 
 /// How long a rebooting guest gets to bring its agent up again.
 const REBOOT_WAIT: Duration = Duration::from_secs(180);
-/// How long a guest that synced and called reboot(2) gets to come back before it is
-/// reset.
+/// How long a guest that synced and called reboot(2) gets to reset the machine (a
+/// healthy one takes well under a second, under TCG too) before it is reset.
+const DOWN_GRACE: Duration = Duration::from_secs(15);
+/// How long a guest gets from its reset to its agent coming up before it is reset again.
 const REBOOT_GRACE: Duration = Duration::from_secs(45);
 /// How long the read-back may take (it runs while the service already serves).
 const PREFETCH_WAIT_S: u64 = 600;
@@ -102,37 +104,52 @@ impl Owner {
         }
         // The new boot's agent says `ready` with an uptime shorter than the time since
         // the request: an old `ready` (a late answer to `hello`) is not taken for it.
-        let booted = move |m: &AgentMsg| match m {
-            AgentMsg::Ready(i) => i.uptime_ms <= t0.elapsed().as_millis() as u64 + 1000,
-            _ => false,
+        let booted = move |s: &Seen| {
+            matches!(s, Seen::Agent(AgentMsg::Ready(i))
+                if i.uptime_ms <= t0.elapsed().as_millis() as u64 + 1000)
         };
         // A guest kernel can hang on its way down (seen here: a soft lockup in
-        // ksoftirqd while rebooting under network load). Once the agent says it has
-        // synced and calls reboot(2), the guest gets a grace period, then the machine
-        // is reset: nothing unsynced is lost. An agent that does not say so (an older
-        // image) is waited for as long as any reboot.
-        let mut synced = false;
-        self.pump(std::future::pending::<()>(), REBOOT_WAIT, |m| {
-            synced |= matches!(m, AgentMsg::Rebooting);
-            synced || booted(m)
+        // ksoftirqd while rebooting under network load; a DAX guest of the reboot
+        // bench that never reset). Once the agent says it has synced and calls
+        // reboot(2), the machine must reset within moments, and the new boot's agent
+        // must come up within a grace period; otherwise the machine is reset: nothing
+        // unsynced is lost. An agent that does not say so (an older image) is waited
+        // for as long as any reboot.
+        let (mut synced, mut up) = (false, false);
+        self.pump(std::future::pending::<()>(), REBOOT_WAIT, |s| {
+            synced |= matches!(s, Seen::Agent(AgentMsg::Rebooting));
+            up |= booted(&s);
+            synced || up
         })
         .await?;
-        if synced {
+        if synced && !up {
+            let mut reset = false;
+            let down = self
+                .pump(std::future::pending::<()>(), DOWN_GRACE, |s| {
+                    reset |= matches!(s, Seen::Qmp("RESET"));
+                    up |= booted(&s);
+                    reset || up
+                })
+                .await;
+            match down {
+                Err(OpError::Timeout(..)) => {
+                    self.force_reset(&mut rep, req.warm, "reset within", DOWN_GRACE)
+                        .await?
+                }
+                r => {
+                    r?;
+                }
+            }
+        }
+        if synced && !up {
             match self
-                .pump(std::future::pending::<()>(), REBOOT_GRACE, booted)
+                .pump(std::future::pending::<()>(), REBOOT_GRACE, |s| booted(&s))
                 .await
             {
                 Err(OpError::Timeout(..)) => {
-                    tracing::warn!(vm = %self.vm.name, "the guest did not come back within {} s of its reboot(2): resetting it", REBOOT_GRACE.as_secs());
-                    let q = self.qmp.as_ref().ok_or(OpError::NoQmp)?;
-                    q.execute("system_reset", None).await?;
-                    rep.how = "agent+reset".into();
-                    self.event(EventData::RebootRequested {
-                        warm: req.warm,
-                        how: rep.how.clone(),
-                        cached_pages: rep.cached_pages,
-                    });
-                    self.pump(std::future::pending::<()>(), REBOOT_WAIT, booted)
+                    self.force_reset(&mut rep, req.warm, "come back within", REBOOT_GRACE)
+                        .await?;
+                    self.pump(std::future::pending::<()>(), REBOOT_WAIT, |s| booted(&s))
                         .await?;
                 }
                 r => {
@@ -178,13 +195,13 @@ impl Owner {
 
     /// Waits for `fut` while still handling what QEMU and the agent report (a job
     /// holds the owner's loop): `Some(output)` when `fut` ends, `None` when an agent
-    /// message matches `want`. A guest that dies meanwhile is handed to its crash
+    /// message or a QEMU event matches `want`. A guest that dies meanwhile is handed to its crash
     /// policy and the wait fails.
     pub(super) async fn pump<T>(
         &mut self,
         fut: impl Future<Output = T>,
         limit: Duration,
-        mut want: impl FnMut(&AgentMsg) -> bool,
+        mut want: impl FnMut(Seen) -> bool,
     ) -> Result<Option<T>, OpError> {
         let deadline = tokio::time::Instant::now() + limit;
         tokio::pin!(fut);
@@ -193,7 +210,7 @@ impl Owner {
                 r = &mut fut => return Ok(Some(r)),
                 m = recv_opt(&mut self.agent_msgs) => match m {
                     Some(m) => {
-                        let hit = want(&m);
+                        let hit = want(Seen::Agent(&m));
                         self.on_agent(m);
                         if hit {
                             return Ok(None);
@@ -203,6 +220,7 @@ impl Owner {
                 },
                 e = recv_opt(&mut self.qmp_events) => match e {
                     Some(ev) => {
+                        let hit = want(Seen::Qmp(&ev.event));
                         if let Some(cause) = self.on_qmp(ev) {
                             self.respond_to_crash(cause).await;
                             return Err(OpError::Unreachable(
@@ -210,6 +228,9 @@ impl Owner {
                                 "rebooted".into(),
                                 self.vm.record().state,
                             ));
+                        }
+                        if hit {
+                            return Ok(None);
                         }
                     }
                     None => {
@@ -232,7 +253,33 @@ impl Owner {
     }
 }
 
+/// What [`Owner::pump`] shows its caller: an agent message or a QEMU event's name.
+pub(super) enum Seen<'a> {
+    Agent(&'a AgentMsg),
+    Qmp(&'a str),
+}
+
 impl Owner {
+    /// Resets a guest that did not `what` `grace` of its reboot(2).
+    async fn force_reset(
+        &mut self,
+        rep: &mut RebootReport,
+        warm: bool,
+        what: &str,
+        grace: Duration,
+    ) -> Result<(), OpError> {
+        tracing::warn!(vm = %self.vm.name, "the guest did not {what} {} s of its reboot(2): resetting it", grace.as_secs());
+        let q = self.qmp.as_ref().ok_or(OpError::NoQmp)?;
+        q.execute("system_reset", None).await?;
+        rep.how = "agent+reset".into();
+        self.event(EventData::RebootRequested {
+            warm,
+            how: rep.how.clone(),
+            cached_pages: rep.cached_pages,
+        });
+        Ok(())
+    }
+
     /// For `--on-crash ... --warm`: lists the running guest's cache in the background
     /// (a crash gives no chance to ask), keeping the last good list on disk.
     pub(super) fn refresh_warm_list(&mut self) {

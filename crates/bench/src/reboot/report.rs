@@ -7,35 +7,11 @@ use serde::Serialize;
 use super::Variant;
 use crate::webload;
 
-/// One figure over the runs.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Stat {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    /// Runs that had the figure (a recovery not reached within the run has none).
-    pub n: usize,
-}
+pub use crate::rounds::Stat;
 
 /// Median (of the middle two for an even count), min and max; None for no values.
 pub fn stat(values: impl IntoIterator<Item = f64>) -> Option<Stat> {
-    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    Some(Stat {
-        median,
-        min: v[0],
-        max: v[n - 1],
-        n,
-    })
+    Stat::of(values)
 }
 
 /// Sets every variant's `drop_vs_best_pct`: its first 10 s after the reboot against

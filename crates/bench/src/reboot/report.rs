@@ -423,4 +423,22 @@ mod tests {
         assert_eq!(s[1].get("recovery_s").unwrap().median, 1.0);
         assert_eq!(s[1].get("first_read_after_s").unwrap().median, 2.0);
     }
+
+    #[test]
+    fn a_failed_run_is_absent_from_its_variants_figures() {
+        // warm's second run failed: its row was never made, so its figures are over
+        // two runs and say so, while normal keeps all three.
+        let rows = vec![
+            row("normal", 1, 10.0, 2.0, None),
+            row("warm", 1, 10.0, 10.0, Some(0.5)),
+            row("normal", 2, 12.0, 3.0, None),
+            row("normal", 3, 11.0, 2.5, None),
+            row("warm", 3, 9.0, 9.5, Some(1.0)),
+        ];
+        let s = summarize(&rows);
+        assert_eq!((s[1].variant.as_str(), s[1].runs), ("warm", 2));
+        let b = s[1].get("before_mb_s").unwrap();
+        assert_eq!((b.median, b.n), (9.5, 2));
+        assert_eq!(s[0].runs, 3);
+    }
 }

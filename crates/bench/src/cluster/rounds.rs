@@ -190,8 +190,8 @@ pub(super) fn print_table(cells: &[Cell], rounds: usize) {
             show(&c.avg_backoff_s, 3),
             show(&c.avg_disruption_s, 3),
             show(&c.start_spread_s, 3),
-            show(&c.retransmits, 0),
-            show(&c.false_alarms, 0),
+            show(&c.retransmits, 1),
+            show(&c.false_alarms, 1),
             show(&c.worst_request_s, 3),
             show(&c.disruption_vs_working_set, 2),
         );

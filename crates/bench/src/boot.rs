@@ -1,6 +1,8 @@
 //! `rebound bench boot`: boots the default image N times side by side and reports
 //! spawn→agent-ready time and the memory an idle guest costs the host (allocated
-//! bytes of its RAM file and QEMU's RSS after settling).
+//! bytes of its RAM file and QEMU's RSS after settling). A guest that does not boot
+//! is recorded and left out of the figures, the others are measured, and the run
+//! exits non-zero at the end.
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use rebound_vmm::process;
 use serde::Serialize;
 
 use crate::guest::{create, post, remove};
+use crate::rounds::{Failure, Incomplete};
 
 /// Why the boot benchmark did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +22,8 @@ pub enum Error {
     NoRuns,
     #[error("no daemon to boot the guests")]
     Connect(#[source] ClientError),
-    #[error("a guest did not boot")]
-    Boot(#[source] crate::guest::Error),
+    #[error(transparent)]
+    Incomplete(#[from] Incomplete),
     #[error("cannot encode the results as JSON")]
     Json(#[source] serde_json::Error),
 }
@@ -47,13 +50,14 @@ struct Summary {
     max: u64,
 }
 
-fn summary(mut v: Vec<u64>) -> Summary {
+/// Over the guests that booted; `None` when none did.
+fn summary(mut v: Vec<u64>) -> Option<Summary> {
     v.sort_unstable();
-    Summary {
-        min: v[0],
+    Some(Summary {
+        min: *v.first()?,
         median: v[v.len() / 2],
         max: v[v.len() - 1],
-    }
+    })
 }
 
 pub async fn run(
@@ -80,7 +84,7 @@ pub async fn run(
     for n in &names {
         remove(&c, n).await;
     }
-    let (accel, reason, runs) = result.map_err(Error::Boot)?;
+    let (accel, reason, runs, failures) = result;
     let date = rebound_vmm::events::wall_now();
     let ready = summary(runs.iter().map(|r| r.ready_ms).collect());
     let ram = summary(runs.iter().map(|r| r.ram_file_bytes).collect());
@@ -91,14 +95,15 @@ pub async fn run(
     if json {
         let v = serde_json::json!({
             "date": date, "mode": how, "accel": accel, "accel_reason": reason, "memory_mib": memory,
-            "runs": runs, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
+            "runs": runs, "failures": failures, "ready_ms": ready, "ram_file_bytes": ram, "qemu_rss_bytes": rss,
             "qemu_anon_bytes": anon, "qemu_shmem_bytes": shmem, "qemu_file_bytes": file,
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
         println!(
-            "rebound bench boot: {} guests {how}, {memory} MiB each, accel {accel} ({reason}), {date}",
-            runs.len()
+            "rebound bench boot: {} of {} guests booted {how} (the figures are theirs), {memory} MiB each, accel {accel} ({reason}), {date}",
+            runs.len(),
+            names.len()
         );
         let ms = |v: u64| format!("{v} ms");
         let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
@@ -114,6 +119,10 @@ pub async fn run(
             ("  RssAnon (QEMU's own)", &anon, &mib),
             ("  RssFile (binaries)", &file, &mib),
         ] {
+            let Some(sm) = sm else {
+                println!("{label:<22} -");
+                continue;
+            };
             println!(
                 "{label:<22} min {:>10}  median {:>10}  max {:>10}",
                 f(sm.min),
@@ -121,7 +130,11 @@ pub async fn run(
                 f(sm.max)
             );
         }
+        for f in &failures {
+            println!("{}", f.line());
+        }
     }
+    Incomplete::check(&failures, names.len())?;
     Ok(())
 }
 
@@ -132,7 +145,7 @@ async fn measure(
     settle: u64,
     parallel: bool,
     json: bool,
-) -> Result<(String, String, Vec<Run>), crate::guest::Error> {
+) -> (String, String, Vec<Run>, Vec<Failure>) {
     // One at a time unless asked: concurrent TCG boots on a small host measure CPU
     // contention, not boot time. Earlier guests stay up (idle) for the memory figures.
     let waves: Vec<&[String]> = if parallel {
@@ -141,19 +154,32 @@ async fn measure(
         names.chunks(1).collect()
     };
     let mut statuses = Vec::new();
+    let mut failures = Vec::new();
+    let round = |n: &String| names.iter().position(|x| x == n).unwrap_or(0);
     for wave in waves {
+        let mut created = Vec::new();
         for n in wave {
             let mut s = VmSpec::new(n);
             s.memory_mib = memory;
-            create(c, &s).await?;
+            match create(c, &s).await {
+                Ok(_) => created.push(n),
+                Err(e) => failures.push(Failure::new("boot", round(n), &e)),
+            }
         }
-        for n in wave {
-            let v: VmStatus = post(
+        for n in created {
+            let v: VmStatus = match post(
                 c,
                 &format!("/v1/vms/{n}/wait?for=ready&timeout_ms=600000"),
                 None,
             )
-            .await?;
+            .await
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    failures.push(Failure::new("boot", round(n), &e));
+                    continue;
+                }
+            };
             if !json {
                 eprintln!("{n}: ready after {} ms", v.ready_after_ms.unwrap_or(0));
             }
@@ -175,7 +201,23 @@ async fn measure(
             qemu_file_bytes: process::status_bytes(pid, "RssFile").unwrap_or(0),
         });
     }
-    let accel = statuses[0].accel.as_str().to_string();
-    let reason = statuses[0].accel_reason.clone().unwrap_or_default();
-    Ok((accel, reason, out))
+    let first = statuses.first();
+    let accel = first.map_or("unknown", |v| v.accel.as_str()).to_string();
+    let reason = first
+        .and_then(|v| v.accel_reason.clone())
+        .unwrap_or_default();
+    (accel, reason, out, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_figures_are_over_the_guests_that_booted() {
+        let s = summary(vec![900, 700, 800]).expect("three booted");
+        assert_eq!((s.min, s.median, s.max), (700, 800, 900));
+        // No guest booted: no figures, not zeros.
+        assert!(summary(Vec::new()).is_none());
+    }
 }

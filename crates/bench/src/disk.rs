@@ -69,6 +69,8 @@ pub enum Error {
     },
     #[error("cannot write {}", .0.display())]
     Svg(std::path::PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Incomplete(#[from] crate::rounds::Incomplete),
     #[error("cannot encode the results as JSON")]
     Json(#[source] serde_json::Error),
 }
@@ -292,10 +294,29 @@ async fn run_pass(
     }
 }
 
-fn median(v: &[Row]) -> Row {
+/// The median row by throughput of the rounds that measured; `None` when none did.
+fn median(v: &[Row]) -> Option<Row> {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s));
-    v[v.len() / 2].clone()
+    v.get(v.len() / 2).cloned()
+}
+
+/// Each variant's phases, each the median of the rounds that measured it (a phase
+/// whose every pass failed has no row), with how many rounds that was.
+fn medians(want: &[&str], rows: &[Row]) -> Vec<(Row, usize)> {
+    want.iter()
+        .flat_map(|v| {
+            ["seqwrite", "seqread", "randread", "randwrite"].map(|p| {
+                let of: Vec<Row> = rows
+                    .iter()
+                    .filter(|r| r.variant == *v && r.phase == p)
+                    .cloned()
+                    .collect();
+                Some((median(&of)?, of.len()))
+            })
+        })
+        .flatten()
+        .collect()
 }
 
 pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
@@ -325,6 +346,7 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
     let tag = format!("bd{}", std::process::id());
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut rows: Vec<Row> = Vec::new();
+    let mut failures: Vec<crate::rounds::Failure> = Vec::new();
     let mut accel = String::new();
     let r: Result<(), Error> = async {
         for round in 0..args.runs {
@@ -336,12 +358,22 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
                     }
                     let r = run_pass(&c, &args, v, &name, &disk.display().to_string(), *pass).await;
                     remove(&c, &name).await;
-                    let (io, st, backend) = r.map_err(|e| Error::Pass {
-                        variant: v.to_string(),
-                        round,
-                        pass: pass.0.to_string(),
-                        source: Box::new(e),
-                    })?;
+                    // A failed pass is recorded and left out; the next one is tried.
+                    let (io, st, backend) = match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            let e = Error::Pass {
+                                variant: v.to_string(),
+                                round: round + 1,
+                                pass: pass.0.to_string(),
+                                source: Box::new(e),
+                            };
+                            let f = crate::rounds::Failure::new("disk", round, &e);
+                            eprintln!("{}", f.line());
+                            failures.push(f);
+                            continue;
+                        }
+                    };
                     accel = st.accel.as_str().to_string();
                     rows.extend(io.iter().map(|r| Row {
                         // The pass's one read phase is the class the backend timed.
@@ -358,19 +390,9 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     r?;
-    let med: Vec<Row> = want
-        .iter()
-        .flat_map(|v| {
-            ["seqwrite", "seqread", "randread", "randwrite"].map(|p| {
-                let of: Vec<Row> = rows
-                    .iter()
-                    .filter(|r| r.variant == *v && r.phase == p)
-                    .cloned()
-                    .collect();
-                median(&of)
-            })
-        })
-        .collect();
+    let counted = medians(&want, &rows);
+    let med: Vec<Row> = counted.iter().map(|(r, _)| r.clone()).collect();
+    let tried = args.runs * want.len() * PASSES.len();
     let ratios = ratios(&med, &rows, args.runs);
     let meta = serde_json::json!({
         "date": date, "accel": accel, "host_cpus": host_cpus(), "host_kernel": host_kernel(),
@@ -384,9 +406,10 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
     if args.out.json {
         let v = serde_json::json!({"meta": meta, "median": med, "runs": rows,
             "ratios": ratios.iter().map(|r| (r.name.clone(), serde_json::json!(r.of_medians))).collect::<serde_json::Map<_, _>>(),
-            "ratios_per_round": ratios.iter().map(|r| (r.name.clone(), serde_json::json!(r.per_round))).collect::<serde_json::Map<_, _>>()});
+            "ratios_per_round": ratios.iter().map(|r| (r.name.clone(), serde_json::json!(r.per_round))).collect::<serde_json::Map<_, _>>(),
+            "failures": failures});
         println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
-        return Ok(());
+        return Ok(crate::rounds::Incomplete::check(&failures, tried)?);
     }
     println!(
         "rebound bench disk: {} MiB raw disk as /dev/vdb, guest O_DIRECT, 1 vCPU, 256 MiB; accel {}; {} run(s), medians; {}",
@@ -414,7 +437,16 @@ pub async fn run(paths: &Paths, args: DiskArgs) -> Result<(), Error> {
     for l in where_time_goes(&med, notify_us) {
         println!("{l}");
     }
-    Ok(())
+    for (r, n) in counted.iter().filter(|(_, n)| *n < args.runs) {
+        println!(
+            "{} {}: the median is of {n} of {} rounds (the others failed)",
+            r.variant, r.phase, args.runs
+        );
+    }
+    for f in &failures {
+        println!("{}", f.line());
+    }
+    Ok(crate::rounds::Incomplete::check(&failures, tried)?)
 }
 
 /// For each read phase our backend served: the guest's time per request against the
@@ -594,6 +626,41 @@ mod tests {
         assert!((r[0].of_medians - 0.86).abs() < 1e-9);
         let per: Vec<String> = r[0].per_round.iter().map(|x| format!("{x:.2}")).collect();
         assert_eq!(per, ["0.75", "1.06", "0.86"]);
+    }
+
+    #[test]
+    fn a_failed_pass_leaves_its_round_out_of_the_median_and_the_ratios() {
+        let row = |variant: &str, round, mb_per_s| Row {
+            variant: variant.into(),
+            round,
+            phase: "seqread".into(),
+            bs: 1 << 20,
+            mb_per_s,
+            iops: 0.0,
+            p50_us: 0,
+            p99_us: 0,
+            ops: 0,
+            seconds: 1.0,
+            backend: None,
+        };
+        // rebound's seqread pass failed in round 2; qemu-none's every pass failed.
+        let rows = vec![
+            row("rebound", 0, 75.0),
+            row("qemu-none", 0, 100.0),
+            row("qemu-none", 1, 90.0),
+            row("rebound", 2, 86.0),
+            row("qemu-none", 2, 100.0),
+        ];
+        let m = medians(&["rebound", "qemu-none", "qemu-writeback"], &rows);
+        let got: Vec<(&str, f64, usize)> = m
+            .iter()
+            .map(|(r, n)| (r.variant.as_str(), r.mb_per_s, *n))
+            .collect();
+        assert_eq!(got, [("rebound", 86.0, 2), ("qemu-none", 100.0, 3)]);
+        let med: Vec<Row> = m.into_iter().map(|(r, _)| r).collect();
+        let r = ratios(&med, &rows, 3);
+        let per: Vec<String> = r[0].per_round.iter().map(|x| format!("{x:.2}")).collect();
+        assert_eq!(per, ["0.75", "0.86"], "no ratio for the round that failed");
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod host;
 pub mod out;
 mod reboot;
 mod restore;
+mod rounds;
 mod slowdisk;
 mod throttledfs;
 mod webload;

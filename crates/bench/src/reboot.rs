@@ -97,13 +97,8 @@ pub enum Error {
         failed: usize,
         reboot: Result<Option<u64>, String>,
     },
-    #[error("variant {variant}, run {run}")]
-    Run {
-        variant: String,
-        run: u32,
-        #[source]
-        source: Box<Error>,
-    },
+    #[error(transparent)]
+    Incomplete(#[from] crate::rounds::Incomplete),
     #[error("cannot encode the results as JSON")]
     Json(#[source] serde_json::Error),
 }
@@ -546,6 +541,7 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> Result<(), Error> {
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let tag = format!("br{}", std::process::id());
     let mut rows = Vec::new();
+    let mut failures: Vec<crate::rounds::Failure> = Vec::new();
     let mut accel = String::new();
     let r: Result<(), Error> = async {
         // Run-major: every variant once, then again, so a drift of the machine
@@ -560,11 +556,17 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> Result<(), Error> {
                 let r =
                     run_variant(&c, &args, v, &name, &disk.display().to_string(), progress).await;
                 remove(&c, &name).await;
-                let (mut row, st) = r.map_err(|e| Error::Run {
-                    variant: v.to_string(),
-                    run,
-                    source: Box::new(e),
-                })?;
+                // A failed run is recorded and left out of every figure (and of
+                // its round's best level before the reboot); the next is tried.
+                let (mut row, st) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let f = crate::rounds::Failure::new(*v, run as usize - 1, &e);
+                        eprintln!("{}", f.line());
+                        failures.push(f);
+                        continue;
+                    }
+                };
                 row.run = run;
                 accel = st.accel.as_str().to_string();
                 this_run.push(row);
@@ -591,15 +593,16 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> Result<(), Error> {
         draw::draw(&meta, &rows, svg)?;
     }
     let summary = report::summarize(&rows);
+    let tried = args.runs as usize * want.len();
     if args.out.json {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"meta": meta, "summary": summary, "variants": rows})
+                &json!({"meta": meta, "summary": summary, "variants": rows, "failures": failures})
             )
             .map_err(Error::Json)?
         );
-        return Ok(());
+        return Ok(crate::rounds::Incomplete::check(&failures, tried)?);
     }
     println!(
         "rebound bench reboot: {} files of {} KiB ({:.0} MiB) on /data, guest {} MiB, {} clients, disk reads limited to {} MB/s and {} IOPS (0: none), warm host cache {} MiB; {} runs; accel {}; {}",
@@ -616,7 +619,16 @@ pub async fn run(paths: &Paths, args: RebootArgs) -> Result<(), Error> {
         date
     );
     report::print(&rows, &summary);
-    Ok(())
+    for s in summary.iter().filter(|s| s.runs < args.runs as usize) {
+        println!(
+            "{}: the figures are over {} of {} runs (the others failed)",
+            s.variant, s.runs, args.runs
+        );
+    }
+    for f in &failures {
+        println!("{}", f.line());
+    }
+    Ok(crate::rounds::Incomplete::check(&failures, tried)?)
 }
 
 #[cfg(test)]

@@ -54,6 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::guest::{boot_filled, create, get, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
+use crate::rounds::Failure;
 use crate::throttledfs::ThrottledFs;
 pub use case::CrashArgs;
 use case::{copy_disk, Case, Outcome, Setup};
@@ -110,15 +111,10 @@ pub enum Error {
     Request(#[source] serde_json::Error),
     #[error("dump {0}")]
     Dump(String, #[source] crate::guest::Error),
-    #[error("case {case}, round {round}")]
-    Case {
-        case: String,
-        round: usize,
-        #[source]
-        source: Box<Error>,
-    },
     #[error(transparent)]
     Interrupted(#[from] crate::host::Interrupted),
+    #[error(transparent)]
+    Incomplete(#[from] crate::rounds::Incomplete),
     #[error("cannot write {}", .0.display())]
     Svg(PathBuf, #[source] std::io::Error),
     #[error("cannot encode the results as JSON")]
@@ -614,11 +610,22 @@ async fn wait_report(
     }
 }
 
-/// The median outcome of a case over its runs (by client downtime).
-fn pick_median(runs: &[Outcome]) -> Outcome {
+/// The median outcome of a case over the runs that succeeded (by client downtime);
+/// `None` when none did.
+fn pick_median(runs: &[Outcome]) -> Option<Outcome> {
     let mut v = runs.to_vec();
     v.sort_by(|a, b| a.downtime_s.total_cmp(&b.downtime_s));
-    v[v.len() / 2].clone()
+    v.get(v.len() / 2).cloned()
+}
+
+/// The cases at least one run measured, each with its median outcome: a case whose
+/// every run failed has no figures (its failures are listed).
+fn measured(cases: &[Case], results: &[Vec<Outcome>]) -> (Vec<Case>, Vec<Outcome>) {
+    cases
+        .iter()
+        .zip(results)
+        .filter_map(|(c, r)| Some((c.clone(), pick_median(r)?)))
+        .unzip()
 }
 
 fn accel_of(st: &VmStatus) -> (String, String) {
@@ -663,6 +670,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
     let mut sizes = Vec::new();
     let mut accel = (String::new(), String::new());
     let mut snapshot = None;
+    let mut failures: Vec<Failure> = Vec::new();
     let work = async {
         if cases.iter().any(|c| c.throttled) {
             // Room for a dump, the guest's disk and the snapshot, twice over; sparse.
@@ -707,11 +715,16 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
                 if r.is_err() {
                     remove(&c, &name).await;
                 }
-                let (o, st) = r.map_err(|e| Error::Case {
-                    case: case.id.clone(),
-                    round,
-                    source: Box::new(e),
-                })?;
+                // A failed run is recorded and left out; the next one is tried.
+                let (o, st) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let f = Failure::new(case.id.clone(), round, &e);
+                        setup.say(&f.line());
+                        failures.push(f);
+                        continue;
+                    }
+                };
                 accel = accel_of(&st);
                 setup.say(&format!(
                     "{}: client saw the service back after {:.2} s (longest gap {:.2} s)",
@@ -725,11 +738,15 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
                 if r.is_err() {
                     remove(&c, &name).await;
                 }
-                let (sz, st) = r.map_err(|e| Error::Case {
-                    case: "s".into(),
-                    round,
-                    source: Box::new(e),
-                })?;
+                let (sz, st) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let f = Failure::new("s", round, &e);
+                        setup.say(&f.line());
+                        failures.push(f);
+                        continue;
+                    }
+                };
                 accel = accel_of(&st);
                 sizes.push(sz);
             }
@@ -751,7 +768,7 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
     }
     r?;
     let load_after = load_average();
-    let med: Vec<Outcome> = results.iter().map(|r| pick_median(r)).collect();
+    let (shown, med) = measured(&cases, &results);
     let meta = Meta {
         date,
         accel: accel.0,
@@ -773,12 +790,29 @@ pub async fn run(paths: &Paths, args: CrashArgs) -> Result<(), Error> {
         std::fs::write(svg, draw(&meta, &med)).map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if args.out.json {
-        let v =
-            json!({"meta": meta, "cases": cases, "median": med, "runs": results, "sizes": sizes});
+        // "median" holds the cases in "measured" (a case every run of failed has none).
+        let ids: Vec<&str> = shown.iter().map(|c| c.id.as_str()).collect();
+        let v = json!({"meta": meta, "cases": cases, "measured": ids, "median": med,
+            "runs": results, "sizes": sizes, "failures": failures});
         println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
     } else {
-        print_text(&meta, &cases, &med, &sizes);
+        print_text(&meta, &shown, &med, &sizes);
+        for (case, r) in cases.iter().zip(&results) {
+            if r.len() < args.runs {
+                println!(
+                    "{}: the median is of {} of {} runs (the others failed)",
+                    case.id,
+                    r.len(),
+                    args.runs
+                );
+            }
+        }
+        for f in &failures {
+            println!("{}", f.line());
+        }
     }
+    let tried = args.runs * (cases.len() + usize::from(want_sizes));
+    crate::rounds::Incomplete::check(&failures, tried)?;
     Ok(())
 }
 
@@ -877,5 +911,32 @@ mod tests {
         assert_eq!(c[3].id, "c@disk");
         assert_eq!(baseline(&c[3], &c, &med).unwrap().downtime_s, 6.0);
         assert!(baseline(&c[1], &c[1..2], &med).is_none());
+    }
+
+    #[test]
+    fn a_case_is_the_median_of_its_runs_that_succeeded() {
+        let c = cases(&args("a,c")).unwrap();
+        let o = |d: f64| Outcome {
+            downtime_s: d,
+            ..Outcome::default()
+        };
+        // a@100: three runs; c@100: one of three failed; a@disk: every run failed.
+        let results = vec![
+            vec![o(12.0), o(10.0), o(11.0)],
+            vec![o(4.0), o(9.0)],
+            vec![],
+            vec![o(2.0)],
+        ];
+        let (shown, med) = measured(&c, &results);
+        let ids: Vec<&str> = shown.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["a@100", "c@100", "c@disk"]);
+        let d: Vec<f64> = med.iter().map(|o| o.downtime_s).collect();
+        assert_eq!(d, [11.0, 9.0, 2.0]);
+        // c@disk's stock baseline failed in every run: no ratio against nothing.
+        assert!(baseline(&shown[2], &shown, &med).is_none());
+        assert_eq!(
+            baseline(&shown[1], &shown, &med).map(|o| o.downtime_s),
+            Some(11.0)
+        );
     }
 }

@@ -7,35 +7,11 @@ use serde::Serialize;
 use super::Variant;
 use crate::webload;
 
-/// One figure over the runs.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Stat {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    /// Runs that had the figure (a recovery not reached within the run has none).
-    pub n: usize,
-}
+pub use crate::rounds::Stat;
 
 /// Median (of the middle two for an even count), min and max; None for no values.
 pub fn stat(values: impl IntoIterator<Item = f64>) -> Option<Stat> {
-    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    Some(Stat {
-        median,
-        min: v[0],
-        max: v[n - 1],
-        n,
-    })
+    Stat::of(values)
 }
 
 /// Sets every variant's `drop_vs_best_pct`: its first 10 s after the reboot against
@@ -446,5 +422,23 @@ mod tests {
         assert_eq!(s[0].get("recovery_s").unwrap().n, 1);
         assert_eq!(s[1].get("recovery_s").unwrap().median, 1.0);
         assert_eq!(s[1].get("first_read_after_s").unwrap().median, 2.0);
+    }
+
+    #[test]
+    fn a_failed_run_is_absent_from_its_variants_figures() {
+        // warm's second run failed: its row was never made, so its figures are over
+        // two runs and say so, while normal keeps all three.
+        let rows = vec![
+            row("normal", 1, 10.0, 2.0, None),
+            row("warm", 1, 10.0, 10.0, Some(0.5)),
+            row("normal", 2, 12.0, 3.0, None),
+            row("normal", 3, 11.0, 2.5, None),
+            row("warm", 3, 9.0, 9.5, Some(1.0)),
+        ];
+        let s = summarize(&rows);
+        assert_eq!((s[1].variant.as_str(), s[1].runs), ("warm", 2));
+        let b = s[1].get("before_mb_s").unwrap();
+        assert_eq!((b.median, b.n), (9.5, 2));
+        assert_eq!(s[0].runs, 3);
     }
 }

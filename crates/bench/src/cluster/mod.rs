@@ -18,6 +18,15 @@
 //! cold (the page cache dropped) through each host's own emulated slow disk (a
 //! block-I/O control group holding that host's daemon and its QEMUs), unless
 //! `--disk-read-mbps 0`.
+//!
+//! The whole set (every topology, each snapshotted afresh, restored every way) runs
+//! `--runs` times, round after round, so that load drifts hit every variant alike;
+//! each figure is reported as its median with min and max over the rounds that
+//! measured it ([`rounds`]). A restore or a cluster that fails is recorded and the
+//! run goes on; it exits non-zero at the end.
+
+mod draw;
+mod rounds;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -38,7 +47,9 @@ use serde_json::{json, Value};
 use crate::clusters::{Clusters, PortError};
 use crate::host::{host_cpus, host_kernel, load_average};
 use crate::out::BenchOut;
+use crate::rounds::{Failure, Incomplete};
 use crate::slowdisk::SlowDisk;
+use rounds::{Cell, Failed, Point};
 
 /// Why the cluster benchmark did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +101,8 @@ pub enum Error {
     Svg(std::path::PathBuf, #[source] std::io::Error),
     #[error("cannot encode the results as JSON")]
     Json(#[source] serde_json::Error),
+    #[error(transparent)]
+    Incomplete(#[from] Incomplete),
 }
 
 /// What failed in a call to the cluster commands, for [`Error::Port`].
@@ -128,6 +141,9 @@ pub struct ClusterArgs {
     /// Read limit of each host's emulated disk, MB/s (0: the real disk, cold).
     #[arg(long, default_value_t = 40)]
     disk_read_mbps: u32,
+    /// Rounds of the whole set (every topology and variant); medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
     #[command(flatten)]
     out: BenchOut,
 }
@@ -191,6 +207,8 @@ struct Run<V, O> {
 #[derive(Debug, Serialize)]
 struct TopologyResult<V, O> {
     topology: String,
+    /// The round, from 1.
+    round: usize,
     /// The guests' accelerator.
     accel: String,
     edges: Vec<(String, String, u64)>,
@@ -200,6 +218,7 @@ struct TopologyResult<V, O> {
     normal_false_alarms: u64,
     /// Seconds between the first and the last VM's stop at the snapshot.
     snapshot_pause_spread_s: f64,
+    /// The restores that measured; those that failed are in the run's failures.
     runs: Vec<Run<V, O>>,
 }
 
@@ -586,17 +605,22 @@ async fn one_restore<P: Clusters>(
     })
 }
 
+/// One topology in one round (from 0): its cluster made, snapshotted and restored
+/// every way. A restore that fails is pushed to `failures` and the next variant is
+/// tried; an error is the cluster's or its snapshot's (no variant measured).
+#[allow(clippy::too_many_arguments)]
 async fn one_topology<P: Clusters>(
     cl: &P,
     a: &ClusterArgs,
     topology: &str,
-    k: usize,
+    (k, round): (usize, usize),
     variants: &[P::Variant],
     scratch: &Path,
     say: &dyn Fn(&str),
+    failures: &mut Vec<Failed>,
 ) -> Result<TopologyResult<P::Variant, P::Outcome>, Error> {
     let touch: Vec<u64> = parse_list(&a.touch_mib, "touch-mib")?;
-    let name = format!("bc{}{k}", std::process::id() % 100_000);
+    let name = format!("bc{}{k}r{round}", std::process::id() % 100_000);
     let text = cluster_file(a, topology, 10 + k as u8, &touch);
     let c = cl
         .create(&name, &text)
@@ -604,7 +628,12 @@ async fn one_topology<P: Clusters>(
         .map_err(port(format!("create cluster {name}")))?;
     let spec = P::spec(&c);
     let r = async {
-        say(&format!("{topology}: starting {} VMs on {} hosts", a.vms, a.hosts));
+        say(&format!(
+            "{topology}, round {}: starting {} VMs on {} hosts",
+            round + 1,
+            a.vms,
+            a.hosts
+        ));
         cl.start_vms(&c)
             .await
             .map_err(port("start the cluster's VMs"))?;
@@ -655,11 +684,24 @@ async fn one_topology<P: Clusters>(
             .collect();
         let mut runs = Vec::new();
         for &v in variants {
-            runs.push(one_restore(cl, &c, &snap, v, a, &before, &touch_of, say).await?);
+            match one_restore(cl, &c, &snap, v, a, &before, &touch_of, say).await {
+                Ok(r) => runs.push(r),
+                Err(e) => {
+                    let case = format!("{topology}/{}", P::variant_name(v));
+                    let f = Failure::new(case, round, &e);
+                    say(&f.line());
+                    failures.push(Failed {
+                        topology: topology.to_string(),
+                        variant: Some(P::variant_name(v).to_string()),
+                        failure: f,
+                    });
+                }
+            }
         }
         let _ = std::fs::remove_dir_all(&snap);
         Ok::<_, Error>(TopologyResult {
             topology: topology.to_string(),
+            round: round + 1,
             accel,
             edges: rdg
                 .edges
@@ -678,7 +720,7 @@ async fn one_topology<P: Clusters>(
         // The hosts' daemon logs go with the cluster: keep them for the post-mortem.
         for h in &spec.hosts {
             let log = P::dir(&c).join("hosts").join(&h.name).join("reboundd.log");
-            let keep = scratch.join(format!("{topology}-{}-reboundd.log", h.name));
+            let keep = scratch.join(format!("{topology}-r{}-{}-reboundd.log", round + 1, h.name));
             if std::fs::copy(&log, &keep).is_ok() {
                 say(&format!("kept {}", keep.display()));
             }
@@ -728,68 +770,89 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         }
     };
     let t0 = Instant::now();
+    let rounds = a.runs as usize;
     let mut results = Vec::new();
-    for (k, t) in topologies.iter().enumerate() {
-        results.push(one_topology(cl, &a, t, k, &variants, &scratch, &say).await?);
+    let mut failures: Vec<Failed> = Vec::new();
+    // Round after round over every topology, so that a drift of the machine's load
+    // meets every topology and variant alike.
+    for round in 0..rounds {
+        for (k, t) in topologies.iter().enumerate() {
+            let r = one_topology(
+                cl,
+                &a,
+                t,
+                (k, round),
+                &variants,
+                &scratch,
+                &say,
+                &mut failures,
+            );
+            match r.await {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    let f = Failure::new(format!("{t} (cluster or snapshot)"), round, &e);
+                    say(&f.line());
+                    failures.push(Failed {
+                        topology: t.clone(),
+                        variant: None,
+                        failure: f,
+                    });
+                }
+            }
+        }
     }
     if a.out.dir.is_none() {
         let _ = std::fs::remove_dir_all(&scratch);
     }
-    let per_variant: BTreeMap<&str, Summary> = variants
+    let names: Vec<&str> = variants.iter().map(|v| P::variant_name(*v)).collect();
+    let points: Vec<Point> = results
         .iter()
-        .map(|v| {
-            let sums: Vec<&Summary> = results
-                .iter()
-                .flat_map(|r| {
-                    r.runs
-                        .iter()
-                        .filter(|x| x.variant == *v)
-                        .map(|x| &x.summary)
-                })
-                .collect();
-            let n = sums.len().max(1) as f64;
-            (
-                P::variant_name(*v),
-                Summary {
-                    max_backoff_s: sums.iter().map(|s| s.max_backoff_s).fold(0.0, f64::max),
-                    avg_backoff_s: sums.iter().map(|s| s.avg_backoff_s).sum::<f64>() / n,
-                    avg_disruption_s: sums.iter().map(|s| s.avg_disruption_s).sum::<f64>() / n,
-                    retransmits: sums.iter().map(|s| s.retransmits).sum(),
-                    false_alarms: sums.iter().map(|s| s.false_alarms).sum(),
-                    false_alarms_after_peer_start: sums
-                        .iter()
-                        .map(|s| s.false_alarms_after_peer_start)
-                        .sum(),
-                    worst_request_s: sums.iter().map(|s| s.worst_request_s).fold(0.0, f64::max),
-                    start_spread_s: sums.iter().map(|s| s.start_spread_s).fold(0.0, f64::max),
-                },
-            )
+        .flat_map(|r| {
+            r.runs.iter().map(|x| Point {
+                topology: &r.topology,
+                round: r.round - 1,
+                variant: P::variant_name(x.variant),
+                summary: &x.summary,
+            })
         })
         .collect();
-    let goals = match (per_variant.get("line"), per_variant.get("working-set")) {
-        (Some(l), Some(w)) => json!({
-            "max_backoff_at_most_50ms": l.max_backoff_s <= 0.05,
-            "disruption_at_most_half_of_working_set": l.avg_disruption_s <= 0.5 * w.avg_disruption_s,
-            "disruption_ratio_line_to_working_set": l.avg_disruption_s / w.avg_disruption_s,
-            "zero_false_alarms_with_line": l.false_alarms == 0,
+    let cells = rounds::cells(&topologies, &names, rounds, &points, &failures);
+    let all = |v: &str| cells.iter().find(|c| c.topology == "all" && c.variant == v);
+    let med = |c: Option<&Cell>, f: fn(&Cell) -> Option<crate::rounds::Stat>| {
+        c.and_then(f).map(|s| s.median)
+    };
+    let goals = match (all("line"), all("working-set")) {
+        (Some(l), Some(_)) if l.runs > 0 => json!({
+            "on": "medians over the rounds of the figures over all topologies",
+            "max_backoff_at_most_50ms": med(Some(l), |c| c.max_backoff_s).map(|m| m <= 0.05),
+            "disruption_at_most_half_of_working_set": med(Some(l), |c| c.disruption_vs_working_set).map(|m| m <= 0.5),
+            "disruption_ratio_line_to_working_set": med(Some(l), |c| c.disruption_vs_working_set),
+            "zero_false_alarms_with_line": med(Some(l), |c| c.false_alarms).map(|m| m == 0.0),
         }),
         _ => Value::Null,
     };
-    let accel: Vec<&str> = results.iter().map(|r| r.accel.as_str()).collect();
+    let mut accel: Vec<&str> = results.iter().map(|r| r.accel.as_str()).collect();
+    accel.dedup();
+    let failure_list: Vec<&Failed> = failures.iter().collect();
     let doc = json!({
         "bench": "cluster",
         "accelerator": accel,
         "host": { "cpus": host_cpus(), "kernel": host_kernel(), "load_average_after": load_average() },
         "vms": a.vms, "hosts": a.hosts, "memory_mib": a.memory,
         "disk_read_mbps": a.disk_read_mbps,
+        "rounds": rounds,
         "seconds": t0.elapsed().as_secs_f64(),
-        "variants": per_variant,
+        "medians": cells,
         "goals": goals,
+        "failures": failure_list,
         "topologies": results,
     });
     if let Some(svg) = &a.out.svg {
-        std::fs::write(svg, draw::<P>(&results, &variants))
-            .map_err(|e| Error::Svg(svg.clone(), e))?;
+        std::fs::write(
+            svg,
+            draw::draw::<P>(&topologies, &results, &variants, rounds),
+        )
+        .map_err(|e| Error::Svg(svg.clone(), e))?;
     }
     if a.out.json {
         println!(
@@ -798,139 +861,34 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         );
     } else {
         println!(
-            "{:<12} {:>14} {:>14} {:>17} {:>11} {:>12} {:>15}",
-            "variant",
-            "max_backoff_s",
-            "avg_backoff_s",
-            "avg_disruption_s",
-            "retransmits",
-            "false_alarms",
-            "worst_request_s"
+            "rebound bench cluster: {} VMs of {} MiB on {} hosts, {rounds} round(s); accel {}; host {} CPUs, kernel {}; load after {}; {:.0} s",
+            a.vms,
+            a.memory,
+            a.hosts,
+            accel.join(","),
+            host_cpus(),
+            host_kernel(),
+            load_average(),
+            t0.elapsed().as_secs_f64()
         );
-        for (v, s) in &per_variant {
-            println!(
-                "{:<12} {:>14.3} {:>14.3} {:>17.3} {:>11} {:>12} {:>15.3}",
-                v,
-                s.max_backoff_s,
-                s.avg_backoff_s,
-                s.avg_disruption_s,
-                s.retransmits,
-                s.false_alarms,
-                s.worst_request_s
-            );
-        }
+        rounds::print_table(&cells, rounds);
         println!("goals: {goals}");
-    }
-    Ok(())
-}
-
-/// Figure 7 of the paper, per topology: each VM's restore latency (grey) and backoff
-/// (red), one bar per variant.
-fn draw<P: Clusters>(
-    results: &[TopologyResult<P::Variant, P::Outcome>],
-    variants: &[P::Variant],
-) -> String {
-    let rows: usize = results
-        .first()
-        .map_or(0, |r| r.runs.first().map_or(0, |x| x.vms.len()));
-    let bar = 9.0;
-    let group = bar * variants.len() as f64 + 6.0;
-    let panel_h = group * rows as f64 + 40.0;
-    let (left, panel_w) = (60.0, 330.0);
-    let w = (left + panel_w * results.len() as f64 + 20.0)
-        .max(left + 170.0 * (variants.len() + 1) as f64);
-    let h = panel_h + 60.0;
-    let max = results
-        .iter()
-        .flat_map(|r| {
-            r.runs
-                .iter()
-                .flat_map(|x| x.vms.iter().map(|v| v.disruption_s))
-        })
-        .filter(|x| x.is_finite())
-        .fold(0.1, f64::max);
-    let colors = ["#444", "#888", "#bbb"];
-    let mut s = format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11">
-<rect width="100%" height="100%" fill="white"/>
-"##
-    );
-    for (p, r) in results.iter().enumerate() {
-        let x0 = left + panel_w * p as f64;
-        let scale = (panel_w - 40.0) / max;
-        s += &format!(
-            "<text x=\"{:.0}\" y=\"16\" font-weight=\"bold\">{}</text>\n",
-            x0, r.topology
-        );
-        for (i, vm) in r
-            .runs
-            .first()
-            .map(|x| &x.vms[..])
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-        {
-            let y = 30.0 + group * i as f64;
-            if p == 0 {
-                s += &format!(
-                    "<text x=\"8\" y=\"{:.0}\">{}</text>\n",
-                    y + group / 2.0,
-                    vm.vm
-                );
-            }
-            for (j, run) in r.runs.iter().enumerate() {
-                let Some(v) = run.vms.get(i) else { continue };
-                if !v.restore_latency_s.is_finite() {
-                    continue;
-                }
-                let yb = y + bar * j as f64;
-                let lw = v.restore_latency_s * scale;
-                let bw = v.backoff_s.max(0.0) * scale;
-                s += &format!(
-                    "<rect x=\"{x0:.1}\" y=\"{yb:.1}\" width=\"{lw:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{} {}: restore {:.3} s</title></rect>\n",
-                    bar - 1.0,
-                    colors[j % colors.len()],
-                    vm.vm,
-                    P::variant_name(run.variant),
-                    v.restore_latency_s
-                );
-                if bw > 0.0 {
-                    s += &format!(
-                        "<rect x=\"{:.1}\" y=\"{yb:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"#d62728\"><title>backoff {:.3} s</title></rect>\n",
-                        x0 + lw,
-                        bar - 1.0,
-                        v.backoff_s
-                    );
-                }
-            }
+        for f in &failures {
+            println!("{}", f.failure.line());
         }
-        let yb = 30.0 + group * rows as f64 + 12.0;
-        s += &format!(
-            "<line x1=\"{x0:.0}\" y1=\"{:.0}\" x2=\"{:.0}\" y2=\"{:.0}\" stroke=\"black\"/>\n<text x=\"{x0:.0}\" y=\"{:.0}\">0</text><text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{max:.2} s</text>\n",
-            yb - 8.0,
-            x0 + panel_w - 40.0,
-            yb - 8.0,
-            yb + 4.0,
-            x0 + panel_w - 40.0,
-            yb + 4.0
-        );
     }
-    let ly = panel_h + 35.0;
-    for (j, v) in variants.iter().enumerate() {
-        let lx = left + 170.0 * j as f64;
-        s += &format!(
-            "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"9\" fill=\"{}\"/><text x=\"{:.0}\" y=\"{ly:.0}\">{} restore latency</text>\n",
-            ly - 8.0,
-            colors[j % colors.len()],
-            lx + 16.0,
-            P::variant_name(*v)
-        );
-    }
-    let lx = left + 170.0 * variants.len() as f64;
-    s += &format!(
-        "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"9\" fill=\"#d62728\"/><text x=\"{:.0}\" y=\"{ly:.0}\">backoff</text>\n</svg>\n",
-        ly - 8.0,
-        lx + 16.0
-    );
-    s
+    let tried = rounds * topologies.len() * variants.len();
+    let failed_runs: Vec<Failure> = failures
+        .iter()
+        .flat_map(|f| {
+            let n = if f.variant.is_some() {
+                1
+            } else {
+                variants.len()
+            };
+            std::iter::repeat_n(f.failure.clone(), n)
+        })
+        .collect();
+    Incomplete::check(&failed_runs, tried)?;
+    Ok(())
 }

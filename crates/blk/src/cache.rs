@@ -56,6 +56,12 @@ impl Hits {
         self.bits[i / 64] |= 1 << (i % 64);
     }
 
+    /// How many blocks were hits.
+    pub fn count(&self) -> u64 {
+        let words = &self.bits[..self.count.div_ceil(64)];
+        words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
     /// Whether block `i` of the read was a hit.
     pub fn hit(&self, i: usize) -> bool {
         i < self.count && self.bits[i / 64] & (1 << (i % 64)) != 0
@@ -251,11 +257,11 @@ impl Cache {
                 }
             }
         }
+        let n = hits.count();
+        self.n.hits.fetch_add(n, Ordering::Relaxed);
+        self.n.misses.fetch_add(count - n, Ordering::Relaxed);
         for (i, b) in (first..first + count).enumerate() {
-            let hit = hits.hit(i);
-            let c = if hit { &self.n.hits } else { &self.n.misses };
-            c.fetch_add(1, Ordering::Relaxed);
-            self.record(b, if hit { 'h' } else { 'm' });
+            self.record(b, if hits.hit(i) { 'h' } else { 'm' });
         }
     }
 
@@ -465,6 +471,35 @@ mod tests {
         assert_eq!(out, block(9));
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.admissions), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_read_gets_its_hits_in_place_and_its_misses_as_runs() {
+        let c = Cache::new(1 << 20);
+        for b in [1, 2, 5, 63, 64, 129] {
+            let t = c.begin_read(b, 1);
+            c.end_read(&t, Some(&block(b as u8)));
+        }
+        let mut out = vec![0u8; 130 * BLOCK as usize];
+        let mut hits = Hits::default();
+        c.get_many(0, 130, &mut hits, |i, d| {
+            out[i * BLOCK as usize..(i + 1) * BLOCK as usize].copy_from_slice(d)
+        });
+        let runs: Vec<_> = hits.misses().collect();
+        assert_eq!(runs, [(0, 1), (3, 5), (6, 63), (65, 129)]);
+        assert_eq!(hits.count(), 6);
+        for (i, b) in out.chunks(BLOCK as usize).enumerate() {
+            let want = if hits.hit(i) { i as u8 } else { 0 };
+            assert!(b.iter().all(|x| *x == want), "block {i}");
+        }
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses), (6, 124));
+        // A smaller read after it sees none of the larger one's bits.
+        c.get_many(200, 3, &mut hits, |_, _| unreachable!());
+        assert_eq!(
+            (hits.count(), hits.misses().collect::<Vec<_>>()),
+            (0, vec![(0, 3)])
+        );
     }
 
     #[test]

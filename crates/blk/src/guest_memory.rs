@@ -193,4 +193,37 @@ mod tests {
             "past the end"
         );
     }
+
+    #[test]
+    fn a_read_straight_into_guest_memory_lands_and_is_in_the_dirty_log() {
+        use vm_memory::bitmap::{AtomicBitmap, Bitmap as _};
+        use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        let content: Vec<u8> = (0..0x4000u32).map(|i| (i * 31 / 4096) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let disk = crate::disk::Disk::open(&path, true, true).unwrap();
+        let mem =
+            GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let g = guest_bufs(&mem, &[(0x8000, 0x2000), (0x2000, 0x1000)]).unwrap();
+        let mut v = Vec::new();
+        g.iovecs(0, 0x3000, &mut v);
+        assert!(reads_direct(false, disk.align(), &v));
+        // SAFETY: `v` is `mem`'s mapping of those guest pages, alive past the call; no
+        // reference points into it.
+        unsafe { disk.read_raw_at(&mut v, 0x1000) }.unwrap();
+        g.mark_dirty(0, 0x3000);
+        let mut got = vec![0u8; 0x3000];
+        mem.read_slice(&mut got[..0x2000], GuestAddress(0x8000))
+            .unwrap();
+        mem.read_slice(&mut got[0x2000..], GuestAddress(0x2000))
+            .unwrap();
+        assert_eq!(got, content[0x1000..0x4000]);
+        let region = mem.find_region(GuestAddress(0)).unwrap();
+        let dirty: Vec<usize> = (0..0x10_0000)
+            .step_by(0x1000)
+            .filter(|&a| region.bitmap().dirty_at(a))
+            .collect();
+        assert_eq!(dirty, [0x2000, 0x8000, 0x9000]);
+    }
 }

@@ -25,6 +25,67 @@ use serde::{Deserialize, Serialize};
 pub use crate::units::BLOCK;
 const STRIPES: usize = 1 << 16;
 
+/// The most blocks one read covers: the largest request, plus one when it does not
+/// start on a block.
+pub const MAX_BLOCKS: usize =
+    (crate::config::SIZE_MAX as usize * crate::config::SEG_MAX as usize) / BLOCK as usize + 1;
+
+/// Which blocks of one read the cache served, a bit each, on the stack (4 KiB for the
+/// largest request): a read allocates nothing to know its hits.
+pub struct Hits {
+    bits: [u64; MAX_BLOCKS.div_ceil(64)],
+    count: usize,
+}
+
+impl Default for Hits {
+    fn default() -> Hits {
+        Hits {
+            bits: [0; MAX_BLOCKS.div_ceil(64)],
+            count: 0,
+        }
+    }
+}
+
+impl Hits {
+    fn clear(&mut self, count: usize) {
+        self.bits[..count.div_ceil(64)].fill(0);
+        self.count = count;
+    }
+
+    fn set(&mut self, i: usize) {
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+
+    /// How many blocks were hits.
+    pub fn count(&self) -> u64 {
+        let words = &self.bits[..self.count.div_ceil(64)];
+        words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    /// Whether block `i` of the read was a hit.
+    pub fn hit(&self, i: usize) -> bool {
+        i < self.count && self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// The runs of missed blocks, `i..j` each, in order.
+    pub fn misses(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            while i < self.count && self.hit(i) {
+                i += 1;
+            }
+            if i >= self.count {
+                return None;
+            }
+            let start = i;
+            while i < self.count && !self.hit(i) {
+                i += 1;
+            }
+            Some((start as u64, i as u64))
+        })
+    }
+}
+
 /// What the cache did since the backend started.
 #[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CacheStats {
@@ -164,35 +225,50 @@ impl Cache {
     /// Copies block `block` into `out` if it is cached (counting a hit or a miss). An
     /// exclusive cache lets the block go: the guest holds it now.
     pub fn get(&self, block: u64, out: &mut [u8]) -> bool {
-        self.get_many(block, &mut out[..BLOCK as usize])[0]
+        let mut hits = Hits::default();
+        self.get_many(block, 1, &mut hits, |_, d| {
+            out[..BLOCK as usize].copy_from_slice(d)
+        });
+        hits.hit(0)
     }
 
-    /// [`Cache::get`] of the blocks from `first` on into `out` (whole blocks), under
-    /// one lock (a 1 MiB request is 256 blocks): whether each was a hit.
-    pub fn get_many(&self, first: u64, out: &mut [u8]) -> Vec<bool> {
-        let bs = BLOCK as usize;
-        let hits: Vec<bool> = if self.cap() == 0 {
-            vec![false; out.len() / bs]
-        } else {
+    /// [`Cache::get`] of `count` blocks from `first` on, under one lock (a 1 MiB
+    /// request is 256 blocks): `copy(i, data)` gets each cached block `first + i`, and
+    /// `hits` says which were.
+    pub fn get_many(
+        &self,
+        first: u64,
+        count: u64,
+        hits: &mut Hits,
+        mut copy: impl FnMut(usize, &[u8]),
+    ) {
+        assert!(count as usize <= MAX_BLOCKS, "{count} blocks in one read");
+        hits.clear(count as usize);
+        if self.cap() > 0 {
             let mut lru = self.lru.lock().expect("cache lock");
             let exclusive = self.is_exclusive();
-            out.chunks_exact_mut(bs)
-                .zip(first..)
-                .map(|(o, b)| {
-                    let mut copy = |d: &[u8]| o.copy_from_slice(d);
-                    match exclusive {
-                        true => lru.pop(&b).map(|d| copy(&d)).is_some(),
-                        false => lru.get(&b).map(|d| copy(d)).is_some(),
-                    }
-                })
-                .collect()
-        };
-        for (b, &hit) in (first..).zip(&hits) {
-            let c = if hit { &self.n.hits } else { &self.n.misses };
-            c.fetch_add(1, Ordering::Relaxed);
-            self.record(b, if hit { 'h' } else { 'm' });
+            for (i, b) in (first..first + count).enumerate() {
+                let hit = match exclusive {
+                    true => lru.pop(&b).map(|d| copy(i, &d)).is_some(),
+                    false => lru.get(&b).map(|d| copy(i, d)).is_some(),
+                };
+                if hit {
+                    hits.set(i);
+                }
+            }
         }
-        hits
+        let n = hits.count();
+        self.n.hits.fetch_add(n, Ordering::Relaxed);
+        self.n.misses.fetch_add(count - n, Ordering::Relaxed);
+        for (i, b) in (first..first + count).enumerate() {
+            self.record(b, if hits.hit(i) { 'h' } else { 'm' });
+        }
+    }
+
+    /// Whether a read's misses enter the cache (inclusive, not empty): they must then be
+    /// read into memory the guest cannot change.
+    pub fn fills_on_miss(&self) -> bool {
+        self.cap() > 0 && !self.is_exclusive()
     }
 
     /// Before reading `count` blocks from the file.
@@ -206,11 +282,13 @@ impl Cache {
     }
 
     /// After the read of `t`'s blocks returned `data`: each block is admitted if no
-    /// write to it began since the ticket.
-    pub fn end_read(&self, t: &ReadTicket, data: &[u8]) {
+    /// write to it began since the ticket. `None`: the data went where the host keeps
+    /// no copy of it (only when [`Cache::fills_on_miss`] said no), nothing is admitted.
+    pub fn end_read(&self, t: &ReadTicket, data: Option<&[u8]>) {
         self.n
             .read_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(t.gens.len() as u64 * BLOCK, Ordering::Relaxed);
+        let Some(data) = data else { return };
         if self.cap() == 0 || self.is_exclusive() {
             return;
         }
@@ -388,11 +466,40 @@ mod tests {
         let mut out = block(0);
         assert!(!c.get(5, &mut out));
         let t = c.begin_read(5, 1);
-        c.end_read(&t, &block(9));
+        c.end_read(&t, Some(&block(9)));
         assert!(c.get(5, &mut out));
         assert_eq!(out, block(9));
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.admissions), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_read_gets_its_hits_in_place_and_its_misses_as_runs() {
+        let c = Cache::new(1 << 20);
+        for b in [1, 2, 5, 63, 64, 129] {
+            let t = c.begin_read(b, 1);
+            c.end_read(&t, Some(&block(b as u8)));
+        }
+        let mut out = vec![0u8; 130 * BLOCK as usize];
+        let mut hits = Hits::default();
+        c.get_many(0, 130, &mut hits, |i, d| {
+            out[i * BLOCK as usize..(i + 1) * BLOCK as usize].copy_from_slice(d)
+        });
+        let runs: Vec<_> = hits.misses().collect();
+        assert_eq!(runs, [(0, 1), (3, 5), (6, 63), (65, 129)]);
+        assert_eq!(hits.count(), 6);
+        for (i, b) in out.chunks(BLOCK as usize).enumerate() {
+            let want = if hits.hit(i) { i as u8 } else { 0 };
+            assert!(b.iter().all(|x| *x == want), "block {i}");
+        }
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses), (6, 124));
+        // A smaller read after it sees none of the larger one's bits.
+        c.get_many(200, 3, &mut hits, |_, _| unreachable!());
+        assert_eq!(
+            (hits.count(), hits.misses().collect::<Vec<_>>()),
+            (0, vec![(0, 3)])
+        );
     }
 
     #[test]
@@ -401,7 +508,7 @@ mod tests {
         let t = c.begin_read(1, 2);
         let w = c.begin_write(2, 1);
         // The read may have seen the old or the new content of block 2.
-        c.end_read(&t, &[block(1), block(2)].concat());
+        c.end_read(&t, Some(&[block(1), block(2)].concat()));
         c.end_write(&w, Some(&block(3)), BLOCK);
         let mut out = block(0);
         assert!(c.get(1, &mut out));
@@ -426,13 +533,13 @@ mod tests {
         let c = Cache::new(2 * BLOCK);
         for b in 0..3 {
             let t = c.begin_read(b, 1);
-            c.end_read(&t, &block(b as u8));
+            c.end_read(&t, Some(&block(b as u8)));
         }
         let s = c.stats();
         assert_eq!((s.evictions, s.held_bytes), (1, 2 * BLOCK));
         let z = Cache::new(0);
         let t = z.begin_read(0, 1);
-        z.end_read(&t, &block(1));
+        z.end_read(&t, Some(&block(1)));
         assert!(!z.get(0, &mut block(0)));
         assert_eq!(z.stats().admissions, 0);
         // Shrunk at run time: the least recently used block goes; grown, it admits.
@@ -445,7 +552,7 @@ mod tests {
         assert!(c.get(2, &mut block(0)) && !c.get(1, &mut block(0)));
         z.reconfigure(2 * BLOCK, false);
         let t = z.begin_read(0, 1);
-        z.end_read(&t, &block(1));
+        z.end_read(&t, Some(&block(1)));
         assert!(z.get(0, &mut block(0)));
     }
 
@@ -456,7 +563,7 @@ mod tests {
         let mut m = PageMap::new();
         // Reads and writes admit nothing.
         let t = c.begin_read(8, 1);
-        c.end_read(&t, &block(8));
+        c.end_read(&t, Some(&block(8)));
         let w = c.begin_write(7, 1);
         c.end_write(&w, Some(&block(7)), BLOCK);
         assert_eq!(c.stats().held_bytes, 0);
@@ -501,7 +608,7 @@ mod tests {
         c.record_to(Some(&p)).unwrap();
         c.get(3, &mut block(0));
         let t = c.begin_read(3, 1);
-        c.end_read(&t, &block(3));
+        c.end_read(&t, Some(&block(3)));
         c.get(3, &mut block(0));
         let w = c.begin_write(3, 1);
         c.end_write(&w, None, BLOCK);

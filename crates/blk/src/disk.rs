@@ -102,6 +102,68 @@ impl Disk {
         Ok(())
     }
 
+    /// What `O_DIRECT` needs of a buffer's address and length here (1: nothing).
+    pub fn align(&self) -> usize {
+        match self.direct {
+            true => DIRECT_ALIGN,
+            false => 1,
+        }
+    }
+
+    /// [`Disk::read_at`] into the memory `iov` describes, in one `preadv` when it can
+    /// (each buffer's address and length a multiple of [`Disk::align`] for that).
+    ///
+    /// # Safety
+    ///
+    /// Every `iovec` must describe memory this process maps writable for its whole
+    /// length until the call returns, and no Rust reference may point into it meanwhile
+    /// (the kernel and, here, `write_bytes` write through raw pointers).
+    pub unsafe fn read_raw_at(
+        &self,
+        mut iov: &mut [libc::iovec],
+        mut offset: u64,
+    ) -> std::io::Result<()> {
+        while !iov.is_empty() {
+            let n = iov.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+            // SAFETY: the caller's promise on `iov`: the kernel writes only inside it.
+            let r = unsafe {
+                libc::preadv(
+                    self.file.as_raw_fd(),
+                    iov.as_ptr(),
+                    n,
+                    offset as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                // Past the end of the file: zeros, as `read_at` gives.
+                for v in iov.iter() {
+                    // SAFETY: the caller's promise on `iov`.
+                    unsafe { std::ptr::write_bytes(v.iov_base as *mut u8, 0, v.iov_len) };
+                }
+                return Ok(());
+            }
+            offset += r as u64;
+            let mut left = r as usize;
+            while let Some(v) = iov.first_mut() {
+                if left < v.iov_len {
+                    v.iov_base = (v.iov_base as usize + left) as *mut libc::c_void;
+                    v.iov_len -= left;
+                    break;
+                }
+                left -= v.iov_len;
+                iov = &mut std::mem::take(&mut iov)[1..];
+            }
+        }
+        Ok(())
+    }
+
     pub fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         self.file.write_all_at(buf, offset)
     }

@@ -11,14 +11,15 @@ use std::ops::Deref;
 
 use virtio_bindings::virtio_blk::*;
 use virtio_queue::DescriptorChain;
+use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ByteValued, GuestMemory};
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Hits};
 use crate::config::{MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR, SEG_MAX, SIZE_MAX};
 use crate::disk::{AlignedBuf, Disk};
 use crate::exclusive::{pages_of, PageMap, Refusal, SlotRef};
 use crate::faults::{skipped, Check};
-use crate::guest_memory::Mem;
+use crate::guest_memory::{guest_bufs, reads_direct, GuestBufs, Mem};
 use crate::ring::NoticeSink;
 use crate::timing::{Class, Lap, Phase};
 use crate::units::{BLOCK, PAGE};
@@ -190,7 +191,7 @@ impl Device {
                     VIRTIO_BLK_T_OUT => Class::Write,
                     _ => Class::Other,
                 };
-                self.run(h, &mut reader, &mut data, bufs.as_ref(), lap)
+                self.run(h, mem, &mut reader, &mut data, bufs.as_ref(), lap)
             }
             Err(_) => Err(Failed::Bad("a header shorter than 16 bytes".into())),
         };
@@ -215,24 +216,26 @@ impl Device {
     }
 
     /// Returns the data bytes written to the guest.
-    fn run<R: Read + Available, W: Write + Available>(
+    fn run<M: GuestMemory + ?Sized, R: Read + Available, W: Write + Available>(
         &self,
         h: Header,
+        mem: &M,
         reader: &mut R,
         data: &mut W,
         bufs: Option<&Buffers>,
         lap: &mut Lap,
     ) -> Result<usize, Failed> {
-        let r = self.run_kind(h, reader, data, bufs, lap);
+        let r = self.run_kind(h, mem, reader, data, bufs, lap);
         if r.is_err() {
             lap.lap(Phase::Parse);
         }
         r
     }
 
-    fn run_kind<R: Read + Available, W: Write + Available>(
+    fn run_kind<M: GuestMemory + ?Sized, R: Read + Available, W: Write + Available>(
         &self,
         h: Header,
+        mem: &M,
         reader: &mut R,
         data: &mut W,
         bufs: Option<&Buffers>,
@@ -243,20 +246,33 @@ impl Device {
                 let len = data.available();
                 let off = self.range(h.sector, len)?;
                 let gens = self.gens(off, len as u64);
+                let runs = bufs.map(|b| Buffers::window(&b.writable, 0, len as u64));
+                // Whole blocks, in a cache that keeps no hash of what the guest reads,
+                // go between the cache, the disk and the guest's buffers directly.
+                let guest = match (&runs, Self::blocks(off, len)) {
+                    (Some(r), Some(_)) if !self.cache.is_exclusive() => guest_bufs(mem, r),
+                    _ => None,
+                };
                 lap.lap(Phase::Parse);
+                let deferred = |in_buf| Deferred {
+                    device: self as *const Device as usize,
+                    runs,
+                    off,
+                    len,
+                    gens,
+                    own: 0,
+                    in_buf,
+                };
+                if let Some(g) = guest {
+                    self.read_into(&g, off, lap).map_err(Failed::Io)?;
+                    defer(deferred(false));
+                    return Ok(len);
+                }
                 with_buf(len, |buf| {
                     self.read(buf, off, lap).map_err(Failed::Io)?;
                     data.write_all(buf).map_err(Failed::Io)?;
                     lap.lap(Phase::Copy);
-                    let runs = bufs.map(|b| Buffers::window(&b.writable, 0, len as u64));
-                    defer(Deferred {
-                        device: self as *const Device as usize,
-                        runs,
-                        off,
-                        len,
-                        gens,
-                        own: 0,
-                    });
+                    defer(deferred(true));
                     Ok(())
                 })?;
                 Ok(len)
@@ -283,6 +299,7 @@ impl Device {
                             len,
                             gens,
                             own: 2,
+                            in_buf: true,
                         }),
                         Err(_) => {
                             self.forget(off, len as u64);
@@ -375,21 +392,26 @@ impl Device {
             // Another device's, on a thread that served both (tests): not ours to apply.
             return;
         }
-        with_buf(d.len, |buf| {
-            self.map_pages(d.runs, d.off, buf, &d.gens, d.own)
-        });
+        match d.in_buf {
+            true => with_buf(d.len, |buf| {
+                self.map_pages(d.runs, d.off, Some(buf), &d.gens, d.own)
+            }),
+            false => self.map_pages(d.runs, d.off, None, &d.gens, d.own),
+        }
         lap.lap(Phase::Map);
     }
 
     /// After data moved between the guest buffers `runs` and the disk at `off`: each
     /// whole, aligned block now maps its page, provided no write but this request's own
     /// (`own` steps of the generation: 2 for a write, 0 for a read) began meanwhile;
-    /// every other block touched loses its mapping.
+    /// every other block touched loses its mapping. `data` is what moved, as the host
+    /// holds it (`None`: it went straight into guest memory, and the mappings carry no
+    /// hash: an eviction of theirs is checked against the disk).
     fn map_pages(
         &self,
         runs: Option<Vec<(u64, u64)>>,
         off: u64,
-        data: &[u8],
+        data: Option<&[u8]>,
         before: &[u64],
         own: u64,
     ) {
@@ -398,30 +420,41 @@ impl Device {
         };
         let (whole, partial) = pages_of(&runs, off);
         let first = off / BLOCK;
+        // The block's generation now, if no write but this request's own began.
+        let current = |block: u64| {
+            let now = self.cache.gen_of(block);
+            let then = before.get((block - first) as usize).copied();
+            (then.map(|g| g.wrapping_add(own)) == Some(now)).then_some(now)
+        };
+        let apply = |map: &mut PageMap, pfn, block, mapping| match mapping {
+            Some((hash, gen)) => map.map(pfn, block, hash, gen),
+            None => map.forget_block(block),
+        };
         // Only a cache that admits evictions needs the hash now (see `exclusive`); it
         // is taken before the lock, which eviction notices wait on.
-        let hashed = self.cache.is_exclusive();
-        let updates: Vec<_> = whole
-            .into_iter()
-            .map(|(pfn, block)| {
-                let now = self.cache.gen_of(block);
-                let then = before.get((block - first) as usize).copied();
-                let current = then.map(|g| g.wrapping_add(own)) == Some(now);
-                let at = (block * BLOCK - off) as usize;
-                let hash = (current && hashed)
-                    .then(|| crate::exclusive::hash(&data[at..at + BLOCK as usize]));
-                (pfn, block, current.then_some((hash, now)))
-            })
-            .collect();
-        let mut map = pages.lock().expect("page map lock");
-        for (pfn, block, mapping) in updates {
-            match mapping {
-                Some((hash, gen)) => map.map(pfn, block, hash, gen),
-                None => map.forget_block(block),
+        match data.filter(|_| self.cache.is_exclusive()) {
+            Some(data) => {
+                let updates: Vec<_> = whole
+                    .into_iter()
+                    .map(|(pfn, block)| {
+                        let at = (block * BLOCK - off) as usize;
+                        let hash = || crate::exclusive::hash(&data[at..at + BLOCK as usize]);
+                        (pfn, block, current(block).map(|g| (Some(hash()), g)))
+                    })
+                    .collect();
+                let mut map = pages.lock().expect("page map lock");
+                for (pfn, block, mapping) in updates {
+                    apply(&mut map, pfn, block, mapping);
+                }
+                partial.into_iter().for_each(|b| map.forget_block(b));
             }
-        }
-        for block in partial {
-            map.forget_block(block);
+            None => {
+                let mut map = pages.lock().expect("page map lock");
+                for (pfn, block) in whole {
+                    apply(&mut map, pfn, block, current(block).map(|g| (None, g)));
+                }
+                partial.into_iter().for_each(|b| map.forget_block(b));
+            }
         }
     }
 
@@ -618,19 +651,13 @@ impl Device {
     ) -> std::io::Result<()> {
         let off = first * BLOCK;
         let bs = BLOCK as usize;
-        let hits = self.cache.get_many(first, buf);
+        let mut hits = Hits::default();
+        self.cache.get_many(first, count, &mut hits, |i, d| {
+            buf[i * bs..(i + 1) * bs].copy_from_slice(d)
+        });
         // Runs of missing blocks are read from the disk in one go each.
-        let mut i = 0u64;
-        while i < count {
+        for (i, j) in hits.misses() {
             let at = i as usize * bs;
-            if hits[i as usize] {
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < count && !hits[j as usize] {
-                j += 1;
-            }
             // The hits are in place; i..j are read now.
             let t = self.cache.begin_read(first + i, j - i);
             let run = &mut buf[at..j as usize * bs];
@@ -639,8 +666,64 @@ impl Device {
             let r = self.disk.read_at(run, off + at as u64);
             lap.lap(Phase::Disk);
             r?;
-            self.cache.end_read(&t, run);
-            i = j;
+            self.cache.end_read(&t, Some(run));
+        }
+        lap.lap(Phase::Cache);
+        Ok(())
+    }
+
+    /// [`Device::read_blocks`] of whole blocks at `off` into the guest's buffers `g`:
+    /// hits are copied from the cache into them, and each run of misses is read from
+    /// the disk straight into them when [`reads_direct`] allows, else through this
+    /// thread's buffer (then copied into the guest and offered to the cache).
+    ///
+    /// The guest may change its buffers while this runs (another vCPU): harmless, it
+    /// owns those bytes and sees what it wrote; the host takes nothing from them (the
+    /// cache's copies come from the cache or the bounce buffer, and these mappings
+    /// carry no hash).
+    fn read_into<B: BitmapSlice>(
+        &self,
+        g: &GuestBufs<'_, B>,
+        off: u64,
+        lap: &mut Lap,
+    ) -> std::io::Result<()> {
+        let (first, bs) = (off / BLOCK, BLOCK as usize);
+        let count = g.len() as u64 / BLOCK;
+        let mut hits = Hits::default();
+        self.cache
+            .get_many(first, count, &mut hits, |i, d| g.copy_in(i * bs, d));
+        let fills = self.cache.fills_on_miss();
+        let mut iov = Vec::new();
+        for (i, j) in hits.misses() {
+            let (at, len, from) = (i as usize * bs, (j - i) as usize * bs, off + i * BLOCK);
+            let t = self.cache.begin_read(first + i, j - i);
+            lap.class = Class::ReadMiss;
+            iov.clear();
+            g.iovecs(at, len, &mut iov);
+            lap.lap(Phase::Cache);
+            if reads_direct(fills, self.disk.align(), &iov) {
+                // SAFETY: `iov` is the host mapping of the guest's buffers for these
+                // bytes; `g` borrows the request's guest memory, which stays mapped
+                // until the request is answered, after this read. No Rust reference
+                // points into it (the guest's bytes are only reached through
+                // volatile slices), so the kernel's writes alias nothing.
+                let r = unsafe { self.disk.read_raw_at(&mut iov, from) };
+                lap.lap(Phase::Disk);
+                r?;
+                g.mark_dirty(at, len);
+                self.cache.end_read(&t, None);
+                continue;
+            }
+            with_buf(len, |buf| {
+                let r = self.disk.read_at(buf, from);
+                lap.lap(Phase::Disk);
+                r?;
+                self.cache.end_read(&t, Some(buf));
+                lap.lap(Phase::Cache);
+                g.copy_in(at, buf);
+                lap.lap(Phase::Copy);
+                Ok::<_, std::io::Error>(())
+            })?;
         }
         lap.lap(Phase::Cache);
         Ok(())
@@ -700,6 +783,8 @@ struct Deferred {
     len: usize,
     gens: Vec<u64>,
     own: u64,
+    /// Whether the data is in `BUF` (else it went straight into guest memory).
+    in_buf: bool,
 }
 
 /// Leaves `d` for [`Device::finish`] (the request's data stays in `BUF` until then).

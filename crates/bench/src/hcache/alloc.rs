@@ -635,4 +635,56 @@ mod tests {
         assert_eq!(r.each_round("a", 5, 7, 100), vec![3.0, 2.0, 4.0]);
         assert_eq!(r.per_request("a", 5, 7, 100), 3.0);
     }
+
+    #[test]
+    fn the_report_names_a_violation_within_the_noise_and_one_beyond_it() {
+        let vms = vec![
+            vm(256, Some(228), 1.054),
+            vm(256, Some(228), 1.09),
+            vm(256, Some(284), 0.76),
+        ];
+        let (bound_violations, bound_violations_beyond_noise, vms_moved) = violations(&vms, 0.05);
+        let a = AllocOutcome {
+            policy: "isolated-sharing".into(),
+            bound: 0.05,
+            margin: 0.03,
+            requests_per_round: 500,
+            rounds: 7,
+            vms,
+            bound_violations,
+            bound_violations_beyond_noise,
+            vms_moved,
+            geo_mean_predicted: 1.0,
+            geo_mean_measured: 1.0,
+            esx: MemoryPlan {
+                policy: "esx-idle-tax".into(),
+                bound: 0.05,
+                margin: 0.03,
+                unit_bytes: 4 * MIB,
+                total_bytes: 512 * MIB,
+                held_bytes: 512 * MIB,
+                geo_mean_relative: 1.0,
+                geo_mean_miss_ratio: 0.5,
+                vms: Vec::new(),
+            },
+        };
+        let lines = super::super::report::alloc_lines(&a);
+        assert!(
+            lines[0].starts_with("allocation (isolated-sharing, bound 0.05, planned within 0.020): 2 of 3 VMs measured over the bound, 1 of them beyond the noise (3 moved; 7 baseline and 7 outcome rounds of 500 requests)"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].contains("x1.054 ± 0.020 measured"), "{}", lines[1]);
+        assert!(
+            lines[1].ends_with("OVER THE BOUND (within the noise)"),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2].ends_with("OVER THE BOUND (beyond the noise)"),
+            "{}",
+            lines[2]
+        );
+        assert!(!lines[3].contains("OVER"), "{}", lines[3]);
+    }
 }

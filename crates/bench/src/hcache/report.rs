@@ -140,7 +140,7 @@ pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> Result<()
 }
 
 /// The allocation's lines: the verdicts, then each VM's change beside its noise.
-fn alloc_lines(a: &AllocOutcome) -> Vec<String> {
+pub(super) fn alloc_lines(a: &AllocOutcome) -> Vec<String> {
     let mut out = vec![format!(
         "allocation ({}, bound {}, planned within {:.3}): {} of {} VMs measured over the bound, {} of them beyond the noise ({} moved; {} baseline and {} outcome rounds of {} requests)",
         a.policy,

@@ -106,6 +106,11 @@ pub struct PlanRequest {
     /// at its allocation now, as a fraction (default 0.05).
     #[serde(default)]
     pub bound: Option<f64>,
+    /// Isolated sharing: how far under the bound the plan stays, for the curves'
+    /// prediction error, as a fraction (default 0.03, `rebound_mrc::alloc::DEFAULT_MARGIN`):
+    /// no VM's predicted increase is more than `bound - margin`.
+    #[serde(default)]
+    pub margin: Option<f64>,
     /// Allocations are whole multiples of this (default 4 MiB, as the paper).
     #[serde(default)]
     pub unit_bytes: Option<u64>,
@@ -129,6 +134,8 @@ fn default_policy() -> String {
 pub struct MemoryPlan {
     pub policy: String,
     pub bound: f64,
+    /// The plan kept every VM's predicted increase within `bound - margin`.
+    pub margin: f64,
     pub unit_bytes: u64,
     /// What is divided: the VMs' allocations now, in whole units.
     pub total_bytes: u64,
@@ -155,6 +162,8 @@ pub struct PlannedVm {
     /// `predicted_misses / baseline_misses` (floored at half a miss).
     pub relative: f64,
     pub within_bound: bool,
+    /// Predicted within `bound - margin` too (always, under isolated sharing).
+    pub within_margin: bool,
     /// ESX: the memory its curve says it uses.
     pub active_bytes: Option<u64>,
     /// With `apply`: what its allocation became, or why it did not change.

@@ -40,9 +40,8 @@ pub enum Error {
     Restore(#[from] restore::Error),
     #[error(transparent)]
     Disk(#[from] disk::Error),
-    /// The host-cache benchmark still reports through `anyhow`, kept with its chain.
     #[error(transparent)]
-    Hcache(Box<dyn std::error::Error + Send + Sync>),
+    Hcache(#[from] hcache::Error),
     #[error(transparent)]
     Reboot(#[from] reboot::Error),
     #[error(transparent)]
@@ -112,9 +111,7 @@ pub async fn run<C: Clusters>(paths: &Paths, cmd: BenchCmd, clusters: &C) -> Res
         BenchCmd::Crash(args) => Ok(crash::run(paths, args).await?),
         BenchCmd::Restore(args) => Ok(restore::run(paths, args).await?),
         BenchCmd::Disk(args) => Ok(disk::run(paths, args).await?),
-        BenchCmd::Hcache(args) => hcache::run(paths, args)
-            .await
-            .map_err(|e| Error::Hcache(e.into())),
+        BenchCmd::Hcache(args) => Ok(hcache::run(paths, args).await?),
         BenchCmd::Reboot(args) => Ok(reboot::run(paths, args).await?),
         BenchCmd::Cluster(args) => Ok(cluster::run(paths, args, clusters).await?),
         BenchCmd::Boot {

@@ -29,9 +29,10 @@
 //! assert_eq!(guest.miss_ratio(3)?, 1.0); // a loop of 4 misses 3 pages
 //! assert_eq!(guest.misses(4)?, 4.0); // 4 pages: only the first touches
 //!
-//! // Two such guests, 8 pages between them, misses may grow by 10% at most.
+//! // Two such guests, 8 pages between them, misses may grow by 10% at most;
+//! // the plan stays the default margin (3 points) under that, for the curves' error.
 //! let vms = [Vm::new(&guest, 4), Vm::new(&guest, 4)];
-//! let params = Params { total: 8, unit: 1, bound: 0.1 };
+//! let params = Params::new(8, 1, 0.1);
 //! let got = isolated_sharing(&vms, &params)?;
 //! assert_eq!(got.vms[0].size, 4);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -122,10 +122,11 @@ fn alloc_panel(s: &mut String, f: &Frame, res: &Results) {
     f.axes(
         s,
         &format!(
-            "allocation, bound {}: {} of {} VMs over it",
+            "allocation, bound {}: {} of {} VMs over it, {} beyond the noise",
             a.bound,
             a.bound_violations,
-            a.vms.len()
+            a.vms.len(),
+            a.bound_violations_beyond_noise
         ),
         None,
         "reads after / before",
@@ -176,6 +177,18 @@ fn alloc_panel(s: &mut String, f: &Frame, res: &Results) {
                 top - 3.0
             );
         }
+        // The measured change's noise (two standard errors) as a whisker on its bar.
+        let x = f.x(i as f64 + 0.15 + 2.0 * 0.23 + 0.1);
+        let lo = f.y((v.measured_relative - v.noise).max(0.0));
+        let hi = f.y((v.measured_relative + v.noise).min(f.y_max));
+        let _ = writeln!(
+            s,
+            r##"<path d="M{x:.1},{lo:.1} V{hi:.1} M{:.1},{lo:.1} H{:.1} M{:.1},{hi:.1} H{:.1}" stroke="#c80" stroke-width="1.5"/>"##,
+            x - 4.0,
+            x + 4.0,
+            x - 4.0,
+            x + 4.0
+        );
         let _ = writeln!(
             s,
             r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{} {} {}→{} MiB</text>"##,

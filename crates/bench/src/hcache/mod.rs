@@ -31,11 +31,15 @@
 //!    checked against a plain simulation of each log (`mrc_mae`: the worst pattern).
 //! 3. **Allocation** (`alloc`): two VMs whose misses both fall with memory; the
 //!    isolated-sharing plan moves memory between them and each VM's reads after the
-//!    move are measured against the plan's prediction and its bound.
+//!    move, over `--allocation-rounds` rounds, are measured against the plan's
+//!    prediction and its bound, with the noise the rounds' spread gives the change.
+//!    `--allocation-only` runs this part alone.
 //!
-//! Duration at the defaults, on 2 CPUs under TCG with a quiet host: about 25 minutes.
+//! Duration at the defaults, on 2 CPUs under TCG with a quiet host: about 35 minutes.
 //! An io run is a boot, the 8 s delay and 1,500 requests (about 15 s); a web run is
-//! about 75 s (9,000 requests one at a time); the allocation's two VMs about 3 minutes.
+//! about 75 s (9,000 requests one at a time); the allocation's two VMs about 6 minutes
+//! (19 rounds of 500 requests at about 20 s each: 4 warm-up, 7 baseline, the
+//! transition, 7 outcome).
 //! The settings are 25 runs, the validation 20 (four per pattern): the number of
 //! sizes trades time for resolution, and three steps below the allocation plus one
 //! above it put a point at the curve's start, at its end and every 128 MiB between for
@@ -47,15 +51,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hyper::Method;
 use rebound_api::{MrcReport, VmStatus};
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::guest::{post, remove};
+use crate::guest::{get, post, remove};
 use crate::host::{host_cpus, host_kernel, load_average};
-use rebound_client::{connect, Client};
+use rebound_client::{connect, Client, ClientError};
 use setup::{backend, files_reports, io_spec, make_disk, IoRun};
 use validate::{predicted, MrcCheck, Validation};
 use web::Served;
@@ -68,6 +71,73 @@ mod validate;
 mod web;
 
 const MIB: u64 = 1 << 20;
+
+/// Why the host-cache benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown pattern {0:?}: seq, random, zipf, class or web")]
+    Pattern(String),
+    #[error("{what}: {item:?} is not a non-negative number")]
+    List { what: &'static str, item: String },
+    #[error("--settings are percentages below 100")]
+    Settings,
+    #[error(
+        "no curve to validate: --settings moves nothing to the host cache (or pass --no-validate)"
+    )]
+    NothingTraced,
+    #[error("--validate-sizes: {size} MiB is below where the curves start ({start} MiB)")]
+    BelowStart { size: u64, start: u64 },
+    #[error("--files {files} MiB is not more than the {allocation} MiB allocation: nothing would ever miss")]
+    FewFiles { files: u64, allocation: u64 },
+    #[error("--web-files x --web-file-size is not more than the {0} MiB allocation: nothing would ever miss")]
+    FewWebFiles(u64),
+    #[error("--allocation-only and --no-allocation leave nothing to run")]
+    NothingToRun,
+    #[error(transparent)]
+    Scratch(#[from] crate::out::ScratchError),
+    #[error("no daemon to run the guests")]
+    Connect(#[source] ClientError),
+    #[error(transparent)]
+    Setup(#[from] setup::Error),
+    #[error(transparent)]
+    WebSet(#[from] crate::webload::Error),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("the VM spec of {0} does not encode as JSON")]
+    Spec(String, #[source] serde_json::Error),
+    #[error("no file set was made for the {0} pattern")]
+    NoSet(String),
+    #[error("cannot copy the file set's image to {}", .0.display())]
+    CopyDisk(PathBuf, #[source] std::io::Error),
+    #[error("{}: cannot record the accesses", .0.display())]
+    Record(PathBuf, #[source] std::io::Error),
+    #[error("{}: cannot record the accesses: {answer}", .control.display())]
+    RecordRefused { control: PathBuf, answer: Value },
+    #[error(transparent)]
+    Web(#[from] web::Error),
+    #[error("{name}: the guest read wrong data: {first}")]
+    WrongData { name: String, first: String },
+    #[error("{0}: the workload began before the host cache was in place")]
+    Early(String),
+    #[error("{name}: {requests} requests not done after an hour")]
+    NotDone { name: String, requests: u64 },
+    #[error("the allocation between two VMs failed")]
+    Alloc(#[from] alloc::Error),
+    #[error("no curve of the {0} pattern to validate: --settings has no host cache")]
+    NoCurve(String),
+    #[error("{size} MiB is below where the {pattern} curve starts ({start} MiB)")]
+    BelowCurve {
+        size: u64,
+        pattern: String,
+        start: u64,
+    },
+    #[error(transparent)]
+    Check(#[from] validate::Error),
+    #[error("cannot write {}", .0.display())]
+    Svg(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Report(#[from] report::Error),
+}
 
 #[derive(Args, Debug)]
 pub struct HcacheArgs {
@@ -117,12 +187,23 @@ pub struct HcacheArgs {
     /// Skip the allocation of memory between two VMs (`memory plan --apply`).
     #[arg(long)]
     no_allocation: bool,
+    /// Run only the allocation of memory between two VMs (no settings, no curve
+    /// validation).
+    #[arg(long)]
+    allocation_only: bool,
     /// The allocation's bound on each VM's loss (isolated sharing).
     #[arg(long, default_value_t = 0.05)]
     bound: f64,
+    /// How far under the bound the plan stays (default: the daemon's, 0.03).
+    #[arg(long)]
+    margin: Option<f64>,
     /// Requests per round of the allocation's VMs.
     #[arg(long, default_value_t = 500)]
     allocation_requests: u64,
+    /// Baseline rounds of the allocation's VMs, and as many after the move: more
+    /// rounds, less noise in each VM's measured change (it falls as the square root).
+    #[arg(long, default_value_t = 7)]
+    allocation_rounds: u64,
     #[command(flatten)]
     out: crate::out::BenchOut,
 }
@@ -156,14 +237,17 @@ struct Run {
     errors: u64,
 }
 
-fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
+fn parse_list(s: &str, what: &'static str) -> Result<Vec<f64>, Error> {
     s.split(',')
         .map(|x| {
             x.trim()
                 .parse::<f64>()
                 .ok()
                 .filter(|v| v.is_finite() && *v >= 0.0)
-                .ok_or_else(|| anyhow::anyhow!("{what}: {x:?} is not a non-negative number"))
+                .ok_or_else(|| Error::List {
+                    what,
+                    item: x.to_string(),
+                })
         })
         .collect()
 }
@@ -174,10 +258,14 @@ fn host_cache_mib(allocation: u64, percent: f64) -> u64 {
 }
 
 /// Starts (or with `None` stops) the backend's access log.
-fn record_to(control: &Path, path: Option<&Path>) -> anyhow::Result<()> {
-    let v = rebound_blk::serve::ask(control, &json!({"op": "record", "path": path}))?;
+fn record_to(control: &Path, path: Option<&Path>) -> Result<(), Error> {
+    let v = rebound_blk::serve::ask(control, &json!({"op": "record", "path": path}))
+        .map_err(|e| Error::Record(control.into(), e))?;
     match v.get("error") {
-        Some(e) => anyhow::bail!("{}: cannot record: {e}", control.display()),
+        Some(e) => Err(Error::RecordRefused {
+            control: control.into(),
+            answer: e.clone(),
+        }),
         None => Ok(()),
     }
 }
@@ -224,7 +312,7 @@ impl Setup<'_> {
         setting: f64,
         memory_mib: u64,
         host_cache_mib: u64,
-    ) -> anyhow::Result<(Run, Option<MrcReport>)> {
+    ) -> Result<(Run, Option<MrcReport>), Error> {
         let name = format!(
             "{}-{pattern}-{}-{memory_mib}",
             self.tag,
@@ -242,8 +330,8 @@ impl Setup<'_> {
         };
         let base = base
             .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("no file set was made for the {pattern} pattern"))?;
-        std::fs::copy(base, &disk)?;
+            .ok_or_else(|| Error::NoSet(pattern.to_string()))?;
+        std::fs::copy(base, &disk).map_err(|e| Error::CopyDisk(disk.clone(), e))?;
         let r = self
             .run_vm(&name, &disk, pattern, setting, memory_mib, host_cache_mib)
             .await;
@@ -260,7 +348,7 @@ impl Setup<'_> {
         setting: f64,
         memory_mib: u64,
         host_cache_mib: u64,
-    ) -> anyhow::Result<(Run, Option<MrcReport>)> {
+    ) -> Result<(Run, Option<MrcReport>), Error> {
         let c = self.c;
         // A validation guest below the allocation is the VM the curve was traced in,
         // resized: booted with the allocation and ballooned down (a guest booted
@@ -277,7 +365,8 @@ impl Setup<'_> {
             "web" => web::spec(name, disk, boot),
             _ => io_spec(name, disk, boot, &run),
         };
-        let _: VmStatus = post(c, "/v1/vms", Some(&serde_json::to_value(&s)?)).await?;
+        let spec = serde_json::to_value(&s).map_err(|e| Error::Spec(name.to_string(), e))?;
+        let _: VmStatus = post(c, "/v1/vms", Some(&spec)).await?;
         let st: VmStatus = post(
             c,
             &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
@@ -329,15 +418,10 @@ impl Setup<'_> {
             record_to(ctl, None)?;
             self.traces.push((pattern.to_string(), path.clone()));
         }
-        let ev: Value = c
-            .call(Method::GET, &format!("/v1/vms/{name}/evict"), None)
-            .await?;
+        let ev: Value = get(c, &format!("/v1/vms/{name}/evict")).await?;
         let curve = match host_cache_mib {
             0 => None,
-            _ => Some(
-                c.call(Method::GET, &format!("/v1/vms/{name}/mrc"), None)
-                    .await?,
-            ),
+            _ => Some(get(c, &format!("/v1/vms/{name}/mrc")).await?),
         };
         let n = |s: &Value, k: &str| s["cache"][k].as_u64().unwrap_or(0);
         let disk_reads = n(&s1, "misses") - n(&s0, "misses");
@@ -371,19 +455,19 @@ impl Setup<'_> {
             errors: last.errors,
         };
         if last.errors > 0 {
-            anyhow::bail!(
-                "{name}: the guest read wrong data: {}",
-                last.first_error.unwrap_or_default()
-            );
+            return Err(Error::WrongData {
+                name: name.to_string(),
+                first: last.first_error.unwrap_or_default(),
+            });
         }
         Ok((run, curve))
     }
 
     /// Waits for the io workload's report of its last request.
-    async fn io_requests(&self, name: &str) -> anyhow::Result<Served> {
+    async fn io_requests(&self, name: &str) -> Result<Served, Error> {
         let c = self.c;
         if !files_reports(c, name).await?.is_empty() {
-            anyhow::bail!("{name}: the workload began before the host cache was in place");
+            return Err(Error::Early(name.to_string()));
         }
         let deadline = Instant::now() + Duration::from_secs(3600);
         loop {
@@ -398,10 +482,10 @@ impl Setup<'_> {
                 });
             }
             if Instant::now() > deadline {
-                anyhow::bail!(
-                    "{name}: {} requests not done after an hour",
-                    self.args.requests
-                );
+                return Err(Error::NotDone {
+                    name: name.to_string(),
+                    requests: self.args.requests,
+                });
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -418,21 +502,31 @@ struct Results {
     alloc: Option<alloc::AllocOutcome>,
 }
 
-pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
-    let patterns: Vec<String> = args
-        .patterns
-        .split(',')
-        .map(|p| p.trim().to_string())
-        .collect();
+pub async fn run(paths: &Paths, mut args: HcacheArgs) -> Result<(), Error> {
+    if args.allocation_only {
+        if args.no_allocation {
+            return Err(Error::NothingToRun);
+        }
+        // The allocation needs neither the settings' runs nor their file sets.
+        args.no_validate = true;
+    }
+    let patterns: Vec<String> = match args.allocation_only {
+        true => Vec::new(),
+        false => args
+            .patterns
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .collect(),
+    };
     if let Some(p) = patterns
         .iter()
         .find(|p| !["seq", "random", "zipf", "class", "web"].contains(&p.as_str()))
     {
-        anyhow::bail!("unknown pattern {p:?}: seq, random, zipf, class or web");
+        return Err(Error::Pattern(p.clone()));
     }
     let settings = parse_list(&args.settings, "--settings")?;
     if settings.iter().any(|s| *s >= 100.0) {
-        anyhow::bail!("--settings are percentages below 100");
+        return Err(Error::Settings);
     }
     let explicit_sizes: Option<Vec<u64>> = match &args.validate_sizes {
         Some(s) => Some(
@@ -451,13 +545,11 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
             .reduce(f64::max)
             .filter(|m| *m > 0.0)
         else {
-            anyhow::bail!("no curve to validate: --settings moves nothing to the host cache (or pass --no-validate)");
+            return Err(Error::NothingTraced);
         };
         let start = args.allocation - host_cache_mib(args.allocation, max);
-        if let Some(m) = explicit_sizes.iter().flatten().find(|m| **m < start) {
-            anyhow::bail!(
-                "--validate-sizes: {m} MiB is below where the curves start ({start} MiB)"
-            );
+        if let Some(&size) = explicit_sizes.iter().flatten().find(|m| **m < start) {
+            return Err(Error::BelowStart { size, start });
         }
     }
     let (io, web) = (
@@ -465,20 +557,16 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         patterns.iter().any(|p| p == "web"),
     );
     if io && args.files * MIB <= args.allocation * MIB {
-        anyhow::bail!(
-            "--files {} MiB is not more than the {} MiB allocation: nothing would ever miss",
-            args.files,
-            args.allocation
-        );
+        return Err(Error::FewFiles {
+            files: args.files,
+            allocation: args.allocation,
+        });
     }
     if web && args.web_files * args.web_file_size <= args.allocation * MIB {
-        anyhow::bail!(
-            "--web-files x --web-file-size is not more than the {} MiB allocation: nothing would ever miss",
-            args.allocation
-        );
+        return Err(Error::FewWebFiles(args.allocation));
     }
     let dir = args.out.scratch("hcache")?;
-    let c = connect(paths).await?;
+    let c = connect(paths).await.map_err(Error::Connect)?;
     let (load_before, date) = (load_average(), rebound_vmm::events::wall_now());
     let started = Instant::now();
     let mut setup = Setup {
@@ -511,7 +599,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         checks: Vec::new(),
         alloc: None,
     };
-    let r: anyhow::Result<()> = async {
+    let r: Result<(), Error> = async {
         for p in &patterns {
             for &s in std::iter::once(&0.0).chain(&settings) {
                 let y = host_cache_mib(args.allocation, s);
@@ -524,17 +612,14 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         }
         if !args.no_allocation {
             let tag = setup.tag.clone();
-            res.alloc = Some(
-                alloc::run(
-                    &c,
-                    &dir,
-                    &tag,
-                    args.allocation_requests,
-                    args.bound,
-                    setup.progress,
-                )
-                .await?,
-            );
+            let a = alloc::AllocArgs {
+                requests: args.allocation_requests,
+                rounds: args.allocation_rounds,
+                bound: args.bound,
+                margin: args.margin,
+                progress: setup.progress,
+            };
+            res.alloc = Some(alloc::run(&c, &dir, &tag, &a).await?);
         }
         if args.no_validate {
             return Ok(());
@@ -542,17 +627,17 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         setup.boot_floor = Some(args.allocation);
         for p in &patterns {
             let Some((_, mrc)) = res.curves.get(p) else {
-                anyhow::bail!(
-                    "no curve of the {p} pattern to validate: --settings has no host cache"
-                );
+                return Err(Error::NoCurve(p.clone()));
             };
             let from = validate::start_mib(mrc);
             let sizes = explicit_sizes
                 .clone()
                 .unwrap_or_else(|| validate::sizes(from, args.allocation, args.validate_steps));
             for m in sizes {
-                let pred = predicted(mrc, m * MIB).ok_or_else(|| {
-                    anyhow::anyhow!("{m} MiB is below where the {p} curve starts ({from} MiB)")
+                let pred = predicted(mrc, m * MIB).ok_or_else(|| Error::BelowCurve {
+                    size: m,
+                    pattern: p.clone(),
+                    start: from,
                 })?;
                 // The allocation all in the guest is the settings' first run.
                 let done = res
@@ -583,7 +668,7 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
     .await;
     // Up to twice the largest host cache, in 4 KiB blocks, at 64 sizes.
     let y = host_cache_mib(args.allocation, setup.record_setting.unwrap_or(0.0));
-    let checks: anyhow::Result<Vec<MrcCheck>> = match &r {
+    let checks: Result<Vec<MrcCheck>, validate::Error> = match &r {
         Ok(()) => setup
             .traces
             .iter()
@@ -603,13 +688,14 @@ pub async fn run(paths: &Paths, args: HcacheArgs) -> anyhow::Result<()> {
         "web_files": args.web_files, "web_file_size": args.web_file_size,
         "web_requests": args.web_requests, "web_skew": web::SKEW,
         "validate_steps": args.validate_steps, "validate_sizes": explicit_sizes,
+        "allocation_requests": args.allocation_requests, "allocation_rounds": args.allocation_rounds,
         "load_before": load_before, "load_after": load_average(),
         "seconds": started.elapsed().as_secs_f64(),
     });
     if let Some(svg) = &args.out.svg {
-        std::fs::write(svg, draw::draw(&meta, &res))?;
+        std::fs::write(svg, draw::draw(&meta, &res)).map_err(|e| Error::Svg(svg.clone(), e))?;
     }
-    report::print(&args, &meta, &res)
+    Ok(report::print(&args, &meta, &res)?)
 }
 
 #[cfg(test)]

@@ -2,8 +2,16 @@
 
 use serde_json::{json, Value};
 
+use super::alloc::AllocOutcome;
 use super::validate::{self, Worst};
 use super::{HcacheArgs, Results, Run};
+
+/// Why the report could not be printed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot encode the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 /// Disk reads per request of `pattern` with the whole allocation in the guest.
 fn base(runs: &[Run], pattern: &str, allocation: u64) -> Option<f64> {
@@ -28,7 +36,7 @@ fn at(w: &Option<(String, u64)>) -> String {
         .unwrap_or_default()
 }
 
-pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> anyhow::Result<()> {
+pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> Result<(), Error> {
     let io_ratio = io_ratio(&res.runs, args.allocation);
     let mrc_mae = res
         .checks
@@ -48,9 +56,10 @@ pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> anyhow::R
             "prediction_error_max": worst.as_ref().map(|w| w.relative),
             "prediction_error": worst,
             "bound_violations": res.alloc.as_ref().map(|a| a.bound_violations),
+            "bound_violations_beyond_noise": res.alloc.as_ref().map(|a| a.bound_violations_beyond_noise),
             "allocation": res.alloc,
             "runs": res.runs, "validation": res.validation, "curves": curves});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(Error::Json)?);
         return Ok(());
     }
     println!(
@@ -114,32 +123,8 @@ pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> anyhow::R
         );
     }
     if let Some(a) = &res.alloc {
-        println!(
-            "allocation ({}, bound {}): {} of {} VMs measured over the bound ({} moved)",
-            a.policy,
-            a.bound,
-            a.bound_violations,
-            a.vms.len(),
-            a.vms_moved
-        );
-        for v in &a.vms {
-            println!(
-                "  {:<8} {:<6} {:>4} -> {:>4} MiB: reads/request {:.1} -> {:.1}; x{:.3} predicted (baseline rounds x{}), x{:.3} measured (round to round x{:.3}){}{}",
-                v.role,
-                v.pattern,
-                v.baseline_mib,
-                v.applied_mib.unwrap_or(v.baseline_mib),
-                v.baseline_reads_per_request,
-                v.outcome_reads_per_request,
-                v.predicted_relative,
-                v.window_predicted_relative
-                    .map(|w| format!("{w:.3}"))
-                    .unwrap_or_else(|| "-".into()),
-                v.measured_relative,
-                v.baseline_round_ratio,
-                if v.within_bound { "" } else { ", OVER THE BOUND" },
-                v.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
-            );
+        for line in alloc_lines(a) {
+            println!("{line}");
         }
     }
     for c in &res.checks {
@@ -152,6 +137,51 @@ pub(super) fn print(args: &HcacheArgs, meta: &Value, res: &Results) -> anyhow::R
         println!("mrc_mae (worst pattern, exact or sampled): {m:.4}");
     }
     Ok(())
+}
+
+/// The allocation's lines: the verdicts, then each VM's change beside its noise.
+pub(super) fn alloc_lines(a: &AllocOutcome) -> Vec<String> {
+    let mut out = vec![format!(
+        "allocation ({}, bound {}, planned within {:.3}): {} of {} VMs measured over the bound, {} of them beyond the noise ({} moved; {} baseline and {} outcome rounds of {} requests)",
+        a.policy,
+        a.bound,
+        (a.bound - a.margin).max(0.0),
+        a.bound_violations,
+        a.vms.len(),
+        a.bound_violations_beyond_noise,
+        a.vms_moved,
+        a.rounds,
+        a.rounds,
+        a.requests_per_round
+    )];
+    for v in &a.vms {
+        let verdict = match (v.within_bound, v.over_beyond_noise) {
+            (true, _) => "",
+            (false, false) => ", OVER THE BOUND (within the noise)",
+            (false, true) => ", OVER THE BOUND (beyond the noise)",
+        };
+        out.push(format!(
+            "  {:<8} {:<6} {:>4} -> {:>4} MiB: reads/request {:.1} -> {:.1}; x{:.3} predicted (baseline rounds x{}), x{:.3} ± {:.3} measured (medians x{:.3}; a baseline round ±{:.1}%, its later half over its earlier x{:.3}){}{}",
+            v.role,
+            v.pattern,
+            v.baseline_mib,
+            v.applied_mib.unwrap_or(v.baseline_mib),
+            v.baseline_reads_per_request,
+            v.outcome_reads_per_request,
+            v.predicted_relative,
+            v.window_predicted_relative
+                .map(|w| format!("{w:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            v.measured_relative,
+            v.noise,
+            v.median_relative,
+            v.baseline_round_spread * 100.0,
+            v.baseline_round_ratio,
+            verdict,
+            v.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -4,23 +4,43 @@
 
 use std::path::{Path, PathBuf};
 
-use hyper::Method;
 use rebound_api::{FilesReport, VmSpec, Workload};
 use rebound_client::Client;
 use serde_json::Value;
 
+use crate::guest::get;
+
 const MIB: u64 = 1 << 20;
 
+/// Why a guest's disk could not be made or its backend and workload read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot write the file set under {}", .0.display())]
+    Fileset(PathBuf, #[source] rebound_image::FilesetError),
+    #[error("cannot make the file set's image {}", .0.display())]
+    Image(PathBuf, #[source] rebound_image::ToolError),
+    #[error("cannot remove the file set's scratch files {}", .0.display())]
+    Scratch(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::Error),
+    #[error("{name}: no disk on Rebound's backend: {disks}")]
+    NoBackend { name: String, disks: Value },
+    #[error("{name}: the io workload failed: {detail}")]
+    Workload { name: String, detail: Value },
+}
+
 /// The file set on an ext4 image, made once per benchmark.
-pub(super) fn make_disk(dir: &Path, files: u64) -> anyhow::Result<PathBuf> {
+pub(super) fn make_disk(dir: &Path, files: u64) -> Result<PathBuf, Error> {
     let src = dir.join("set");
-    rebound_image::write_fileset(&src.join("files"), files, MIB, 1)?;
+    rebound_image::write_fileset(&src.join("files"), files, MIB, 1)
+        .map_err(|e| Error::Fileset(src.clone(), e))?;
     let img = dir.join("set.ext4");
-    let tools = rebound_image::Tools::check()?;
+    let tools = rebound_image::Tools::check().map_err(|e| Error::Image(img.clone(), e))?;
     // Room for the set, ext4's metadata and a little slack.
     let size = format!("{}M", files + files / 8 + 64);
-    rebound_image::mkfs_from_dir(&tools, "hcache-set", &src, &img, &size)?;
-    std::fs::remove_dir_all(&src)?;
+    rebound_image::mkfs_from_dir(&tools, "hcache-set", &src, &img, &size)
+        .map_err(|e| Error::Image(img.clone(), e))?;
+    std::fs::remove_dir_all(&src).map_err(|e| Error::Scratch(src, e))?;
     Ok(img)
 }
 
@@ -69,14 +89,15 @@ pub(super) fn rebound_uncached(disk: &Path) -> String {
 pub(super) async fn backend(
     c: &Client,
     name: &str,
-) -> anyhow::Result<(Value, Option<u32>, Option<PathBuf>)> {
-    let disks: Value = c
-        .call(Method::GET, &format!("/v1/vms/{name}/disks"), None)
-        .await?;
+) -> Result<(Value, Option<u32>, Option<PathBuf>), Error> {
+    let disks: Value = get(c, &format!("/v1/vms/{name}/disks")).await?;
     let d = disks
         .as_array()
         .and_then(|a| a.iter().find(|d| d["backend"] == "rebound"))
-        .ok_or_else(|| anyhow::anyhow!("{name}: no disk on Rebound's backend: {disks}"))?;
+        .ok_or_else(|| Error::NoBackend {
+            name: name.to_string(),
+            disks: disks.clone(),
+        })?;
     Ok((
         d["stats"].clone(),
         d["pid"].as_u64().map(|p| p as u32),
@@ -85,12 +106,13 @@ pub(super) async fn backend(
 }
 
 /// The io workload's reports of a VM, from its events; its error if it failed.
-pub(super) async fn files_reports(c: &Client, name: &str) -> anyhow::Result<Vec<FilesReport>> {
-    let ev: Vec<Value> = c
-        .call(Method::GET, &format!("/v1/vms/{name}/events"), None)
-        .await?;
+pub(super) async fn files_reports(c: &Client, name: &str) -> Result<Vec<FilesReport>, Error> {
+    let ev: Vec<Value> = get(c, &format!("/v1/vms/{name}/events")).await?;
     if let Some(e) = ev.iter().find(|e| e["kind"] == "agent_error") {
-        anyhow::bail!("{name}: the io workload failed: {}", e["detail"]);
+        return Err(Error::Workload {
+            name: name.to_string(),
+            detail: e["detail"].clone(),
+        });
     }
     Ok(ev
         .iter()

@@ -2,7 +2,7 @@
 //! checked at, what it predicts there, how far the count of a guest of that size is
 //! from it, and the curve algorithm against a plain simulation of one run's accesses.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rebound_api::MrcReport;
 use serde::Serialize;
@@ -112,6 +112,19 @@ pub(super) struct MrcCheck {
     pub mae_sampled: f64,
 }
 
+/// Why a pattern's access log could not be checked against the simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the access log {}", .0.display())]
+    Read(PathBuf, #[source] std::io::Error),
+    #[error("{}:{line}: not t,block,kind", .path.display())]
+    Line { path: PathBuf, line: usize },
+    #[error("no curve of the {0} pattern's log")]
+    Curve(String, #[source] rebound_mrc::curve::CurveError),
+    #[error("no sampled tracer for the {0} pattern's log")]
+    Sampled(String, #[source] rebound_mrc::shards::ShardsError),
+}
+
 /// The sampled tracer's rate in the check (SHARDS' fixed rate).
 const CHECK_RATE: f64 = 0.1;
 
@@ -120,16 +133,19 @@ pub(super) fn mrc_check(
     trace: &Path,
     max_blocks: u64,
     sizes: u64,
-) -> anyhow::Result<MrcCheck> {
+) -> Result<MrcCheck, Error> {
     use rebound_mrc::{ExclusiveTracer, GuestEvent, MissRatioCurve};
-    let text = std::fs::read_to_string(trace)?;
+    let text = std::fs::read_to_string(trace).map_err(|e| Error::Read(trace.into(), e))?;
     let mut events = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let mut f = line.split(',');
         let (_, block, kind) = (f.next(), f.next(), f.next());
         let block: u64 = block
             .and_then(|b| b.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("{}:{}: not t,block,kind", trace.display(), i + 1))?;
+            .ok_or_else(|| Error::Line {
+                path: trace.into(),
+                line: i + 1,
+            })?;
         events.push(match kind {
             Some("h") | Some("m") => GuestEvent::Miss(block),
             Some("e") => GuestEvent::Evict(block),
@@ -146,12 +162,14 @@ pub(super) fn mrc_check(
         .iter()
         .map(|&s| rebound_mrc::lru_sim::exclusive_misses(&events, s) as f64 / misses.max(1) as f64)
         .collect();
-    let mae = |mut t: ExclusiveTracer| -> anyhow::Result<f64> {
+    let curve_error = |e| Error::Curve(pattern.to_string(), e);
+    let mae = |mut t: ExclusiveTracer| -> Result<f64, Error> {
         events.iter().for_each(|e| t.record(*e));
-        let c = MissRatioCurve::from_histogram(&t.histogram(), max_blocks + step)?;
+        let c = MissRatioCurve::from_histogram(&t.histogram(), max_blocks + step)
+            .map_err(curve_error)?;
         let mut sum = 0.0;
         for (s, want) in grid.iter().zip(&sim) {
-            sum += (c.miss_ratio(*s)? - want).abs();
+            sum += (c.miss_ratio(*s).map_err(curve_error)? - want).abs();
         }
         Ok(sum / grid.len() as f64)
     };
@@ -163,7 +181,8 @@ pub(super) fn mrc_check(
         max_blocks,
         mae_exact: mae(ExclusiveTracer::with_bucket_width(1))?,
         sampled_rate: CHECK_RATE,
-        mae_sampled: mae(ExclusiveTracer::sampled(CHECK_RATE, 1)?)?,
+        mae_sampled: mae(ExclusiveTracer::sampled(CHECK_RATE, 1)
+            .map_err(|e| Error::Sampled(pattern.to_string(), e))?)?,
     })
 }
 

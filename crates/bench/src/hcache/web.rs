@@ -16,6 +16,15 @@ use rebound_image::splitmix64;
 use super::setup::rebound_uncached;
 use crate::webload::Set;
 
+/// Why the web pattern's requests could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: no forward for the web service")]
+    NoForward(String),
+    #[error("the web client stopped")]
+    Client(#[source] tokio::task::JoinError),
+}
+
 /// Popularity skew of the request sequence.
 pub const SKEW: f64 = 0.9;
 
@@ -83,13 +92,13 @@ pub async fn drive(
     files: u64,
     file_size: u64,
     requests: u64,
-) -> anyhow::Result<Served> {
+) -> Result<Served, Error> {
     let port = st
         .forwards
         .iter()
         .find(|f| f.guest == 8080)
         .map(|f| f.host)
-        .ok_or_else(|| anyhow::anyhow!("{}: no forward for the web service", st.name))?;
+        .ok_or_else(|| Error::NoForward(st.name.clone()))?;
     let set = Set {
         port,
         files,
@@ -121,7 +130,7 @@ pub async fn drive(
         served
     })
     .await
-    .map_err(Into::into)
+    .map_err(Error::Client)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Isolated sharing (paper section 4.2): minimise the geometric mean of the
-//! VMs' miss ratios, keeping every VM's predicted misses within `(1 +
-//! bound)` times its misses at its baseline allocation.
+//! VMs' miss ratios, keeping every VM's predicted misses within
+//! `(1 + bound - margin)` times its misses at its baseline allocation (the
+//! margin for the curves' error: see the parent module).
 //!
 //! The paper searches every allocation for up to three VMs (about 10 000
 //! for three VMs of 100 sizes each) and suggests a greedy search beyond. A

@@ -8,8 +8,13 @@
 //! below the smallest size its curve covers (a curve shifted by the guest's
 //! direct memory says nothing below it). A VM's misses at its baseline (its
 //! current allocation) are the reference for its isolation bound: a size is
-//! acceptable when its predicted misses are at most `(1 + bound)` times
-//! those.
+//! acceptable when its predicted misses are at most `(1 + bound - margin)`
+//! times those. The margin is the paper's own remedy for the one violation
+//! its Table 2 shows (28% measured against a 25% bound, "due to the miss
+//! ratio curve prediction error": "we can leave an error margin when
+//! determining the allocation"): a curve's prediction is off by a few
+//! percent, so a plan made exactly to the bound breaks it about as often as
+//! not. [`DEFAULT_MARGIN`] says how much, and why that much.
 //!
 //! Miss ratios here are the curve's (misses per access). The paper's tables
 //! report misses relative to the baseline's instead; that is a constant
@@ -30,6 +35,13 @@ use crate::curve::MissRatioCurve;
 /// Misses below this count are taken as this count in ratios and logarithms.
 pub const MISS_FLOOR: f64 = 0.5;
 
+/// The default [`Params::margin`]: 3 points. `rebound bench hcache` found the
+/// traced curves' predictions within 2.7% of the measured disk reads at and
+/// below the allocation (every pattern; up to 5.4% one step above it, where a
+/// VM that gives memory away never goes), so a VM planned 3 points under the
+/// bound stays within it even when its curve is off by that much.
+pub const DEFAULT_MARGIN: f64 = 0.03;
+
 /// Errors of an allocation request.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum AllocError {
@@ -41,6 +53,8 @@ pub enum AllocError {
     TotalNotWholeUnits { total: u64, unit: u64 },
     #[error("the isolation bound must be a finite number of at least 0, not {0}")]
     BadBound(f64),
+    #[error("the bound's margin must be a finite number of at least 0, not {0}")]
+    BadMargin(f64),
     #[error("VM {vm}: its baseline of {baseline} pages is below the smallest size its curve covers ({base})")]
     BaselineBelowCurve { vm: usize, baseline: u64, base: u64 },
     #[error(
@@ -51,7 +65,7 @@ pub enum AllocError {
     TotalBelowMinimums { total: u64, sum: u64 },
     #[error("the total of {total} pages is larger than the VMs' maximums, {sum} pages together")]
     TotalAboveMaximums { total: u64, sum: u64 },
-    #[error("no allocation keeps every VM within its isolation bound")]
+    #[error("no allocation keeps every VM within its isolation bound less the margin")]
     Infeasible,
     #[error("the idle memory tax rate must be in [0, 1), not {0}")]
     BadTaxRate(f64),
@@ -110,8 +124,31 @@ pub struct Params {
     /// Pages in one allocation unit.
     pub unit: u64,
     /// Largest accepted increase of a VM's misses over its baseline's,
-    /// as a fraction (0.05 = 5%).
+    /// as a fraction (0.05 = 5%): the promise to each VM.
     pub bound: f64,
+    /// How far under the bound the plan stays, as a fraction of the
+    /// baseline's misses: a VM's predicted increase is at most `bound -
+    /// margin` (none at all when the margin is the bound or more), so a
+    /// curve that errs by up to the margin still keeps the promise. Default
+    /// [`DEFAULT_MARGIN`].
+    pub margin: f64,
+}
+
+impl Params {
+    /// `total` pages in `unit`-page units, `bound`, and the default margin.
+    pub fn new(total: u64, unit: u64, bound: f64) -> Self {
+        Params {
+            total,
+            unit,
+            bound,
+            margin: DEFAULT_MARGIN,
+        }
+    }
+
+    /// The increase the plan allows itself: `bound - margin`, at least 0.
+    pub fn planned_bound(&self) -> f64 {
+        (self.bound - self.margin).max(0.0)
+    }
 }
 
 /// One VM's share of an allocation, with its predictions.
@@ -130,6 +167,9 @@ pub struct VmOutcome {
     pub relative: f64,
     /// Whether the misses are within `(1 + bound)` times the baseline's.
     pub within_bound: bool,
+    /// Whether they are also within `(1 + bound - margin)` times, as
+    /// isolated sharing plans every VM.
+    pub within_margin: bool,
 }
 
 /// The result of an allocation.
@@ -173,11 +213,18 @@ struct Grid {
     units: u64,
     unit: u64,
     bound: f64,
+    /// `bound - margin`, at least 0: what isolated sharing plans to.
+    planned: f64,
 }
 
 impl Grid {
     fn new(vms: &[Vm<'_>], params: &Params) -> Result<Self, AllocError> {
-        let Params { total, unit, bound } = *params;
+        let Params {
+            total,
+            unit,
+            bound,
+            margin,
+        } = *params;
         if vms.is_empty() {
             return Err(AllocError::NoVms);
         }
@@ -190,11 +237,15 @@ impl Grid {
         if !(bound.is_finite() && bound >= 0.0) {
             return Err(AllocError::BadBound(bound));
         }
+        if !(margin.is_finite() && margin >= 0.0) {
+            return Err(AllocError::BadMargin(margin));
+        }
+        let planned = params.planned_bound();
         let units = total / unit;
         let tables = vms
             .iter()
             .enumerate()
-            .map(|(vm, v)| Self::table(vm, v, units, unit, bound))
+            .map(|(vm, v)| Self::table(vm, v, units, unit, planned))
             .collect::<Result<Vec<_>, _>>()?;
         let sum_min: u64 = tables.iter().map(|t| t.min_units).sum();
         let sum_max: u64 = tables.iter().map(Table::max_units).sum();
@@ -211,15 +262,18 @@ impl Grid {
             units,
             unit,
             bound,
+            planned,
         })
     }
 
+    /// VM `vm`'s table; a size is feasible when its misses are within `(1 +
+    /// planned)` times the baseline's.
     fn table(
         vm: usize,
         v: &Vm<'_>,
         units: u64,
         unit: u64,
-        bound: f64,
+        planned: f64,
     ) -> Result<Table, AllocError> {
         let curve = v.curve;
         let lookup = |size: u64| {
@@ -239,7 +293,7 @@ impl Grid {
             return Err(AllocError::EmptyRange { vm, min, max });
         }
         let accesses = curve.accesses();
-        let limit = (1.0 + bound) * baseline_misses;
+        let limit = (1.0 + planned) * baseline_misses;
         let mut table = Table {
             min_units,
             misses: Vec::new(),
@@ -273,6 +327,7 @@ impl Grid {
                     baseline_misses: t.baseline_misses,
                     relative: misses.max(MISS_FLOOR) / t.baseline_misses.max(MISS_FLOOR),
                     within_bound: misses <= (1.0 + self.bound) * t.baseline_misses,
+                    within_margin: misses <= (1.0 + self.planned) * t.baseline_misses,
                 }
             })
             .collect();

@@ -7,11 +7,13 @@ fn curve(misses: &[f64]) -> MissRatioCurve {
     MissRatioCurve::from_parts(0, 1, misses.to_vec(), accesses).unwrap()
 }
 
+/// Exactly to the bound (no margin): the search itself, as the paper runs it.
 fn params(total: u64, bound: f64) -> Params {
     Params {
         total,
         unit: 1,
         bound,
+        margin: 0.0,
     }
 }
 
@@ -38,6 +40,65 @@ fn isolated_sharing_by_hand() {
     let got = isolated_sharing(&vms, &params(10, 0.5)).unwrap();
     assert_eq!(sizes(&got), [2, 8]);
     assert_eq!(got.vms[0].relative, 1.2);
+}
+
+#[test]
+fn the_plan_stays_the_margin_under_the_bound() {
+    // As in isolated_sharing_by_hand: at bound 50% with no margin A goes to 2
+    // pages, 1.2x its misses. A 35-point margin leaves 15%: 1.2x sits between
+    // the planned bound and the bound, so that plan is refused and A keeps 3
+    // pages (1.0x), the best that stays under 1.15x.
+    let a = curve(&[100., 80., 60., 50., 50., 50., 50., 50., 50., 50., 50.]);
+    let b = curve(&[100., 90., 80., 70., 60., 50., 40., 30., 20., 10., 5.]);
+    let vms = [Vm::new(&a, 5), Vm::new(&b, 5)];
+    let to_bound = isolated_sharing(&vms, &params(10, 0.5)).unwrap();
+    assert_eq!(to_bound.vms[0].relative, 1.2);
+    let p = Params {
+        margin: 0.35,
+        ..params(10, 0.5)
+    };
+    let got = isolated_sharing(&vms, &p).unwrap();
+    assert_eq!(sizes(&got), [3, 7]);
+    assert!(got.vms.iter().all(|v| v.relative <= 1.15));
+    assert!(got.vms.iter().all(|v| v.within_bound && v.within_margin));
+    // The exact plan is within the bound but not within the margin.
+    assert!(to_bound.vms[0].within_bound);
+    // A margin as large as the bound or larger allows no loss at all
+    // (a negative allowance would demand every VM gain).
+    for margin in [0.5, 2.0] {
+        let got = isolated_sharing(&vms, &Params { margin, ..p }).unwrap();
+        assert!(got.vms.iter().all(|v| v.relative <= 1.0), "{got:?}");
+    }
+}
+
+#[test]
+fn the_default_margin_trims_a_plan_made_to_the_bound() {
+    // A loses 1% of its misses per page below 10 pages; B gains 20% per page.
+    // At a 5% bound with no margin A gives up 5 pages (1.05x); the default 3
+    // points leave 2%, so A gives up 2.
+    let a: Vec<f64> = (0..=20)
+        .map(|k| 1000.0 + 10.0 * (10 - k.min(10)) as f64)
+        .collect();
+    let b: Vec<f64> = (0..=20).map(|k| 1000.0 * 0.8f64.powi(k)).collect();
+    let (a, b) = (curve(&a), curve(&b));
+    let vms = [Vm::new(&a, 10), Vm::new(&b, 10)];
+    let exact = isolated_sharing(&vms, &params(20, 0.05)).unwrap();
+    assert_eq!(sizes(&exact), [5, 15]);
+    let p = Params::new(20, 1, 0.05);
+    assert_eq!(p.margin, DEFAULT_MARGIN);
+    assert!((p.planned_bound() - 0.02).abs() < 1e-12);
+    let got = isolated_sharing(&vms, &p).unwrap();
+    assert_eq!(sizes(&got), [8, 12]);
+    assert!(got.vms[0].relative <= 1.0 + p.planned_bound() + 1e-12);
+    assert!(got.vms.iter().all(|v| v.within_margin));
+    // Dynamic programming honours the margin as the exhaustive search does.
+    let fast = isolated_sharing_with(&vms, &p, Method::Dynamic).unwrap();
+    assert_eq!(sizes(&fast), [8, 12]);
+    // The ESX emulation ignores the bound; its outcomes still say where they
+    // fall: A uses all its 10 pages, so nothing moves.
+    let e = esx_idle_tax(&vms, &p, &EsxParams::default()).unwrap();
+    assert_eq!(sizes(&e.allocation), [10, 10]);
+    assert!(e.allocation.vms.iter().all(|v| v.within_margin));
 }
 
 /// Three VMs after the paper's Table 2 (sizes in 4 MB units, 128 = 512 MB):
@@ -113,6 +174,7 @@ fn dynamic_programming_equals_exhaustive_search() {
             total: rng.u64(sum_min..=sum_max),
             unit: 1,
             bound: [0.0, 0.05, 0.25, rng.f64()][rng.usize(0..4)],
+            margin: 0.0,
         };
         let slow = isolated_sharing_with(&vms, &p, Method::Exhaustive);
         let fast = isolated_sharing_with(&vms, &p, Method::Dynamic);
@@ -143,6 +205,7 @@ fn wider_units_round_limits_inward() {
         total: 256,
         unit: 4,
         bound: 0.0,
+        margin: 0.0,
     };
     assert_eq!(
         isolated_sharing(&vms, &p).unwrap_err(),
@@ -174,6 +237,7 @@ fn malformed_requests_are_refused() {
                     total: 4,
                     unit: 0,
                     bound: 0.1,
+                    margin: 0.0,
                 },
             ),
             AllocError::ZeroUnit,
@@ -185,6 +249,7 @@ fn malformed_requests_are_refused() {
                     total: 5,
                     unit: 2,
                     bound: 0.1,
+                    margin: 0.0,
                 },
             ),
             AllocError::TotalNotWholeUnits { total: 5, unit: 2 },
@@ -192,6 +257,16 @@ fn malformed_requests_are_refused() {
         (
             isolated_sharing(&one, &params(3, -0.1)),
             AllocError::BadBound(-0.1),
+        ),
+        (
+            isolated_sharing(
+                &one,
+                &Params {
+                    margin: -0.01,
+                    ..params(3, 0.1)
+                },
+            ),
+            AllocError::BadMargin(-0.01),
         ),
         (
             isolated_sharing(&two, &params(3, 0.1)),

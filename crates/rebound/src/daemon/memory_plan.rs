@@ -1,7 +1,8 @@
 //! `memory plan` (Hcache section 4.2): divides the memory the VMs hold now among them
 //! from their miss-ratio curves, by isolated sharing (least geometric mean of the
-//! VMs' miss ratios with no VM's predicted misses more than `bound` over those at its
-//! allocation now) or the VMware ESX idle memory tax; with `apply`, each VM's
+//! VMs' miss ratios with no VM's predicted misses more than `bound - margin` over those
+//! at its allocation now: the margin covers the curves' error) or the VMware ESX idle
+//! memory tax; with `apply`, each VM's
 //! allocation is changed to its share (the shrinking ones first, so the host never
 //! holds more than before).
 
@@ -71,9 +72,8 @@ pub async fn plan(d: &Arc<Daemon>, req: PlanRequest) -> Result<MemoryPlan, OpErr
     let held: u64 = curves.iter().map(|(_, a, _)| a).sum();
     let total = down(held);
     let params = Params {
-        total,
-        unit: unit_pages,
-        bound: req.bound.unwrap_or(0.05),
+        margin: req.margin.unwrap_or(alloc::DEFAULT_MARGIN),
+        ..Params::new(total, unit_pages, req.bound.unwrap_or(0.05))
     };
     let (allocation, active) = match req.policy.as_str() {
         "isolated-sharing" => (
@@ -108,6 +108,7 @@ pub async fn plan(d: &Arc<Daemon>, req: PlanRequest) -> Result<MemoryPlan, OpErr
             baseline_misses: o.baseline_misses,
             relative: o.relative,
             within_bound: o.within_bound,
+            within_margin: o.within_margin,
             active_bytes: active.as_ref().map(|a| a[i] * PAGE),
             applied: None,
         })
@@ -118,6 +119,7 @@ pub async fn plan(d: &Arc<Daemon>, req: PlanRequest) -> Result<MemoryPlan, OpErr
     Ok(MemoryPlan {
         policy: req.policy,
         bound: params.bound,
+        margin: params.margin,
         unit_bytes: unit,
         total_bytes: total * PAGE,
         held_bytes: held,

@@ -130,6 +130,8 @@ pub struct AllocVm {
 /// The allocation experiment's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct AllocOutcome {
+    /// The accelerator the VMs ran under.
+    pub accel: String,
     pub policy: String,
     pub bound: f64,
     /// The plan kept each VM's predicted loss within `bound - margin`.
@@ -389,13 +391,15 @@ async fn run_vms(
         let spec = serde_json::to_value(&s).map_err(|e| Error::Spec(name.clone(), e))?;
         let _: VmStatus = post(c, "/v1/vms", Some(&spec)).await?;
     }
+    let mut accel = String::new();
     for name in names {
-        let _: VmStatus = post(
+        let st: VmStatus = post(
             c,
             &format!("/v1/vms/{name}/wait?for=ready&timeout_ms=600000"),
             None,
         )
         .await?;
+        accel = st.accel.as_str().to_string();
         let _: Value = post(
             c,
             &format!("/v1/vms/{name}/memory"),
@@ -483,6 +487,7 @@ async fn run_vms(
     }
     let (bound_violations, bound_violations_beyond_noise, vms_moved) = violations(&vms, bound);
     Ok(AllocOutcome {
+        accel,
         policy: applied.policy.clone(),
         bound,
         margin: applied.margin,
@@ -645,6 +650,7 @@ mod tests {
         ];
         let (bound_violations, bound_violations_beyond_noise, vms_moved) = violations(&vms, 0.05);
         let a = AllocOutcome {
+            accel: "tcg".into(),
             policy: "isolated-sharing".into(),
             bound: 0.05,
             margin: 0.03,

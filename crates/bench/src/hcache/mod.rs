@@ -619,7 +619,12 @@ pub async fn run(paths: &Paths, mut args: HcacheArgs) -> Result<(), Error> {
                 margin: args.margin,
                 progress: setup.progress,
             };
-            res.alloc = Some(alloc::run(&c, &dir, &tag, &a).await?);
+            let out = alloc::run(&c, &dir, &tag, &a).await?;
+            if setup.accel.is_empty() {
+                // `--allocation-only` boots no other VM to name it.
+                setup.accel = out.accel.clone();
+            }
+            res.alloc = Some(out);
         }
         if args.no_validate {
             return Ok(());

@@ -432,30 +432,30 @@ impl Device {
         };
         // Only a cache that admits evictions needs the hash now (see `exclusive`); it
         // is taken before the lock, which eviction notices wait on.
-        match data.filter(|_| self.cache.is_exclusive()) {
-            Some(data) => {
-                let updates: Vec<_> = whole
-                    .into_iter()
-                    .map(|(pfn, block)| {
-                        let at = (block * BLOCK - off) as usize;
-                        let hash = || crate::exclusive::hash(&data[at..at + BLOCK as usize]);
-                        (pfn, block, current(block).map(|g| (Some(hash()), g)))
-                    })
-                    .collect();
-                let mut map = pages.lock().expect("page map lock");
+        let hashed: Option<Vec<_>> = data.filter(|_| self.cache.is_exclusive()).map(|data| {
+            whole
+                .iter()
+                .map(|&(pfn, block)| {
+                    let at = (block * BLOCK - off) as usize;
+                    let hash = || crate::exclusive::hash(&data[at..at + BLOCK as usize]);
+                    (pfn, block, current(block).map(|g| (Some(hash()), g)))
+                })
+                .collect()
+        });
+        let mut map = pages.lock().expect("page map lock");
+        match hashed {
+            Some(updates) => {
                 for (pfn, block, mapping) in updates {
                     apply(&mut map, pfn, block, mapping);
                 }
-                partial.into_iter().for_each(|b| map.forget_block(b));
             }
             None => {
-                let mut map = pages.lock().expect("page map lock");
                 for (pfn, block) in whole {
                     apply(&mut map, pfn, block, current(block).map(|g| (None, g)));
                 }
-                partial.into_iter().for_each(|b| map.forget_block(b));
             }
         }
+        partial.into_iter().for_each(|b| map.forget_block(b));
     }
 
     /// Blocks under `off..off + len` lose their mappings (discarded, zeroed, a failed

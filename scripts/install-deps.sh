@@ -4,7 +4,9 @@
 set -euo pipefail
 PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod e2fsprogs makedumpfile crash
       xz-utils gcc make libc6-dev curl ca-certificates python3 graphviz iproute2
-      gcc-12 libelf1)   # gcc-12 + libelf1: the guest's eviction-notice module (kbuild's objtool)
+      gcc-12 libelf1    # gcc-12 + libelf1: the guest's eviction-notice module (kbuild's objtool)
+      etcd-server etcd-client   # the cluster store across hosts, and etcdctl for its tests
+      protobuf-compiler)        # protoc: the etcd client crate compiles etcd's protobufs
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,6 +19,6 @@ if ((${#missing[@]})); then
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   for c in "$HOME/.cargo/bin/cargo"; do [ -x "$c" ] && exit 0; done
-  echo "install-deps: no Rust toolchain found: install rustup's stable toolchain (cargo, rustc >= 1.80)" >&2
+  echo "install-deps: no Rust toolchain found: install rustup's stable toolchain (cargo, rustc >= 1.88)" >&2
   exit 1
 fi

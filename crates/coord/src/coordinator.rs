@@ -179,14 +179,14 @@ pub async fn restore(
     let mut cohorts: Vec<CohortRun> = Vec::new();
     let mut cohort_of = Vec::with_capacity(plan.vms.len());
     for (i, v) in plan.vms.iter().enumerate() {
-        let c = match cohorts.iter().position(|c| c.addr == v.cohort) {
+        let c = match cohorts.iter().position(|c| c.addr == v.host) {
             Some(c) => c,
             None => {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let c = cohorts.len();
                 links.spawn(link(
                     c,
-                    v.cohort.clone(),
+                    v.host.clone(),
                     plan.restore_id.clone(),
                     token.clone(),
                     config.clone(),
@@ -194,7 +194,7 @@ pub async fn restore(
                     ev_tx.clone(),
                 ));
                 cohorts.push(CohortRun {
-                    addr: v.cohort.clone(),
+                    addr: v.host.clone(),
                     vms: Vec::new(),
                     out: tx,
                     connected: false,

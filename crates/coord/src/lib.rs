@@ -21,6 +21,7 @@ pub mod msg;
 pub mod relay;
 pub mod report;
 pub mod restore_plan;
+pub mod store;
 pub mod token;
 pub mod wire;
 

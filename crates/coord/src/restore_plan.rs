@@ -22,8 +22,9 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanVm {
     pub vm: String,
-    /// The cohort (daemon) that restores this VM, `host:port`.
-    pub cohort: String,
+    /// The host whose daemon restores this VM.
+    #[serde(alias = "cohort")]
+    pub host: String,
     /// The working set to load before start (the restore line's revised size).
     pub ws_pages: u64,
     /// Passed untouched to the cohort's [`crate::CohortVms::load`].
@@ -38,7 +39,7 @@ pub struct PlanVm {
     pub start_at_s: Option<f64>,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("the plan has no VM")]
     Empty,
@@ -194,7 +195,7 @@ mod tests {
     fn vm(name: &str, deps: &[&str]) -> PlanVm {
         PlanVm {
             vm: name.into(),
-            cohort: "127.0.0.1:1".into(),
+            host: "h1".into(),
             ws_pages: 1,
             args: serde_json::Value::Null,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),

@@ -10,7 +10,7 @@ use crate::common::{cohort, quick, token, Behaviour, StandInVms};
 pub fn vm(name: &str, cohort: std::net::SocketAddr, deps: &[&str]) -> PlanVm {
     PlanVm {
         vm: name.into(),
-        cohort: cohort.to_string(),
+        host: cohort.to_string(),
         ws_pages: 1000,
         args: serde_json::json!({ "snapshot": format!("/snapshots/{name}") }),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),

@@ -130,7 +130,7 @@ fn build_plan(
         }
         vms.push(rebound_coord::PlanVm {
             vm: p.vm,
-            cohort: host.daemon.to_string(),
+            host: host.daemon.to_string(),
             ws_pages: p.ws_pages,
             args,
             depends_on: p.depends_on,

@@ -1,0 +1,190 @@
+//! Where everything lives in the cluster store: the key layout, version 1. The
+//! whole layout, with each record's fields and who writes it, is described in
+//! `docs/cluster-store.md`; this module is its one implementation.
+//!
+//! ```text
+//! /rebound/v1/hosts/<host>/info             HostRecord, on the host's lease
+//! /rebound/v1/hosts/<host>/vms/<vm>         VmRecord: what the host's daemon runs
+//! /rebound/v1/restores/<id>/plan            PlanRecord: written once by the submitter
+//! /rebound/v1/restores/<id>/state           StateRecord: the restore's status
+//! /rebound/v1/restores/<id>/vms/<vm>        PhaseRecord: one VM's phase
+//! /rebound/v1/restores/<id>/election/...    the restore's coordinator election
+//! ```
+//!
+//! Host, VM and restore names are checked before they become part of a key, so a
+//! name can never reach into another host's or restore's keys.
+
+/// Every key starts with this; the version changes with any incompatible change.
+pub const ROOT: &str = "/rebound/v1/";
+
+/// Why a name cannot be used in a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{kind} name {name:?} is not 1 to 63 characters of a-z, 0-9, '-', '_' and '.' starting with a letter or digit")]
+    Bad { kind: &'static str, name: String },
+}
+
+fn check(kind: &'static str, name: &str) -> Result<(), NameError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+        && !name.contains("..");
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::Bad {
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// A host's name as it appears in keys (and in its certificate's user name).
+pub fn check_host(name: &str) -> Result<(), NameError> {
+    check("host", name)
+}
+
+pub fn check_vm(name: &str) -> Result<(), NameError> {
+    check("VM", name)
+}
+
+pub fn check_restore(name: &str) -> Result<(), NameError> {
+    check("restore", name)
+}
+
+pub fn hosts() -> String {
+    format!("{ROOT}hosts/")
+}
+
+pub fn host(host: &str) -> String {
+    format!("{ROOT}hosts/{host}/")
+}
+
+pub fn host_info(host: &str) -> String {
+    format!("{ROOT}hosts/{host}/info")
+}
+
+pub fn host_vms(host: &str) -> String {
+    format!("{ROOT}hosts/{host}/vms/")
+}
+
+pub fn host_vm(host: &str, vm: &str) -> String {
+    format!("{ROOT}hosts/{host}/vms/{vm}")
+}
+
+pub fn restores() -> String {
+    format!("{ROOT}restores/")
+}
+
+pub fn restore(id: &str) -> String {
+    format!("{ROOT}restores/{id}/")
+}
+
+pub fn plan(id: &str) -> String {
+    format!("{ROOT}restores/{id}/plan")
+}
+
+pub fn state(id: &str) -> String {
+    format!("{ROOT}restores/{id}/state")
+}
+
+pub fn phases(id: &str) -> String {
+    format!("{ROOT}restores/{id}/vms/")
+}
+
+pub fn phase(id: &str, vm: &str) -> String {
+    format!("{ROOT}restores/{id}/vms/{vm}")
+}
+
+pub fn election(id: &str) -> String {
+    format!("{ROOT}restores/{id}/election")
+}
+
+/// What a key under [`ROOT`] is, parsed back (names checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key<'a> {
+    HostInfo { host: &'a str },
+    HostVm { host: &'a str, vm: &'a str },
+    Plan { restore: &'a str },
+    State { restore: &'a str },
+    Phase { restore: &'a str, vm: &'a str },
+    Election { restore: &'a str },
+    Other,
+}
+
+pub fn parse(key: &str) -> Key<'_> {
+    let Some(rest) = key.strip_prefix(ROOT) else {
+        return Key::Other;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    let k = match parts.as_slice() {
+        ["hosts", h, "info"] => Key::HostInfo { host: h },
+        ["hosts", h, "vms", v] if check_vm(v).is_ok() => Key::HostVm { host: h, vm: v },
+        ["restores", r, "plan"] => Key::Plan { restore: r },
+        ["restores", r, "state"] => Key::State { restore: r },
+        ["restores", r, "vms", v] if check_vm(v).is_ok() => Key::Phase { restore: r, vm: v },
+        ["restores", r, "election", ..] => Key::Election { restore: r },
+        _ => return Key::Other,
+    };
+    let name_ok = match &k {
+        Key::HostInfo { host } | Key::HostVm { host, .. } => check_host(host).is_ok(),
+        Key::Plan { restore }
+        | Key::State { restore }
+        | Key::Phase { restore, .. }
+        | Key::Election { restore } => check_restore(restore).is_ok(),
+        Key::Other => true,
+    };
+    if name_ok {
+        k
+    } else {
+        Key::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_cannot_reach_other_keys() {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "a..b",
+            "A",
+            "-a",
+            &"x".repeat(64),
+            "a b",
+            "h\n",
+        ] {
+            assert!(check_host(bad).is_err(), "{bad:?}");
+        }
+        for good in ["h1", "host-2", "a.b", "vm_3", &"x".repeat(63)] {
+            assert!(check_host(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        assert_eq!(parse(&host_info("h1")), Key::HostInfo { host: "h1" });
+        assert_eq!(
+            parse(&phase("r1", "vm-a")),
+            Key::Phase {
+                restore: "r1",
+                vm: "vm-a"
+            }
+        );
+        assert_eq!(parse(&state("r1")), Key::State { restore: "r1" });
+        assert_eq!(
+            parse(&format!("{}/00694d8", election("r1"))),
+            Key::Election { restore: "r1" }
+        );
+        assert_eq!(parse("/rebound/v1/restores/R!/plan"), Key::Other);
+        assert_eq!(parse("/rebound/v2/hosts/h1/info"), Key::Other);
+        assert_eq!(parse("/rebound/v1/hosts/h1/vms/a/b"), Key::Other);
+    }
+}

@@ -57,7 +57,7 @@ pub enum PlanError {
 
 /// The plan's start groups: rings, and single VMs, in indices into `Plan::vms`.
 #[derive(Debug)]
-pub(crate) struct Groups {
+pub struct Groups {
     /// Each group's members; a group of more than one VM is a ring.
     pub groups: Vec<Vec<usize>>,
     /// Per group, the VMs outside it that its members depend on.
@@ -66,7 +66,7 @@ pub(crate) struct Groups {
 
 impl Plan {
     /// Checks names and edges and finds the start groups.
-    pub(crate) fn groups(&self) -> Result<Groups, PlanError> {
+    pub fn groups(&self) -> Result<Groups, PlanError> {
         if self.vms.is_empty() {
             return Err(PlanError::Empty);
         }

@@ -9,5 +9,7 @@
 //! - [`run`]: the loops that read, decide and write, on any store.
 
 pub mod checker;
+pub mod host_side;
 pub mod layout;
 pub mod records;
+pub mod view;

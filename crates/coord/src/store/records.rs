@@ -216,8 +216,6 @@ pub struct Timeouts {
     pub start_s: f64,
     /// From START_FIN to RESTORE_FIN.
     pub restore_s: f64,
-    /// Held VMs are dropped when the restore has had no coordinator this long.
-    pub leaderless_s: f64,
 }
 
 impl Default for Timeouts {
@@ -226,7 +224,6 @@ impl Default for Timeouts {
             load_s: 300.0,
             start_s: 30.0,
             restore_s: 600.0,
-            leaderless_s: 30.0,
         }
     }
 }
@@ -272,7 +269,7 @@ impl Record for PlanRecord {
         let t = &self.timeouts;
         range(
             key,
-            [t.load_s, t.start_s, t.restore_s, t.leaderless_s]
+            [t.load_s, t.start_s, t.restore_s]
                 .iter()
                 .all(|s| s.is_finite() && *s > 0.0 && *s <= 7.0 * 86_400.0),
             || "a timeout is not between 0 and 7 days".into(),

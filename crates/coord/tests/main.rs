@@ -9,5 +9,6 @@ mod common;
 
 mod auth;
 mod faults;
+mod over_store;
 mod relay;
 mod restore;

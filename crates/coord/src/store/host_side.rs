@@ -26,6 +26,9 @@ pub struct Busy {
     pub loading: HashSet<String>,
     /// Taken, being started or awaiting the rest of memory.
     pub running: HashSet<String>,
+    /// The record revision each VM was last acted on at: a VM is not acted on
+    /// again until its record changed (our own write, or another's).
+    pub acted: HashMap<String, Revision>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +57,17 @@ pub enum HostAction {
     },
 }
 
+impl HostAction {
+    pub fn vm(&self) -> &str {
+        match self {
+            HostAction::Load { vm, .. }
+            | HostAction::Take { vm, .. }
+            | HostAction::Resume { vm, .. }
+            | HostAction::Drop { vm, .. } => vm,
+        }
+    }
+}
+
 /// See the module doc.
 pub fn decide(
     me: &str,
@@ -72,6 +86,9 @@ pub fn decide(
         };
         if r.host != me {
             // A record that moved the VM to another host: not ours to act on.
+            continue;
+        }
+        if busy.acted.get(&p.vm).is_some_and(|a| *rev <= *a) {
             continue;
         }
         let (vm, rev) = (p.vm.clone(), *rev);

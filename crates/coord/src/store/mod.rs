@@ -12,4 +12,8 @@ pub mod checker;
 pub mod host_side;
 pub mod layout;
 pub mod records;
+pub mod report;
+pub mod run;
+pub mod standin;
+pub mod submit;
 pub mod view;

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound_coord::store::records::{Phase, Timeouts};
-use rebound_coord::store::report::{Outcome, RestoreReport, VmState};
-use rebound_coord::store::run::{HostConfig, Participant};
-use rebound_coord::store::standin::StandIn;
-use rebound_coord::store::submit::{submit, wait, SubmitError};
-use rebound_coord::store::{layout, run::unix_now_ns};
+use rebound_coord::records::{Phase, Timeouts};
+use rebound_coord::report::{Outcome, RestoreReport, VmState};
+use rebound_coord::run::{HostConfig, Participant};
+use rebound_coord::standin::StandIn;
+use rebound_coord::submit::{submit, wait, SubmitError};
+use rebound_coord::{layout, run::unix_now_ns};
 use rebound_coord::{Plan, PlanVm};
 use rebound_store::mem::MemStore;
 use rebound_store::Store;
@@ -67,7 +67,7 @@ async fn hosts(store: &MemStore, n: usize, load: Duration) -> Vec<Host> {
     out
 }
 
-fn by_vm<'a>(r: &'a RestoreReport, vm: &str) -> &'a rebound_coord::store::report::VmReport {
+fn by_vm<'a>(r: &'a RestoreReport, vm: &str) -> &'a rebound_coord::report::VmReport {
     r.vms.iter().find(|v| v.vm == vm).unwrap()
 }
 
@@ -287,12 +287,12 @@ async fn malformed_records_are_refused_and_nothing_starts() {
 async fn wait_until(
     store: &MemStore,
     limit: Duration,
-    mut f: impl FnMut(&rebound_coord::store::view::ClusterView) -> Option<()>,
+    mut f: impl FnMut(&rebound_coord::view::ClusterView) -> Option<()>,
 ) {
     let end = tokio::time::Instant::now() + limit;
     loop {
         let r = store.range(layout::ROOT).await.unwrap();
-        let v = rebound_coord::store::view::ClusterView::from_kvs(&r.kvs, r.revision);
+        let v = rebound_coord::view::ClusterView::from_kvs(&r.kvs, r.revision);
         if f(&v).is_some() {
             return;
         }

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::records::{PhaseRecord, PlanRecord, StateRecord, Status};
+use crate::records::{PhaseRecord, PlanRecord, StateRecord, Status};
 use crate::restore_plan::Groups;
 use rebound_store::Revision;
 
@@ -137,7 +137,7 @@ pub fn decide(v: &View<'_>, t: &Tunables) -> Decision {
 }
 
 fn active(v: &View<'_>, state: &StateRecord, t: &Tunables) -> Decision {
-    use super::records::Phase::*;
+    use crate::records::Phase::*;
     let plan = &v.plan.plan;
     let to = &v.plan.timeouts;
     let mut d = Decision::default();
@@ -248,8 +248,8 @@ fn active(v: &View<'_>, state: &StateRecord, t: &Tunables) -> Decision {
 
 #[cfg(test)]
 mod tests {
-    use super::super::records::{Phase, Timeouts, FORMAT};
     use super::*;
+    use crate::records::{Phase, Timeouts, FORMAT};
     use crate::restore_plan::{Plan, PlanVm};
 
     const S: i64 = 1_000_000_000;

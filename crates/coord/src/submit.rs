@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use rebound_store::{Compare, Op, Store, StoreError};
 
-use super::layout;
-use super::records::{encode, PlanRecord, Timeouts, FORMAT};
-use super::report::{report, RestoreReport};
-use super::run::unix_now_ns;
-use super::view::{ClusterView, RestoreView};
+use crate::layout;
+use crate::records::{encode, PlanRecord, Timeouts, FORMAT};
+use crate::report::{report, RestoreReport};
 use crate::restore_plan::{Plan, PlanError};
+use crate::run::unix_now_ns;
+use crate::view::{ClusterView, RestoreView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
@@ -27,7 +27,7 @@ pub enum SubmitError {
     Refused {
         id: String,
         #[source]
-        source: super::records::RecordError,
+        source: crate::records::RecordError,
     },
     #[error("restore {0} did not end within {1:?}")]
     Timeout(String, Duration),

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::records::{Phase, PhaseRecord, PlanRecord, StateRecord, Status};
+use crate::records::{Phase, PhaseRecord, PlanRecord, StateRecord, Status};
 use rebound_store::Revision;
 
 /// What this host is doing for the restore's VMs right now.
@@ -128,8 +128,8 @@ pub fn decide(
 
 #[cfg(test)]
 mod tests {
-    use super::super::records::{Timeouts, FORMAT};
     use super::*;
+    use crate::records::{Timeouts, FORMAT};
     use crate::restore_plan::{Plan, PlanVm};
 
     fn setup() -> (

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rebound_store::{Event, KeyValue, Revision};
 
-use super::layout::{self, Key};
-use super::records::{decode, HostRecord, PhaseRecord, PlanRecord, RecordError, StateRecord};
+use crate::layout::{self, Key};
+use crate::records::{decode, HostRecord, PhaseRecord, PlanRecord, RecordError, StateRecord};
 use crate::restore_plan::Groups;
 
 /// A checked plan and its start groups.

@@ -24,14 +24,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
-use super::checker::{self, Action, Tunables};
-use super::host_side::{self, Busy, HostAction};
-use super::layout;
-use super::records::{
+use crate::checker::{self, Action, Tunables};
+use crate::host_side::{self, Busy, HostAction};
+use crate::layout;
+use crate::records::{
     encode, HostRecord, Phase, PhaseRecord, PlanRecord, Record, StateRecord, Status, FORMAT,
 };
-use super::view::{CheckedPlan, ClusterView};
-use crate::cohort::CohortVms;
+use crate::view::{CheckedPlan, ClusterView};
+use crate::vms::CohortVms;
 
 /// How one daemon takes part.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::layout::{self, NameError};
+use crate::layout::{self, NameError};
 use crate::restore_plan::{Plan, PlanError};
 
 /// The records' format; any incompatible change makes a new one (and a new

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::run::unix_now_ns;
-use crate::cohort::{CohortVms, LoadInfo, StartInfo, VmError};
+use crate::run::unix_now_ns;
+use crate::vms::{CohortVms, LoadInfo, StartInfo, VmError};
 
 /// Per (restore, VM): how many times each call was made, and when it started.
 #[derive(Debug, Default, Clone, PartialEq)]

@@ -5,6 +5,7 @@
 //! ```text
 //! /rebound/v1/hosts/<host>/info             HostRecord, on the host's lease
 //! /rebound/v1/hosts/<host>/vms/<vm>         VmRecord: what the host's daemon runs
+//! /rebound/v1/hosts/<host>/snapshots        SnapshotsRecord: its snapshot catalog
 //! /rebound/v1/restores/<id>/plan            PlanRecord: written once by the submitter
 //! /rebound/v1/restores/<id>/state           StateRecord: the restore's status
 //! /rebound/v1/restores/<id>/vms/<vm>        PhaseRecord: one VM's phase
@@ -75,6 +76,10 @@ pub fn host_vm(host: &str, vm: &str) -> String {
     format!("{ROOT}hosts/{host}/vms/{vm}")
 }
 
+pub fn host_snapshots(host: &str) -> String {
+    format!("{ROOT}hosts/{host}/snapshots")
+}
+
 pub fn restores() -> String {
     format!("{ROOT}restores/")
 }
@@ -108,6 +113,7 @@ pub fn election(id: &str) -> String {
 pub enum Key<'a> {
     HostInfo { host: &'a str },
     HostVm { host: &'a str, vm: &'a str },
+    HostSnapshots { host: &'a str },
     Plan { restore: &'a str },
     State { restore: &'a str },
     Phase { restore: &'a str, vm: &'a str },
@@ -122,6 +128,7 @@ pub fn parse(key: &str) -> Key<'_> {
     let parts: Vec<&str> = rest.split('/').collect();
     let k = match parts.as_slice() {
         ["hosts", h, "info"] => Key::HostInfo { host: h },
+        ["hosts", h, "snapshots"] => Key::HostSnapshots { host: h },
         ["hosts", h, "vms", v] if check_vm(v).is_ok() => Key::HostVm { host: h, vm: v },
         ["restores", r, "plan"] => Key::Plan { restore: r },
         ["restores", r, "state"] => Key::State { restore: r },
@@ -130,7 +137,9 @@ pub fn parse(key: &str) -> Key<'_> {
         _ => return Key::Other,
     };
     let name_ok = match &k {
-        Key::HostInfo { host } | Key::HostVm { host, .. } => check_host(host).is_ok(),
+        Key::HostInfo { host } | Key::HostVm { host, .. } | Key::HostSnapshots { host } => {
+            check_host(host).is_ok()
+        }
         Key::Plan { restore }
         | Key::State { restore }
         | Key::Phase { restore, .. }

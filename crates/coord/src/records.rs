@@ -181,9 +181,9 @@ pub struct VmRecord {
     pub vm: String,
     /// The daemon's state name for the VM (`running`, `paused`, `crashed`, ...).
     pub state: String,
-    /// The snapshot this host holds for the VM, if any (the snapshot catalog).
-    #[serde(default)]
-    pub snapshots: Vec<String>,
+    /// The guest answered its readiness check.
+    pub ready: bool,
+    pub memory_mib: u64,
     pub updated_unix_ns: i64,
 }
 

@@ -120,7 +120,7 @@ impl ClusterView {
                     }
                 }
             }
-            Key::HostVm { .. } | Key::Election { .. } | Key::Other => {}
+            Key::HostVm { .. } | Key::HostSnapshots { .. } | Key::Election { .. } | Key::Other => {}
         }
     }
 
@@ -143,7 +143,7 @@ impl ClusterView {
                     r.bad_phases.remove(vm);
                 }
             }
-            Key::HostVm { .. } | Key::Election { .. } | Key::Other => {}
+            Key::HostVm { .. } | Key::HostSnapshots { .. } | Key::Election { .. } | Key::Other => {}
         }
     }
 }

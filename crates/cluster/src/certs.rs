@@ -243,11 +243,10 @@ pub fn issue(dir: &Path, req: &Request) -> Result<Issued, CertsError> {
     let now = OffsetDateTime::now_utc();
     let mut files: Vec<(PathBuf, String, bool)> = Vec::new();
     let issuer = if req.mode == Mode::Add {
-        let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|e| CertsError::ReadCa(dir.into(), e))
-        };
-        let key = KeyPair::from_pem(&read(&ca_key)?)
-            .map_err(|e| CertsError::BadCa(dir.into(), e))?;
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(|e| CertsError::ReadCa(dir.into(), e));
+        let key =
+            KeyPair::from_pem(&read(&ca_key)?).map_err(|e| CertsError::BadCa(dir.into(), e))?;
         Issuer::from_ca_cert_pem(&read(&ca_crt)?, key)
             .map_err(|e| CertsError::BadCa(dir.into(), e))?
     } else {
@@ -272,7 +271,8 @@ pub fn issue(dir: &Path, req: &Request) -> Result<Issued, CertsError> {
     for id in &ids {
         let mut p = CertificateParams::default();
         p.distinguished_name = rcgen::DistinguishedName::new();
-        p.distinguished_name.push(DnType::CommonName, id.cn.as_str());
+        p.distinguished_name
+            .push(DnType::CommonName, id.cn.as_str());
         p.subject_alt_names = id
             .dns
             .iter()
@@ -295,7 +295,11 @@ pub fn issue(dir: &Path, req: &Request) -> Result<Issued, CertsError> {
         let key = KeyPair::generate()?;
         let cert = p.signed_by(&key, &issuer)?;
         files.push((dir.join(format!("{}.crt", id.stem)), cert.pem(), false));
-        files.push((dir.join(format!("{}.key", id.stem)), key.serialize_pem(), true));
+        files.push((
+            dir.join(format!("{}.key", id.stem)),
+            key.serialize_pem(),
+            true,
+        ));
     }
     write_all(dir, &files)?;
     Ok(Issued {
@@ -400,7 +404,9 @@ mod tests {
                 .iter()
                 .map(|(h, i)| (h.to_string(), i.parse().unwrap()))
                 .collect();
-            Request::new(&hosts(h), &ips, days, Mode::New).unwrap_err().to_string()
+            Request::new(&hosts(h), &ips, days, Mode::New)
+                .unwrap_err()
+                .to_string()
         };
         assert!(r(&[], &[], 1).contains("no host"));
         assert!(r(&["H1"], &[], 1).contains("invalid host name \"H1\""));
@@ -436,8 +442,13 @@ mod tests {
             ["ca.crt", "ca.key", "h1.crt", "h1.key", "h2.crt", "h2.key", "root.crt", "root.key"]
         );
         for n in &names {
-            let want = if n.ends_with(".key") { 0o600 } else { 0o644 };
-            assert_eq!(mode(&dir.join(n)), want, "{n}");
+            let m = mode(&dir.join(n));
+            if n.ends_with(".key") {
+                assert_eq!(m, 0o600, "{n}");
+            } else {
+                // 644 less the umask: certificates are public.
+                assert_eq!(m & !0o644, 0, "{n}: {m:o}");
+            }
         }
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), names.len());
 
@@ -484,18 +495,28 @@ mod tests {
 
         // The key matches its certificate.
         let key = KeyPair::from_pem(&std::fs::read_to_string(dir.join("h1.key")).unwrap()).unwrap();
-        assert_eq!(key.public_key_raw(), h1.public_key().subject_public_key.data.as_ref());
+        assert_eq!(
+            key.public_key_raw(),
+            h1.public_key().subject_public_key.data.as_ref()
+        );
     }
 
     #[test]
     fn an_existing_ca_is_kept_unless_replaced_and_signs_hosts_added_later() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        issue(dir, &Request::new(&hosts(&["h1"]), &[], 5, Mode::New).unwrap()).unwrap();
+        issue(
+            dir,
+            &Request::new(&hosts(&["h1"]), &[], 5, Mode::New).unwrap(),
+        )
+        .unwrap();
         let ca_before = std::fs::read(dir.join("ca.crt")).unwrap();
         let h1_before = std::fs::read(dir.join("h1.crt")).unwrap();
 
-        let e = issue(dir, &Request::new(&hosts(&["h2"]), &[], 5, Mode::New).unwrap());
+        let e = issue(
+            dir,
+            &Request::new(&hosts(&["h2"]), &[], 5, Mode::New).unwrap(),
+        );
         assert!(e.unwrap_err().to_string().contains("already holds a CA"));
         assert!(!dir.join("h2.crt").exists());
 
@@ -524,7 +545,11 @@ mod tests {
         assert!(leftovers.is_empty());
 
         // Replacing: a new CA, and h1 is no longer signed by it.
-        issue(dir, &Request::new(&hosts(&["h3"]), &[], 5, Mode::Replace).unwrap()).unwrap();
+        issue(
+            dir,
+            &Request::new(&hosts(&["h3"]), &[], 5, Mode::Replace).unwrap(),
+        )
+        .unwrap();
         let ca_der = pem_der(&dir.join("ca.crt"));
         assert_ne!(std::fs::read(dir.join("ca.crt")).unwrap(), ca_before);
         let (_, ca) = parse_x509_certificate(&ca_der).unwrap();

@@ -12,6 +12,7 @@ mod blk_socket;
 mod byo_kernel;
 mod cluster_daemons;
 mod cluster_net;
+mod cluster_store_access;
 mod crash_recovery;
 mod daemon_death;
 mod evict;

@@ -19,6 +19,7 @@ use serde_json::json;
 
 mod coord;
 mod host;
+mod identity;
 mod report;
 pub(crate) mod restore;
 pub(crate) mod snapshot;
@@ -55,6 +56,12 @@ pub enum ClusterCmd {
     /// One call of another host's daemon API through its cohort's relay (`--listen`);
     /// prints the JSON answer.
     Call(coord::CallArgs),
+    /// Make a CA and certificates for a cluster store (test and small setups): per
+    /// host one with CN `rebound-host-<host>`, and the operator's with CN `root`.
+    Certs(identity::CertsArgs),
+    /// Give every host its etcd user and role (it writes only its own keys) and turn
+    /// etcd's authentication on; again with more hosts to add them.
+    StoreInit(identity::StoreInitArgs),
 }
 
 #[derive(Args, Debug)]
@@ -218,6 +225,8 @@ pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Token(a) => coord::token(a),
         ClusterCmd::Restore(a) => coord::restore(paths, a).await,
         ClusterCmd::Call(a) => coord::call(a).await,
+        ClusterCmd::Certs(a) => identity::certs(a),
+        ClusterCmd::StoreInit(a) => identity::store_init(a).await,
     }
 }
 

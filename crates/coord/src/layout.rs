@@ -21,39 +21,46 @@ pub const ROOT: &str = "/rebound/v1/";
 /// Why a name cannot be used in a key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
-    #[error("{kind} name {name:?} is not 1 to 63 characters of a-z, 0-9, '-', '_' and '.' starting with a letter or digit")]
-    Bad { kind: &'static str, name: String },
+    #[error("host name {0:?} is not 1 to 63 characters of a-z, 0-9 and '-' starting with a letter or digit")]
+    Host(String),
+    #[error("VM name {0:?} is not 1 to 63 characters of letters, digits, '_', '.' and '-' starting with a letter or digit")]
+    Vm(String),
+    #[error("restore id {0:?} is not 1 to 64 characters of letters, digits, '_', '.' and '-' not starting with '.'")]
+    Restore(String),
 }
 
-fn check(kind: &'static str, name: &str) -> Result<(), NameError> {
+/// A host's name as it appears in keys, in its certificate's user name and as a
+/// DNS name in it (the store's access rules use the same check).
+pub fn check_host(name: &str) -> Result<(), NameError> {
+    if rebound_store::access::valid_host(name) {
+        Ok(())
+    } else {
+        Err(NameError::Host(name.to_string()))
+    }
+}
+
+/// A VM's name: the daemon API's pattern. No '/' can reach another key.
+pub fn check_vm(name: &str) -> Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-        && !name.contains("..");
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(NameError::Bad {
-            kind,
-            name: name.to_string(),
-        })
+        Err(NameError::Vm(name.to_string()))
     }
 }
 
-/// A host's name as it appears in keys (and in its certificate's user name).
-pub fn check_host(name: &str) -> Result<(), NameError> {
-    check("host", name)
-}
-
-pub fn check_vm(name: &str) -> Result<(), NameError> {
-    check("VM", name)
-}
-
+/// A restore's id (the store's access rules use the same check).
 pub fn check_restore(name: &str) -> Result<(), NameError> {
-    check("restore", name)
+    if rebound_store::access::valid_restore_id(name) {
+        Ok(())
+    } else {
+        Err(NameError::Restore(name.to_string()))
+    }
 }
 
 pub fn hosts() -> String {
@@ -159,21 +166,19 @@ mod tests {
 
     #[test]
     fn names_cannot_reach_other_keys() {
-        for bad in [
-            "",
-            "a/b",
-            "..",
-            "a..b",
-            "A",
-            "-a",
-            &"x".repeat(64),
-            "a b",
-            "h\n",
-        ] {
+        let long = "x".repeat(64);
+        for bad in ["", "a/b", "..", "A", "-a", &long, "a b", "h\n", "a.b"] {
             assert!(check_host(bad).is_err(), "{bad:?}");
         }
-        for good in ["h1", "host-2", "a.b", "vm_3", &"x".repeat(63)] {
+        for good in ["h1", "host-2", &long[..63]] {
             assert!(check_host(good).is_ok(), "{good:?}");
+        }
+        let longer = "x".repeat(65);
+        for bad in ["", "a/b", "..", ".x", &longer] {
+            assert!(check_vm(bad).is_err() && check_restore(bad).is_err(), "{bad:?}");
+        }
+        for good in ["Web-1", "vm_3", "a.b"] {
+            assert!(check_vm(good).is_ok() && check_restore(good).is_ok(), "{good:?}");
         }
     }
 

@@ -23,6 +23,7 @@ pub mod report;
 pub mod restore_plan;
 pub mod run;
 pub mod standin;
+pub mod status;
 pub mod submit;
 pub mod view;
 pub mod vms;

@@ -198,11 +198,36 @@ impl Record for VmRecord {
         if let layout::Key::HostVm { vm, .. } = layout::parse(key) {
             same(key, "vm", &self.vm, vm)?;
         }
-        range(
-            key,
-            self.state.len() <= 64 && self.snapshots.len() <= 1024,
-            || "state or snapshot list too long".into(),
-        )
+        range(key, self.state.len() <= 64, || "state name too long".into())
+    }
+}
+
+/// Most snapshot directories one host lists.
+pub const MAX_SNAPSHOTS: usize = 4096;
+
+/// `hosts/<host>/snapshots`: the snapshot catalog, the snapshot directories this
+/// host's daemon holds (restorable there by a cluster plan).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsRecord {
+    pub format: u32,
+    pub dirs: Vec<String>,
+    pub updated_unix_ns: i64,
+}
+
+impl Record for SnapshotsRecord {
+    const WHAT: &'static str = "snapshot catalog";
+    const CAP: usize = 4 << 20;
+    fn format(&self) -> u32 {
+        self.format
+    }
+    fn check(&self, key: &str) -> Result<(), RecordError> {
+        range(key, self.dirs.len() <= MAX_SNAPSHOTS, || {
+            format!(
+                "{} snapshot directories, over {MAX_SNAPSHOTS}",
+                self.dirs.len()
+            )
+        })
     }
 }
 

@@ -22,12 +22,13 @@
 //! more hosts); it never removes a host. What to create is decided by pure
 //! functions ([`hosts_plan`], [`restore_plan`]) and carried out by [`apply`].
 
+/// The etcd client the access calls take (connected with [`connect`]).
+pub use etcd_client::Client;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use etcd_client::{
-    Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions, UserAddOptions,
-};
+use etcd_client::{Certificate, ConnectOptions, Identity, Permission, TlsOptions, UserAddOptions};
 
 /// Every key Rebound keeps in etcd starts with this (version 1 of the layout).
 pub const PREFIX: &str = "/rebound/v1/";

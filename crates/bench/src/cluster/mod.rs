@@ -306,7 +306,7 @@ impl Client {
                             std::thread::sleep(Duration::from_millis(50));
                             continue;
                         };
-                        let sent = rebound_coord::msg::unix_now_ns();
+                        let sent = rebound_coord::run::unix_now_ns();
                         let t = Instant::now();
                         let lat =
                             request(&mut conn, &format!("QUERY b{n}"), Duration::from_secs(5))

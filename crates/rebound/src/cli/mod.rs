@@ -454,8 +454,14 @@ pub enum VmCmd {
         #[arg(long)]
         json: bool,
     },
-    /// List VMs.
+    /// List VMs (this host's, or with --all-hosts every host's, from the cluster
+    /// store given with --etcd).
     List {
+        /// Every host's VMs as the cluster store holds them.
+        #[arg(long, requires = "etcd")]
+        all_hosts: bool,
+        #[command(flatten)]
+        store: cluster::StoreArgs,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -875,14 +881,20 @@ pub fn before_runtime(cli: &Cli) -> anyhow::Result<()> {
 }
 
 /// This machine's host name as a cluster store name: lower case, other characters
-/// as '-', at most 63; `local` if nothing is left.
+/// than letters and digits as '-', at most 63; `local` if nothing is left.
 fn default_host_name() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let mut h: String = raw
         .trim()
         .to_ascii_lowercase()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect::<String>()
         .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
         .replace("..", "-");

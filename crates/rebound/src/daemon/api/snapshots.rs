@@ -107,9 +107,9 @@ pub(super) async fn cluster_restore_status(
 }
 
 fn cluster(d: &Daemon) -> Result<&crate::daemon::cluster::Cluster, OpError> {
-    d.cluster.get().ok_or_else(|| {
-        OpError::BadRequest("this daemon takes no part in cluster restores".into())
-    })
+    d.cluster
+        .get()
+        .ok_or_else(|| OpError::BadRequest("this daemon takes no part in cluster restores".into()))
 }
 
 pub(super) async fn restore_report(

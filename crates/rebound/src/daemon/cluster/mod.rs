@@ -42,6 +42,17 @@ pub struct ClusterOptions {
     pub ttl: Duration,
 }
 
+impl Default for ClusterOptions {
+    /// The in-memory store, as host `local`.
+    fn default() -> Self {
+        ClusterOptions {
+            etcd: None,
+            host: "local".into(),
+            ttl: Duration::from_secs(5),
+        }
+    }
+}
+
 /// Why the daemon cannot take part in cluster restores as asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -93,7 +104,9 @@ impl Prepared {
                 c.endpoints.join(","),
                 self.opts.ttl.as_secs_f64()
             ),
-            None => tracing::info!(host = %self.opts.host, "cluster restores on this host only (in-memory store)"),
+            None => {
+                tracing::info!(host = %self.opts.host, "cluster restores on this host only (in-memory store)")
+            }
         }
         Ok(Cluster {
             store: self.store,

@@ -105,7 +105,10 @@ async fn run(d: Weak<Daemon>, store: Arc<dyn Store>, host: String) {
         let mut ok = true;
         for chunk in ops.chunks(100) {
             if let Err(e) = store.txn(Vec::new(), chunk.to_vec()).await {
-                tracing::debug!("cannot publish this host's VMs: {}", rebound_errors::chain(&e));
+                tracing::debug!(
+                    "cannot publish this host's VMs: {}",
+                    rebound_errors::chain(&e)
+                );
                 ok = false;
                 break;
             }

@@ -5,9 +5,9 @@
 //!
 //! Who can reach what: the socket is the daemon user's alone (mode 0600 in a 0700
 //! directory) unless `--socket-group` lets one group of operators in; metrics are
-//! also served on `--metrics-addr` (loopback unless the operator says otherwise);
-//! the cohort of cluster restores and its API relay listen on `--listen` only with
-//! a cluster token, and answer only peers that prove they hold it.
+//! also served on `--metrics-addr` (loopback unless the operator says otherwise).
+//! The daemon listens on nothing else: other hosts reach it only through the
+//! cluster store (etcd, mutual TLS), where it reads what it acts on.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;

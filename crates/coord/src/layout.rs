@@ -175,10 +175,16 @@ mod tests {
         }
         let longer = "x".repeat(65);
         for bad in ["", "a/b", "..", ".x", &longer] {
-            assert!(check_vm(bad).is_err() && check_restore(bad).is_err(), "{bad:?}");
+            assert!(
+                check_vm(bad).is_err() && check_restore(bad).is_err(),
+                "{bad:?}"
+            );
         }
         for good in ["Web-1", "vm_3", "a.b"] {
-            assert!(check_vm(good).is_ok() && check_restore(good).is_ok(), "{good:?}");
+            assert!(
+                check_vm(good).is_ok() && check_restore(good).is_ok(),
+                "{good:?}"
+            );
         }
     }
 

@@ -297,14 +297,19 @@ fn every_operation_and_every_metric() {
     let (code, again) = env.call("GET", "/v1/cluster/restores/r", None).unwrap();
     assert_eq!(code, 200, "{again}");
     assert_eq!(again["outcome"], r["outcome"]);
-    let (code, e) = env.call("GET", "/v1/cluster/restores/nothing", None).unwrap();
+    let (code, e) = env
+        .call("GET", "/v1/cluster/restores/nothing", None)
+        .unwrap();
     assert_eq!(code, 404, "{e}");
     // The same id again is refused: a new restore needs a new id.
     let (code, e) = env
         .call("POST", "/v1/cluster/restore", Some(&plan))
         .unwrap();
     assert_eq!(code, 400, "{e}");
-    assert!(e["error"].as_str().unwrap().contains("exists already"), "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("exists already"),
+        "{e}"
+    );
 
     let missing = env.api.unexercised();
     assert!(

@@ -355,8 +355,11 @@ host = "h2"
         "the store to show every VM running and ready",
         || {
             let vms = store_vms(&env, &name);
-            (vms.len() == 3 && vms.iter().all(|v| v["state"] == "running" && v["ready"] == true))
-                .then_some(())
+            (vms.len() == 3
+                && vms
+                    .iter()
+                    .all(|v| v["state"] == "running" && v["ready"] == true))
+            .then_some(())
         },
     );
     let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", &name, "--json"])).unwrap();
@@ -488,8 +491,7 @@ host = "h2"
 
 /// Every VM of every host, as `cluster status` reads them from the cluster store.
 fn store_vms(env: &Env, name: &str) -> Vec<Value> {
-    let st: Value =
-        serde_json::from_str(&env.ok(&["cluster", "status", name, "--json"])).unwrap();
+    let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", name, "--json"])).unwrap();
     st["hosts"]
         .as_array()
         .unwrap()

@@ -10,7 +10,6 @@ mod bench_smoke;
 mod blk_backend;
 mod blk_socket;
 mod byo_kernel;
-mod cluster_daemons;
 mod cluster_net;
 mod cluster_store_access;
 mod crash_recovery;

@@ -207,15 +207,28 @@ fn start_member(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Stops every member (their data stays until the cluster is removed).
+/// Stops every member (their data stays until the cluster is removed): SIGTERM,
+/// then SIGKILL for a member still there after 3 s (a leader whose peers are gone
+/// can wait long to hand its leadership over).
 pub fn store_down(c: &Cluster) {
+    use nix::sys::signal::{kill, Signal};
+    let pids: Vec<nix::unistd::Pid> = c
+        .sims()
+        .iter()
+        .filter_map(|h| member_pid(c, h))
+        .map(nix::unistd::Pid::from_raw)
+        .collect();
+    for &p in &pids {
+        let _ = kill(p, Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && pids.iter().any(|&p| kill(p, None).is_ok()) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for &p in &pids {
+        let _ = kill(p, Signal::SIGKILL);
+    }
     for h in c.sims() {
-        if let Some(pid) = member_pid(c, h) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
         let _ = std::fs::remove_file(pidfile(c, h));
     }
 }

@@ -13,6 +13,7 @@
 pub mod access;
 pub mod etcd;
 pub mod mem;
+pub mod probe;
 
 use std::time::Duration;
 

@@ -211,6 +211,23 @@ async fn a_host_cut_off_aborts_the_restore_naming_it_and_held_vms_are_released()
         assert_eq!(hs[h].vms.calls("r3", v).starts, 0);
     }
     assert!(!r.hosts.iter().find(|h| h.host == "h3").unwrap().live);
+    // Its link back, the host joins again under a new lease and takes part in the
+    // next restore.
+    hs[2].store.fake_cut_off(false);
+    wait_until(&store, Duration::from_secs(10), |v| {
+        v.live().contains("h3").then_some(())
+    })
+    .await;
+    let plan = Plan {
+        restore_id: "r3-again".into(),
+        vms: vec![vm("c", "h3", &[], None), vm("a", "h1", &["c"], None)],
+    };
+    submit(&store, plan, Timeouts::default()).await.unwrap();
+    let r = wait(&store, "r3-again", Duration::from_secs(30), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Restored, "{r:#?}");
+    assert_eq!(hs[2].vms.calls("r3-again", "c").starts, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

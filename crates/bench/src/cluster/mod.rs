@@ -83,6 +83,8 @@ pub enum Error {
     },
     #[error("VM {0} does not reach all its peers")]
     Peers(String),
+    #[error("the {variant} restore did not start every VM: {outcome}")]
+    NotRestored { variant: String, outcome: String },
     #[error("host {0}: health without pid")]
     NoPid(String),
     #[error("cannot {what}")]
@@ -546,6 +548,15 @@ async fn one_restore<P: Clusters>(
             ))(e));
         }
     };
+    if P::disruption(&o).is_none() {
+        // An aborted restore measured nothing: a failure, with the store's reason.
+        client.finish();
+        let doc = serde_json::to_value(&o).unwrap_or(Value::Null);
+        return Err(Error::NotRestored {
+            variant: P::variant_name(variant).to_string(),
+            outcome: doc["report"]["outcome"].to_string(),
+        });
+    }
     tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
     let samples = client.finish();
     drop(disks);

@@ -21,12 +21,13 @@ pub struct StartInfo {
 }
 
 /// Why one of [`CohortVms`]' operations failed: the implementation's own error with its
-/// sources; the cohort prints the whole chain once, into the coordinator's message.
+/// sources; the host prints the whole chain once, into the VM's phase record.
 pub type VmError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The host's VMs as the cohort sees them; the daemon implements it on its real VMs.
+/// The host's VMs as the protocol sees them; the daemon implements it on its real VMs.
 ///
-/// The cohort calls each method at most once per restore and VM: `load`, then either
+/// The host calls each method once per restore and VM, except that a restarted daemon
+/// may ask `start` and `restored` again of a VM it started before: `load`, then either
 /// `abort` (a held VM dropped) or `start` followed by `restored`.
 #[async_trait::async_trait]
 pub trait CohortVms: Send + Sync + 'static {

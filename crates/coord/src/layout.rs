@@ -10,6 +10,7 @@
 //! /rebound/v1/restores/<id>/state           StateRecord: the restore's status
 //! /rebound/v1/restores/<id>/vms/<vm>        PhaseRecord: one VM's phase
 //! /rebound/v1/restores/<id>/election/...    the restore's coordinator election
+//! /rebound/v1/clusters/<name>               ClusterRecord: a cluster's definition
 //! ```
 //!
 //! Host, VM and restore names are checked before they become part of a key, so a
@@ -87,6 +88,10 @@ pub fn host_snapshots(host: &str) -> String {
     format!("{ROOT}hosts/{host}/snapshots")
 }
 
+pub fn cluster(name: &str) -> String {
+    format!("{ROOT}clusters/{name}")
+}
+
 pub fn restores() -> String {
     format!("{ROOT}restores/")
 }
@@ -125,6 +130,7 @@ pub enum Key<'a> {
     State { restore: &'a str },
     Phase { restore: &'a str, vm: &'a str },
     Election { restore: &'a str },
+    Cluster { name: &'a str },
     Other,
 }
 
@@ -141,6 +147,7 @@ pub fn parse(key: &str) -> Key<'_> {
         ["restores", r, "state"] => Key::State { restore: r },
         ["restores", r, "vms", v] if check_vm(v).is_ok() => Key::Phase { restore: r, vm: v },
         ["restores", r, "election", ..] => Key::Election { restore: r },
+        ["clusters", c] => Key::Cluster { name: c },
         _ => return Key::Other,
     };
     let name_ok = match &k {
@@ -151,6 +158,7 @@ pub fn parse(key: &str) -> Key<'_> {
         | Key::State { restore }
         | Key::Phase { restore, .. }
         | Key::Election { restore } => check_restore(restore).is_ok(),
+        Key::Cluster { name } => check_restore(name).is_ok(),
         Key::Other => true,
     };
     if name_ok {

@@ -231,6 +231,31 @@ impl Record for SnapshotsRecord {
     }
 }
 
+/// `clusters/<name>`: a cluster's definition, its `cluster.toml` as the operator
+/// wrote it (the operator's to write; hosts read it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterRecord {
+    pub format: u32,
+    pub name: String,
+    pub toml: String,
+    pub updated_unix_ns: i64,
+}
+
+impl Record for ClusterRecord {
+    const WHAT: &'static str = "cluster definition";
+    const CAP: usize = 1 << 20;
+    fn format(&self) -> u32 {
+        self.format
+    }
+    fn check(&self, key: &str) -> Result<(), RecordError> {
+        if let layout::Key::Cluster { name } = layout::parse(key) {
+            same(key, "name", &self.name, name)?;
+        }
+        Ok(())
+    }
+}
+
 /// Per-phase timeouts of a restore, in seconds (the plan's submitter chooses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -9,13 +9,15 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::layout::{self, Key};
-use crate::records::{decode, HostRecord, SnapshotsRecord, Status, VmRecord};
+use crate::records::{decode, ClusterRecord, HostRecord, SnapshotsRecord, Status, VmRecord};
 use crate::view::ClusterView;
 use rebound_errors::chain;
 use rebound_store::KeyValue;
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct ClusterStatus {
+    /// The cluster definitions in the store, by name.
+    pub clusters: Vec<String>,
     pub hosts: Vec<HostStatus>,
     pub restores: Vec<RestoreStatus>,
     /// Records refused, with why.
@@ -47,6 +49,7 @@ pub struct RestoreStatus {
 pub fn status(kvs: &[KeyValue]) -> ClusterStatus {
     let mut hosts: BTreeMap<String, HostStatus> = BTreeMap::new();
     let mut refused = Vec::new();
+    let mut clusters = Vec::new();
     for kv in kvs {
         let (key, v) = (kv.key.as_str(), kv.value.as_slice());
         match layout::parse(key) {
@@ -64,6 +67,10 @@ pub fn status(kvs: &[KeyValue]) -> ClusterStatus {
             },
             Key::HostSnapshots { host } => match decode::<SnapshotsRecord>(key, v) {
                 Ok(r) => host_mut(&mut hosts, host).snapshots = r.dirs.len(),
+                Err(e) => refused.push(chain(&e)),
+            },
+            Key::Cluster { .. } => match decode::<ClusterRecord>(key, v) {
+                Ok(r) => clusters.push(r.name),
                 Err(e) => refused.push(chain(&e)),
             },
             _ => {}
@@ -101,6 +108,7 @@ pub fn status(kvs: &[KeyValue]) -> ClusterStatus {
         })
         .collect();
     ClusterStatus {
+        clusters,
         hosts: hosts.into_values().collect(),
         restores,
         refused,

@@ -120,7 +120,11 @@ impl ClusterView {
                     }
                 }
             }
-            Key::HostVm { .. } | Key::HostSnapshots { .. } | Key::Election { .. } | Key::Other => {}
+            Key::HostVm { .. }
+            | Key::HostSnapshots { .. }
+            | Key::Election { .. }
+            | Key::Cluster { .. }
+            | Key::Other => {}
         }
     }
 
@@ -143,7 +147,11 @@ impl ClusterView {
                     r.bad_phases.remove(vm);
                 }
             }
-            Key::HostVm { .. } | Key::HostSnapshots { .. } | Key::Election { .. } | Key::Other => {}
+            Key::HostVm { .. }
+            | Key::HostSnapshots { .. }
+            | Key::Election { .. }
+            | Key::Cluster { .. }
+            | Key::Other => {}
         }
     }
 }

@@ -135,7 +135,15 @@ pub fn pcap(data: &[u8]) -> Verdict {
 
 /// The record kinds of the cluster store, in the order the first input byte picks
 /// them (modulo their number).
-pub const STORE_KINDS: &[&str] = &["plan", "state", "phase", "host", "vm", "snapshots"];
+pub const STORE_KINDS: &[&str] = &[
+    "plan",
+    "state",
+    "phase",
+    "host",
+    "vm",
+    "snapshots",
+    "cluster",
+];
 
 /// One record of the cluster store as another host wrote it: the first byte picks
 /// its kind ([`STORE_KINDS`]), the rest is its value, decoded under its key as the
@@ -143,7 +151,8 @@ pub const STORE_KINDS: &[&str] = &["plan", "state", "phase", "host", "vm", "snap
 pub fn store_record(data: &[u8]) -> Verdict {
     use rebound_coord::layout;
     use rebound_coord::records::{
-        decode, HostRecord, PhaseRecord, PlanRecord, SnapshotsRecord, StateRecord, VmRecord,
+        decode, ClusterRecord, HostRecord, PhaseRecord, PlanRecord, SnapshotsRecord, StateRecord,
+        VmRecord,
     };
     let Some((&k, value)) = data.split_first() else {
         return Err("empty input".into());
@@ -155,7 +164,8 @@ pub fn store_record(data: &[u8]) -> Verdict {
         "phase" => layout::phase("r1", "vm1"),
         "host" => layout::host_info("h1"),
         "vm" => layout::host_vm("h1", "vm1"),
-        _ => layout::host_snapshots("h1"),
+        "snapshots" => layout::host_snapshots("h1"),
+        _ => layout::cluster("c1"),
     };
     let verdict = match kind {
         "plan" => decode::<PlanRecord>(&key, value).map(|_| ()),
@@ -163,7 +173,8 @@ pub fn store_record(data: &[u8]) -> Verdict {
         "phase" => decode::<PhaseRecord>(&key, value).map(|_| ()),
         "host" => decode::<HostRecord>(&key, value).map(|_| ()),
         "vm" => decode::<VmRecord>(&key, value).map(|_| ()),
-        _ => decode::<SnapshotsRecord>(&key, value).map(|_| ()),
+        "snapshots" => decode::<SnapshotsRecord>(&key, value).map(|_| ()),
+        _ => decode::<ClusterRecord>(&key, value).map(|_| ()),
     }
     .map_err(err);
     let kv = rebound_store::KeyValue {

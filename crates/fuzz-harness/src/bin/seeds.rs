@@ -244,6 +244,19 @@ fn store() -> Result<()> {
     )?;
     put(
         "store_record",
+        "ok-cluster",
+        &with(6, br#"{"format":1,"name":"c1","toml":"[network]\nsubnet = \"10.0.0.0/24\"\n","updated_unix_ns":1}"#),
+    )?;
+    put(
+        "store_record",
+        "bad-cluster-other-name",
+        &with(
+            6,
+            br#"{"format":1,"name":"c2","toml":"","updated_unix_ns":1}"#,
+        ),
+    )?;
+    put(
+        "store_record",
         "ok-snapshots",
         &with(
             5,

@@ -363,6 +363,9 @@ async fn status(paths: &Paths, a: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
+    if !s.clusters.is_empty() {
+        println!("clusters defined in the store: {}", s.clusters.join(", "));
+    }
     println!(
         "{:<16} {:<8} {:<10} {:>4} {:>10}",
         "HOST", "STATE", "VERSION", "VMS", "SNAPSHOTS"

@@ -126,6 +126,23 @@ pub async fn store_up(c: &Cluster) -> anyhow::Result<()> {
     access::store_init(&mut a, &hosts)
         .await
         .context("cannot set up the store's roles")?;
+    // The cluster's definition, for every host and operator that reads the store.
+    let toml = std::fs::read_to_string(c.dir.join("cluster.toml"))?;
+    let rec = rebound_coord::records::ClusterRecord {
+        format: rebound_coord::records::FORMAT,
+        name: c.spec.name.clone(),
+        toml,
+        updated_unix_ns: rebound_coord::run::unix_now_ns(),
+    };
+    c.admin_store()
+        .await?
+        .put(
+            &rebound_coord::layout::cluster(&c.spec.name),
+            rebound_coord::records::encode(&rec),
+            None,
+        )
+        .await
+        .context("cannot record the cluster's definition in its store")?;
     Ok(())
 }
 

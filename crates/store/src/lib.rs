@@ -10,6 +10,7 @@
 //! (a transaction that succeeds, a lease that expires and deletes keys) gets the
 //! next one, and a key's `mod_revision` is the revision of its last write.
 
+pub mod etcd;
 pub mod mem;
 
 use std::time::Duration;

@@ -8,13 +8,18 @@
 //!
 //! What this module adds on top:
 //! - **Failover.** One connection per endpoint; requests go to the current one and,
-//!   when it cannot be reached (refused, reset, timed out), to the next. Reads,
-//!   lease grants, watches and campaigns are retried on the next endpoint; a
-//!   transaction or revoke is retried only when it never reached the member
-//!   (the connection was refused), because one that timed out may have been
-//!   applied, and retrying a compare-and-set would then report a false failure.
-//!   Watches resume on another member from the revision after the last one
-//!   delivered, so a member's death does not end them.
+//!   when it cannot be reached (refused, reset, timed out, no raft leader), to
+//!   the next ones in turn, for up to the request timeout. Reads, lease grants,
+//!   watches, campaigns and resignations are retried so; a transaction or revoke
+//!   only when it never reached the member (connection refused or already
+//!   closed), because one that timed out may have been applied, and retrying a
+//!   compare-and-set would then report a false failure. So a write sent just as
+//!   the raft leader dies can fail with [`StoreError::Unavailable`] (etcd drops
+//!   the proposal with the leader): the caller reads again and retries, as with
+//!   any failed compare-and-set. Watches resume on another member from the
+//!   revision after the last one delivered, so a member's death does not end
+//!   them (they end with `Unavailable` if no member answers for twice the
+//!   request timeout).
 //! - **Leases.** A background task renews each lease every TTL/3 (on any member).
 //!   The lease's `lost` flag turns true when etcd answers that it is gone (TTL 0,
 //!   after expiry or revoke) or when no renewal has succeeded for one TTL, counted
@@ -89,6 +94,8 @@ impl EtcdConfig {
 
 /// Batches a watch buffers before its reader takes them (etcd holds the rest).
 const WATCH_BUFFER: usize = 64;
+/// etcd's answer to `Leader` for an election with no candidate.
+const NO_LEADER: &str = "election: no leader";
 /// Pause between rounds over every endpoint when none answers.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// HTTP/2 pings find a dead connection; etcd refuses pings more often than 5 s.
@@ -156,30 +163,28 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn looks_like_tls(text: &str) -> bool {
-    let text = text.to_ascii_lowercase();
-    [
-        "certificate",
-        "handshake",
-        "tls",
-        "alert",
-        "unknownissuer",
-        "unknown ca",
-    ]
-    .iter()
-    .any(|w| text.contains(w))
-}
+/// Words of a TLS failure (an unknown CA, a refused certificate).
+const TLS_WORDS: &[&str] = &[
+    "certificate",
+    "handshake",
+    "tls",
+    "alert",
+    "unknownissuer",
+    "unknown ca",
+];
+/// Failures that happen before a request leaves: no connection, or (a broken
+/// pipe) a connection the member had already closed when the request started.
+const UNSENT_WORDS: &[&str] = &[
+    "error trying to connect",
+    "tcp connect error",
+    "connection refused",
+    "dns error",
+    "broken pipe",
+];
 
-fn looks_unsent(text: &str) -> bool {
+fn mentions(text: &str, words: &[&str]) -> bool {
     let text = text.to_ascii_lowercase();
-    [
-        "error trying to connect",
-        "tcp connect error",
-        "connection refused",
-        "dns error",
-    ]
-    .iter()
-    .any(|w| text.contains(w))
+    words.iter().any(|w| text.contains(w))
 }
 
 /// Maps one etcd-client error from `endpoint` to a [`Failure`].
@@ -187,7 +192,7 @@ fn failure(endpoint: &str, e: etcd_client::Error, lease: Option<LeaseId>) -> Fai
     use etcd_client::Error as E;
     use tonic::Code;
     let text = chain(&e);
-    let unsent = looks_unsent(&text);
+    let unsent = mentions(&text, UNSENT_WORDS);
     let error = match &e {
         E::GRpcStatus(status) => match status.code() {
             Code::PermissionDenied | Code::Unauthenticated => {
@@ -196,13 +201,17 @@ fn failure(endpoint: &str, e: etcd_client::Error, lease: Option<LeaseId>) -> Fai
             _ if status.message().contains("lease not found") => {
                 StoreError::LeaseGone(lease.unwrap_or(0))
             }
+            // An answer, not a failure (etcd sends it as code Unknown).
+            _ if status.message().contains(NO_LEADER) => {
+                StoreError::Other(format!("{endpoint}: {}", status.message()))
+            }
             Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Cancelled
             | Code::Aborted
             | Code::Unknown
             | Code::Internal => {
-                if looks_like_tls(&text) {
+                if mentions(&text, TLS_WORDS) {
                     StoreError::Denied(format!("{endpoint}: {text}"))
                 } else {
                     StoreError::Unavailable(format!("{endpoint}: {text}"))
@@ -211,7 +220,7 @@ fn failure(endpoint: &str, e: etcd_client::Error, lease: Option<LeaseId>) -> Fai
             _ => StoreError::Other(format!("{endpoint}: {}", status.message())),
         },
         E::TransportError(_) | E::IoError(_) => {
-            if looks_like_tls(&text) {
+            if mentions(&text, TLS_WORDS) {
                 StoreError::Denied(format!("{endpoint}: {text}"))
             } else {
                 StoreError::Unavailable(format!("{endpoint}: {text}"))
@@ -349,7 +358,9 @@ impl Conn {
     }
 
     /// Sends one request to the current member and, on failures `retry` allows,
-    /// to each other member once; the last failure is returned.
+    /// to the next ones in turn (pausing after each round, as an election may be
+    /// under way) until one answers or the request timeout has passed since the
+    /// first attempt; then the last failure is returned.
     async fn call<T, F, Fut>(
         &self,
         retry: Retry,
@@ -361,8 +372,13 @@ impl Conn {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut last = None;
-        for _ in 0..self.members.len() {
+        let give_up = Instant::now() + self.request_timeout;
+        let mut attempts = 0;
+        loop {
+            if attempts > 0 && attempts % self.members.len() == 0 {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            attempts += 1;
             let (_, i) = self.current();
             let (endpoint, client) = &self.members[i];
             self.requests.fetch_add(1, Ordering::Relaxed);
@@ -389,12 +405,10 @@ impl Conn {
             }
             tracing::debug!(error = %failure.error, "etcd member unavailable, trying the next");
             self.fail_over(i);
-            if retry == Retry::IfNotSent && !failure.not_sent {
+            if (retry == Retry::IfNotSent && !failure.not_sent) || Instant::now() >= give_up {
                 return Err(failure.error);
             }
-            last = Some(failure.error);
         }
-        Err(last.unwrap_or_else(|| StoreError::Unavailable("no etcd member answered".into())))
     }
 
     /// Opens a watch of `prefix` from `from` on some member and reads its creation
@@ -800,7 +814,7 @@ impl Store for EtcdStore {
             .await;
         match result {
             Ok(response) => response.kv().map(key_value).transpose(),
-            Err(StoreError::Other(m)) if m.contains("election: no leader") => Ok(None),
+            Err(StoreError::Other(m)) if m.contains(NO_LEADER) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -212,13 +212,22 @@ pub async fn connect(endpoints: &[String], tls: &TlsFiles) -> Result<Client, Acc
         .with_tls(opts)
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(10));
-    let mut c = Client::connect(endpoints, Some(opts))
+    let all = endpoints.join(",");
+    let mut c = Client::connect(endpoints, Some(opts.clone()))
         .await
-        .map_err(|e| AccessError::Connect(endpoints.join(","), e))?;
+        .map_err(|e| AccessError::Connect(all.clone(), e))?;
     // The channel connects lazily: make one request so a refused certificate shows here.
-    c.status()
-        .await
-        .map_err(|e| AccessError::Connect(endpoints.join(","), e))?;
+    if let Err(e) = c.status().await {
+        // Over several endpoints the balancer says only "timeout"; one endpoint
+        // alone says why (a certificate refused, say).
+        if let [first, _, ..] = endpoints {
+            let one = Client::connect([first], Some(opts)).await;
+            if let Err(why) = async { one?.status().await }.await {
+                return Err(AccessError::Connect(first.clone(), why));
+            }
+        }
+        return Err(AccessError::Connect(all, e));
+    }
     Ok(c)
 }
 

@@ -6,7 +6,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::etcd::{etcdctl, EtcdCluster};
+use crate::common::etcd::{etcdctl, EtcdCluster, HOSTS};
 use crate::common::eventually;
 
 fn out(o: &Output) -> String {
@@ -256,51 +256,40 @@ fn reads(c: &EtcdCluster, m: &str, key: &str, value: &str) {
     );
 }
 
+/// With host `gone`'s member out (`how`), each of the other two takes a write of
+/// `key` (after a new leader is elected) that the third sees, and `gone`'s member
+/// does not answer; returns the value the last write left.
+fn the_others_serve(c: &EtcdCluster, gone: &str, how: &str, key: &str) -> String {
+    let live: Vec<&str> = HOSTS.into_iter().filter(|h| *h != gone).collect();
+    for m in &live {
+        let took = write_through(c, m, key, m);
+        eprintln!("write through {m} with {gone} {how}: {took:?}");
+        reads(c, live.iter().find(|o| *o != m).unwrap(), key, m);
+    }
+    let o = c.etcdctl_on(gone, "root", &["get", key]);
+    assert!(!o.status.success(), "{gone} answered, {how}: {}", out(&o));
+    assert_ne!(c.leader(), gone);
+    live[1].to_string()
+}
+
 #[test]
 fn two_members_of_three_keep_serving_when_the_leaders_host_is_cut_off_or_killed() {
     let mut c = EtcdCluster::start();
     ok(&c, "h1", &["put", "/rebound/v1/hosts/h1/a", "1"]);
 
-    // The leader's host cut off: the other two elect a leader and take writes; the
-    // cut one is not reached. Healed, it catches up.
+    // The leader's host cut off; healed, it catches up.
     let cut = c.leader();
     c.cut(&cut);
-    let live: Vec<&str> = ["h1", "h2", "h3"]
-        .into_iter()
-        .filter(|h| *h != cut)
-        .collect();
     let key = "/rebound/v1/hosts/h1/b";
-    for m in &live {
-        let took = write_through(&c, m, key, m);
-        eprintln!("write through {m} with {cut} cut off: {took:?}");
-        reads(&c, live.iter().find(|o| *o != m).unwrap(), key, m);
-    }
-    let o = c.etcdctl_on(&cut, "root", &["get", key]);
-    assert!(
-        !o.status.success(),
-        "{cut} answered while cut off: {}",
-        out(&o)
-    );
-    assert_ne!(c.leader(), cut);
+    let last = the_others_serve(&c, &cut, "cut off", key);
     c.heal(&cut);
-    reads(&c, &cut, key, live[1]);
+    reads(&c, &cut, key, &last);
 
-    // The leader's member killed: the other two still answer and agree.
+    // The leader's member killed; back on its data, it rejoins with what it missed.
     let dead = c.leader();
     c.kill_member(&dead);
-    let live: Vec<&str> = ["h1", "h2", "h3"]
-        .into_iter()
-        .filter(|h| *h != dead)
-        .collect();
     let key = "/rebound/v1/hosts/h1/c";
-    for m in &live {
-        let took = write_through(&c, m, key, m);
-        eprintln!("write through {m} with {dead} killed: {took:?}");
-        reads(&c, live.iter().find(|o| *o != m).unwrap(), key, m);
-    }
-    let o = c.etcdctl_on(&dead, "root", &["get", key]);
-    assert!(!o.status.success(), "a killed member answered: {}", out(&o));
-    // Back on its data, it rejoins and has the write it missed.
+    let last = the_others_serve(&c, &dead, "killed", key);
     c.restart_member(&dead);
-    reads(&c, &dead, key, live[1]);
+    reads(&c, &dead, key, &last);
 }

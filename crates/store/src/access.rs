@@ -316,7 +316,9 @@ pub async fn grant_restore(
 }
 
 /// Takes restore `id`'s write access from every host it was granted to; nothing to
-/// do if there is none. Needs root.
+/// do if there is none. Needs root. Call it once the hosts resigned from the
+/// restore's election: etcd lets a host revoke a lease only while it may write
+/// every key attached to it (a lease left behind still expires by its TTL).
 pub async fn revoke_restore(client: &mut Client, id: &str) -> Result<(), AccessError> {
     if !valid_restore_id(id) {
         return Err(AccessError::BadRestoreId(id.into()));

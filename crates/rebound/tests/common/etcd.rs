@@ -225,6 +225,25 @@ impl EtcdCluster {
         }
     }
 
+    /// The cluster store options of host `name`'s daemon (`rebound daemon --netns
+    /// <its netns> ...`): every member, and the host's own certificate.
+    pub fn daemon_args(&self, name: &str) -> Vec<String> {
+        let (crt, key) = self.cert(name);
+        let path = |p: PathBuf| p.display().to_string();
+        vec![
+            "--etcd".into(),
+            self.endpoints().join(","),
+            "--etcd-cert".into(),
+            path(crt),
+            "--etcd-key".into(),
+            path(key),
+            "--etcd-ca".into(),
+            path(self.ca()),
+            "--host".into(),
+            name.into(),
+        ]
+    }
+
     /// `rebound ARGS` with this cluster's directory as its home.
     pub fn rebound(&self, args: &[&str]) -> Output {
         let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"));

@@ -6,7 +6,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::etcd::{etcdctl, EtcdCluster};
+use crate::common::etcd::{etcdctl, EtcdCluster, HOSTS};
 use crate::common::eventually;
 
 fn out(o: &Output) -> String {
@@ -105,20 +105,7 @@ fn a_certificate_from_another_ca_is_refused() {
     assert_eq!(ok(&c, "root", &["get", "/rebound/v1/hosts/h1/x"]), "");
 
     // The store's own client is refused as well (store-init with the other CA's root).
-    let o = c.rebound(&[
-        "cluster",
-        "store-init",
-        "--etcd",
-        &c.endpoints().join(","),
-        "--ca",
-        c.ca().to_str().unwrap(),
-        "--cert",
-        other.join("root.crt").to_str().unwrap(),
-        "--key",
-        other.join("root.key").to_str().unwrap(),
-        "--hosts",
-        "h1",
-    ]);
+    let o = c.store_init(&other.join("root.crt"), &other.join("root.key"), "h1");
     assert!(!o.status.success(), "{}", out(&o));
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(e.lines().count(), 1, "{e}");
@@ -126,7 +113,6 @@ fn a_certificate_from_another_ca_is_refused() {
         e.starts_with("error: cannot connect to etcd at https://"),
         "{e}"
     );
-    assert!(e.contains("BadCertificate"), "{e}");
 }
 
 #[test]
@@ -213,21 +199,9 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
     );
 
     // store-init again, idempotent: the grants are kept, h1 still confined.
-    let again = [
-        "cluster",
-        "store-init",
-        "--etcd",
-        &c.endpoints().join(","),
-        "--ca",
-        c.ca().to_str().unwrap(),
-        "--cert",
-        c.cert("root").0.to_str().unwrap(),
-        "--key",
-        c.cert("root").1.to_str().unwrap(),
-        "--hosts",
-        "h1,h2,h3",
-    ];
-    c.rebound_ok(&again);
+    let (crt, key) = c.cert("root");
+    let o = c.store_init(&crt, &key, "h1,h2,h3");
+    assert!(o.status.success(), "{}", out(&o));
     ok(
         &c,
         "h1",
@@ -254,56 +228,68 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
     );
 }
 
+/// Writes `value` through member `m` (retrying while a new leader is elected) and
+/// returns how long that took.
+fn write_through(c: &EtcdCluster, m: &str, key: &str, value: &str) -> Duration {
+    let t0 = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(20),
+        &format!("a write through {m}"),
+        || {
+            // Short tries: a request made before the new leader is dropped.
+            let o = c.etcdctl_on(m, "h1", &["--command-timeout=1s", "put", key, value]);
+            o.status.success().then_some(())
+        },
+    );
+    t0.elapsed()
+}
+
+/// Waits until member `m` reads `value` at `key`.
+fn reads(c: &EtcdCluster, m: &str, key: &str, value: &str) {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{m} to read {value}"),
+        || {
+            let o = c.etcdctl_on(m, "root", &["get", key, "--print-value-only"]);
+            (o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == value).then_some(())
+        },
+    );
+}
+
+/// With host `gone`'s member out (`how`), each of the other two takes a write of
+/// `key` (after a new leader is elected) that the third sees, and `gone`'s member
+/// does not answer; returns the value the last write left.
+fn the_others_serve(c: &EtcdCluster, gone: &str, how: &str, key: &str) -> String {
+    let live: Vec<&str> = HOSTS.into_iter().filter(|h| *h != gone).collect();
+    for m in &live {
+        let took = write_through(c, m, key, m);
+        eprintln!("write through {m} with {gone} {how}: {took:?}");
+        reads(c, live.iter().find(|o| *o != m).unwrap(), key, m);
+    }
+    let o = c.etcdctl_on(gone, "root", &["get", key]);
+    assert!(!o.status.success(), "{gone} answered, {how}: {}", out(&o));
+    assert_ne!(c.leader(), gone);
+    live[1].to_string()
+}
+
 #[test]
-fn two_members_of_three_keep_serving_when_one_is_killed_or_cut_off() {
+fn two_members_of_three_keep_serving_when_the_leaders_host_is_cut_off_or_killed() {
     let mut c = EtcdCluster::start();
     ok(&c, "h1", &["put", "/rebound/v1/hosts/h1/a", "1"]);
 
-    // h3's network cut: h1 and h2 still take writes; h3 is not reached.
-    c.cut("h3");
-    for m in ["h1", "h2"] {
-        let o = c.etcdctl_on(m, "h1", &["put", "/rebound/v1/hosts/h1/b", m]);
-        assert!(o.status.success(), "{m}: {}\n{}", out(&o), c.logs());
-    }
-    let o = c.etcdctl_on("h3", "root", &["get", "/rebound/v1/hosts/h1/b"]);
-    assert!(
-        !o.status.success(),
-        "h3 answered while cut off: {}",
-        out(&o)
-    );
-    // Healed: h3 catches up with what it missed.
-    c.heal("h3");
-    eventually(Duration::from_secs(30), "h3 to catch up", || {
-        let o = c.etcdctl_on(
-            "h3",
-            "root",
-            &["get", "/rebound/v1/hosts/h1/b", "--print-value-only"],
-        );
-        (o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "h2").then_some(())
-    });
+    // The leader's host cut off; healed, it catches up.
+    let cut = c.leader();
+    c.cut(&cut);
+    let key = "/rebound/v1/hosts/h1/b";
+    let last = the_others_serve(&c, &cut, "cut off", key);
+    c.heal(&cut);
+    reads(&c, &cut, key, &last);
 
-    // h2's member killed: the other two still answer and agree.
-    c.kill_member("h2");
-    for m in ["h1", "h3"] {
-        let o = c.etcdctl_on(m, "h1", &["put", "/rebound/v1/hosts/h1/c", m]);
-        assert!(o.status.success(), "{m}: {}\n{}", out(&o), c.logs());
-        let o = c.etcdctl_on(
-            m,
-            "h3",
-            &["get", "/rebound/v1/hosts/h1/c", "--print-value-only"],
-        );
-        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), m, "{}", out(&o));
-    }
-    let o = c.etcdctl_on("h2", "root", &["get", "/rebound/v1/hosts/h1/c"]);
-    assert!(!o.status.success(), "a killed member answered: {}", out(&o));
-    // Back on its data, it rejoins and has the write it missed.
-    c.restart_member("h2");
-    eventually(Duration::from_secs(30), "h2 to rejoin", || {
-        let o = c.etcdctl_on(
-            "h2",
-            "root",
-            &["get", "/rebound/v1/hosts/h1/c", "--print-value-only"],
-        );
-        (o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "h3").then_some(())
-    });
+    // The leader's member killed; back on its data, it rejoins with what it missed.
+    let dead = c.leader();
+    c.kill_member(&dead);
+    let key = "/rebound/v1/hosts/h1/c";
+    let last = the_others_serve(&c, &dead, "killed", key);
+    c.restart_member(&dead);
+    reads(&c, &dead, key, &last);
 }

@@ -213,13 +213,22 @@ pub async fn connect(endpoints: &[String], tls: &TlsFiles) -> Result<Client, Acc
         .with_tls(opts)
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(10));
-    let mut c = Client::connect(endpoints, Some(opts))
+    let all = endpoints.join(",");
+    let mut c = Client::connect(endpoints, Some(opts.clone()))
         .await
-        .map_err(|e| AccessError::Connect(endpoints.join(","), e))?;
+        .map_err(|e| AccessError::Connect(all.clone(), e))?;
     // The channel connects lazily: make one request so a refused certificate shows here.
-    c.status()
-        .await
-        .map_err(|e| AccessError::Connect(endpoints.join(","), e))?;
+    if let Err(e) = c.status().await {
+        // Over several endpoints the balancer says only "timeout"; one endpoint
+        // alone says why (a certificate refused, say).
+        if let [first, _, ..] = endpoints {
+            let one = Client::connect([first], Some(opts)).await;
+            if let Err(why) = async { one?.status().await }.await {
+                return Err(AccessError::Connect(first.clone(), why));
+            }
+        }
+        return Err(AccessError::Connect(all, e));
+    }
     Ok(c)
 }
 
@@ -308,7 +317,9 @@ pub async fn grant_restore(
 }
 
 /// Takes restore `id`'s write access from every host it was granted to; nothing to
-/// do if there is none. Needs root.
+/// do if there is none. Needs root. Call it once the hosts resigned from the
+/// restore's election: etcd lets a host revoke a lease only while it may write
+/// every key attached to it (a lease left behind still expires by its TTL).
 pub async fn revoke_restore(client: &mut Client, id: &str) -> Result<(), AccessError> {
     if !valid_restore_id(id) {
         return Err(AccessError::BadRestoreId(id.into()));

@@ -120,21 +120,9 @@ impl EtcdCluster {
                 o.status.success().then_some(())
             },
         );
-        let init = [
-            "cluster",
-            "store-init",
-            "--etcd",
-            &c.endpoints().join(","),
-            "--ca",
-            c.ca().to_str().unwrap(),
-            "--cert",
-            c.cert("root").0.to_str().unwrap(),
-            "--key",
-            c.cert("root").1.to_str().unwrap(),
-            "--hosts",
-            &HOSTS.join(","),
-        ];
-        c.rebound_ok(&init);
+        let (crt, key) = c.cert("root");
+        let o = c.store_init(&crt, &key, &HOSTS.join(","));
+        assert!(o.status.success(), "store-init: {o:?}\n{}", c.logs());
         c
     }
 
@@ -172,6 +160,8 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.backbone])
             // A loaded test machine delays heartbeats; no leader flapping for that.
             .args(["--heartbeat-interval", "200", "--election-timeout", "2000"])
+            // A member cut off and back does not depose a working leader.
+            .arg("--pre-vote")
             .arg("--client-cert-auth")
             .arg("--trusted-ca-file")
             .arg(self.ca())
@@ -235,14 +225,29 @@ impl EtcdCluster {
         }
     }
 
+    /// The cluster store options of host `name`'s daemon (`rebound daemon --netns
+    /// <its netns> ...`): every member, and the host's own certificate.
+    pub fn daemon_args(&self, name: &str) -> Vec<String> {
+        let (crt, key) = self.cert(name);
+        let path = |p: PathBuf| p.display().to_string();
+        vec![
+            "--etcd".into(),
+            self.endpoints().join(","),
+            "--etcd-cert".into(),
+            path(crt),
+            "--etcd-key".into(),
+            path(key),
+            "--etcd-ca".into(),
+            path(self.ca()),
+            "--host".into(),
+            name.into(),
+        ]
+    }
+
     /// `rebound ARGS` with this cluster's directory as its home.
     pub fn rebound(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_rebound"))
-            .args(args)
-            .env("REBOUND_HOME", self.dir.path().join("home"))
-            .env("REBOUND_RUN", self.dir.path().join("run"))
-            .output()
-            .expect("run rebound")
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"));
+        self.home(c.args(args)).output().expect("run rebound")
     }
 
     /// `rebound ARGS`, which must succeed; its stdout.
@@ -257,6 +262,31 @@ impl EtcdCluster {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
+    /// `rebound cluster store-init` on every member, for `hosts` (comma-separated),
+    /// with the operator's certificate `cert`.
+    pub fn store_init(&self, cert: &Path, key: &Path, hosts: &str) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rebound"));
+        c.args([
+            "cluster",
+            "store-init",
+            "--etcd",
+            &self.endpoints().join(","),
+        ])
+        .arg("--ca")
+        .arg(self.ca())
+        .arg("--cert")
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .args(["--hosts", hosts]);
+        self.home(&mut c).output().expect("run rebound")
+    }
+
+    fn home<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.env("REBOUND_HOME", self.dir.path().join("home"))
+            .env("REBOUND_RUN", self.dir.path().join("run"))
+    }
+
     /// `etcdctl ARGS` as `who` (a host or `root`), on every member.
     pub fn etcdctl(&self, who: &str, args: &[&str]) -> Output {
         let (crt, key) = self.cert(who);
@@ -267,6 +297,21 @@ impl EtcdCluster {
     pub fn etcdctl_on(&self, member: &str, who: &str, args: &[&str]) -> Output {
         let (crt, key) = self.cert(who);
         etcdctl(&[self.endpoint(member)], &self.ca(), &crt, &key, args)
+    }
+
+    /// The host whose member leads now, as the members that answer see it.
+    pub fn leader(&self) -> String {
+        eventually(Duration::from_secs(30), "a leader", || {
+            let o = self.etcdctl("root", &["endpoint", "status", "-w", "json"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+            let s = v.as_array()?.iter().find(|e| {
+                e["Status"]["leader"].as_u64().is_some()
+                    && e["Status"]["leader"] == e["Status"]["header"]["member_id"]
+            })?;
+            let ep = s["Endpoint"].as_str()?;
+            let h = self.hosts.iter().find(|h| self.endpoint(&h.name) == ep)?;
+            Some(h.name.clone())
+        })
     }
 
     /// SIGKILLs host `name`'s member.

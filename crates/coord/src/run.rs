@@ -366,27 +366,55 @@ impl Shared {
     }
 
     /// Writes `rec` over the phase record seen at `rev`; the new revision, or
-    /// `None` if the record changed meanwhile (or the store failed: logged).
+    /// `None` if the record changed meanwhile (or the store failed for good: logged).
     async fn write_phase(&self, id: &str, rec: &PhaseRecord, rev: Revision) -> Option<Revision> {
         let key = layout::phase(id, &rec.vm);
-        let r = self
-            .store
-            .txn(
-                vec![Compare::ModRevision(key.clone(), rev)],
-                vec![put(&key, rec)],
-            )
-            .await;
-        match r {
-            Ok(o) if o.succeeded => Some(o.revision),
-            Ok(_) => {
-                debug!(restore = %id, vm = %rec.vm, "phase changed before {} was written", rec.phase.name());
-                None
-            }
-            Err(e) => {
-                warn!(restore = %id, vm = %rec.vm, "cannot write phase {}: {}", rec.phase.name(), chain(&e));
-                None
+        self.cas_put(id, &key, vec![Compare::ModRevision(key.clone(), rev)], rec)
+            .await
+    }
+
+    /// Puts `rec` at `key` if `when` holds; the revision written at, or `None` if a
+    /// comparison failed. A store that fails is asked again (up to about a minute):
+    /// a write that timed out may have been applied, so a retry whose comparison
+    /// fails reads the key back, and finding `rec` there is the earlier attempt's
+    /// success.
+    async fn cas_put(
+        &self,
+        id: &str,
+        key: &str,
+        when: Vec<Compare>,
+        rec: &PhaseRecord,
+    ) -> Option<Revision> {
+        let value = encode(rec);
+        let mut pause = Duration::from_millis(50);
+        for attempt in 0..40 {
+            let op = Op::Put {
+                key: key.to_string(),
+                value: value.clone(),
+                lease: None,
+            };
+            match self.store.txn(when.clone(), vec![op]).await {
+                Ok(o) if o.succeeded => return Some(o.revision),
+                Ok(_) => {
+                    if attempt > 0 {
+                        if let Ok(Some(kv)) = self.store.get(key).await {
+                            if kv.value == value {
+                                return Some(kv.mod_revision);
+                            }
+                        }
+                    }
+                    debug!(restore = %id, vm = %rec.vm, "phase changed before {} was written", rec.phase.name());
+                    return None;
+                }
+                Err(e) => {
+                    warn!(restore = %id, vm = %rec.vm, "cannot write phase {} yet: {}", rec.phase.name(), chain(&e));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
             }
         }
+        warn!(restore = %id, vm = %rec.vm, "gave up writing phase {}", rec.phase.name());
+        None
     }
 
     async fn host_task(&self, id: &str, plan: &PlanRecord, a: HostAction) {
@@ -435,22 +463,15 @@ impl Shared {
                 };
                 rec.phase = Phase::Starting;
                 let key = layout::phase(id, &vm);
-                let taken = self
-                    .store
-                    .txn(
-                        vec![
-                            Compare::ModRevision(key.clone(), rev),
-                            Compare::ModRevision(layout::state(id), state_rev),
-                        ],
-                        vec![put(&key, &rec)],
-                    )
-                    .await;
-                match taken {
-                    Ok(o) if o.succeeded => self.run_vm(id, &vm, rec, o.revision, at_unix_ns).await,
-                    Ok(_) => {
+                let when = vec![
+                    Compare::ModRevision(key.clone(), rev),
+                    Compare::ModRevision(layout::state(id), state_rev),
+                ];
+                match self.cas_put(id, &key, when, &rec).await {
+                    Some(r) => self.run_vm(id, &vm, rec, r, at_unix_ns).await,
+                    None => {
                         debug!(restore = %id, %vm, "START not taken: the records changed first")
                     }
-                    Err(e) => warn!(restore = %id, %vm, "cannot take START: {}", chain(&e)),
                 }
                 self.unbusy(id, &vm);
             }

@@ -310,7 +310,7 @@ impl Shared {
                 }
                 if r.refused().is_none()
                     && !r.state().is_some_and(|(s, _)| s.status.is_final())
-                    && !inner.campaigns.contains_key(id)
+                    && inner.campaigns.get(id).is_none_or(|h| h.is_finished())
                 {
                     campaign.push(id.clone());
                 }
@@ -360,6 +360,17 @@ impl Shared {
         }
     }
 
+    /// Records that this host wrote `vm`'s phase at `rev`: until the view shows that
+    /// write, what it holds of the VM is older than what this host did, and acting
+    /// on it would repeat a step (resume a VM just restored).
+    fn wrote(&self, id: &str, vm: &str, rev: Revision) -> Revision {
+        if let Some(b) = self.inner().busy.get_mut(id) {
+            let a = b.acted.entry(vm.to_string()).or_insert(0);
+            *a = (*a).max(rev - 1);
+        }
+        rev
+    }
+
     /// The phase record of `vm` as this host last saw it.
     fn phase(&self, id: &str, vm: &str) -> Option<(PhaseRecord, Revision)> {
         self.view().restores.get(id)?.phases.get(vm).cloned()
@@ -394,12 +405,12 @@ impl Shared {
                 lease: None,
             };
             match self.store.txn(when.clone(), vec![op]).await {
-                Ok(o) if o.succeeded => return Some(o.revision),
+                Ok(o) if o.succeeded => return Some(self.wrote(id, &rec.vm, o.revision)),
                 Ok(_) => {
                     if attempt > 0 {
                         if let Ok(Some(kv)) = self.store.get(key).await {
                             if kv.value == value {
-                                return Some(kv.mod_revision);
+                                return Some(self.wrote(id, &rec.vm, kv.mod_revision));
                             }
                         }
                     }
@@ -545,18 +556,26 @@ impl Shared {
     /// Campaigns to coordinate restore `id`, then coordinates it to its end.
     async fn coordinate(self: Arc<Self>, id: &str) {
         let me = &self.config.host;
-        let Some(lease) = self.inner().lease else {
-            return;
-        };
-        let leader = match self
-            .store
-            .campaign(&layout::election(id), lease, me.as_bytes())
-            .await
-        {
-            Ok(l) => l,
-            Err(e) => {
-                warn!(restore = %id, "cannot campaign to coordinate: {}", chain(&e));
+        // A campaign the store ends (a timeout, a member lost) is made again for as
+        // long as the restore runs: a host that stopped campaigning could leave the
+        // restore with no coordinator once the leader dies.
+        let leader = loop {
+            let Some(lease) = self.inner().lease else {
                 return;
+            };
+            match self
+                .store
+                .campaign(&layout::election(id), lease, me.as_bytes())
+                .await
+            {
+                Ok(l) => break l,
+                Err(e) => {
+                    debug!(restore = %id, "campaign ended: {}; campaigning again", chain(&e));
+                    if matches!(self.step(id, 0), Step::End) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
         };
         info!(restore = %id, host = %me, "coordinating the restore");

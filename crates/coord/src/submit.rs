@@ -21,6 +21,8 @@ pub enum SubmitError {
     Name(#[from] layout::NameError),
     #[error("restore {0} exists already in the cluster store; a new restore needs a new id")]
     Exists(String),
+    #[error("host {0} is not in the cluster (no live lease)")]
+    HostsNotLive(String),
     #[error("restore {0} is not in the cluster store")]
     Unknown(String),
     #[error("restore {id} was refused")]
@@ -43,6 +45,23 @@ pub async fn submit(store: &dyn Store, plan: Plan, timeouts: Timeouts) -> Result
         layout::check_host(&v.host)?;
     }
     plan.groups()?;
+    // Refused here, in one line, rather than by a coordinator: a plan whose hosts are
+    // all gone has nobody to coordinate it. (One that dies after this is refused by
+    // the coordinator, `checker`.)
+    let hosts = store.range(&layout::hosts()).await?;
+    let view = ClusterView::from_kvs(&hosts.kvs, hosts.revision);
+    let live = view.live();
+    let dead: std::collections::BTreeSet<&str> = plan
+        .vms
+        .iter()
+        .map(|v| v.host.as_str())
+        .filter(|h| !live.contains(*h))
+        .collect();
+    if !dead.is_empty() {
+        return Err(SubmitError::HostsNotLive(
+            dead.into_iter().collect::<Vec<_>>().join(", "),
+        ));
+    }
     let key = layout::plan(&plan.restore_id);
     let id = plan.restore_id.clone();
     let rec = PlanRecord {

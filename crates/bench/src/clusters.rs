@@ -70,6 +70,10 @@ pub trait Clusters: Sync {
         variant: Self::Variant,
         margin_s: f64,
     ) -> Result<Self::Outcome, PortError>;
+    /// Each of `samples` writes' time from the request to a watch of the cluster's
+    /// store delivering it, in seconds (the store's watch latency).
+    async fn watch_latency(&self, c: &Self::Cluster, samples: usize)
+        -> Result<Vec<f64>, PortError>;
     /// `rebound cluster rm`: its VMs, hosts and state.
     async fn rm(&self, c: &Self::Cluster) -> Result<(), PortError>;
 }

@@ -18,8 +18,12 @@
 //!   cluster, their figures, each host's load rate, and per variant what each VM loads
 //!   and when it starts.
 //!
+//! - [`certs`]: a CA and per-host certificates for a cluster store (test and small
+//!   setups), named as the store's identities.
+//!
 //! Everything here is pure computation on files and numbers: no VM is touched.
 
+pub mod certs;
 pub mod disruption;
 pub mod inflight;
 pub mod line;

@@ -1,38 +1,33 @@
-//! The cluster restore protocol (HotRestore, section 4.3): a coordinator and one
-//! cohort per host exchange LOAD, LOAD_FIN, START, START_FIN and RESTORE_FIN.
+//! The cluster restore protocol (HotRestore, section 4.3) over a store the hosts
+//! share ([`rebound_store::Store`]: etcd across hosts, memory on one host).
+//! HotRestore's messages (LOAD, LOAD_FIN, START, START_FIN, RESTORE_FIN, abort)
+//! become transitions of records, written with compare-and-set transactions and
+//! seen by watches; the coordinator is elected and replaced when its host dies.
 //!
-//! - [`token`]: the shared cluster token, read from a private file.
-//! - [`wire`]: the authenticated TCP connection (handshake, MACed numbered frames);
-//!   its module doc is the wire format.
-//! - [`msg`]: the messages inside the frames.
-//! - [`cohort`]: the server each host's daemon runs; it drives the host's VMs through
-//!   the [`cohort::CohortVms`] trait and aborts held VMs after `hold_timeout`.
-//! - [`relay`]: one call of a cohort host's own API over the same authenticated
-//!   connection ([`relay::call`]), served through [`relay::CohortApi`].
-//! - [`coordinator`]: runs one restore of a [`restore_plan::Plan`] across the cohorts (the
-//!   paper's Checker) and returns a [`report::RestoreReport`].
-//!
-//! A daemon embeds a cohort with [`cohort::spawn_cohort`] on a listener it bound when
-//! told to, and runs a restore with [`coordinator::restore`].
+//! - [`layout`]: the keys (`docs/cluster-store.md` describes them).
+//! - [`records`]: the records and their checks.
+//! - [`restore_plan`]: what to restore, and its start groups (rings).
+//! - [`checker`]: the coordinator's decisions, a pure function of the records.
+//! - [`host_side`]: one host's decisions for its own VMs, also pure.
+//! - [`view`]: the records one daemon keeps current from its watch.
+//! - [`run`]: [`run::Participant`], the loops that read, decide and write.
+//! - [`submit`]: submitting a restore and following it to its report ([`report`]).
+//! - [`vms`]: the host's VMs as the protocol drives them; [`standin`]: VMs that
+//!   take each phase's time and boot nothing (tests, the scale benchmark).
 
-pub mod cohort;
-pub mod coordinator;
-pub mod msg;
-pub mod relay;
+pub mod checker;
+pub mod host_side;
+pub mod layout;
+pub mod records;
 pub mod report;
 pub mod restore_plan;
-pub mod store;
-pub mod token;
-pub mod wire;
+pub mod run;
+pub mod standin;
+pub mod status;
+pub mod submit;
+pub mod view;
+pub mod vms;
 
-mod tasks;
-
-pub use cohort::{
-    spawn_cohort, spawn_cohort_with_api, CohortConfig, CohortHandle, CohortVms, LoadInfo,
-    StartInfo, VmError,
-};
-pub use coordinator::{restore, CoordinatorConfig};
-pub use relay::{ApiAnswer, CohortApi, RelayConfig, RelayError};
 pub use report::RestoreReport;
 pub use restore_plan::{Plan, PlanVm};
-pub use token::ClusterToken;
+pub use vms::{CohortVms, LoadInfo, StartInfo, VmError};

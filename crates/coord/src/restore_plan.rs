@@ -1,4 +1,4 @@
-//! What the coordinator restores: per VM its cohort, working set size, the daemon's
+//! What a cluster restore restores: per VM its host, working set size, the daemon's
 //! restore args, and the restore dependency graph's edges (HotRestore 4.1).
 //!
 //! `depends_on` lists the VMs that must start before this one (the VMs it sends to).
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// One restore of a cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// Names the restore in every message; cohorts keep state per restore id, so a
+    /// Names the restore's records in the store; a used id is refused, so a
     /// new restore needs a new id.
     pub restore_id: String,
     pub vms: Vec<PlanVm>,
@@ -27,14 +27,14 @@ pub struct PlanVm {
     pub host: String,
     /// The working set to load before start (the restore line's revised size).
     pub ws_pages: u64,
-    /// Passed untouched to the cohort's [`crate::CohortVms::load`].
+    /// Passed untouched to the host's [`crate::CohortVms::load`].
     #[serde(default)]
     pub args: serde_json::Value,
     /// VMs that must start before this one.
     #[serde(default)]
     pub depends_on: Vec<String>,
-    /// Start not before this many seconds after the coordinator sends LOAD (the
-    /// restore line); `None` starts as soon as the Checker allows.
+    /// Start this many seconds after the restore began (the restore line), or as
+    /// soon as the Checker allows if that is later; `None` starts as soon as it allows.
     #[serde(default)]
     pub start_at_s: Option<f64>,
 }

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound_coord::store::records::{Phase, Timeouts};
-use rebound_coord::store::report::{Outcome, RestoreReport, VmState};
-use rebound_coord::store::run::{HostConfig, Participant};
-use rebound_coord::store::standin::StandIn;
-use rebound_coord::store::submit::{submit, wait, SubmitError};
-use rebound_coord::store::{layout, run::unix_now_ns};
+use rebound_coord::records::{Phase, Timeouts};
+use rebound_coord::report::{Outcome, RestoreReport, VmState};
+use rebound_coord::run::{HostConfig, Participant};
+use rebound_coord::standin::StandIn;
+use rebound_coord::submit::{submit, wait, SubmitError};
+use rebound_coord::{layout, run::unix_now_ns};
 use rebound_coord::{Plan, PlanVm};
 use rebound_store::mem::MemStore;
 use rebound_store::Store;
@@ -67,7 +67,7 @@ async fn hosts(store: &MemStore, n: usize, load: Duration) -> Vec<Host> {
     out
 }
 
-fn by_vm<'a>(r: &'a RestoreReport, vm: &str) -> &'a rebound_coord::store::report::VmReport {
+fn by_vm<'a>(r: &'a RestoreReport, vm: &str) -> &'a rebound_coord::report::VmReport {
     r.vms.iter().find(|v| v.vm == vm).unwrap()
 }
 
@@ -211,6 +211,23 @@ async fn a_host_cut_off_aborts_the_restore_naming_it_and_held_vms_are_released()
         assert_eq!(hs[h].vms.calls("r3", v).starts, 0);
     }
     assert!(!r.hosts.iter().find(|h| h.host == "h3").unwrap().live);
+    // Its link back, the host joins again under a new lease and takes part in the
+    // next restore.
+    hs[2].store.fake_cut_off(false);
+    wait_until(&store, Duration::from_secs(10), |v| {
+        v.live().contains("h3").then_some(())
+    })
+    .await;
+    let plan = Plan {
+        restore_id: "r3-again".into(),
+        vms: vec![vm("c", "h3", &[], None), vm("a", "h1", &["c"], None)],
+    };
+    submit(&store, plan, Timeouts::default()).await.unwrap();
+    let r = wait(&store, "r3-again", Duration::from_secs(30), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Restored, "{r:#?}");
+    assert_eq!(hs[2].vms.calls("r3-again", "c").starts, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,12 +304,12 @@ async fn malformed_records_are_refused_and_nothing_starts() {
 async fn wait_until(
     store: &MemStore,
     limit: Duration,
-    mut f: impl FnMut(&rebound_coord::store::view::ClusterView) -> Option<()>,
+    mut f: impl FnMut(&rebound_coord::view::ClusterView) -> Option<()>,
 ) {
     let end = tokio::time::Instant::now() + limit;
     loop {
         let r = store.range(layout::ROOT).await.unwrap();
-        let v = rebound_coord::store::view::ClusterView::from_kvs(&r.kvs, r.revision);
+        let v = rebound_coord::view::ClusterView::from_kvs(&r.kvs, r.revision);
         if f(&v).is_some() {
             return;
         }

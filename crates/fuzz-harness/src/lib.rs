@@ -33,7 +33,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("snapshot_manifest", snapshot_manifest),
     ("snapshot_trace", snapshot_trace),
     ("pcap", pcap),
-    ("coord_frame", coord_frame),
+    ("store_record", store_record),
     ("evict_ring", evict_ring),
     ("dump_header", dump_header),
     ("ha_frame", ha_frame),
@@ -42,10 +42,6 @@ pub const TARGETS: &[(&str, Target)] = &[
 pub use ring::evict_ring;
 
 thread_local! {
-    /// The frame reader is async; the bytes are all there, so one thread runs it.
-    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a current-thread runtime");
     static SCRATCH: RefCell<Option<tempfile::TempDir>> = const { RefCell::new(None) };
 }
 
@@ -137,49 +133,61 @@ pub fn pcap(data: &[u8]) -> Verdict {
     verdict
 }
 
-/// The key the coordinator-frame target MACs under (any key works: the fuzzer cannot
-/// forge a MAC, so valid frames are made with this one to reach the checks behind it).
-pub const COORD_KEY: [u8; 32] = [0x5a; 32];
+/// The record kinds of the cluster store, in the order the first input byte picks
+/// them (modulo their number).
+pub const STORE_KINDS: &[&str] = &[
+    "plan",
+    "state",
+    "phase",
+    "host",
+    "vm",
+    "snapshots",
+    "cluster",
+];
 
-/// Frames between a coordinator and a cohort, after the handshake. The input is read
-/// as the byte stream a peer sent (stopping at the first refused frame), then, if
-/// its first byte is odd, the rest is sent as one frame's payload by a peer holding
-/// the token; every payload that passes is decoded as a protocol message.
-pub fn coord_frame(data: &[u8]) -> Verdict {
-    use rebound_coord::msg::Message;
-    use rebound_coord::wire::{FrameReader, FrameWriter, WireError};
-    RUNTIME.with(|rt| {
-        rt.block_on(async {
-            let decode = |p: &[u8]| {
-                serde_json::from_slice::<Message>(p)
-                    .map(|m| {
-                        let _ = (m.kind(), m.restore_id().map(str::len));
-                    })
-                    .map_err(|e| e.to_string())
-            };
-            let mut verdict = Ok(());
-            let mut reader = FrameReader::new(data, COORD_KEY);
-            loop {
-                match reader.read().await {
-                    Ok(p) => verdict = verdict.and(decode(&p)),
-                    Err(WireError::Closed) => break,
-                    Err(e) => {
-                        verdict = verdict.and(Err(err(e)));
-                        break;
-                    }
-                }
-            }
-            if data.first().is_some_and(|b| b & 1 == 1) {
-                let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
-                if let Ok(frame) = w.encode_next(&data[1..]) {
-                    let mut r = FrameReader::new(&frame[..], COORD_KEY);
-                    let p = r.read().await.expect("a frame this side encoded");
-                    let _ = decode(&p);
-                }
-            }
-            verdict
-        })
-    })
+/// One record of the cluster store as another host wrote it: the first byte picks
+/// its kind ([`STORE_KINDS`]), the rest is its value, decoded under its key as the
+/// daemons' view does (checks included), then applied to a view.
+pub fn store_record(data: &[u8]) -> Verdict {
+    use rebound_coord::layout;
+    use rebound_coord::records::{
+        decode, ClusterRecord, HostRecord, PhaseRecord, PlanRecord, SnapshotsRecord, StateRecord,
+        VmRecord,
+    };
+    let Some((&k, value)) = data.split_first() else {
+        return Err("empty input".into());
+    };
+    let kind = STORE_KINDS[k as usize % STORE_KINDS.len()];
+    let key = match kind {
+        "plan" => layout::plan("r1"),
+        "state" => layout::state("r1"),
+        "phase" => layout::phase("r1", "vm1"),
+        "host" => layout::host_info("h1"),
+        "vm" => layout::host_vm("h1", "vm1"),
+        "snapshots" => layout::host_snapshots("h1"),
+        _ => layout::cluster("c1"),
+    };
+    let verdict = match kind {
+        "plan" => decode::<PlanRecord>(&key, value).map(|_| ()),
+        "state" => decode::<StateRecord>(&key, value).map(|_| ()),
+        "phase" => decode::<PhaseRecord>(&key, value).map(|_| ()),
+        "host" => decode::<HostRecord>(&key, value).map(|_| ()),
+        "vm" => decode::<VmRecord>(&key, value).map(|_| ()),
+        "snapshots" => decode::<SnapshotsRecord>(&key, value).map(|_| ()),
+        _ => decode::<ClusterRecord>(&key, value).map(|_| ()),
+    }
+    .map_err(err);
+    let kv = rebound_store::KeyValue {
+        key,
+        value: value.to_vec(),
+        create_revision: 1,
+        mod_revision: 1,
+        lease: 0,
+    };
+    let mut view = rebound_coord::view::ClusterView::default();
+    view.apply(&rebound_store::Event::Put(kv));
+    let _ = view.live();
+    verdict
 }
 
 /// A vmcore read back: what `rebound dump inspect` reports, the pages a resumed dump

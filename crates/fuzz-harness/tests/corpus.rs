@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use rebound_fuzz_harness::{corpus_dir, COORD_KEY, TARGETS, TRACE_BLOCK_PAGES};
+use rebound_fuzz_harness::{corpus_dir, TARGETS, TRACE_BLOCK_PAGES};
 
 fn seeds(target: &str) -> Vec<(String, PathBuf)> {
     let dir = corpus_dir(target);
@@ -89,24 +89,6 @@ fn valid_pcaps_write_back_the_same_bytes() {
             .collect();
         let mut out = Vec::new();
         write_pcap(&mut out, &pairs).unwrap();
-        assert_eq!(out, data, "{name}");
-    }
-}
-
-#[tokio::test]
-async fn valid_coordinator_frames_encode_back_the_same_bytes() {
-    use rebound_coord::wire::{FrameReader, FrameWriter, WireError};
-    for (name, data) in ok_seeds("coord_frame") {
-        let mut r = FrameReader::new(&data[..], COORD_KEY);
-        let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
-        let mut out = Vec::new();
-        loop {
-            match r.read().await {
-                Ok(p) => out.extend(w.encode_next(&p).unwrap()),
-                Err(WireError::Closed) => break,
-                Err(e) => panic!("{name}: {e}"),
-            }
-        }
         assert_eq!(out, data, "{name}");
     }
 }

@@ -279,20 +279,37 @@ fn every_operation_and_every_metric() {
     assert!(s["rebound_vm_ready_seconds_count"] >= 1.0, "{text}");
     assert!(text.contains("rebound_vms{state=\"stopped\"} 2"), "{text}");
 
-    // Without a cluster token the cluster endpoints say so, in one line
-    // (`cluster_daemons.rs` runs them for real).
+    // Every daemon takes part in cluster restores (on its in-memory store without
+    // --etcd): a plan naming a host that is not in the cluster is refused, in one
+    // line naming it, and nothing is restored (`cluster_store.rs` runs them for real).
     let plan = json!({"plan": {"restore_id": "r", "vms": [
-        {"vm": "a", "cohort": "127.0.0.1:1", "ws_pages": 0}]}});
+        {"vm": "a", "host": "elsewhere", "ws_pages": 0}]}});
+    let (code, r) = env
+        .call("POST", "/v1/cluster/restore", Some(&plan))
+        .unwrap();
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["outcome"]["result"], "aborted", "{r}");
+    assert_eq!(
+        r["outcome"]["reason"], "host elsewhere is not in the cluster (no live lease)",
+        "{r}"
+    );
+    assert_eq!(r["vms"][0]["state"], "unknown", "{r}");
+    let (code, again) = env.call("GET", "/v1/cluster/restores/r", None).unwrap();
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["outcome"], r["outcome"]);
+    let (code, e) = env
+        .call("GET", "/v1/cluster/restores/nothing", None)
+        .unwrap();
+    assert_eq!(code, 404, "{e}");
+    // The same id again is refused: a new restore needs a new id.
     let (code, e) = env
         .call("POST", "/v1/cluster/restore", Some(&plan))
         .unwrap();
     assert_eq!(code, 400, "{e}");
     assert!(
-        e["error"].as_str().unwrap().contains("--cluster-token"),
+        e["error"].as_str().unwrap().contains("exists already"),
         "{e}"
     );
-    let (code, e) = env.call("GET", "/v1/cluster/restores/r", None).unwrap();
-    assert_eq!(code, 400, "{e}");
 
     let missing = env.api.unexercised();
     assert!(

@@ -348,11 +348,29 @@ host = "h2"
     };
     assert!(namespaces().contains(&netns("h1")) && namespaces().contains(&netns("h2")));
     env.ok(&["cluster", "start", &name]);
+    // The hosts' daemons publish their VMs in the cluster store, which the status
+    // reads (within a second of a change).
+    common::eventually(
+        Duration::from_secs(10),
+        "the store to show every VM running and ready",
+        || {
+            let vms = store_vms(&env, &name);
+            (vms.len() == 3
+                && vms
+                    .iter()
+                    .all(|v| v["state"] == "running" && v["ready"] == true))
+            .then_some(())
+        },
+    );
     let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", &name, "--json"])).unwrap();
-    for v in st.as_array().unwrap() {
-        assert_eq!(v["state"], "running", "{st}");
-        assert_eq!(v["ready"], true, "{st}");
-    }
+    let hosts: Vec<&str> = st["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["live"] == true)
+        .map(|h| h["host"].as_str().unwrap())
+        .collect();
+    assert_eq!(hosts, ["h1", "h2"], "{st}");
     // From this machine, across the backbone, the client's QUERY reaches both servers
     // on the other host.
     common::eventually(
@@ -471,6 +489,17 @@ host = "h2"
     assert!(e.contains("no cluster"), "{e}");
 }
 
+/// Every VM of every host, as `cluster status` reads them from the cluster store.
+fn store_vms(env: &Env, name: &str) -> Vec<Value> {
+    let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", name, "--json"])).unwrap();
+    st["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["vms"].as_array().unwrap().clone())
+        .collect()
+}
+
 /// One VM's entry in a `cluster restore --json` report.
 fn report_vm<'a>(out: &'a Value, vm: &str) -> &'a Value {
     out["report"]["vms"]
@@ -545,16 +574,19 @@ fn restore_faults_before_anything_is_touched(env: &Env, name: &str, snap: &std::
         e.contains("No restore line exists") && e.contains("client"),
         "{e}"
     );
-    // Nothing was touched: every VM still runs.
-    let st: Value = serde_json::from_str(&env.ok(&["cluster", "status", name, "--json"])).unwrap();
-    for v in st.as_array().unwrap() {
-        assert_eq!(v["state"], "running", "{st}");
+    // Nothing was touched: every VM still runs, as the hosts' daemons published in
+    // the cluster store.
+    let vms = store_vms(env, name);
+    assert_eq!(vms.len(), 3, "{vms:?}");
+    for v in vms {
+        assert_eq!(v["state"], "running", "{v}");
     }
 }
 
-/// The daemon of the servers' host is killed while the cluster restores: the
-/// coordinator gives up on it, reports its VMs as unknown and aborts the client, which
-/// waits for them and is removed from its host; the cluster can still be removed.
+/// The daemon of the servers' host is killed while the cluster restores: its lease
+/// expires, the coordinator (elected again if it was that host's) aborts the restore
+/// naming the host, reports its VMs as unknown and the client, which waits for them,
+/// is dropped by its host; the cluster can still be removed.
 fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap: &std::path::Path) {
     let host = |h: &str| {
         rebound::client::Client::new(
@@ -641,6 +673,8 @@ fn a_cohort_host_dying_mid_restore_aborts_its_peers(env: &Env, name: &str, snap:
         )
     });
     assert_eq!(out["report"]["outcome"]["result"], "aborted", "{out}");
+    let reason = out["report"]["outcome"]["reason"].as_str().unwrap();
+    assert!(reason.contains("host h2's lease expired"), "{out}");
     let state = |vm: &str| report_vm(&out, vm)["state"].as_str().unwrap().to_string();
     assert_eq!(state("client"), "aborted", "{out}");
     assert_eq!(state("s1"), "unknown", "{out}");

@@ -272,24 +272,16 @@ fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
         }
     }
 
-    // A cluster restore's cohort dies while it holds the VM it loaded: after the
-    // restart the held QEMU is either listed or gone.
-    let keys = tempfile::tempdir().unwrap();
-    let token = keys.path().join("cluster.token");
-    env.ok(&["cluster", "token", token.to_str().unwrap()]);
+    // A cluster restore's host daemon dies while it holds the VM it loaded: after
+    // the restart the held QEMU is either listed or gone.
     env.kill_daemon();
     env.set_env("REBOUND_FAULT", "cohort:held");
-    let addr = format!("127.0.0.1:{}", common::free_port());
-    let mut cohort = env.spawn_daemon(&[
-        "--listen",
-        &addr,
-        "--cluster-token",
-        token.to_str().unwrap(),
-    ]);
+    let mut cohort = env.spawn_daemon(&["--host", "t1"]);
     let plan = serde_json::json!({"plan": {"restore_id": "dies", "vms": [
-        {"vm": "held", "cohort": addr, "ws_pages": 0,
+        {"vm": "held", "host": "t1", "ws_pages": 0,
          "args": {"dir": d, "mode": "lazy"}}]}});
-    // The daemon coordinates its own cohort: the call ends with it.
+    // The daemon coordinates its own restore (its in-memory store): the call ends
+    // with it.
     let _ = env.call("POST", "/v1/cluster/restore", Some(&plan));
     died(&mut env, cohort.id(), "cohort:held");
     let _ = cohort.wait();

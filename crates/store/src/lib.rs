@@ -10,7 +10,10 @@
 //! (a transaction that succeeds, a lease that expires and deletes keys) gets the
 //! next one, and a key's `mod_revision` is the revision of its last write.
 
+pub mod access;
+pub mod etcd;
 pub mod mem;
+pub mod probe;
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
-//! The shared secret of Rebound's network listeners (the cluster daemons' cohort
-//! listener, the HA backup's TCP listener): at least [`MIN_TOKEN_LEN`] random bytes that
+//! The shared secret of the HA backup's TCP listener: at least [`MIN_TOKEN_LEN`] random bytes that
 //! each peer reads from a file only its owner can read, and HMAC-SHA256 proofs that a peer
 //! holds it without sending it.
 //!

@@ -83,6 +83,8 @@ pub enum Error {
     },
     #[error("VM {0} does not reach all its peers")]
     Peers(String),
+    #[error("the {variant} restore did not start every VM: {outcome}")]
+    NotRestored { variant: String, outcome: String },
     #[error("host {0}: health without pid")]
     NoPid(String),
     #[error("cannot {what}")]
@@ -218,6 +220,8 @@ struct TopologyResult<V, O> {
     normal_false_alarms: u64,
     /// Seconds between the first and the last VM's stop at the snapshot.
     snapshot_pause_spread_s: f64,
+    /// The cluster store's watch latency, in seconds, one per probe write.
+    watch_latency_s: Vec<f64>,
     /// The restores that measured; those that failed are in the run's failures.
     runs: Vec<Run<V, O>>,
 }
@@ -306,7 +310,7 @@ impl Client {
                             std::thread::sleep(Duration::from_millis(50));
                             continue;
                         };
-                        let sent = rebound_coord::msg::unix_now_ns();
+                        let sent = rebound_coord::run::unix_now_ns();
                         let t = Instant::now();
                         let lat =
                             request(&mut conn, &format!("QUERY b{n}"), Duration::from_secs(5))
@@ -544,6 +548,15 @@ async fn one_restore<P: Clusters>(
             ))(e));
         }
     };
+    if P::disruption(&o).is_none() {
+        // An aborted restore measured nothing: a failure, with the store's reason.
+        client.finish();
+        let doc = serde_json::to_value(&o).unwrap_or(Value::Null);
+        return Err(Error::NotRestored {
+            variant: P::variant_name(variant).to_string(),
+            outcome: doc["report"]["outcome"].to_string(),
+        });
+    }
     tokio::time::sleep(Duration::from_secs_f64(a.settle_s)).await;
     let samples = client.finish();
     drop(disks);
@@ -638,6 +651,10 @@ async fn one_topology<P: Clusters>(
             .await
             .map_err(port("start the cluster's VMs"))?;
         wait_connected(spec, Duration::from_secs(120))?;
+        let watch_latency_s = cl
+            .watch_latency(&c, WATCH_PROBES)
+            .await
+            .map_err(port("measure the cluster store's watch latency"))?;
         let first = &spec.vms[0];
         let st = cl
             .call(
@@ -712,6 +729,7 @@ async fn one_topology<P: Clusters>(
             normal_retransmits,
             normal_false_alarms,
             snapshot_pause_spread_s: pause_spread_s,
+            watch_latency_s,
             runs,
         })
     }
@@ -733,6 +751,20 @@ async fn one_topology<P: Clusters>(
         ));
     }
     r.map_err(|e| Error::InTopology(topology.to_string(), Box::new(e)))
+}
+
+/// Probe writes per cluster for the store's watch latency.
+const WATCH_PROBES: usize = 200;
+
+/// The p50 and p99 of samples in seconds, in milliseconds (nearest rank).
+fn p50_p99_ms(samples: &[f64]) -> Option<(f64, f64)> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1] * 1e3;
+    Some((at(0.50), at(0.99)))
 }
 
 pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(), Error> {
@@ -831,6 +863,12 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         }),
         _ => Value::Null,
     };
+    let watch: Vec<f64> = results
+        .iter()
+        .flat_map(|r| r.watch_latency_s.iter().copied())
+        .collect();
+    let watch_ms = p50_p99_ms(&watch)
+        .map(|(p50, p99)| json!({"p50_ms": p50, "p99_ms": p99, "samples": watch.len()}));
     let mut accel: Vec<&str> = results.iter().map(|r| r.accel.as_str()).collect();
     accel.dedup();
     let failure_list: Vec<&Failed> = failures.iter().collect();
@@ -844,6 +882,7 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         "seconds": t0.elapsed().as_secs_f64(),
         "medians": cells,
         "goals": goals,
+        "store_watch_latency": watch_ms,
         "failures": failure_list,
         "topologies": results,
     });
@@ -873,6 +912,12 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         );
         rounds::print_table(&cells, rounds);
         println!("goals: {goals}");
+        if let Some((p50, p99)) = p50_p99_ms(&watch) {
+            println!(
+                "cluster store (etcd, one member per simulated host, mutual TLS): watch latency p50 {p50:.2} ms, p99 {p99:.2} ms over {} probe writes",
+                watch.len()
+            );
+        }
         for f in &failures {
             println!("{}", f.failure.line());
         }
@@ -891,4 +936,15 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         .collect();
     Incomplete::check(&failed_runs, tried)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod watch_tests {
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let s: Vec<f64> = (1..=100).map(|i| i as f64 / 1e3).collect();
+        assert_eq!(super::p50_p99_ms(&s), Some((50.0, 99.0)));
+        assert_eq!(super::p50_p99_ms(&[]), None);
+        assert_eq!(super::p50_p99_ms(&[0.002]), Some((2.0, 2.0)));
+    }
 }

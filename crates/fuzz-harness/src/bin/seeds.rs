@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use rebound_fuzz_harness::{corpus_dir, snapshot_fixture, COORD_KEY};
+use rebound_fuzz_harness::{corpus_dir, snapshot_fixture};
 
 fn put(target: &str, name: &str, data: &[u8]) -> Result<()> {
     let dir = corpus_dir(target);
@@ -178,64 +178,90 @@ fn pcap() -> Result<()> {
     put("pcap", "bad-short-header.pcap", &out[..20])
 }
 
-fn coord() -> Result<()> {
-    use rebound_coord::msg::{LoadVm, Message};
-    use rebound_coord::wire::FrameWriter;
-    let msgs = [
-        Message::Load {
-            restore_id: "r1".into(),
-            vms: vec![LoadVm {
-                vm: "db".into(),
-                ws_pages: 1200,
-                args: serde_json::json!({"dir": "/var/lib/rebound/snap/db"}),
-            }],
-        },
-        Message::LoadFin {
-            restore_id: "r1".into(),
-            vm: "db".into(),
-            pages: 1200,
-            load_s: 0.25,
-        },
-        Message::Ping {
-            restore_id: "r1".into(),
-            t1_unix_ns: 1_700_000_000_000_000_000,
-        },
-        Message::AbortAck {
-            restore_id: "r1".into(),
-            aborted: vec!["web".into()],
-            started: vec![],
-        },
-        Message::ApiCall {
-            call_id: "c1".into(),
-            method: "GET".into(),
-            path: "/v1/vms".into(),
-            body: None,
-        },
-    ];
-    let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
-    let mut stream = Vec::new();
-    for m in &msgs {
-        stream.extend(w.encode_next(&serde_json::to_vec(m)?)?);
-    }
-    put("coord_frame", "ok-restore-stream", &stream)?;
-    let first =
-        FrameWriter::new(Vec::new(), COORD_KEY).encode_next(&serde_json::to_vec(&msgs[0])?)?;
-    let mut flipped = first.clone();
-    flipped[20] ^= 1;
-    put("coord_frame", "bad-mac", &flipped)?;
+fn store() -> Result<()> {
+    let with = |kind: u8, v: &[u8]| [&[kind][..], v].concat();
+    let plan = br#"{"format":1,"plan":{"restore_id":"r1","vms":[{"vm":"vm1","host":"h1","ws_pages":100,"depends_on":["vm2"],"start_at_s":0.5},{"vm":"vm2","host":"h2","ws_pages":50}]},"submitted_unix_ns":1,"timeouts":{"load_s":300,"start_s":30,"restore_s":600}}"#;
+    put("store_record", "ok-plan", &with(0, plan))?;
     put(
-        "coord_frame",
-        "bad-replayed",
-        &[first.clone(), first.clone()].concat(),
+        "store_record",
+        "bad-plan-truncated",
+        &with(0, &plan[..plan.len() / 2]),
     )?;
-    let mut long = first.clone();
-    long[..4].copy_from_slice(&u32::MAX.to_be_bytes());
-    put("coord_frame", "bad-oversized", &long)?;
-    let mut w = FrameWriter::new(Vec::new(), COORD_KEY);
+    let v2 = String::from_utf8_lossy(plan).replace(r#""format":1"#, r#""format":2"#);
+    put("store_record", "bad-plan-format", &with(0, v2.as_bytes()))?;
+    let other =
+        String::from_utf8_lossy(plan).replace(r#""restore_id":"r1""#, r#""restore_id":"r9""#);
     put(
-        "coord_frame",
-        "bad-not-a-message",
-        &w.encode_next(b"{\"type\":\"FORMAT\"}")?,
+        "store_record",
+        "bad-plan-other-key",
+        &with(0, other.as_bytes()),
+    )?;
+    let cycle =
+        String::from_utf8_lossy(plan).replace(r#""depends_on":["vm2"]"#, r#""depends_on":["vm1"]"#);
+    put(
+        "store_record",
+        "bad-plan-self-dependency",
+        &with(0, cycle.as_bytes()),
+    )?;
+    put(
+        "store_record",
+        "ok-state",
+        &with(1, br#"{"format":1,"restore_id":"r1","status":"aborting","began_unix_ns":5,"by":"h1","coordinators":["h1"],"reason":"host h2's lease expired","updated_unix_ns":6}"#),
+    )?;
+    put(
+        "store_record",
+        "ok-phase",
+        &with(2, br#"{"format":1,"vm":"vm1","host":"h1","phase":"start","start_sent_unix_ns":9,"start_at_unix_ns":10}"#),
+    )?;
+    put(
+        "store_record",
+        "bad-phase-missing-instant",
+        &with(
+            2,
+            br#"{"format":1,"vm":"vm1","host":"h1","phase":"starting"}"#,
+        ),
+    )?;
+    put(
+        "store_record",
+        "ok-host",
+        &with(
+            3,
+            br#"{"format":1,"host":"h1","version":"0.1.0","joined_unix_ns":1,"ttl_s":5.0}"#,
+        ),
+    )?;
+    put(
+        "store_record",
+        "bad-host-path",
+        &with(
+            3,
+            br#"{"format":1,"host":"../h2","version":"0.1.0","joined_unix_ns":1,"ttl_s":5.0}"#,
+        ),
+    )?;
+    put(
+        "store_record",
+        "ok-vm",
+        &with(4, br#"{"format":1,"vm":"vm1","state":"running","ready":true,"memory_mib":256,"updated_unix_ns":1}"#),
+    )?;
+    put(
+        "store_record",
+        "ok-cluster",
+        &with(6, br#"{"format":1,"name":"c1","toml":"[network]\nsubnet = \"10.0.0.0/24\"\n","updated_unix_ns":1}"#),
+    )?;
+    put(
+        "store_record",
+        "bad-cluster-other-name",
+        &with(
+            6,
+            br#"{"format":1,"name":"c2","toml":"","updated_unix_ns":1}"#,
+        ),
+    )?;
+    put(
+        "store_record",
+        "ok-snapshots",
+        &with(
+            5,
+            br#"{"format":1,"dirs":["/var/lib/rebound/snapshots/c1/vm1"],"updated_unix_ns":1}"#,
+        ),
     )
 }
 
@@ -418,7 +444,7 @@ fn main() -> Result<()> {
     agent()?;
     snapshot()?;
     pcap()?;
-    coord()?;
+    store()?;
     evict()?;
     let dir = tempfile::tempdir()?;
     dump(dir.path())?;

@@ -169,7 +169,7 @@ fn pick<'t>(
     let mut best: Option<(usize, f64)> = None;
     for (i, a) in accounts.iter().enumerate().filter(|(_, a)| eligible(a)) {
         let v = key(a);
-        if best.map_or(true, |(_, b)| v > b) {
+        if best.is_none_or(|(_, b)| v > b) {
             best = Some((i, v));
         }
     }

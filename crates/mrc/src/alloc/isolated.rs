@@ -101,7 +101,7 @@ fn exhaustive_search(grid: &Grid) -> Option<Vec<u64>> {
                 let total = sum + t.cost[j];
                 self.current.push(k);
                 if last {
-                    if self.best.as_ref().map_or(true, |(b, _)| total < *b) {
+                    if self.best.as_ref().is_none_or(|(b, _)| total < *b) {
                         self.best = Some((total, self.current.clone()));
                     }
                 } else {

@@ -93,6 +93,13 @@ impl rebound_bench::Clusters for CliClusters {
         Ok(restore::restore(c, snap, &opts).await?)
     }
 
+    async fn watch_latency(&self, c: &Cluster, samples: usize) -> Result<Vec<f64>, PortError> {
+        let store = c.admin_store().await?;
+        // Outside the layout: no daemon watches it.
+        let l = rebound_store::probe::watch_latency(&store, "/rebound-probe/", samples).await?;
+        Ok(l.iter().map(|d| d.as_secs_f64()).collect())
+    }
+
     async fn rm(&self, c: &Cluster) -> Result<(), PortError> {
         Ok(commands::rm_cluster(c).await?)
     }

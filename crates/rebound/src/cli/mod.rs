@@ -454,8 +454,14 @@ pub enum VmCmd {
         #[arg(long)]
         json: bool,
     },
-    /// List VMs.
+    /// List VMs (this host's, or with --all-hosts every host's, from the cluster
+    /// store given with --etcd).
     List {
+        /// Every host's VMs as the cluster store holds them.
+        #[arg(long, requires = "etcd")]
+        all_hosts: bool,
+        #[command(flatten)]
+        store: cluster::StoreArgs,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -640,19 +646,28 @@ pub struct DaemonArgs {
     /// bridges, and their forwarded ports listen in it. One daemon per simulated host.
     #[arg(long)]
     pub netns: Option<String>,
-    /// Serve the cohort side of cluster restores (and the API relay) on this TCP
-    /// address, e.g. 10.0.0.5:7411; needs --cluster-token.
+    /// The cluster store: etcd client URLs, comma-separated (e.g.
+    /// https://10.0.0.5:2379,https://10.0.0.6:2379). Without it, cluster restores
+    /// run on this host alone, with no store to install.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// The CA certificate (PEM) that signed the etcd members' and hosts' certificates.
+    #[arg(long, requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This host's certificate (PEM; its CN is its etcd user, `rebound cluster certs`
+    /// makes one per host).
+    #[arg(long, requires = "etcd")]
+    pub etcd_cert: Option<PathBuf>,
+    /// This host's private key (PEM).
+    #[arg(long, requires = "etcd")]
+    pub etcd_key: Option<PathBuf>,
+    /// This host's name in the cluster store (a-z, 0-9, '-', '_', '.'; at most 63).
+    /// [default: this machine's host name]
     #[arg(long)]
-    pub listen: Option<std::net::SocketAddr>,
-    /// The cluster token file (mode 600, at least 32 bytes; `rebound cluster
-    /// token FILE` makes one). Alone, it lets this daemon coordinate restores.
-    #[arg(long)]
-    pub cluster_token: Option<PathBuf>,
-    /// Seconds a held VM of a cluster restore waits for word from its coordinator
-    /// before it is dropped.
-    /// [default: 30]
-    #[arg(long, value_parser = parse_seconds)]
-    pub cluster_hold_timeout: Option<f64>,
+    pub host: Option<String>,
+    /// Seconds without renewal after which the other hosts declare this one failed.
+    #[arg(long, value_parser = parse_seconds, default_value = "5")]
+    pub host_ttl: f64,
     /// Most disk space each VM's serial console log takes (with its previous
     /// generation), e.g. 4M; the oldest output goes first.
     #[arg(long, value_parser = parse_log_cap, default_value = "4M")]
@@ -865,28 +880,62 @@ pub fn before_runtime(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// This machine's host name as a cluster store name: lower case, other characters
+/// than letters and digits as '-', at most 63; `local` if nothing is left.
+fn default_host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut h: String = raw
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .replace("..", "-");
+    h.truncate(63);
+    if rebound_coord::layout::check_host(&h).is_ok() {
+        h
+    } else {
+        "local".into()
+    }
+}
+
 async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
     let socket = a.socket.unwrap_or_else(|| paths.socket());
     match a.action {
         None => {
-            if a.listen.is_some() && a.cluster_token.is_none() {
-                anyhow::bail!("--listen needs --cluster-token FILE: the cohort answers only peers that hold the cluster token");
-            }
-            if a.cluster_hold_timeout.is_some() && a.listen.is_none() {
-                anyhow::bail!("--cluster-hold-timeout applies to the cohort: give --listen too");
-            }
-            let hold_timeout = a.cluster_hold_timeout.map_or(
-                rebound_coord::CohortConfig::default().hold_timeout,
-                std::time::Duration::from_secs_f64,
-            );
+            let etcd = match (&a.etcd_ca, &a.etcd_cert, &a.etcd_key) {
+                _ if a.etcd.is_empty() => None,
+                (None, None, None) => Some(rebound_store::etcd::EtcdConfig::new(a.etcd.clone())),
+                (Some(ca), Some(cert), Some(key)) => {
+                    let mut c = rebound_store::etcd::EtcdConfig::new(a.etcd.clone());
+                    c.tls = Some(rebound_store::etcd::TlsFiles {
+                        ca: ca.clone(),
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    });
+                    Some(c)
+                }
+                _ => anyhow::bail!("--etcd-ca, --etcd-cert and --etcd-key go together"),
+            };
+            let host = match a.host {
+                Some(h) => h,
+                None => default_host_name(),
+            };
             let opts = crate::daemon::ServeOptions {
                 socket_group: a.socket_group,
                 metrics_addr: a.metrics_addr,
-                cluster: a.cluster_token.map(|token| crate::daemon::ClusterOptions {
-                    token,
-                    listen: a.listen,
-                    hold_timeout,
-                }),
+                cluster: crate::daemon::ClusterOptions {
+                    etcd,
+                    host,
+                    ttl: std::time::Duration::from_secs_f64(a.host_ttl),
+                },
                 logs: crate::daemon::LogCaps {
                     serial: a.serial_log_max,
                     qemu: a.qemu_log_max,

@@ -36,7 +36,12 @@ pub async fn run(paths: &Paths, cmd: VmCmd) -> anyhow::Result<()> {
             hard,
             json,
         } => reboot(paths, &name, warm, hard, json).await,
-        VmCmd::List { json } => {
+        VmCmd::List {
+            all_hosts: true,
+            store,
+            json,
+        } => super::cluster::list_all_hosts(&store, json).await,
+        VmCmd::List { json, .. } => {
             let c = connect(paths).await?;
             let v: Vec<VmStatus> = c.call(Method::GET, "/v1/vms", None).await?;
             if json {

@@ -13,8 +13,9 @@
 //! - [`replace`]: a start over a stopped VM's name; QEMUs no record owns.
 //! - [`error`]: what a VM operation can fail with, and its HTTP status.
 //! - [`fault`]: `REBOUND_FAULT`, the daemon killing itself at a named step (tests).
-//! - [`cluster`]: cluster restores across daemons (`rebound-coord`): the cohort over
-//!   TCP, the API relay, the coordinator endpoint.
+//! - [`cluster`]: cluster restores across hosts through the cluster store
+//!   (`rebound-coord` over `rebound-store`): this host's part, the coordinator when
+//!   elected, the VMs and snapshots it publishes.
 //! - [`api`]: HTTP routes.
 
 pub mod api;

@@ -5,9 +5,9 @@
 //!
 //! Who can reach what: the socket is the daemon user's alone (mode 0600 in a 0700
 //! directory) unless `--socket-group` lets one group of operators in; metrics are
-//! also served on `--metrics-addr` (loopback unless the operator says otherwise);
-//! the cohort of cluster restores and its API relay listen on `--listen` only with
-//! a cluster token, and answer only peers that prove they hold it.
+//! also served on `--metrics-addr` (loopback unless the operator says otherwise).
+//! The daemon listens on nothing else: other hosts reach it only through the
+//! cluster store (etcd, mutual TLS), where it reads what it acts on.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -31,7 +31,7 @@ pub struct ServeOptions {
     /// Also serve `GET /metrics` over TCP here.
     pub metrics_addr: Option<SocketAddr>,
     /// Take part in cluster restores (token, and the cohort's TCP address).
-    pub cluster: Option<super::ClusterOptions>,
+    pub cluster: super::ClusterOptions,
     /// Caps on the logs a guest can fill.
     pub logs: super::state::LogCaps,
 }
@@ -139,12 +139,8 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
         // Stale: left by a daemon that died.
         let _ = std::fs::remove_file(&socket);
     }
-    // Before the tightening below: a token file others can read is refused, not
-    // silently fixed.
-    let cluster = match &opts.cluster {
-        Some(c) => Some(super::cluster::Prepared::new(c).await?),
-        None => None,
-    };
+    // Before serving: an unreachable store or a refused certificate stops the daemon.
+    let cluster = super::cluster::Prepared::new(&opts.cluster).await?;
     tighten_old_state(&paths)?;
     let gid = match &opts.socket_group {
         Some(g) => Some(group_for_socket(&socket, g)?),
@@ -161,10 +157,8 @@ pub async fn run(paths: Paths, socket: PathBuf, opts: ServeOptions) -> Result<()
 
     let d = Arc::new(Daemon::new(paths, socket.clone()).with_log_caps(opts.logs));
     d.reattach_all().await;
-    if let Some(c) = cluster {
-        let c = c.start(&d)?;
-        let _ = d.cluster.set(c);
-    }
+    let c = cluster.start(&d).await?;
+    let _ = d.cluster.set(c);
     if let Some(addr) = opts.metrics_addr {
         let l = tokio::net::TcpListener::bind(addr)
             .await

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses part of the harness
 
+pub mod etcd;
 pub mod openapi;
 
 use std::io::{Read, Write};

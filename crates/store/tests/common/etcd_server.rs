@@ -111,7 +111,7 @@ impl EtcdCluster {
 
     fn wait_ready(&self, i: usize) {
         let start = Instant::now();
-        while !self.log(i).contains("ready to serve client requests") {
+        while !self.log(i).contains("serving client traffic") {
             if start.elapsed() > Duration::from_secs(30) {
                 let log = self.log(i);
                 let tail = &log[log.len().saturating_sub(3000)..];

@@ -1,23 +1,16 @@
-//! `rebound cluster token|restore|call`: the cluster token, a cluster restore
-//! coordinated by the local daemon, and one relayed API call to another host's
-//! daemon (`rebound-coord`).
+//! `rebound cluster restore`: a cluster snapshot restored into a cluster, or a plan
+//! restored through a cluster store (`--etcd`, as the operator) or through this
+//! host's daemon (its in-memory store: every VM on this host).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use rebound_coord::report::RestoreReport;
-use rebound_coord::ClusterToken;
 use rebound_vmm::paths::Paths;
 
 use super::report::{outcome, print_report};
 use crate::client::Client;
-
-#[derive(Args, Debug)]
-pub struct TokenArgs {
-    /// The file to create (an existing file is not overwritten).
-    pub file: PathBuf,
-}
 
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
@@ -49,36 +42,17 @@ pub struct RestoreArgs {
     /// default such a VM loads everything and waits, paused, for its start.
     #[arg(long)]
     pub no_wait: bool,
-    /// Restore this plan instead, coordinated by this machine's daemon: a JSON file
-    /// `{"plan": {"restore_id", "vms": [...]}, "config": {...}}`, or the plan alone.
+    /// Restore this plan instead: a JSON file `{"plan": {"restore_id", "vms":
+    /// [...]}, "timeouts": {...}}`, or the plan alone. With --etcd it is submitted to
+    /// that store (the certificate must be the operator's, which also grants the
+    /// plan's hosts its records); else to this machine's daemon.
     #[arg(long)]
     pub plan: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: super::store::StoreArgs,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct CallArgs {
-    /// The daemon's cohort address, HOST:PORT (its `--listen`).
-    pub addr: String,
-    /// GET, POST, PUT, PATCH or DELETE.
-    pub method: String,
-    /// The API path, e.g. /v1/vms.
-    pub path: String,
-    /// A JSON request body.
-    #[arg(long)]
-    pub body: Option<String>,
-    /// The cluster token file.
-    #[arg(long)]
-    pub token: PathBuf,
-}
-
-/// `rebound cluster token FILE`.
-pub fn token(a: TokenArgs) -> anyhow::Result<()> {
-    ClusterToken::create_file(&a.file)?;
-    println!("made cluster token {}", a.file.display());
-    Ok(())
 }
 
 /// `rebound cluster restore NAME --from DIR` or `rebound cluster restore --plan FILE`.
@@ -114,10 +88,39 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
     if body.get("plan").is_none() {
         body = serde_json::json!({ "plan": body });
     }
-    let c = Client::new(&paths.socket());
-    let report: RestoreReport = c
-        .call(hyper::Method::POST, "/v1/cluster/restore", Some(&body))
-        .await?;
+    let report: RestoreReport = match a.store.connect().await? {
+        Some(store) => {
+            let req: crate::daemon::cluster::ClusterRestoreRequest =
+                serde_json::from_value(body)
+                    .with_context(|| format!("{} is not a restore plan", plan.display()))?;
+            let mut access =
+                rebound_store::access::connect(&a.store.etcd, &access_tls(&a.store)?).await?;
+            let hosts: Vec<String> = req
+                .plan
+                .vms
+                .iter()
+                .map(|v| v.host.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let id = req.plan.restore_id.clone();
+            rebound_store::access::grant_restore(&mut access, &id, &hosts).await?;
+            let t = &req.timeouts;
+            let limit =
+                std::time::Duration::from_secs_f64(t.load_s + t.start_s + t.restore_s + 60.0);
+            rebound_coord::submit::submit(&store, req.plan, req.timeouts.clone()).await?;
+            let r = rebound_coord::submit::wait(&store, &id, limit, |_| {}).await;
+            if let Err(e) = rebound_store::access::revoke_restore(&mut access, &id).await {
+                eprintln!("warning: {}", rebound_errors::chain(&e));
+            }
+            r?
+        }
+        None => {
+            let c = Client::new(&paths.socket());
+            c.call(hyper::Method::POST, "/v1/cluster/restore", Some(&body))
+                .await?
+        }
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -126,35 +129,13 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
     outcome(&report)
 }
 
-/// `rebound cluster call ADDR METHOD PATH`.
-pub async fn call(a: CallArgs) -> anyhow::Result<()> {
-    let CallArgs {
-        addr,
-        method,
-        path,
-        body,
-        token,
-    } = a;
-    {
-        {
-            let token = ClusterToken::from_file(&token)?;
-            let body = match body {
-                Some(b) => Some(serde_json::from_str(&b).context("--body is not JSON")?),
-                None => None,
-            };
-            let a =
-                rebound_coord::relay::call(&addr, &token, &method, &path, body.as_ref()).await?;
-            if !(200..300).contains(&a.status) {
-                let msg = a.body["error"]
-                    .as_str()
-                    .map_or_else(|| a.body.to_string(), str::to_string);
-                anyhow::bail!("{addr} answered {}: {msg}", a.status);
-            }
-            match &a.body {
-                serde_json::Value::String(s) => print!("{s}"),
-                v => println!("{}", serde_json::to_string_pretty(v)?),
-            }
-            Ok(())
-        }
+fn access_tls(a: &super::store::StoreArgs) -> anyhow::Result<rebound_store::access::TlsFiles> {
+    match (&a.etcd_ca, &a.etcd_cert, &a.etcd_key) {
+        (Some(ca), Some(cert), Some(key)) => Ok(rebound_store::access::TlsFiles {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => anyhow::bail!("submitting to a cluster store needs the operator's certificate: --etcd-ca, --etcd-cert and --etcd-key"),
     }
 }

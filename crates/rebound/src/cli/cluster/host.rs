@@ -2,32 +2,25 @@
 //! ([`HostLink`]), and the simulated hosts it sets up and takes down itself.
 //!
 //! A simulated host is a network namespace on this machine with a bridge, joined to
-//! the others by a veth pair on a backbone bridge, and a daemon of its own started
-//! with `--netns`, `--listen` on its cluster address and the cluster's token: the
-//! controller reaches it on its unix socket, the other hosts' daemons (a restore's
-//! coordinator) on TCP. A real host's daemon is reached only through its cohort's
-//! authenticated relay, with the cluster's token.
+//! the others by a veth pair on a backbone bridge, an etcd member of the cluster's
+//! store ([`super::store`]) and a daemon of its own started with `--netns` and the
+//! store's address and its host's certificate: the controller reaches the daemon on
+//! its unix socket. The daemons reach each other only through the store. A real
+//! host's daemon is its operator's: this controller never calls into it.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hyper::Method;
 use rebound_cluster::spec::HostSpec;
-use rebound_coord::ClusterToken;
 use serde_json::Value;
 
 use super::Cluster;
 use crate::client::Client;
 
-/// One host's daemon.
+/// One simulated host's daemon, on its unix socket.
 #[derive(Clone)]
-pub enum HostLink {
-    /// A simulated host's daemon, on this machine: its unix socket.
-    Socket(Client),
-    /// Another machine's daemon, through its cohort's relay (`--listen`).
-    Relay { addr: String, token: ClusterToken },
-}
+pub struct HostLink(Client);
 
 impl HostLink {
     /// One API call; a non-2xx answer is an error with the daemon's own message.
@@ -37,20 +30,7 @@ impl HostLink {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
-        match self {
-            HostLink::Socket(c) => Ok(c.call::<Value>(method, path, body).await?),
-            HostLink::Relay { addr, token } => {
-                let a =
-                    rebound_coord::relay::call(addr, token, method.as_str(), path, body).await?;
-                if !(200..300).contains(&a.status) {
-                    let msg = a.body["error"]
-                        .as_str()
-                        .map_or_else(|| a.body.to_string(), str::to_string);
-                    bail!("{msg}");
-                }
-                Ok(a.body)
-            }
-        }
+        Ok(self.0.call::<Value>(method, path, body).await?)
     }
 
     /// Whether the daemon answers.
@@ -60,37 +40,20 @@ impl HostLink {
 }
 
 impl Cluster {
-    /// How the controller reaches host `host`'s daemon.
+    /// How the controller reaches host `host`'s daemon (a simulated host's only).
     pub fn link(&self, host: &str) -> anyhow::Result<HostLink> {
         let h = self
             .spec
             .host(host)
             .with_context(|| format!("no host {host:?}"))?;
-        if h.simulated {
-            return Ok(HostLink::Socket(Client::new(
-                &self.host_home(h).join("reboundd.sock"),
-            )));
+        if !h.simulated {
+            bail!(
+                "host {host:?} is not simulated: its daemon is its operator's (start its VMs there; restores reach it through the cluster store)"
+            );
         }
-        Ok(HostLink::Relay {
-            addr: h.daemon.to_string(),
-            token: self.token()?,
-        })
-    }
-
-    /// The cluster's token (made by `cluster create`; real hosts' daemons need a
-    /// copy).
-    pub fn token(&self) -> anyhow::Result<ClusterToken> {
-        let path = self.token_path();
-        ClusterToken::from_file(&path).with_context(|| {
-            format!(
-                "the cluster's token {} cannot be used (it is made by `rebound cluster create`)",
-                path.display()
-            )
-        })
-    }
-
-    pub fn token_path(&self) -> std::path::PathBuf {
-        self.dir.join("token")
+        Ok(HostLink(Client::new(
+            &self.host_home(h).join("reboundd.sock"),
+        )))
     }
 }
 
@@ -115,6 +78,9 @@ pub async fn hosts_up(c: &Cluster) -> anyhow::Result<()> {
         );
         rebound_vmm::net::host_up(&sim, &bb, &link)
             .with_context(|| format!("cannot set up simulated host {:?}", h.name))?;
+    }
+    super::store::store_up(c).await?;
+    for h in c.spec.hosts.iter().filter(|h| h.simulated) {
         start_host_daemon(c, h).await?;
     }
     Ok(())
@@ -123,6 +89,7 @@ pub async fn hosts_up(c: &Cluster) -> anyhow::Result<()> {
 /// Starts the daemon of every simulated host whose daemon does not answer (one that
 /// died is started again and takes its VMs back).
 pub async fn daemons_up(c: &Cluster) -> anyhow::Result<()> {
+    super::store::store_up(c).await?;
     for h in c.spec.hosts.iter().filter(|h| h.simulated) {
         start_host_daemon(c, h).await?;
     }
@@ -147,10 +114,7 @@ async fn start_host_daemon(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     let err = out.try_clone()?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(["daemon", "--netns", &c.netns(h)])
-        .arg("--listen")
-        .arg(h.daemon.to_string())
-        .arg("--cluster-token")
-        .arg(c.token_path())
+        .args(c.daemon_store_args(h))
         .env("REBOUND_HOME", &home)
         .env("REBOUND_RUN", c.host_run(h))
         .stdin(std::process::Stdio::null())
@@ -189,6 +153,9 @@ pub async fn hosts_down(c: &Cluster) {
                 .call::<Value>(Method::POST, "/v1/daemon/shutdown", None)
                 .await;
         }
+    }
+    super::store::store_down(c);
+    for h in c.spec.hosts.iter().filter(|h| h.simulated) {
         if let Err(e) = rebound_vmm::net::host_down(&c.netns(h)) {
             eprintln!("warning: {e}");
         }
@@ -197,14 +164,4 @@ pub async fn hosts_down(c: &Cluster) {
     if let Err(e) = rebound_vmm::net::backbone_down(&c.backbone()) {
         eprintln!("warning: {e}");
     }
-}
-
-/// Makes the cluster's token unless it has one (an existing one is kept: real hosts
-/// may hold copies).
-pub fn ensure_token(c: &Cluster) -> anyhow::Result<()> {
-    let p: &Path = &c.token_path();
-    if !p.exists() {
-        ClusterToken::create_file(p)?;
-    }
-    Ok(())
 }

@@ -19,11 +19,14 @@ use serde_json::json;
 
 mod coord;
 mod host;
+mod identity;
 mod report;
 pub(crate) mod restore;
 pub(crate) mod snapshot;
+mod store;
+pub use store::StoreArgs;
 
-use host::{daemons_up, ensure_token, hosts_down, hosts_up, HostLink};
+use host::{daemons_up, hosts_down, hosts_up, HostLink};
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCmd {
@@ -33,7 +36,7 @@ pub enum ClusterCmd {
     /// Start every VM of the cluster on its host and wait until all are ready.
     Start(NameArgs),
     /// Each VM's host, address, state and readiness.
-    Status(NameArgs),
+    Status(StatusArgs),
     /// Stop every VM (the guests power off).
     Stop(NameArgs),
     /// Kill and remove every VM, stop the simulated hosts' daemons, remove their
@@ -46,15 +49,16 @@ pub enum ClusterCmd {
     /// after its snapshot point: who sends to whom (with counts), rings, orphans, and
     /// the frames in flight at the cut.
     Graph(GraphArgs),
-    /// Make a new cluster token file (mode 600, 32 random bytes as hex); copy it to
-    /// every host and start each daemon with `--cluster-token FILE`.
-    Token(coord::TokenArgs),
-    /// Restore a plan across hosts' daemons, coordinated by this host's daemon (which
-    /// must run with `--cluster-token`); fails unless every VM is restored.
+    /// Restore a cluster snapshot (or a plan) through the cluster store: the hosts'
+    /// daemons load, hold and start their VMs, one of them coordinating; fails
+    /// unless every VM is restored.
     Restore(coord::RestoreArgs),
-    /// One call of another host's daemon API through its cohort's relay (`--listen`);
-    /// prints the JSON answer.
-    Call(coord::CallArgs),
+    /// Make a CA and certificates for a cluster store (test and small setups): per
+    /// host one with CN `rebound-host-<host>`, and the operator's with CN `root`.
+    Certs(identity::CertsArgs),
+    /// Give every host its etcd user and role (it writes only its own keys) and turn
+    /// etcd's authentication on; again with more hosts to add them.
+    StoreInit(identity::StoreInitArgs),
 }
 
 #[derive(Args, Debug)]
@@ -85,6 +89,18 @@ pub struct CreateArgs {
 #[derive(Args, Debug)]
 pub struct NameArgs {
     pub name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// A cluster made here (its simulated hosts' store); or give --etcd.
+    #[arg(required_unless_present = "etcd")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -215,9 +231,9 @@ pub async fn run(paths: &Paths, c: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Rm(a) => rm(paths, a).await,
         ClusterCmd::Snapshot(a) => snapshot::snapshot(paths, a).await,
         ClusterCmd::Graph(a) => snapshot::graph(a),
-        ClusterCmd::Token(a) => coord::token(a),
         ClusterCmd::Restore(a) => coord::restore(paths, a).await,
-        ClusterCmd::Call(a) => coord::call(a).await,
+        ClusterCmd::Certs(a) => identity::certs(a),
+        ClusterCmd::StoreInit(a) => identity::store_init(a).await,
     }
 }
 
@@ -268,10 +284,7 @@ pub(crate) async fn create_cluster(
         .with_context(|| format!("cannot create {}", dir.display()))?;
     std::fs::write(dir.join("cluster.toml"), text)?;
     let c = Cluster::open(paths, name)?;
-    let r = match ensure_token(&c) {
-        Ok(()) => hosts_up(&c).await,
-        Err(e) => Err(e),
-    };
+    let r = hosts_up(&c).await;
     if let Err(e) = r {
         // Nothing half made stays behind.
         hosts_down(&c).await;
@@ -323,54 +336,114 @@ pub(crate) async fn start_vms(c: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
-    let c = Cluster::open(paths, &a.name)?;
-    let mut rows = Vec::new();
-    for v in &c.spec.vms {
-        let st = match c.link(&v.host) {
-            Ok(cl) => cl
-                .call(Method::GET, &format!("/v1/vms/{}", enc(&v.name)), None)
-                .await
-                .unwrap_or_else(|e| json!({ "state": "unknown", "error": e.to_string() })),
-            Err(e) => json!({ "state": "unknown", "error": e.to_string() }),
-        };
-        rows.push(json!({
-            "vm": v.name,
-            "host": v.host,
-            "ip": v.ip.to_string(),
-            "peers": v.peers,
-            "state": st["state"],
-            "ready": st["ready"],
-            "error": st.get("error"),
-        }));
-    }
+/// The whole cluster store's status, as the store holds it.
+async fn read_status(
+    paths: &Paths,
+    name: Option<&str>,
+    store: &StoreArgs,
+) -> anyhow::Result<rebound_coord::status::ClusterStatus> {
+    use rebound_store::Store;
+    let range = match (name, store.connect().await?) {
+        (_, Some(s)) => s.range(rebound_coord::layout::ROOT).await?,
+        (Some(n), None) => {
+            let c = Cluster::open(paths, n)?;
+            c.admin_store()
+                .await?
+                .range(rebound_coord::layout::ROOT)
+                .await?
+        }
+        (None, None) => bail!("give a cluster name or --etcd"),
+    };
+    Ok(rebound_coord::status::status(&range.kvs))
+}
+
+async fn status(paths: &Paths, a: StatusArgs) -> anyhow::Result<()> {
+    let s = read_status(paths, a.name.as_deref(), &a.store).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
+    if !s.clusters.is_empty() {
+        println!("clusters defined in the store: {}", s.clusters.join(", "));
+    }
     println!(
-        "{:<16} {:<8} {:<15} {:<10} {:<6} peers",
-        "vm", "host", "ip", "state", "ready"
+        "{:<16} {:<8} {:<10} {:>4} {:>10}",
+        "HOST", "STATE", "VERSION", "VMS", "SNAPSHOTS"
     );
-    for r in rows {
+    for h in &s.hosts {
         println!(
-            "{:<16} {:<8} {:<15} {:<10} {:<6} {}",
-            r["vm"].as_str().unwrap_or(""),
-            r["host"].as_str().unwrap_or(""),
-            r["ip"].as_str().unwrap_or(""),
-            r["state"].as_str().unwrap_or("unknown"),
-            r["ready"]
-                .as_bool()
-                .map_or("-", |b| if b { "yes" } else { "no" }),
-            r["peers"]
-                .as_array()
-                .map(|p| p
-                    .iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","))
-                .unwrap_or_default()
+            "{:<16} {:<8} {:<10} {:>4} {:>10}",
+            h.host,
+            if h.live { "live" } else { "failed" },
+            h.version.as_deref().unwrap_or("-"),
+            h.vms.len(),
+            h.snapshots
         );
+    }
+    print_vms(&s);
+    if !s.restores.is_empty() {
+        println!(
+            "{:<40} {:<10} {:>4} {:<20} REASON",
+            "RESTORE", "STATUS", "VMS", "COORDINATORS"
+        );
+        for r in &s.restores {
+            println!(
+                "{:<40} {:<10} {:>4} {:<20} {}",
+                r.restore_id,
+                r.status,
+                r.vms,
+                r.coordinators.join(","),
+                r.reason.as_deref().unwrap_or("")
+            );
+        }
+    }
+    for e in &s.refused {
+        println!("refused: {e}");
+    }
+    Ok(())
+}
+
+fn print_vms(s: &rebound_coord::status::ClusterStatus) {
+    println!(
+        "{:<20} {:<16} {:<12} {:<6} {:>8}",
+        "VM", "HOST", "STATE", "READY", "MEM_MIB"
+    );
+    for h in &s.hosts {
+        for v in &h.vms {
+            let state = if h.live {
+                v.state.clone()
+            } else {
+                format!("{} (host failed)", v.state)
+            };
+            println!(
+                "{:<20} {:<16} {:<12} {:<6} {:>8}",
+                v.vm,
+                h.host,
+                state,
+                if v.ready { "yes" } else { "no" },
+                v.memory_mib
+            );
+        }
+    }
+}
+
+/// `rebound vm list --all-hosts`.
+pub async fn list_all_hosts(store: &StoreArgs, json: bool) -> anyhow::Result<()> {
+    let s = read_status(&Paths::from_env()?, None, store).await?;
+    if json {
+        let vms: Vec<serde_json::Value> = s
+            .hosts
+            .iter()
+            .flat_map(|h| {
+                h.vms.iter().map(move |v| {
+                    json!({"host": h.host, "host_live": h.live, "vm": v.vm, "state": v.state,
+                           "ready": v.ready, "memory_mib": v.memory_mib})
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&vms)?);
+    } else {
+        print_vms(&s);
     }
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! `rebound cluster restore NAME --from DIR`: a cluster snapshot restored into the
-//! cluster's hosts, coordinated by the first host's daemon (HotRestore section 4).
+//! cluster's hosts through its store (HotRestore section 4).
 //!
 //! The plan is [`rebound_cluster::restore`]'s: this side opens the snapshots, probes a
 //! host's load rate when none is known, keeps the rates in the cluster's state, frees
-//! the VMs' names on their hosts, sends the plan to the coordinator
-//! (`POST /v1/cluster/restore`), and reports it with each VM's backoff and disruption
-//! ([`rebound_cluster::disruption`]).
+//! the VMs' names on their hosts, grants the plan's hosts access to the restore's
+//! records, submits the plan to the store (the hosts' daemons elect a coordinator
+//! and carry it out), follows it to its report, and reports it with each VM's
+//! backoff and disruption ([`rebound_cluster::disruption`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -130,7 +131,7 @@ fn build_plan(
         }
         vms.push(rebound_coord::PlanVm {
             vm: p.vm,
-            host: host.daemon.to_string(),
+            host: host.name.clone(),
             ws_pages: p.ws_pages,
             args,
             depends_on: p.depends_on,
@@ -174,6 +175,36 @@ pub async fn remove_vm(link: &super::HostLink, vm: &str) -> anyhow::Result<bool>
     Ok(true)
 }
 
+/// Grants the plan's hosts its records, submits it and follows it to its report
+/// (the grant is taken back once it ended).
+pub async fn submit_and_wait(
+    c: &Cluster,
+    plan: &rebound_coord::Plan,
+) -> anyhow::Result<RestoreReport> {
+    let store = c.admin_store().await?;
+    let mut access = c.admin_access().await?;
+    let hosts: Vec<String> = plan
+        .vms
+        .iter()
+        .map(|v| v.host.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    rebound_store::access::grant_restore(&mut access, &plan.restore_id, &hosts)
+        .await
+        .context("cannot grant the hosts the restore's records")?;
+    let timeouts = rebound_coord::records::Timeouts::default();
+    let limit = std::time::Duration::from_secs_f64(
+        timeouts.load_s + timeouts.start_s + timeouts.restore_s + 60.0,
+    );
+    rebound_coord::submit::submit(&store, plan.clone(), timeouts).await?;
+    let r = rebound_coord::submit::wait(&store, &plan.restore_id, limit, |_| {}).await;
+    if let Err(e) = rebound_store::access::revoke_restore(&mut access, &plan.restore_id).await {
+        eprintln!("warning: {}", rebound_errors::chain(&e));
+    }
+    Ok(r?)
+}
+
 /// Restores the cluster snapshot `from` into cluster `c`.
 pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Result<Outcome> {
     plan_opts(opts).check()?;
@@ -201,15 +232,7 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
             );
         }
     }
-    let coordinator = c.link(&c.spec.hosts[0].name)?;
-    let body = json!({ "plan": plan });
-    let report: RestoreReport = serde_json::from_value(
-        coordinator
-            .call(Method::POST, "/v1/cluster/restore", Some(&body))
-            .await
-            .context("the cluster restore")?,
-    )
-    .context("the coordinator's report")?;
+    let report = submit_and_wait(c, &plan).await?;
     record_rates(c, &figs, &report);
     let starts: BTreeMap<String, f64> = report
         .vms

@@ -47,7 +47,7 @@ pub(crate) async fn take(c: &Cluster, out: &Path, trace_s: f64) -> anyhow::Resul
     rebound_vmm::private::create_dir_all(out)?;
     let t0 = Instant::now();
     // Every VM stops at one instant (see `stop_at`).
-    let stop_at = stop_at(rebound_coord::msg::unix_now_ns(), trace_s);
+    let stop_at = stop_at(rebound_coord::run::unix_now_ns(), trace_s);
     // Every VM is saved and held paused; the requests answer once each is resumed
     // and its trace is done.
     let mut calls = Vec::new();

@@ -9,6 +9,7 @@ use axum::Json;
 
 use super::reply::{vm_or_404, ApiError, ApiResult, D};
 use crate::daemon::error::OpError;
+use crate::daemon::state::Daemon;
 use crate::daemon::vm::{Done, Job};
 
 pub(super) async fn snapshot(
@@ -70,41 +71,45 @@ pub(super) async fn restore(State(d): D, body: Bytes) -> ApiResult<impl IntoResp
     Ok((StatusCode::CREATED, Json(d.restore(req).await?)))
 }
 
-/// Coordinates a cluster restore from here with the daemon's token; answers with
-/// the report once every VM is restored or the restore was aborted.
+/// Submits a cluster restore to the cluster store and follows it to its end;
+/// answers with the report once every VM is restored or the restore was aborted.
 pub(super) async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl IntoResponse> {
-    let c = d.cluster.get().ok_or_else(|| {
-        OpError::BadRequest(
-            "this daemon has no cluster token: start it with --cluster-token FILE".into(),
-        )
-    })?;
+    let c = cluster(&d)?;
     let req: crate::daemon::cluster::request::ClusterRestoreRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid cluster restore request: {e}")))?;
-    let config = req
-        .config
-        .config()
+    let id = req.plan.restore_id.clone();
+    // A day is the longest the phase timeouts allow a restore to take, plus slack.
+    let limit = std::time::Duration::from_secs_f64(
+        req.timeouts.load_s + req.timeouts.start_s + req.timeouts.restore_s + 60.0,
+    );
+    rebound_coord::submit::submit(&*c.store, req.plan, req.timeouts)
+        .await
         .map_err(|e| OpError::BadInput(Box::new(e)))?;
-    let report = rebound_coord::restore(&req.plan, &c.token, &config)
+    let report = rebound_coord::submit::wait(&*c.store, &id, limit, |_| {})
         .await
         .map_err(|e| OpError::BadInput(Box::new(e)))?;
     Ok(Json(report))
 }
 
-/// A cluster restore as this daemon's cohort saw it.
+/// A cluster restore as the cluster store records it (running or ended).
 pub(super) async fn cluster_restore_status(
     State(d): D,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let c = d.cluster.get().filter(|c| c.is_cohort()).ok_or_else(|| {
-        OpError::BadRequest(
-            "this daemon serves no cohort: start it with --listen ADDR:PORT --cluster-token FILE"
-                .into(),
-        )
-    })?;
-    Ok(Json(
-        c.cohort_status(&id)
-            .ok_or(OpError::UnknownClusterRestore(id))?,
-    ))
+    let c = cluster(&d)?;
+    let report = c.participant.with_view(|v| {
+        let live = v.live();
+        v.restores
+            .get(&id)
+            .and_then(|r| rebound_coord::report::report(r, &live))
+    });
+    Ok(Json(report.ok_or(OpError::UnknownClusterRestore(id))?))
+}
+
+fn cluster(d: &Daemon) -> Result<&crate::daemon::cluster::Cluster, OpError> {
+    d.cluster
+        .get()
+        .ok_or_else(|| OpError::BadRequest("this daemon takes no part in cluster restores".into()))
 }
 
 pub(super) async fn restore_report(

@@ -1,4 +1,4 @@
-//! The daemon's VMs as a cluster restore's cohort drives them
+//! The daemon's VMs as the cluster restore protocol drives them
 //! ([`rebound_coord::CohortVms`]), in-process:
 //!
 //! - `load`: a restore of the snapshot in `args` (one in this daemon's snapshot store
@@ -12,13 +12,15 @@
 //!   set). `replay` names, per bridge NIC, a pcap file on this host of frames to hand
 //!   to the guest before it starts: the frames in flight to it at the snapshot's cut
 //!   (`rebound_cluster::inflight::write_replay`).
-//! - `start`: `vm resume`; the start instant is the VM's own `resumed` event.
+//! - `start`: `vm resume`; the start instant is the VM's own `resumed` event. A VM
+//!   already running (this daemon restarted after it started it) answers with its
+//!   start instant and is not resumed again.
 //! - `restored`: waits for the restore report's `memory_loaded_s` (every page in
 //!   host memory: at the start for eager and stock, at the background loader's end
 //!   for elastic and working-set, at the settle onto shared RAM for lazy); fails on
 //!   the loader's `background_error`, a failed report or a VM that stopped.
-//! - `abort`: kills and removes a VM this cohort loaded for that restore and never
-//!   started, and logs why.
+//! - `abort`: kills and removes a VM loaded for that restore and never started
+//!   (held paused, also after a restart of this daemon), and logs why.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
@@ -108,6 +110,11 @@ impl DaemonVms {
     }
 }
 
+/// A VM restored paused and never resumed: what a restore holds.
+fn is_held(h: &crate::daemon::vm::VmHandle) -> bool {
+    h.status().state == VmState::Paused && h.restore_report().is_some_and(|r| r.phase == "held")
+}
+
 fn key(restore_id: &str, vm: &str) -> (String, String) {
     (restore_id.to_owned(), vm.to_owned())
 }
@@ -179,17 +186,21 @@ impl CohortVms for DaemonVms {
 
     async fn start(&self, restore_id: &str, vm: &str) -> Result<StartInfo, VmError> {
         let d = self.daemon()?;
-        if !self.held().contains(&key(restore_id, vm)) {
+        let h = d.find(vm).map_err(CohortVmError::from)?;
+        let running = h.status().state == VmState::Running;
+        let held = self.held().contains(&key(restore_id, vm)) || is_held(&h);
+        if !running && !held {
             return Err(CohortVmError::NotHeldHere {
                 vm: vm.to_owned(),
                 restore_id: restore_id.to_owned(),
             }
             .into());
         }
-        let h = d.find(vm).map_err(CohortVmError::from)?;
-        h.run_for_status(Job::Resume)
-            .await
-            .map_err(CohortVmError::from)?;
+        if !running {
+            h.run_for_status(Job::Resume)
+                .await
+                .map_err(CohortVmError::from)?;
+        }
         self.held().remove(&key(restore_id, vm));
         // QEMU's own stamp of the start; else the VM's `resumed` event, written right
         // after QEMU's `cont` returned, moved from the monotonic clock onto the wall clock.
@@ -198,7 +209,7 @@ impl CohortVms for DaemonVms {
             return Ok(StartInfo { started_unix_ns: t });
         }
         let (now_wall, now_mono) = (
-            rebound_coord::msg::unix_now_ns(),
+            rebound_coord::run::unix_now_ns(),
             rebound_vmm::events::mono_ns(),
         );
         let resumed = h.events.read_all().ok().and_then(|evs| {
@@ -245,13 +256,10 @@ impl CohortVms for DaemonVms {
     }
 
     async fn abort(&self, restore_id: &str, vm: &str) {
-        if !self.held().remove(&key(restore_id, vm)) {
-            return;
-        }
+        self.held().remove(&key(restore_id, vm));
         let Ok(d) = self.daemon() else { return };
         let Some(h) = d.get(vm) else { return };
-        let held = h.restore_report().is_some_and(|r| r.phase == "held");
-        if !held {
+        if !is_held(&h) {
             tracing::warn!(%restore_id, %vm, "cluster restore aborted, but the VM is no longer held: left as it is");
             return;
         }

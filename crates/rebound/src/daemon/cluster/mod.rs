@@ -1,161 +1,118 @@
-//! Cluster restore across daemons: this daemon's part in `rebound-coord`.
+//! This daemon's part in cluster restores: a [`rebound_coord::run::Participant`]
+//! over the cluster store, driving this daemon's own VMs ([`cohort::DaemonVms`]),
+//! and a publisher of this host's VMs and snapshot catalog ([`publish`]).
 //!
-//! - With `--cluster-token FILE` the daemon holds the cluster token and can
-//!   coordinate a restore (`POST /v1/cluster/restore` runs
-//!   [`rebound_coord::restore`] here).
-//! - With `--listen ADDR:PORT` as well, it serves the cohort side on that TCP
-//!   address: the restore protocol driving its own VMs ([`cohort::DaemonVms`]), and
-//!   the API relay ([`relay::DaemonApi`]) that passes authenticated calls to its own
-//!   HTTP router. Without a token nothing listens on TCP.
+//! - With `--etcd URL[,URL...]` the store is etcd, reached with this host's
+//!   certificate (`--etcd-ca/--etcd-cert/--etcd-key`); the daemon registers as
+//!   `--host NAME` under a lease and takes part in every restore whose plan names
+//!   it, coordinating those it is elected for.
+//! - Without it the store is in memory: a cluster whose VMs all live on this host
+//!   runs the same protocol with no etcd.
 //!
-//! Both talk to the daemon in-process, not over its socket. They hold the daemon
-//! weakly: the cohort lives inside the daemon and must not keep it alive.
+//! No other daemon reaches into this one: everything between hosts goes through
+//! the store.
 
 pub mod cohort;
 pub mod confine;
-pub mod relay;
+pub mod publish;
 pub mod request;
 pub mod side;
 
-pub use request::{ClusterRestoreRequest, CoordinatorOverrides};
+pub use request::ClusterRestoreRequest;
 pub use side::Cluster;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound_coord::cohort::CohortRestoreStatus;
-use rebound_coord::token::TokenError;
-use rebound_coord::{ClusterToken, CohortConfig};
+use rebound_coord::run::{HostConfig, Participant, RunError};
+use rebound_store::etcd::{EtcdConfig, EtcdStore};
+use rebound_store::mem::MemStore;
+use rebound_store::{Store, StoreError};
 
 use super::state::Daemon;
 
-/// How the daemon takes part in cluster restores (`rebound daemon --cluster-token`).
+/// How the daemon reaches the cluster store.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    /// The cluster token file (mode 600, at least 32 bytes).
-    pub token: PathBuf,
-    /// Serve the cohort side (restores and the API relay) here.
-    pub listen: Option<SocketAddr>,
-    /// Held VMs of a restore are dropped after this long without word from its
-    /// coordinator.
-    pub hold_timeout: Duration,
+    /// `None`: the in-memory store (one host).
+    pub etcd: Option<EtcdConfig>,
+    /// This host's name in the store.
+    pub host: String,
+    /// The host lease's TTL.
+    pub ttl: Duration,
+}
+
+impl Default for ClusterOptions {
+    /// The in-memory store, as host `local`.
+    fn default() -> Self {
+        ClusterOptions {
+            etcd: None,
+            host: "local".into(),
+            ttl: Duration::from_secs(5),
+        }
+    }
 }
 
 /// Why the daemon cannot take part in cluster restores as asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cannot use the cluster token")]
-    Token(#[from] TokenError),
-    #[error("cannot listen for cluster peers on {0}")]
-    Listen(SocketAddr, #[source] std::io::Error),
+    #[error("cannot reach the cluster store at {0}")]
+    Connect(String, #[source] StoreError),
+    #[error(transparent)]
+    Run(#[from] RunError),
 }
 
-/// The token and, when asked to listen, the bound listener: done before the daemon
-/// serves, so a bad token file or a taken port stops it at once.
+/// The store, connected before the daemon serves, so a wrong endpoint or a refused
+/// certificate stops it at once.
 pub struct Prepared {
-    token: ClusterToken,
-    listener: Option<tokio::net::TcpListener>,
-    hold_timeout: Duration,
+    store: Arc<dyn Store>,
+    opts: ClusterOptions,
 }
 
 impl Prepared {
     pub async fn new(opts: &ClusterOptions) -> Result<Prepared, ClusterError> {
-        let token = ClusterToken::from_file(&opts.token)?;
-        let listener = match opts.listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
+        rebound_coord::layout::check_host(&opts.host).map_err(RunError::from)?;
+        let store: Arc<dyn Store> = match &opts.etcd {
+            Some(c) => Arc::new(
+                EtcdStore::connect(c)
                     .await
-                    .map_err(|e| ClusterError::Listen(addr, e))?,
+                    .map_err(|e| ClusterError::Connect(c.endpoints.join(","), e))?,
             ),
-            None => None,
+            None => Arc::new(MemStore::new()),
         };
         Ok(Prepared {
-            token,
-            listener,
-            hold_timeout: opts.hold_timeout,
+            store,
+            opts: opts.clone(),
         })
     }
 
-    /// Starts the cohort (if listening) over `d`'s VMs and API.
-    pub fn start(self, d: &Arc<Daemon>) -> Result<Cluster, ClusterError> {
-        let cohort = match self.listener {
-            Some(l) => {
-                let addr = l
-                    .local_addr()
-                    .map_err(|e| ClusterError::Listen(SocketAddr::from(([0, 0, 0, 0], 0)), e))?;
-                let config = CohortConfig {
-                    hold_timeout: self.hold_timeout,
-                    ..CohortConfig::default()
-                };
-                let h = rebound_coord::spawn_cohort_with_api(
-                    l,
-                    self.token.clone(),
-                    Arc::new(cohort::DaemonVms::new(d)),
-                    Arc::new(relay::DaemonApi::new(d)),
-                    config,
-                )
-                .map_err(|e| ClusterError::Listen(addr, e))?;
-                tracing::info!(
-                    "cluster cohort on {addr} (hold timeout {:.1} s)",
-                    self.hold_timeout.as_secs_f64()
-                );
-                Some(h)
-            }
+    /// Registers this host and starts taking part, over `d`'s VMs.
+    pub async fn start(self, d: &Arc<Daemon>) -> Result<Cluster, ClusterError> {
+        let mut config = HostConfig::new(&self.opts.host);
+        config.ttl = self.opts.ttl;
+        let participant = Participant::start(
+            self.store.clone(),
+            config,
+            Arc::new(cohort::DaemonVms::new(d)),
+        )
+        .await?;
+        let publisher = publish::spawn(d, self.store.clone(), &self.opts.host);
+        match &self.opts.etcd {
+            Some(c) => tracing::info!(
+                host = %self.opts.host,
+                "in the cluster store at {} (lease TTL {:.1} s)",
+                c.endpoints.join(","),
+                self.opts.ttl.as_secs_f64()
+            ),
             None => {
-                tracing::info!("cluster token loaded: this daemon can coordinate restores");
-                None
+                tracing::info!(host = %self.opts.host, "cluster restores on this host only (in-memory store)")
             }
-        };
+        }
         Ok(Cluster {
-            token: self.token,
-            cohort,
+            store: self.store,
+            participant,
+            publisher,
+            shared: self.opts.etcd.is_some(),
         })
-    }
-}
-
-impl Cluster {
-    /// Whether this daemon serves the cohort side.
-    pub fn is_cohort(&self) -> bool {
-        self.cohort.is_some()
-    }
-
-    /// A restore as this daemon's cohort saw it (including why it aborted).
-    pub fn cohort_status(&self, restore_id: &str) -> Option<CohortRestoreStatus> {
-        self.cohort.as_ref()?.status(restore_id)
-    }
-
-    /// Stops the cohort (the daemon is exiting; held VMs stay, as every VM does).
-    pub fn shutdown(&self) {
-        if let Some(c) = &self.cohort {
-            c.shutdown();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rebound_coord::CoordinatorConfig;
-
-    #[test]
-    fn overrides_change_only_what_they_name_and_refuse_nonsense() {
-        let o: CoordinatorOverrides =
-            serde_json::from_str(r#"{"peer_s": 2.5, "ping_s": 0.2}"#).unwrap();
-        let c = o.config().unwrap();
-        assert_eq!(c.peer, Duration::from_millis(2500));
-        assert_eq!(c.ping, Duration::from_millis(200));
-        assert_eq!(c.load, CoordinatorConfig::default().load);
-        for bad in [
-            r#"{"load_s": 0}"#,
-            r#"{"load_s": -1}"#,
-            r#"{"load_s": 1e9}"#,
-        ] {
-            let o: CoordinatorOverrides = serde_json::from_str(bad).unwrap();
-            let e = o.config().unwrap_err().to_string();
-            assert!(e.contains("config.load_s"), "{e}");
-        }
-        assert!(serde_json::from_str::<CoordinatorOverrides>(r#"{"lod_s": 1}"#).is_err());
     }
 }

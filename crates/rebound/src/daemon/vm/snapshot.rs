@@ -75,7 +75,7 @@ impl Owner {
         let ram = self.vm.run.ram();
         // A coordinated pause (`stop_at_unix_ns`), on this host's monotonic clock.
         let stop_at = req.stop_at_unix_ns.map(|at| {
-            let wait = at.saturating_sub(rebound_coord::msg::unix_now_ns()).max(0);
+            let wait = at.saturating_sub(rebound_coord::run::unix_now_ns()).max(0);
             tokio::time::Instant::now() + Duration::from_nanos(wait as u64)
         });
         // It does not wait for a slow sample: the sample ends at the stop instant with
@@ -107,7 +107,7 @@ impl Owner {
         }
         let was_running = self.vm.record().state == VmState::Running;
         let paused_at = Instant::now();
-        let paused_unix_ns = rebound_coord::msg::unix_now_ns();
+        let paused_unix_ns = rebound_coord::run::unix_now_ns();
         if was_running {
             self.command("stop", None).await?;
         }

@@ -1,0 +1,817 @@
+//! The loops that carry the protocol out on a store: one [`Participant`] per
+//! daemon. It registers the host under a lease, keeps a [`ClusterView`] current
+//! from one watch of the whole layout, and for every restore whose plan names its
+//! host:
+//! - does its host's part ([`host_side`]): loads, takes STARTs, starts VMs on
+//!   their instants, reports restored, drops held VMs on an abort;
+//! - campaigns to coordinate it; the elected participant runs the [`checker`]
+//!   until the restore ends. Every write of a coordinator also compares its
+//!   election key, so a coordinator that lost its lease (and so its leadership)
+//!   cannot write any more. When it dies, its key goes with its lease and the next
+//!   candidate carries on from the records.
+//!
+//! A participant whose lease is lost (its host was cut off for longer than the
+//! TTL) registers again with a new lease, reads everything again and carries on;
+//! the others will have seen it fail meanwhile.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rebound_errors::chain;
+use rebound_store::{Compare, Leadership, Lease, LeaseId, Op, Revision, Store, StoreError};
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn};
+
+use crate::checker::{self, Action, Tunables};
+use crate::host_side::{self, Busy, HostAction};
+use crate::layout;
+use crate::records::{
+    encode, HostRecord, Phase, PhaseRecord, PlanRecord, Record, StateRecord, Status, FORMAT,
+};
+use crate::view::{CheckedPlan, ClusterView};
+use crate::vms::CohortVms;
+
+/// How one daemon takes part.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// This host's name (checked with [`layout::check_host`]).
+    pub host: String,
+    /// The host lease's TTL: others declare this host failed this long after its
+    /// last renewal. Default 5 s.
+    pub ttl: Duration,
+    pub tunables: Tunables,
+    /// Rebound's version, published in the host record.
+    pub version: String,
+}
+
+impl HostConfig {
+    pub fn new(host: &str) -> HostConfig {
+        HostConfig {
+            host: host.to_string(),
+            ttl: Duration::from_secs(5),
+            tunables: Tunables::default(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// Why a participant could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Name(#[from] layout::NameError),
+    #[error("cannot register host {host} in the cluster store")]
+    Register {
+        host: String,
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Transactions hold at most this many writes (etcd's default limit is 128).
+const TXN_OPS: usize = 100;
+
+pub fn unix_now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// A running participant; dropping it stops it (its lease then expires).
+pub struct Participant {
+    shared: Arc<Shared>,
+    main: AbortHandle,
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        self.main.abort();
+        self.shared.stop_all();
+    }
+}
+
+impl Participant {
+    /// Registers the host (its first lease and record are in place when this
+    /// returns) and starts taking part.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        config: HostConfig,
+        vms: Arc<dyn CohortVms>,
+    ) -> Result<Participant, RunError> {
+        layout::check_host(&config.host)?;
+        let shared = Arc::new(Shared {
+            store,
+            config,
+            vms,
+            view: Mutex::new(ClusterView::default()),
+            changed: watch::channel(0).0,
+            inner: Mutex::new(Inner::default()),
+        });
+        let lease = shared
+            .register()
+            .await
+            .map_err(|source| RunError::Register {
+                host: shared.config.host.clone(),
+                source,
+            })?;
+        let s = shared.clone();
+        let main = tokio::spawn(async move { s.main(lease).await }).abort_handle();
+        Ok(Participant { shared, main })
+    }
+
+    /// Waits until the view has seen revision `rev` (for callers that just wrote).
+    pub async fn seen(&self, rev: Revision) {
+        let mut rx = self.shared.changed.subscribe();
+        while self.shared.view().revision < rev {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Runs `f` on the current view.
+    pub fn with_view<T>(&self, f: impl FnOnce(&ClusterView) -> T) -> T {
+        f(&self.shared.view())
+    }
+
+    /// A receiver that changes whenever the view does.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
+    pub fn host(&self) -> &str {
+        &self.shared.config.host
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    lease: Option<LeaseId>,
+    /// Per restore, what this host is doing.
+    busy: HashMap<String, Busy>,
+    /// Per restore, the campaign (and then coordinator) task.
+    campaigns: HashMap<String, AbortHandle>,
+    /// Host tasks, stopped with the participant.
+    tasks: Vec<AbortHandle>,
+    /// Refused restores already logged.
+    refusals: HashSet<String>,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    config: HostConfig,
+    vms: Arc<dyn CohortVms>,
+    view: Mutex<ClusterView>,
+    /// Bumped on every change of the view or of `inner`.
+    changed: watch::Sender<u64>,
+    inner: Mutex<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn view(&self) -> MutexGuard<'_, ClusterView> {
+        lock(&self.view)
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn stop_all(&self) {
+        let mut inner = self.inner();
+        for (_, h) in inner.campaigns.drain() {
+            h.abort();
+        }
+        for h in inner.tasks.drain(..) {
+            h.abort();
+        }
+        inner.busy.clear();
+    }
+
+    /// A new lease and the host record on it.
+    async fn register(&self) -> Result<Lease, StoreError> {
+        let c = &self.config;
+        let lease = self.store.lease(c.ttl).await?;
+        let rec = HostRecord {
+            format: FORMAT,
+            host: c.host.clone(),
+            version: c.version.clone(),
+            joined_unix_ns: unix_now_ns(),
+            ttl_s: c.ttl.as_secs_f64(),
+        };
+        self.store
+            .put(&layout::host_info(&c.host), encode(&rec), Some(lease.id))
+            .await?;
+        self.inner().lease = Some(lease.id);
+        info!(host = %c.host, lease = lease.id, ttl_s = c.ttl.as_secs_f64(), "joined the cluster store");
+        Ok(lease)
+    }
+
+    async fn main(self: Arc<Self>, mut lease: Lease) {
+        loop {
+            self.follow(&lease).await;
+            // The lease is lost: everything done under it is over.
+            self.stop_all();
+            warn!(host = %self.config.host, "lost this host's lease in the cluster store; joining again");
+            lease = loop {
+                match self.register().await {
+                    Ok(l) => break l,
+                    Err(e) => {
+                        debug!("cannot join the cluster store yet: {}", chain(&e));
+                        tokio::time::sleep(self.config.ttl / 5).await;
+                    }
+                }
+            };
+        }
+    }
+
+    /// Reads, watches and acts until the lease is lost.
+    async fn follow(self: &Arc<Self>, lease: &Lease) {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
+        loop {
+            let read = async {
+                let r = self.store.range(layout::ROOT).await?;
+                let w = self.store.watch(layout::ROOT, r.revision + 1).await?;
+                Ok::<_, StoreError>((r, w))
+            };
+            let (range, mut w) = tokio::select! {
+                r = read => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        debug!("cannot read the cluster store: {}", chain(&e));
+                        tokio::select! {
+                            _ = tokio::time::sleep(self.config.ttl / 5) => continue,
+                            _ = lease.lost() => return,
+                        }
+                    }
+                },
+                _ = lease.lost() => return,
+            };
+            *self.view() = ClusterView::from_kvs(&range.kvs, range.revision);
+            self.bump();
+            self.act(&done_tx);
+            loop {
+                tokio::select! {
+                    b = w.events.recv() => match b {
+                        Some(Ok(events)) => {
+                            {
+                                let mut v = self.view();
+                                for e in &events {
+                                    v.apply(e);
+                                }
+                            }
+                            self.bump();
+                            self.act(&done_tx);
+                        }
+                        Some(Err(e)) => {
+                            debug!("the cluster store's watch ended: {}; reading again", chain(&e));
+                            break;
+                        }
+                        None => break,
+                    },
+                    _ = done_rx.recv() => self.act(&done_tx),
+                    _ = lease.lost() => return,
+                }
+            }
+        }
+    }
+
+    /// Looks at every restore this host takes part in and starts what is due.
+    fn act(self: &Arc<Self>, done: &mpsc::UnboundedSender<()>) {
+        let me = self.config.host.clone();
+        let mut todo = Vec::new();
+        let mut campaign = Vec::new();
+        let mut finished = Vec::new();
+        {
+            let view = self.view();
+            let mut inner = self.inner();
+            for (id, r) in &view.restores {
+                if let Some(e) = r.refused() {
+                    if inner.refusals.insert(id.clone()) {
+                        warn!(restore = %id, "refused a restore's record: {}", chain(e));
+                    }
+                }
+                let Some(plan) = r.plan() else { continue };
+                if !plan.record.plan.vms.iter().any(|v| v.host == me) {
+                    continue;
+                }
+                if r.state().is_some_and(|(s, _)| s.status.is_final()) {
+                    finished.push(id.clone());
+                }
+                if r.refused().is_none()
+                    && !r.state().is_some_and(|(s, _)| s.status.is_final())
+                    && !inner.campaigns.contains_key(id)
+                {
+                    campaign.push(id.clone());
+                }
+                let busy = inner.busy.entry(id.clone()).or_default();
+                for a in host_side::decide(&me, &plan.record, r.state(), &r.phases, busy) {
+                    if let Some((vm, (_, rev))) = r.phases.get_key_value(a.vm()) {
+                        busy.acted.insert(vm.clone(), *rev);
+                    }
+                    match &a {
+                        HostAction::Load { vm, .. } => busy.loading.insert(vm.clone()),
+                        HostAction::Take { vm, .. }
+                        | HostAction::Resume { vm, .. }
+                        | HostAction::Drop { vm, .. } => busy.running.insert(vm.clone()),
+                    };
+                    todo.push((id.clone(), plan.clone(), a));
+                }
+            }
+            for id in finished {
+                if let Some(h) = inner.campaigns.remove(&id) {
+                    h.abort();
+                }
+            }
+            inner.tasks.retain(|h| !h.is_finished());
+        }
+        for id in campaign {
+            let s = self.clone();
+            let rid = id.clone();
+            let h = tokio::spawn(async move { s.coordinate(&rid).await }).abort_handle();
+            self.inner().campaigns.insert(id, h);
+        }
+        for (id, plan, a) in todo {
+            let s = self.clone();
+            let done = done.clone();
+            let h = tokio::spawn(async move {
+                s.host_task(&id, &plan.record, a).await;
+                let _ = done.send(());
+            })
+            .abort_handle();
+            self.inner().tasks.push(h);
+        }
+    }
+
+    fn unbusy(&self, id: &str, vm: &str) {
+        if let Some(b) = self.inner().busy.get_mut(id) {
+            b.loading.remove(vm);
+            b.running.remove(vm);
+        }
+    }
+
+    /// The phase record of `vm` as this host last saw it.
+    fn phase(&self, id: &str, vm: &str) -> Option<(PhaseRecord, Revision)> {
+        self.view().restores.get(id)?.phases.get(vm).cloned()
+    }
+
+    /// Writes `rec` over the phase record seen at `rev`; the new revision, or
+    /// `None` if the record changed meanwhile (or the store failed for good: logged).
+    async fn write_phase(&self, id: &str, rec: &PhaseRecord, rev: Revision) -> Option<Revision> {
+        let key = layout::phase(id, &rec.vm);
+        self.cas_put(id, &key, vec![Compare::ModRevision(key.clone(), rev)], rec)
+            .await
+    }
+
+    /// Puts `rec` at `key` if `when` holds; the revision written at, or `None` if a
+    /// comparison failed. A store that fails is asked again (up to about a minute):
+    /// a write that timed out may have been applied, so a retry whose comparison
+    /// fails reads the key back, and finding `rec` there is the earlier attempt's
+    /// success.
+    async fn cas_put(
+        &self,
+        id: &str,
+        key: &str,
+        when: Vec<Compare>,
+        rec: &PhaseRecord,
+    ) -> Option<Revision> {
+        let value = encode(rec);
+        let mut pause = Duration::from_millis(50);
+        for attempt in 0..40 {
+            let op = Op::Put {
+                key: key.to_string(),
+                value: value.clone(),
+                lease: None,
+            };
+            match self.store.txn(when.clone(), vec![op]).await {
+                Ok(o) if o.succeeded => return Some(o.revision),
+                Ok(_) => {
+                    if attempt > 0 {
+                        if let Ok(Some(kv)) = self.store.get(key).await {
+                            if kv.value == value {
+                                return Some(kv.mod_revision);
+                            }
+                        }
+                    }
+                    debug!(restore = %id, vm = %rec.vm, "phase changed before {} was written", rec.phase.name());
+                    return None;
+                }
+                Err(e) => {
+                    warn!(restore = %id, vm = %rec.vm, "cannot write phase {} yet: {}", rec.phase.name(), chain(&e));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        warn!(restore = %id, vm = %rec.vm, "gave up writing phase {}", rec.phase.name());
+        None
+    }
+
+    async fn host_task(&self, id: &str, plan: &PlanRecord, a: HostAction) {
+        let vms = &self.vms;
+        match a {
+            HostAction::Load { vm, rev } => {
+                let p = plan.plan.vms.iter().find(|p| p.vm == vm).expect("planned");
+                info!(restore = %id, %vm, ws_pages = p.ws_pages, "loading");
+                let r = vms.load(id, &vm, p.ws_pages, &p.args).await;
+                let Some((mut rec, _)) = self.phase(id, &vm) else {
+                    return self.unbusy(id, &vm);
+                };
+                match r {
+                    Ok(info) => {
+                        rec.phase = Phase::Loaded;
+                        rec.pages = Some(info.pages);
+                        rec.load_s = Some(info.load_s);
+                        rec.loaded_unix_ns = Some(unix_now_ns());
+                    }
+                    Err(e) => {
+                        rec.phase = Phase::LoadFailed;
+                        rec.error = Some(chain(&*e));
+                    }
+                }
+                if self.write_phase(id, &rec, rev).await.is_none() && rec.phase == Phase::Loaded {
+                    // The record moved on without us (aborted): drop what we loaded.
+                    vms.abort(id, &vm).await;
+                }
+                self.unbusy(id, &vm);
+            }
+            HostAction::Take {
+                vm,
+                rev,
+                at_unix_ns,
+            } => {
+                let Some((mut rec, _)) = self.phase(id, &vm) else {
+                    return self.unbusy(id, &vm);
+                };
+                let state_rev = self
+                    .view()
+                    .restores
+                    .get(id)
+                    .and_then(|r| r.state().map(|(_, rev)| rev));
+                let Some(state_rev) = state_rev else {
+                    return self.unbusy(id, &vm);
+                };
+                rec.phase = Phase::Starting;
+                let key = layout::phase(id, &vm);
+                let when = vec![
+                    Compare::ModRevision(key.clone(), rev),
+                    Compare::ModRevision(layout::state(id), state_rev),
+                ];
+                match self.cas_put(id, &key, when, &rec).await {
+                    Some(r) => self.run_vm(id, &vm, rec, r, at_unix_ns).await,
+                    None => {
+                        debug!(restore = %id, %vm, "START not taken: the records changed first")
+                    }
+                }
+                self.unbusy(id, &vm);
+            }
+            HostAction::Resume {
+                vm,
+                phase,
+                at_unix_ns,
+            } => {
+                if let Some((rec, rev)) = self.phase(id, &vm) {
+                    if rec.phase == phase {
+                        info!(restore = %id, %vm, phase = phase.name(), "carrying on with a VM taken before");
+                        self.run_vm(id, &vm, rec, rev, at_unix_ns).await;
+                    }
+                }
+                self.unbusy(id, &vm);
+            }
+            HostAction::Drop { vm, rev, loaded } => {
+                if loaded {
+                    info!(restore = %id, %vm, "dropping a held VM: the restore is aborting");
+                }
+                vms.abort(id, &vm).await;
+                if let Some((mut rec, _)) = self.phase(id, &vm) {
+                    rec.phase = Phase::Aborted;
+                    self.write_phase(id, &rec, rev).await;
+                }
+                self.unbusy(id, &vm);
+            }
+        }
+    }
+
+    /// Starts a taken VM on its instant (unless it already started), then awaits
+    /// the rest of its memory.
+    async fn run_vm(&self, id: &str, vm: &str, mut rec: PhaseRecord, mut rev: Revision, at: i64) {
+        if rec.phase == Phase::Starting {
+            let wait = at.saturating_sub(unix_now_ns());
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+            }
+            match self.vms.start(id, vm).await {
+                Ok(s) => {
+                    rec.phase = Phase::Started;
+                    rec.started_unix_ns = Some(s.started_unix_ns);
+                    info!(restore = %id, %vm, error_ms = (s.started_unix_ns - at) as f64 / 1e6, "started on its instant");
+                }
+                Err(e) => {
+                    rec.phase = Phase::StartFailed;
+                    rec.error = Some(chain(&*e));
+                }
+            }
+            match self.write_phase(id, &rec, rev).await {
+                Some(r) => rev = r,
+                None => return,
+            }
+        }
+        if rec.phase != Phase::Started {
+            return;
+        }
+        match self.vms.restored(id, vm).await {
+            Ok(()) => {
+                rec.phase = Phase::Restored;
+                rec.restored_unix_ns = Some(unix_now_ns());
+            }
+            Err(e) => {
+                rec.phase = Phase::RestoreFailed;
+                rec.error = Some(chain(&*e));
+            }
+        }
+        self.write_phase(id, &rec, rev).await;
+    }
+
+    /// Campaigns to coordinate restore `id`, then coordinates it to its end.
+    async fn coordinate(self: Arc<Self>, id: &str) {
+        let me = &self.config.host;
+        let Some(lease) = self.inner().lease else {
+            return;
+        };
+        let leader = match self
+            .store
+            .campaign(&layout::election(id), lease, me.as_bytes())
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(restore = %id, "cannot campaign to coordinate: {}", chain(&e));
+                return;
+            }
+        };
+        info!(restore = %id, host = %me, "coordinating the restore");
+        let mut changes = self.changed.subscribe();
+        let mut min_rev: Revision = 0;
+        loop {
+            let mut wake = None;
+            match self.step(id, min_rev) {
+                Step::Wait => {}
+                Step::End => {
+                    let _ = self.store.resign(&leader).await;
+                    info!(restore = %id, "no longer coordinating the restore: it ended");
+                    return;
+                }
+                Step::Act(s) => {
+                    wake = s.decision.wake_unix_ns;
+                    for a in s.decision.actions {
+                        match self
+                            .apply(id, &leader, &s.plan.record, s.state.as_ref(), &s.phases, a)
+                            .await
+                        {
+                            Ok(Some(rev)) => min_rev = min_rev.max(rev),
+                            Ok(None) => {}
+                            Err(e) => {
+                                warn!(restore = %id, "the coordinator cannot write: {}", chain(&e));
+                                wake = Some(unix_now_ns() + 200_000_000);
+                            }
+                        }
+                    }
+                }
+            }
+            let sleep = async {
+                match wake {
+                    Some(at) => {
+                        let d = at.saturating_sub(unix_now_ns()).max(0) as u64;
+                        tokio::time::sleep(Duration::from_nanos(d)).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                _ = sleep => {}
+            }
+        }
+    }
+
+    /// What the coordinator of `id` does next, from the current view.
+    fn step(&self, id: &str, min_rev: Revision) -> Step {
+        let view = self.view();
+        if view.revision < min_rev {
+            // Our last write is not in the view yet: deciding now would repeat it.
+            return Step::Wait;
+        }
+        let Some(r) = view.restores.get(id) else {
+            return Step::End;
+        };
+        let Some(plan) = r.plan() else {
+            return Step::End;
+        };
+        let state = r.state().map(|(s, rev)| (s.clone(), rev));
+        if state.as_ref().is_some_and(|(s, _)| s.status.is_final()) {
+            return Step::End;
+        }
+        let decision = match r.bad_phases.iter().next() {
+            // A phase record was refused: abort, naming it.
+            Some((vm, e)) => checker::Decision {
+                actions: match &state {
+                    Some((s, _)) if s.status == Status::Active => vec![Action::Abort {
+                        reason: format!("VM {vm}'s record was refused: {}", chain(e)),
+                    }],
+                    _ => Vec::new(),
+                },
+                wake_unix_ns: None,
+            },
+            None => {
+                let live = view.live();
+                let v = checker::View {
+                    plan: &plan.record,
+                    groups: &plan.groups,
+                    state: r.state(),
+                    phases: &r.phases,
+                    live: &live,
+                    now_unix_ns: unix_now_ns(),
+                };
+                checker::decide(&v, &self.config.tunables)
+            }
+        };
+        Step::Act(Box::new(Snapshot {
+            decision,
+            plan: plan.clone(),
+            state,
+            phases: r.phases.clone(),
+        }))
+    }
+
+    /// Writes one of the checker's actions; the revision written at, if it did.
+    async fn apply(
+        &self,
+        id: &str,
+        leader: &Leadership,
+        plan: &PlanRecord,
+        state: Option<&(StateRecord, Revision)>,
+        phases: &HashMap<String, (PhaseRecord, Revision)>,
+        a: Action,
+    ) -> Result<Option<Revision>, StoreError> {
+        let me = &self.config.host;
+        let now = unix_now_ns();
+        let fence = Compare::ModRevision(leader.key.clone(), leader.revision);
+        let state_key = layout::state(id);
+        let new_state = |status: Status, reason: Option<String>| StateRecord {
+            format: FORMAT,
+            restore_id: id.to_string(),
+            status,
+            began_unix_ns: state.map_or(now, |(s, _)| s.began_unix_ns),
+            by: me.clone(),
+            coordinators: {
+                let mut c = state
+                    .map(|(s, _)| s.coordinators.clone())
+                    .unwrap_or_default();
+                if c.last() != Some(me) {
+                    c.push(me.clone());
+                }
+                c
+            },
+            reason,
+            updated_unix_ns: now,
+        };
+        let mut last = None;
+        match a {
+            Action::Refuse { reason } => {
+                warn!(restore = %id, %reason, "refusing the restore");
+                let o = self
+                    .store
+                    .txn(
+                        vec![fence, Compare::ModRevision(state_key.clone(), 0)],
+                        vec![put(&state_key, &new_state(Status::Aborted, Some(reason)))],
+                    )
+                    .await?;
+                last = o.succeeded.then_some(o.revision);
+            }
+            Action::Begin => {
+                let mut ops = Vec::new();
+                let mut cmps = vec![fence.clone()];
+                if state.is_none() {
+                    info!(restore = %id, vms = plan.plan.vms.len(), "restore begins: LOAD to every VM");
+                    cmps.push(Compare::ModRevision(state_key.clone(), 0));
+                    ops.push(put(&state_key, &new_state(Status::Active, None)));
+                }
+                for p in plan.plan.vms.iter().filter(|p| !phases.contains_key(&p.vm)) {
+                    let key = layout::phase(id, &p.vm);
+                    cmps.push(Compare::ModRevision(key.clone(), 0));
+                    ops.push(put(&key, &PhaseRecord::new(&p.vm, &p.host)));
+                    if ops.len() == TXN_OPS {
+                        let o = self
+                            .store
+                            .txn(std::mem::take(&mut cmps), std::mem::take(&mut ops))
+                            .await?;
+                        if !o.succeeded {
+                            return Ok(None);
+                        }
+                        last = Some(o.revision);
+                        cmps.push(fence.clone());
+                    }
+                }
+                if !ops.is_empty() {
+                    let o = self.store.txn(cmps, ops).await?;
+                    last = o.succeeded.then_some(o.revision).or(last);
+                }
+            }
+            Action::Start { vms } => {
+                let Some((_, state_rev)) = state else {
+                    return Ok(None);
+                };
+                for chunk in vms.chunks(TXN_OPS) {
+                    let mut cmps = vec![
+                        fence.clone(),
+                        Compare::ModRevision(state_key.clone(), *state_rev),
+                    ];
+                    let mut ops = Vec::new();
+                    for (vm, at) in chunk {
+                        let Some((rec, rev)) = phases.get(vm) else {
+                            continue;
+                        };
+                        let key = layout::phase(id, vm);
+                        let mut rec = rec.clone();
+                        rec.phase = Phase::Start;
+                        rec.start_sent_unix_ns = Some(now);
+                        rec.start_at_unix_ns = Some(*at);
+                        cmps.push(Compare::ModRevision(key.clone(), *rev));
+                        ops.push(put(&key, &rec));
+                    }
+                    debug!(restore = %id, vms = ops.len(), "START");
+                    let o = self.store.txn(cmps, ops).await?;
+                    if !o.succeeded {
+                        return Ok(last);
+                    }
+                    last = Some(o.revision);
+                }
+            }
+            Action::Abort { reason } => {
+                let Some((_, state_rev)) = state else {
+                    return Ok(None);
+                };
+                warn!(restore = %id, %reason, "aborting the restore");
+                let o = self
+                    .store
+                    .txn(
+                        vec![fence, Compare::ModRevision(state_key.clone(), *state_rev)],
+                        vec![put(&state_key, &new_state(Status::Aborting, Some(reason)))],
+                    )
+                    .await?;
+                last = o.succeeded.then_some(o.revision);
+            }
+            Action::Finish { status } => {
+                let Some((s, state_rev)) = state else {
+                    return Ok(None);
+                };
+                let o = self
+                    .store
+                    .txn(
+                        vec![fence, Compare::ModRevision(state_key.clone(), *state_rev)],
+                        vec![put(&state_key, &new_state(status, s.reason.clone()))],
+                    )
+                    .await?;
+                if o.succeeded {
+                    info!(restore = %id, status = ?status, "restore ended");
+                }
+                last = o.succeeded.then_some(o.revision);
+            }
+        }
+        Ok(last)
+    }
+}
+
+enum Step {
+    /// Wait for the view to catch up with our own writes.
+    Wait,
+    /// The restore ended (or is gone): resign.
+    End,
+    Act(Box<Snapshot>),
+}
+
+/// A decision and the records it was made from (the writes compare against them).
+struct Snapshot {
+    decision: checker::Decision,
+    plan: Arc<CheckedPlan>,
+    state: Option<(StateRecord, Revision)>,
+    phases: HashMap<String, (PhaseRecord, Revision)>,
+}
+
+fn put<T: Record>(key: &str, rec: &T) -> Op {
+    Op::Put {
+        key: key.to_string(),
+        value: encode(rec),
+        lease: None,
+    }
+}

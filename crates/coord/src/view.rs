@@ -1,0 +1,157 @@
+//! What one daemon knows of the cluster store: every restore's records and the
+//! live hosts, read once and then kept current from watches ([`ClusterView::apply`]).
+//! Records are checked as they arrive; a refused one is kept as its error, so the
+//! restore it belongs to is reported as refused instead of being acted on.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use rebound_store::{Event, KeyValue, Revision};
+
+use crate::layout::{self, Key};
+use crate::records::{decode, HostRecord, PhaseRecord, PlanRecord, RecordError, StateRecord};
+use crate::restore_plan::Groups;
+
+/// A checked plan and its start groups.
+pub struct CheckedPlan {
+    pub record: PlanRecord,
+    pub groups: Groups,
+}
+
+/// One restore's records.
+#[derive(Default)]
+pub struct RestoreView {
+    pub plan: Option<Result<Arc<CheckedPlan>, RecordError>>,
+    pub state: Option<Result<(StateRecord, Revision), RecordError>>,
+    pub phases: HashMap<String, (PhaseRecord, Revision)>,
+    /// Phase records refused, by VM.
+    pub bad_phases: BTreeMap<String, RecordError>,
+}
+
+impl RestoreView {
+    /// The plan, if it was read and passed its checks.
+    pub fn plan(&self) -> Option<&Arc<CheckedPlan>> {
+        self.plan.as_ref()?.as_ref().ok()
+    }
+
+    pub fn state(&self) -> Option<(&StateRecord, Revision)> {
+        match &self.state {
+            Some(Ok((s, r))) => Some((s, *r)),
+            _ => None,
+        }
+    }
+
+    /// Why this restore cannot be acted on, if a record of it was refused.
+    pub fn refused(&self) -> Option<&RecordError> {
+        match (&self.plan, &self.state) {
+            (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
+            _ => self.bad_phases.values().next(),
+        }
+    }
+}
+
+/// The store's contents that matter to restores, at `revision`.
+#[derive(Default)]
+pub struct ClusterView {
+    pub revision: Revision,
+    pub restores: BTreeMap<String, RestoreView>,
+    /// Hosts whose info key exists (it lives on the host's lease); a refused record
+    /// keeps its error (the host is not counted live).
+    pub hosts: BTreeMap<String, Result<HostRecord, RecordError>>,
+}
+
+impl ClusterView {
+    /// Builds the view from a read of the whole layout.
+    pub fn from_kvs<'a>(kvs: impl IntoIterator<Item = &'a KeyValue>, revision: Revision) -> Self {
+        let mut v = ClusterView::default();
+        for kv in kvs {
+            v.put(kv);
+        }
+        v.revision = revision;
+        v
+    }
+
+    /// Hosts with a live lease and a valid record.
+    pub fn live(&self) -> BTreeSet<String> {
+        self.hosts
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    /// Applies one watched change.
+    pub fn apply(&mut self, ev: &Event) {
+        match ev {
+            Event::Put(kv) => self.put(kv),
+            Event::Delete { key, .. } => self.delete(key),
+        }
+        self.revision = self.revision.max(ev.mod_revision());
+    }
+
+    fn put(&mut self, kv: &KeyValue) {
+        let (key, rev, b) = (kv.key.as_str(), kv.mod_revision, kv.value.as_slice());
+        match layout::parse(key) {
+            Key::HostInfo { host } => {
+                self.hosts
+                    .insert(host.to_string(), decode::<HostRecord>(key, b));
+            }
+            Key::Plan { restore } => {
+                let plan = decode::<PlanRecord>(key, b).map(|record| {
+                    let groups = record.plan.groups().expect("checked by decode");
+                    Arc::new(CheckedPlan { record, groups })
+                });
+                self.restores.entry(restore.to_string()).or_default().plan = Some(plan);
+            }
+            Key::State { restore } => {
+                let s = decode::<StateRecord>(key, b).map(|s| (s, rev));
+                self.restores.entry(restore.to_string()).or_default().state = Some(s);
+            }
+            Key::Phase { restore, vm } => {
+                let r = self.restores.entry(restore.to_string()).or_default();
+                match decode::<PhaseRecord>(key, b) {
+                    Ok(p) => {
+                        r.bad_phases.remove(vm);
+                        r.phases.insert(vm.to_string(), (p, rev));
+                    }
+                    Err(e) => {
+                        r.phases.remove(vm);
+                        r.bad_phases.insert(vm.to_string(), e);
+                    }
+                }
+            }
+            Key::HostVm { .. }
+            | Key::HostSnapshots { .. }
+            | Key::Election { .. }
+            | Key::Cluster { .. }
+            | Key::Other => {}
+        }
+    }
+
+    fn delete(&mut self, key: &str) {
+        match layout::parse(key) {
+            Key::HostInfo { host } => {
+                self.hosts.remove(host);
+            }
+            Key::Plan { restore } => {
+                self.restores.remove(restore);
+            }
+            Key::State { restore } => {
+                if let Some(r) = self.restores.get_mut(restore) {
+                    r.state = None;
+                }
+            }
+            Key::Phase { restore, vm } => {
+                if let Some(r) = self.restores.get_mut(restore) {
+                    r.phases.remove(vm);
+                    r.bad_phases.remove(vm);
+                }
+            }
+            Key::HostVm { .. }
+            | Key::HostSnapshots { .. }
+            | Key::Election { .. }
+            | Key::Cluster { .. }
+            | Key::Other => {}
+        }
+    }
+}

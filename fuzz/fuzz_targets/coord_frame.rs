@@ -1,5 +1,0 @@
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = rebound_fuzz_harness::coord_frame(data);
-});

@@ -1,7 +1,7 @@
 //! The pure half of `bench cluster-scale`: the plan it restores, the figures of one
 //! restore read from its report, and the goals over the sizes.
 
-use rebound_coord::store::report::{Outcome, RestoreReport};
+use rebound_coord::report::{Outcome, RestoreReport};
 use rebound_coord::{Plan, PlanVm};
 use serde::Serialize;
 

@@ -25,13 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use rebound_coord::store::layout;
-use rebound_coord::store::records::Timeouts;
-use rebound_coord::store::report::RestoreReport;
-use rebound_coord::store::run::{unix_now_ns, HostConfig, Participant};
-use rebound_coord::store::standin::StandIn;
-use rebound_coord::store::submit::{submit, wait, SubmitError};
-use rebound_coord::store::view::ClusterView;
+use rebound_coord::layout;
+use rebound_coord::records::Timeouts;
+use rebound_coord::report::RestoreReport;
+use rebound_coord::run::{unix_now_ns, HostConfig, Participant};
+use rebound_coord::standin::StandIn;
+use rebound_coord::submit::{submit, wait, SubmitError};
+use rebound_coord::view::ClusterView;
 use rebound_coord::Plan;
 use rebound_store::{Event, Op, Store, StoreError};
 use serde::Serialize;
@@ -47,7 +47,7 @@ pub enum Error {
     #[error(transparent)]
     Etcd(#[from] etcd::Error),
     #[error("host {0} cannot join the cluster store")]
-    Join(String, #[source] rebound_coord::store::run::RunError),
+    Join(String, #[source] rebound_coord::run::RunError),
     #[error("the restore failed")]
     Submit(#[from] SubmitError),
     #[error("the cluster store failed")]
@@ -443,7 +443,7 @@ impl Bench {
             failover_s: secs(first_write),
             lease_gone_s: secs(Some(gone)),
             state_names_new_s: secs(named_new.then_some(finished)),
-            restored: r.outcome == rebound_coord::store::report::Outcome::Restored,
+            restored: r.outcome == rebound_coord::report::Outcome::Restored,
             double_starts: twice(hosts, plan),
         };
         check(&r, f.double_starts)?;
@@ -482,9 +482,12 @@ fn check(r: &RestoreReport, twice: usize) -> Result<(), Error> {
         return Err(Error::Twice(twice));
     }
     match &r.outcome {
-        rebound_coord::store::report::Outcome::Restored => Ok(()),
-        rebound_coord::store::report::Outcome::Aborted { reason } => {
+        rebound_coord::report::Outcome::Restored => Ok(()),
+        rebound_coord::report::Outcome::Aborted { reason } => {
             Err(Error::Aborted(r.restore_id.clone(), reason.clone()))
+        }
+        rebound_coord::report::Outcome::Running { status } => {
+            Err(Error::Aborted(r.restore_id.clone(), format!("still {status}")))
         }
     }
 }
@@ -611,8 +614,8 @@ mod tests {
         assert!(f.restored && f.double_starts == 0, "{f:?}");
         assert_eq!(f.coordinators.len(), 2, "{f:?}");
         assert_eq!(f.coordinators[0], f.dropped);
-        // The lease goes after its TTL; the new coordinator writes after that.
-        assert!(f.lease_gone_s >= 0.9 && f.failover_s >= f.lease_gone_s, "{f:?}");
+        // The old lease goes after its TTL, and only then can another coordinate.
+        assert!(f.lease_gone_s >= 0.9 && f.failover_s >= 0.9, "{f:?}");
         assert!(f.failover_s < 10.0, "{f:?}");
         assert_eq!(o.accelerator, "no guests (stand-ins)");
     }

@@ -48,7 +48,8 @@ impl Etcd {
         let dir = base.join(format!("rebound-bench-scale-etcd-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Dir(dir.clone(), e))?;
-        let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| Error::Dir(dir.clone(), e))?;
+        let log =
+            std::fs::File::create(dir.join("etcd.log")).map_err(|e| Error::Dir(dir.clone(), e))?;
         let log2 = log.try_clone().map_err(|e| Error::Dir(dir.clone(), e))?;
         let endpoint = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");

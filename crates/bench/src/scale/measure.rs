@@ -124,7 +124,11 @@ pub struct RunFigures {
 pub fn figures(r: &RestoreReport, planned: &Plan, submit_unix_ns: i64) -> RunFigures {
     let t0 = r.began_unix_ns;
     let since_submit = |ns: i64| (ns - submit_unix_ns) as f64 / 1e9;
-    let all_started = r.vms.iter().map(|v| v.start_unix_ns).collect::<Option<Vec<_>>>();
+    let all_started = r
+        .vms
+        .iter()
+        .map(|v| v.start_unix_ns)
+        .collect::<Option<Vec<_>>>();
     let all_restored = r
         .vms
         .iter()
@@ -172,11 +176,14 @@ pub struct Goal {
 /// factor of the smallest.
 pub const CONSTANT_WITHIN: f64 = 1.25;
 
-/// The goals over every size's medians: (VMs, p99 start error, failover s,
-/// requests per VM), `None` where no run measured it.
-pub fn goals(rows: &[(usize, Option<Stat>, Option<Stat>, Option<Stat>)], ttl_s: f64) -> Vec<Goal> {
+/// One size's medians for the goals: (VMs, p99 start error, failover s, requests
+/// per VM), `None` where no run measured it.
+pub type GoalRow = (usize, Option<Stat>, Option<Stat>, Option<Stat>);
+
+/// The goals over every size's medians.
+pub fn goals(rows: &[GoalRow], ttl_s: f64) -> Vec<Goal> {
     let mut out = Vec::new();
-    let worst = |f: &dyn Fn(&(usize, Option<Stat>, Option<Stat>, Option<Stat>)) -> Option<Stat>| {
+    let worst = |f: &dyn Fn(&GoalRow) -> Option<Stat>| {
         rows.iter()
             .filter_map(|r| f(r).map(|s| (r.0, s.median)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -253,7 +260,10 @@ mod tests {
         }
         assert!(p.groups().is_ok(), "the plan is valid");
         // Every wave has one VM of each full host.
-        let wave9 = p.vms.iter().filter(|v| (v.start_at_s.unwrap() - 1.9).abs() < 1e-9);
+        let wave9 = p
+            .vms
+            .iter()
+            .filter(|v| (v.start_at_s.unwrap() - 1.9).abs() < 1e-9);
         assert_eq!(wave9.count(), 2);
     }
 

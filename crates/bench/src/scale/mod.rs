@@ -323,7 +323,11 @@ async fn measure_all(a: &ScaleArgs) -> Result<Output, Error> {
             "{}, one member, plain HTTP at {} (no TLS: the scale figure only), data on {}",
             etcd_version(&a.etcd),
             server.endpoint,
-            if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "the temp dir" }
+            if std::path::Path::new("/dev/shm").is_dir() {
+                "/dev/shm"
+            } else {
+                "the temp dir"
+            }
         ),
         shape: b.shape.clone(),
         load_ms: a.load_ms,
@@ -486,9 +490,10 @@ fn check(r: &RestoreReport, twice: usize) -> Result<(), Error> {
         rebound_coord::report::Outcome::Aborted { reason } => {
             Err(Error::Aborted(r.restore_id.clone(), reason.clone()))
         }
-        rebound_coord::report::Outcome::Running { status } => {
-            Err(Error::Aborted(r.restore_id.clone(), format!("still {status}")))
-        }
+        rebound_coord::report::Outcome::Running { status } => Err(Error::Aborted(
+            r.restore_id.clone(),
+            format!("still {status}"),
+        )),
     }
 }
 
@@ -600,14 +605,19 @@ mod tests {
             etcd: "etcd".into(),
             json: false,
         };
-        let o = measure_all(&a).await.expect("etcd runs and the bench measures");
+        let o = measure_all(&a)
+            .await
+            .expect("etcd runs and the bench measures");
         assert!(o.failures.is_empty(), "{:?}", o.failures);
         let s = &o.sizes[0];
         assert_eq!((s.vms, s.hosts), (20, 4));
         let r = &s.runs[0];
         assert!(r.restored && r.double_starts == 0, "{r:?}");
         // Every VM started after the line's first instant and before it ended + slack.
-        assert!(r.all_started_s > 0.8 && r.all_started_s < r.all_restored_s, "{r:?}");
+        assert!(
+            r.all_started_s > 0.8 && r.all_started_s < r.all_restored_s,
+            "{r:?}"
+        );
         assert!(r.requests_per_vm > 1.0 && r.requests_per_vm < 20.0, "{r:?}");
         assert!(r.start_error_p99_ms.is_finite(), "{r:?}");
         let f = &s.failovers[0];

@@ -52,7 +52,7 @@ pub enum Error {
     Submit(#[from] SubmitError),
     #[error("the cluster store failed")]
     Store(#[from] StoreError),
-    #[error("restore {0} did not reach {1} within {2:?}")]
+    #[error("restore {0} did not reach {1} in time (limit {2:?} per restore)")]
     Stuck(String, &'static str, Duration),
     #[error("restore {0} has no coordinator")]
     NoCoordinator(String),
@@ -420,6 +420,9 @@ impl Bench {
         let dropped = unix_now_ns();
         hosts[i].part = None;
         hosts[i].join(self.ttl).await?;
+        // The old coordinator's lease must go within its TTL and some slack.
+        let limit = self.ttl * 4 + Duration::from_secs(20);
+        let deadline = deadline.min(tokio::time::Instant::now() + limit);
         let gone = 'gone: loop {
             for e in next(&mut w, deadline, id).await? {
                 if matches!(&e, Event::Delete { key, .. } if *key == leader.key) {
@@ -473,7 +476,11 @@ async fn next(
     id: &str,
 ) -> Result<Vec<Event>, Error> {
     match tokio::time::timeout_at(deadline, w.events.recv()).await {
-        Err(_) => Err(Error::Stuck(id.to_string(), "the failover", LIMIT)),
+        Err(_) => Err(Error::Stuck(
+            id.to_string(),
+            "the failover (the old coordinator's election key did not go)",
+            LIMIT,
+        )),
         Ok(Some(Ok(evs))) => Ok(evs),
         Ok(Some(Err(e))) => Err(Error::Store(e)),
         Ok(None) => Err(Error::Store(StoreError::Other("the watch ended".into()))),

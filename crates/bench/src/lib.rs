@@ -23,6 +23,7 @@ pub mod out;
 mod reboot;
 mod restore;
 mod rounds;
+mod scale;
 mod slowdisk;
 mod throttledfs;
 mod webload;
@@ -48,6 +49,8 @@ pub enum Error {
     Cluster(#[from] cluster::Error),
     #[error(transparent)]
     Ha(#[from] ha::Error),
+    #[error(transparent)]
+    Scale(#[from] scale::Error),
 }
 
 #[derive(Subcommand, Debug)]
@@ -94,6 +97,10 @@ pub enum BenchCmd {
     /// the restore line): restore latency, backoff, disruption, retransmissions,
     /// heartbeat false alarms and a host client's worst request (HotRestore 6.2).
     Cluster(cluster::ClusterArgs),
+    /// The cluster restore protocol over a real etcd (started by the bench) at 100
+    /// to 1,000 stand-in VMs on simulated hosts: time to every VM started, start
+    /// precision against the line, etcd requests per VM, coordinator failover.
+    ClusterScale(scale::ScaleArgs),
     /// The HA heap benchmarks: runs `rebound-ha-bench` (installed next to `rebound`)
     /// with the remaining arguments, e.g. `rebound bench ha micro`.
     Ha {
@@ -114,6 +121,7 @@ pub async fn run<C: Clusters>(paths: &Paths, cmd: BenchCmd, clusters: &C) -> Res
         BenchCmd::Hcache(args) => Ok(hcache::run(paths, args).await?),
         BenchCmd::Reboot(args) => Ok(reboot::run(paths, args).await?),
         BenchCmd::Cluster(args) => Ok(cluster::run(paths, args, clusters).await?),
+        BenchCmd::ClusterScale(args) => Ok(scale::run(args).await?),
         BenchCmd::Boot {
             runs,
             memory,

@@ -2,8 +2,8 @@
 //!
 //! Every [`Store`] call maps to etcd's own API: `Range` for reads, `Txn` with
 //! `Compare::mod_revision`/`value` for transactions, `Watch` with a start revision,
-//! `LeaseGrant`/`LeaseRevoke` and a keep-alive stream per lease, and the v3election
-//! service (`Campaign`, `Leader`, `Resign`) for elections, so the semantics are
+//! `LeaseGrant`/`LeaseRevoke` and a keep-alive stream per lease, and elections on
+//! keys and watches ([`crate::election`], etcd's own algorithm), so the semantics are
 //! etcd's (see [`crate::mem`] for where the in-memory store differs).
 //!
 //! What this module adds on top:
@@ -43,9 +43,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, CompareOp, ConnectOptions, EventType, GetOptions, Identity, LeaderKey,
-    LeaseKeepAliveStream, LeaseKeeper, ResignOptions, TlsOptions, Txn, TxnOp, WatchOptions,
-    WatchStream,
+    Certificate, Client, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    LeaseKeepAliveStream, LeaseKeeper, TlsOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -128,12 +127,11 @@ enum Retry {
     IfNotSent,
 }
 
-/// Whether a request is bounded by the request timeout.
+/// Whether a request is bounded by the request timeout (every one is now: a
+/// campaign is made of short requests and a watch, `crate::election`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Length {
     Short,
-    /// A campaign waits as long as the election takes.
-    Long,
 }
 
 /// A failure of one attempt on one member.
@@ -394,7 +392,6 @@ impl Conn {
                         not_sent: false,
                     }),
                 },
-                Length::Long => attempt.await.map_err(|e| failure(endpoint, e, lease)),
             };
             let failure = match result {
                 Ok(value) => return Ok(value),
@@ -776,63 +773,15 @@ impl Store for EtcdStore {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Leadership, StoreError> {
-        // Campaigning again with the same lease keeps the candidacy, so a campaign
-        // cut short by a member's death is simply sent to the next member.
-        let response = self
-            .conn
-            .call(
-                Retry::Always,
-                Length::Long,
-                Some(lease),
-                |mut c| async move { c.campaign(election, value, lease).await },
-            )
-            .await?;
-        let leader = response
-            .leader()
-            .ok_or_else(|| StoreError::Other("etcd's campaign answer names no leader".into()))?;
-        let leadership = Leadership {
-            election: election.to_string(),
-            key: key_string(leader.key())?,
-            revision: leader.rev(),
-            lease,
-        };
-        // etcd's campaign ends when every older candidate is gone, even if this
-        // candidate's own lease expired meanwhile: check that its key still stands.
-        let held = self.get(&leadership.key).await?;
-        if held.is_none_or(|kv| kv.create_revision != leadership.revision) {
-            return Err(StoreError::LeaseGone(lease));
-        }
-        Ok(leadership)
+        crate::election::campaign(self, election, lease, value).await
     }
 
     async fn leader(&self, election: &str) -> Result<Option<KeyValue>, StoreError> {
-        let result = self
-            .conn
-            .call(Retry::Always, Length::Short, None, |mut c| async move {
-                c.leader(election).await
-            })
-            .await;
-        match result {
-            Ok(response) => response.kv().map(key_value).transpose(),
-            Err(StoreError::Other(m)) if m.contains(NO_LEADER) => Ok(None),
-            Err(e) => Err(e),
-        }
+        crate::election::leader(self, election).await
     }
 
     async fn resign(&self, leadership: &Leadership) -> Result<(), StoreError> {
-        let key = LeaderKey::new()
-            .with_name(leadership.election.as_str())
-            .with_key(leadership.key.as_str())
-            .with_rev(leadership.revision)
-            .with_lease(leadership.lease);
-        // etcd deletes the key only if it is still this candidacy's: safe twice.
-        self.conn
-            .call(Retry::Always, Length::Short, None, |mut c| {
-                let options = ResignOptions::new().with_leader(key.clone());
-                async move { c.resign(Some(options)).await }
-            })
-            .await?;
-        Ok(())
+        crate::election::resign(self, leadership).await
     }
 
     fn requests(&self) -> u64 {

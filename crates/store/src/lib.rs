@@ -11,6 +11,7 @@
 //! next one, and a key's `mod_revision` is the revision of its last write.
 
 pub mod access;
+pub mod election;
 pub mod etcd;
 pub mod mem;
 pub mod probe;

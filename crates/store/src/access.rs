@@ -194,13 +194,9 @@ pub fn restore_plan(id: &str, hosts: &[String]) -> Result<Plan, AccessError> {
     })
 }
 
-/// The files of a TLS identity and the CA that signed the members' certificates.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+/// The files of a TLS identity and the CA that signed the members' certificates:
+/// the same as the store's own connections take.
+pub use crate::etcd::TlsFiles;
 
 /// A client of the etcd members at `endpoints` (`https://host:port`), logged in by
 /// the certificate in `tls`.

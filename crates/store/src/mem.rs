@@ -16,9 +16,9 @@
 //!   revision (none if it had no keys) and its `lost` flag turns true. The [`Lease`]
 //!   handle's keeper renews every TTL/3; dropping the handle stops the renewal, so
 //!   the lease expires within one TTL, which is what a dead process looks like;
-//! - elections follow etcd's `concurrency` package: a candidate's key is
-//!   `<election>/<lease id in hex>`, attached to its lease; the leader is the
-//!   candidate key with the lowest `create_revision`.
+//! - elections are [`crate::election`]'s, on this store's own keys and watches, as
+//!   on etcd: a candidate's key is `<election>/<lease id in hex>`, attached to its
+//!   lease; the leader is the candidate key with the lowest `create_revision`.
 //!
 //! Differences from etcd: TTLs are not rounded up to whole seconds and have no
 //! minimum; expiry is exact (etcd checks every 500 ms); lease ids count up from 1;
@@ -60,8 +60,6 @@ pub struct MemStore {
 
 struct Shared {
     state: Mutex<State>,
-    /// The current revision, for campaigns waiting for a change.
-    revision: watch::Sender<Revision>,
     next_handle: AtomicU64,
 }
 
@@ -128,7 +126,6 @@ impl MemStore {
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
-            revision: watch::channel(0).0,
             next_handle: AtomicU64::new(0),
         });
         let handle = HandleState::new(&shared);
@@ -154,10 +151,7 @@ impl MemStore {
     /// Its keys are deleted in one revision and its `lost` flag turns true.
     /// Returns whether the lease was still alive.
     pub fn fake_expire_lease(&self, id: LeaseId) -> bool {
-        let mut state = self.state();
-        let alive = state.end_lease(id);
-        self.shared.revision.send_replace(state.revision);
-        alive
+        self.state().end_lease(id)
     }
 
     /// FAKE FAULT: cuts this handle off from the store (`true`) or reconnects it
@@ -196,7 +190,6 @@ impl MemStore {
     /// Applies `ops` and wakes whoever waits for a new revision.
     fn write(&self, state: &mut State, ops: Vec<Op>) -> Result<(), StoreError> {
         state.write(ops)?;
-        self.shared.revision.send_replace(state.revision);
         Ok(())
     }
 }
@@ -358,12 +351,6 @@ impl State {
         lease.lost.send_replace(true);
         true
     }
-
-    /// The election's leader: its candidate key with the lowest create revision.
-    fn leader(&self, election: &str) -> Option<&KeyValue> {
-        let prefix = format!("{election}/");
-        under(&self.kvs, &prefix).min_by_key(|kv| kv.create_revision)
-    }
 }
 
 /// Renews lease `id` every TTL/3 while its keeper lives and its handle is not cut
@@ -401,7 +388,6 @@ async fn keep_lease(
         };
         if now >= lease.deadline {
             state.end_lease(id);
-            shared.revision.send_replace(state.revision);
             return;
         }
         if renewing() && now >= renewed + renew_every {
@@ -552,7 +538,6 @@ impl Store for MemStore {
         if !state.end_lease(lease) {
             return Err(StoreError::LeaseGone(lease));
         }
-        self.shared.revision.send_replace(state.revision);
         Ok(())
     }
 
@@ -562,75 +547,15 @@ impl Store for MemStore {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Leadership, StoreError> {
-        self.request()?;
-        let key = format!("{election}/{lease:x}");
-        let mut revisions = self.shared.revision.subscribe();
-        let mut cut = self.handle.cut.subscribe();
-        let create_revision = {
-            let mut state = self.state();
-            if !state.leases.contains_key(&lease) {
-                return Err(StoreError::LeaseGone(lease));
-            }
-            // Campaigning again with the same lease keeps the candidacy's place
-            // and only updates the value, as etcd does.
-            if state.kvs.get(&key).is_none_or(|kv| kv.value != value) {
-                let put = Op::Put {
-                    key: key.clone(),
-                    value: value.to_vec(),
-                    lease: Some(lease),
-                };
-                self.write(&mut state, vec![put])?;
-            }
-            state.kvs[&key].create_revision
-        };
-        loop {
-            {
-                let state = self.state();
-                if state.kvs.get(&key).map(|kv| kv.create_revision) != Some(create_revision) {
-                    if state.leases.contains_key(&lease) {
-                        return Err(StoreError::Other(format!(
-                            "candidate key {key} was deleted while campaigning"
-                        )));
-                    }
-                    return Err(StoreError::LeaseGone(lease));
-                }
-                if let Some(leader) = state.leader(election).filter(|kv| kv.key == key) {
-                    return Ok(Leadership {
-                        election: election.to_string(),
-                        key,
-                        revision: leader.create_revision,
-                        lease,
-                    });
-                }
-            }
-            tokio::select! {
-                changed = revisions.changed() => {
-                    if changed.is_err() {
-                        return Err(StoreError::Other("the in-memory store is gone".into()));
-                    }
-                }
-                _ = cut.wait_for(|c| *c) => return Err(cut_off()),
-            }
-        }
+        crate::election::campaign(self, election, lease, value).await
     }
 
     async fn leader(&self, election: &str) -> Result<Option<KeyValue>, StoreError> {
-        self.request()?;
-        Ok(self.state().leader(election).cloned())
+        crate::election::leader(self, election).await
     }
 
     async fn resign(&self, leadership: &Leadership) -> Result<(), StoreError> {
-        self.request()?;
-        let mut state = self.state();
-        // Only the candidacy that won: a newer one under the same key stays.
-        let ours = state
-            .kvs
-            .get(&leadership.key)
-            .is_some_and(|kv| kv.create_revision == leadership.revision);
-        if ours {
-            self.write(&mut state, vec![Op::Delete(leadership.key.clone())])?;
-        }
-        Ok(())
+        crate::election::resign(self, leadership).await
     }
 
     fn requests(&self) -> u64 {

@@ -268,6 +268,14 @@ pub struct Timeouts {
     pub restore_s: f64,
 }
 
+impl Timeouts {
+    /// The longest a restore can run: every phase's limit, and a minute for the
+    /// hosts to settle an abort.
+    pub fn limit(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.load_s + self.start_s + self.restore_s + 60.0)
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {

@@ -646,22 +646,12 @@ pub struct DaemonArgs {
     /// bridges, and their forwarded ports listen in it. One daemon per simulated host.
     #[arg(long)]
     pub netns: Option<String>,
-    /// The cluster store: etcd client URLs, comma-separated (e.g.
-    /// https://10.0.0.5:2379,https://10.0.0.6:2379). Without it, cluster restores
-    /// run on this host alone, with no store to install.
-    #[arg(long, value_delimiter = ',')]
-    pub etcd: Vec<String>,
-    /// The CA certificate (PEM) that signed the etcd members' and hosts' certificates.
-    #[arg(long, requires = "etcd")]
-    pub etcd_ca: Option<PathBuf>,
-    /// This host's certificate (PEM; its CN is its etcd user, `rebound cluster certs`
-    /// makes one per host).
-    #[arg(long, requires = "etcd")]
-    pub etcd_cert: Option<PathBuf>,
-    /// This host's private key (PEM).
-    #[arg(long, requires = "etcd")]
-    pub etcd_key: Option<PathBuf>,
-    /// This host's name in the cluster store (a-z, 0-9, '-', '_', '.'; at most 63).
+    /// The cluster store, and this host's certificate for it. Without --etcd,
+    /// cluster restores run on this host alone, with no store to install.
+    #[command(flatten)]
+    pub store: cluster::StoreArgs,
+    /// This host's name in the cluster store (a-z, 0-9 and '-', starting with a
+    /// letter or digit; at most 63).
     /// [default: this machine's host name]
     #[arg(long)]
     pub host: Option<String>,
@@ -910,20 +900,7 @@ async fn daemon(paths: &Paths, a: DaemonArgs) -> anyhow::Result<()> {
     let socket = a.socket.unwrap_or_else(|| paths.socket());
     match a.action {
         None => {
-            let etcd = match (&a.etcd_ca, &a.etcd_cert, &a.etcd_key) {
-                _ if a.etcd.is_empty() => None,
-                (None, None, None) => Some(rebound_store::etcd::EtcdConfig::new(a.etcd.clone())),
-                (Some(ca), Some(cert), Some(key)) => {
-                    let mut c = rebound_store::etcd::EtcdConfig::new(a.etcd.clone());
-                    c.tls = Some(rebound_store::etcd::TlsFiles {
-                        ca: ca.clone(),
-                        cert: cert.clone(),
-                        key: key.clone(),
-                    });
-                    Some(c)
-                }
-                _ => anyhow::bail!("--etcd-ca, --etcd-cert and --etcd-key go together"),
-            };
+            let etcd = a.store.config()?;
             let host = match a.host {
                 Some(h) => h,
                 None => default_host_name(),

@@ -94,26 +94,8 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
                 serde_json::from_value(body)
                     .with_context(|| format!("{} is not a restore plan", plan.display()))?;
             let mut access =
-                rebound_store::access::connect(&a.store.etcd, &access_tls(&a.store)?).await?;
-            let hosts: Vec<String> = req
-                .plan
-                .vms
-                .iter()
-                .map(|v| v.host.clone())
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let id = req.plan.restore_id.clone();
-            rebound_store::access::grant_restore(&mut access, &id, &hosts).await?;
-            let t = &req.timeouts;
-            let limit =
-                std::time::Duration::from_secs_f64(t.load_s + t.start_s + t.restore_s + 60.0);
-            rebound_coord::submit::submit(&store, req.plan, req.timeouts.clone()).await?;
-            let r = rebound_coord::submit::wait(&store, &id, limit, |_| {}).await;
-            if let Err(e) = rebound_store::access::revoke_restore(&mut access, &id).await {
-                eprintln!("warning: {}", rebound_errors::chain(&e));
-            }
-            r?
+                rebound_store::access::connect(&a.store.etcd, &a.store.operator_tls()?).await?;
+            super::store::submit_and_wait(&store, &mut access, req.plan, req.timeouts).await?
         }
         None => {
             let c = Client::new(&paths.socket());
@@ -127,15 +109,4 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         print_report(&report);
     }
     outcome(&report)
-}
-
-fn access_tls(a: &super::store::StoreArgs) -> anyhow::Result<rebound_store::access::TlsFiles> {
-    match (&a.etcd_ca, &a.etcd_cert, &a.etcd_key) {
-        (Some(ca), Some(cert), Some(key)) => Ok(rebound_store::access::TlsFiles {
-            ca: ca.clone(),
-            cert: cert.clone(),
-            key: key.clone(),
-        }),
-        _ => anyhow::bail!("submitting to a cluster store needs the operator's certificate: --etcd-ca, --etcd-cert and --etcd-key"),
-    }
 }

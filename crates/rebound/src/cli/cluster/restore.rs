@@ -175,36 +175,6 @@ pub async fn remove_vm(link: &super::HostLink, vm: &str) -> anyhow::Result<bool>
     Ok(true)
 }
 
-/// Grants the plan's hosts its records, submits it and follows it to its report
-/// (the grant is taken back once it ended).
-pub async fn submit_and_wait(
-    c: &Cluster,
-    plan: &rebound_coord::Plan,
-) -> anyhow::Result<RestoreReport> {
-    let store = c.admin_store().await?;
-    let mut access = c.admin_access().await?;
-    let hosts: Vec<String> = plan
-        .vms
-        .iter()
-        .map(|v| v.host.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    rebound_store::access::grant_restore(&mut access, &plan.restore_id, &hosts)
-        .await
-        .context("cannot grant the hosts the restore's records")?;
-    let timeouts = rebound_coord::records::Timeouts::default();
-    let limit = std::time::Duration::from_secs_f64(
-        timeouts.load_s + timeouts.start_s + timeouts.restore_s + 60.0,
-    );
-    rebound_coord::submit::submit(&store, plan.clone(), timeouts).await?;
-    let r = rebound_coord::submit::wait(&store, &plan.restore_id, limit, |_| {}).await;
-    if let Err(e) = rebound_store::access::revoke_restore(&mut access, &plan.restore_id).await {
-        eprintln!("warning: {}", rebound_errors::chain(&e));
-    }
-    Ok(r?)
-}
-
 /// Restores the cluster snapshot `from` into cluster `c`.
 pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Result<Outcome> {
     plan_opts(opts).check()?;
@@ -232,7 +202,13 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
             );
         }
     }
-    let report = submit_and_wait(c, &plan).await?;
+    let report = super::store::submit_and_wait(
+        &c.admin_store().await?,
+        &mut c.admin_access().await?,
+        plan.clone(),
+        rebound_coord::records::Timeouts::default(),
+    )
+    .await?;
     record_rates(c, &figs, &report);
     let starts: BTreeMap<String, f64> = report
         .vms

@@ -76,14 +76,36 @@ impl Cluster {
 
     /// An access-control client, as the operator.
     pub async fn admin_access(&self) -> anyhow::Result<access::Client> {
-        let t = self.tls("root");
-        let tls = access::TlsFiles {
-            ca: t.ca,
-            cert: t.cert,
-            key: t.key,
-        };
-        Ok(access::connect(&self.endpoints(), &tls).await?)
+        Ok(access::connect(&self.endpoints(), &self.tls("root")).await?)
     }
+}
+
+/// As the operator: grants the plan's hosts its records, submits it and follows it
+/// to its report (the grant is taken back once it ended).
+pub async fn submit_and_wait(
+    store: &EtcdStore,
+    access: &mut access::Client,
+    plan: rebound_coord::Plan,
+    timeouts: rebound_coord::records::Timeouts,
+) -> anyhow::Result<rebound_coord::RestoreReport> {
+    let hosts: Vec<String> = plan
+        .vms
+        .iter()
+        .map(|v| v.host.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let id = plan.restore_id.clone();
+    access::grant_restore(access, &id, &hosts)
+        .await
+        .context("cannot grant the hosts the restore's records")?;
+    let limit = timeouts.limit();
+    rebound_coord::submit::submit(store, plan, timeouts).await?;
+    let r = rebound_coord::submit::wait(store, &id, limit, |_| {}).await;
+    if let Err(e) = access::revoke_restore(access, &id).await {
+        eprintln!("warning: {}", rebound_errors::chain(&e));
+    }
+    Ok(r?)
 }
 
 /// Certificates (once), every member started, the roles set up.
@@ -254,13 +276,15 @@ pub fn store_down(c: &Cluster) {
 /// for writes; any host's certificate reads).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// etcd's client URLs, comma-separated.
+    /// etcd's client URLs, comma-separated (e.g.
+    /// https://10.0.0.5:2379,https://10.0.0.6:2379).
     #[arg(long = "etcd", value_delimiter = ',')]
     pub etcd: Vec<String>,
-    /// The CA certificate (PEM).
+    /// The CA certificate (PEM) that signed the etcd members' and hosts' certificates.
     #[arg(long, requires = "etcd")]
     pub etcd_ca: Option<PathBuf>,
-    /// The certificate to act as (PEM).
+    /// The certificate to act as (PEM; its CN is its etcd user: a host's for a
+    /// daemon, `root` for the operator; `rebound cluster certs` makes them).
     #[arg(long, requires = "etcd")]
     pub etcd_cert: Option<PathBuf>,
     /// Its private key (PEM).
@@ -285,6 +309,14 @@ impl StoreArgs {
             _ => bail!("--etcd-ca, --etcd-cert and --etcd-key go together"),
         };
         Ok(Some(c))
+    }
+
+    /// The TLS files, which acting as the operator needs.
+    pub fn operator_tls(&self) -> anyhow::Result<TlsFiles> {
+        match self.config()?.and_then(|c| c.tls) {
+            Some(t) => Ok(t),
+            None => bail!("submitting to a cluster store needs the operator's certificate: --etcd-ca, --etcd-cert and --etcd-key"),
+        }
     }
 
     pub async fn connect(&self) -> anyhow::Result<Option<EtcdStore>> {

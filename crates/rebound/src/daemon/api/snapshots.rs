@@ -78,10 +78,7 @@ pub(super) async fn cluster_restore(State(d): D, body: Bytes) -> ApiResult<impl 
     let req: crate::daemon::cluster::request::ClusterRestoreRequest = serde_json::from_slice(&body)
         .map_err(|e| OpError::BadRequest(format!("invalid cluster restore request: {e}")))?;
     let id = req.plan.restore_id.clone();
-    // A day is the longest the phase timeouts allow a restore to take, plus slack.
-    let limit = std::time::Duration::from_secs_f64(
-        req.timeouts.load_s + req.timeouts.start_s + req.timeouts.restore_s + 60.0,
-    );
+    let limit = req.timeouts.limit();
     rebound_coord::submit::submit(&*c.store, req.plan, req.timeouts)
         .await
         .map_err(|e| OpError::BadInput(Box::new(e)))?;

@@ -305,11 +305,15 @@ impl Shared {
                 if !plan.record.plan.vms.iter().any(|v| v.host == me) {
                     continue;
                 }
-                if r.state().is_some_and(|(s, _)| s.status.is_final()) {
+                let status = r.state().map(|(s, _)| s.status);
+                if status.is_some_and(Status::is_final) {
                     finished.push(id.clone());
-                }
-                if r.refused().is_none()
-                    && !r.state().is_some_and(|(s, _)| s.status.is_final())
+                    if status == Some(Status::Restored) {
+                        // Every VM of it is restored: nothing is left for any host, and
+                        // past restores need not cost every later change a look.
+                        continue;
+                    }
+                } else if r.refused().is_none()
                     && inner.campaigns.get(id).is_none_or(|h| h.is_finished())
                 {
                     campaign.push(id.clone());

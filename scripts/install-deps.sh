@@ -6,7 +6,8 @@ PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod e2fsprogs makedumpfile
       xz-utils gcc make libc6-dev curl ca-certificates python3 graphviz iproute2
       gcc-12 libelf1    # gcc-12 + libelf1: the guest's eviction-notice module (kbuild's objtool)
       etcd-server etcd-client   # the cluster store across hosts, and etcdctl for its tests
-      protobuf-compiler)        # protoc: the etcd client crate compiles etcd's protobufs
+      protobuf-compiler libprotobuf-dev)  # protoc and its well-known types (descriptor.proto):
+                                          # the etcd client crate compiles etcd's protobufs
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

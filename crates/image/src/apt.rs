@@ -28,6 +28,18 @@ pub enum AptError {
     Io { path: PathBuf, err: std::io::Error },
 }
 
+/// Whether Debian version `a` is at least `b` (`dpkg --compare-versions`).
+pub fn version_at_least(a: &str, b: &str) -> Result<bool, AptError> {
+    let st = std::process::Command::new("dpkg")
+        .args(["--compare-versions", a, "ge", b])
+        .status()
+        .map_err(|err| AptError::Io {
+            path: PathBuf::from("dpkg"),
+            err,
+        })?;
+    Ok(st.success())
+}
+
 /// One package as the archive describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Package {
@@ -290,5 +302,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("Version"));
+    }
+
+    #[test]
+    fn kbuild_newer_than_the_kernel_is_taken_an_older_one_is_not() {
+        assert!(version_at_least("6.1.192-3", "6.1.192-2").unwrap());
+        assert!(version_at_least("6.1.192-2", "6.1.192-2").unwrap());
+        assert!(!version_at_least("6.1.176-1", "6.1.192-2").unwrap());
+        assert!(version_at_least("6.1.192-2+deb12u1", "6.1.192-2").unwrap());
     }
 }

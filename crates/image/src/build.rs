@@ -72,9 +72,10 @@ fn inputs_hash(kernel: &Package, busybox: &Package, agent: &[u8], headers: &[Pac
     hex::encode(h.finalize())
 }
 
-/// The kernel package and the module's header packages at exactly the kernel's version.
-/// The meta package's `Depends: linux-image-X (= V)` gives V, so one apt-cache run
-/// usually answers both; a second one pins the headers when it did not.
+/// The kernel package and the module's header packages: the headers at exactly the
+/// kernel's version, kbuild at its candidate if that is at least the kernel's (see
+/// [`evictmod`]). The meta package's `Depends: linux-image-X (= V)` gives V, so one
+/// apt-cache run usually answers all; a second one pins the headers when it did not.
 fn resolve_kernel(
     apt: &mut Apt,
     kname: &str,
@@ -82,7 +83,13 @@ fn resolve_kernel(
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Package, Vec<Package>), Error> {
     let heads = evictmod::header_packages(kname)?;
-    let pins = |v: &str| heads.iter().map(|h| format!("{h}={v}")).collect::<Vec<_>>();
+    let kbuild = |h: &str| h.starts_with("linux-kbuild-");
+    let pins = |v: &str| {
+        heads
+            .iter()
+            .map(|h| if kbuild(h) { h.clone() } else { format!("{h}={v}") })
+            .collect::<Vec<_>>()
+    };
     let mut names = vec![kname.to_string()];
     if let Some(v) = parse_depends_version(depends, kname) {
         names.extend(pins(&v));
@@ -91,9 +98,22 @@ fn resolve_kernel(
     let mut pkgs = apt.show(&names, progress)?;
     let mut headers = pkgs.split_off(1);
     let kpkg = pkgs.pop().expect("one package per name");
-    if headers.iter().any(|h| h.version != kpkg.version) || headers.is_empty() {
+    if headers.is_empty()
+        || headers
+            .iter()
+            .any(|h| !kbuild(&h.name) && h.version != kpkg.version)
+    {
         let p = pins(&kpkg.version);
         headers = apt.show(&p.iter().map(String::as_str).collect::<Vec<_>>(), progress)?;
+    }
+    for h in headers.iter().filter(|h| kbuild(&h.name)) {
+        if !crate::apt::version_at_least(&h.version, &kpkg.version)? {
+            return Err(crate::apt::AptError::Unknown(format!(
+                "{} >= {} (the kernel's headers need it; the archive has {})",
+                h.name, kpkg.version, h.version
+            ))
+            .into());
+        }
     }
     Ok((kpkg, headers))
 }

@@ -1,8 +1,11 @@
 //! The guest's eviction-notice module (`guest/evict`, `rebound_evict.ko`), built out of
 //! tree against Debian's headers for the image's exact kernel: the packages
-//! `linux-headers-<release>`, `linux-headers-<abi>-common` and `linux-kbuild-<major.minor>`
-//! at the kernel package's own version (bookworm and bookworm-security carry different
-//! kbuild versions, so the version is pinned, not the candidate taken). The headers'
+//! `linux-headers-<release>` and `linux-headers-<abi>-common` at the kernel package's
+//! own version, and `linux-kbuild-<major.minor>` at its candidate version, which the
+//! headers require to be at least the kernel's (`Depends: linux-kbuild-6.1 (>= V)`):
+//! the security archive moves kbuild on (6.1.192-3 beside a 6.1.192-2 kernel) and
+//! keeps no older one, while bookworm's own kbuild can be older than a security
+//! kernel, which is refused. The headers'
 //! Makefile includes the common tree by an absolute `/usr/src` path: that one line is
 //! rewritten to the unpacked tree. Debian builds the kernel with gcc-12, and so do we.
 //!

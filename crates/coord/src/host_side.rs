@@ -17,7 +17,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::records::{Phase, PhaseRecord, PlanRecord, StateRecord, Status};
+use crate::records::{Phase, PhaseRecord, StateRecord, Status};
+use crate::restore_plan::PlanVm;
 use rebound_store::Revision;
 
 /// What this host is doing for the restore's VMs right now.
@@ -68,10 +69,11 @@ impl HostAction {
     }
 }
 
-/// See the module doc.
-pub fn decide(
+/// See the module doc. `vms` are the plan's VMs to look at: this host's (others
+/// are passed over), so a host's work per change does not grow with the cluster.
+pub fn decide<'p>(
     me: &str,
-    plan: &PlanRecord,
+    vms: impl IntoIterator<Item = &'p PlanVm>,
     state: Option<(&StateRecord, Revision)>,
     phases: &HashMap<String, (PhaseRecord, Revision)>,
     busy: &Busy,
@@ -80,7 +82,7 @@ pub fn decide(
         return Vec::new();
     };
     let mut out = Vec::new();
-    for p in plan.plan.vms.iter().filter(|p| p.host == me) {
+    for p in vms.into_iter().filter(|p| p.host == me) {
         let Some((r, rev)) = phases.get(&p.vm) else {
             continue;
         };
@@ -129,7 +131,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{Timeouts, FORMAT};
+    use crate::records::{PlanRecord, Timeouts, FORMAT};
     use crate::restore_plan::{Plan, PlanVm};
 
     fn setup() -> (
@@ -178,7 +180,7 @@ mod tests {
     fn loads_its_own_vms_once() {
         let (plan, state, phases) = setup();
         let mut busy = Busy::default();
-        let a = decide("h1", &plan, Some((&state, 1)), &phases, &busy);
+        let a = decide("h1", &plan.plan.vms, Some((&state, 1)), &phases, &busy);
         assert_eq!(
             a,
             vec![
@@ -194,8 +196,8 @@ mod tests {
         );
         busy.loading.insert("a".into());
         busy.loading.insert("b".into());
-        assert!(decide("h1", &plan, Some((&state, 1)), &phases, &busy).is_empty());
-        assert!(decide("h1", &plan, None, &phases, &busy).is_empty());
+        assert!(decide("h1", &plan.plan.vms, Some((&state, 1)), &phases, &busy).is_empty());
+        assert!(decide("h1", &plan.plan.vms, None, &phases, &busy).is_empty());
     }
 
     #[test]
@@ -206,7 +208,7 @@ mod tests {
         phases.get_mut("a").unwrap().0.start_at_unix_ns = Some(42);
         phases.get_mut("b").unwrap().0.phase = Phase::Starting;
         phases.get_mut("b").unwrap().0.start_at_unix_ns = Some(40);
-        let a = decide("h1", &plan, Some((&state, 1)), &phases, &busy);
+        let a = decide("h1", &plan.plan.vms, Some((&state, 1)), &phases, &busy);
         assert_eq!(
             a,
             vec![
@@ -223,7 +225,7 @@ mod tests {
             ]
         );
         state.status = Status::Aborting;
-        let a = decide("h1", &plan, Some((&state, 2)), &phases, &busy);
+        let a = decide("h1", &plan.plan.vms, Some((&state, 2)), &phases, &busy);
         assert_eq!(
             a,
             vec![

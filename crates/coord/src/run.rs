@@ -302,7 +302,7 @@ impl Shared {
                     }
                 }
                 let Some(plan) = r.plan() else { continue };
-                if !plan.record.plan.vms.iter().any(|v| v.host == me) {
+                if !plan.by_host.contains_key(&me) {
                     continue;
                 }
                 let status = r.state().map(|(s, _)| s.status);
@@ -319,7 +319,7 @@ impl Shared {
                     campaign.push(id.clone());
                 }
                 let busy = inner.busy.entry(id.clone()).or_default();
-                for a in host_side::decide(&me, &plan.record, r.state(), &r.phases, busy) {
+                for a in host_side::decide(&me, plan.vms_of(&me), r.state(), &r.phases, busy) {
                     if let Some((vm, (_, rev))) = r.phases.get_key_value(a.vm()) {
                         busy.acted.insert(vm.clone(), *rev);
                     }
@@ -594,13 +594,10 @@ impl Shared {
                     info!(restore = %id, "no longer coordinating the restore: it ended");
                     return;
                 }
-                Step::Act(s) => {
+                Step::Act(mut s) => {
                     wake = s.decision.wake_unix_ns;
-                    for a in s.decision.actions {
-                        match self
-                            .apply(id, &leader, &s.plan.record, s.state.as_ref(), &s.phases, a)
-                            .await
-                        {
+                    for a in std::mem::take(&mut s.decision.actions) {
+                        match self.apply(id, &leader, &s, a).await {
                             Ok(Some(rev)) => min_rev = min_rev.max(rev),
                             Ok(None) => {}
                             Err(e) => {
@@ -668,11 +665,33 @@ impl Shared {
                 checker::decide(&v, &self.config.tunables)
             }
         };
+        // Only the records the writes compare against are copied: this runs on every
+        // change, and a copy of every VM's record made it grow with the cluster.
+        let mut phases = HashMap::new();
+        let mut missing = Vec::new();
+        for a in &decision.actions {
+            match a {
+                Action::Start { vms } => {
+                    for (vm, _) in vms {
+                        if let Some(p) = r.phases.get(vm) {
+                            phases.insert(vm.clone(), p.clone());
+                        }
+                    }
+                }
+                Action::Begin => {
+                    missing = (0..plan.record.plan.vms.len())
+                        .filter(|&i| !r.phases.contains_key(&plan.record.plan.vms[i].vm))
+                        .collect()
+                }
+                _ => {}
+            }
+        }
         Step::Act(Box::new(Snapshot {
             decision,
             plan: plan.clone(),
             state,
-            phases: r.phases.clone(),
+            phases,
+            missing,
         }))
     }
 
@@ -681,11 +700,10 @@ impl Shared {
         &self,
         id: &str,
         leader: &Leadership,
-        plan: &PlanRecord,
-        state: Option<&(StateRecord, Revision)>,
-        phases: &HashMap<String, (PhaseRecord, Revision)>,
+        s: &Snapshot,
         a: Action,
     ) -> Result<Option<Revision>, StoreError> {
+        let (plan, state, phases) = (&s.plan.record, s.state.as_ref(), &s.phases);
         let me = &self.config.host;
         let now = unix_now_ns();
         let fence = Compare::ModRevision(leader.key.clone(), leader.revision);
@@ -729,7 +747,7 @@ impl Shared {
                     cmps.push(Compare::ModRevision(state_key.clone(), 0));
                     ops.push(put(&state_key, &new_state(Status::Active, None)));
                 }
-                for p in plan.plan.vms.iter().filter(|p| !phases.contains_key(&p.vm)) {
+                for p in s.missing.iter().map(|&i| &plan.plan.vms[i]) {
                     let key = layout::phase(id, &p.vm);
                     cmps.push(Compare::ModRevision(key.clone(), 0));
                     ops.push(put(&key, &PhaseRecord::new(&p.vm, &p.host)));
@@ -828,7 +846,10 @@ struct Snapshot {
     decision: checker::Decision,
     plan: Arc<CheckedPlan>,
     state: Option<(StateRecord, Revision)>,
+    /// The records of the VMs the decision starts.
     phases: HashMap<String, (PhaseRecord, Revision)>,
+    /// The plan's VMs with no record yet (for `Begin`).
+    missing: Vec<usize>,
 }
 
 fn put<T: Record>(key: &str, rec: &T) -> Op {

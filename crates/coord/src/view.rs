@@ -10,12 +10,33 @@ use rebound_store::{Event, KeyValue, Revision};
 
 use crate::layout::{self, Key};
 use crate::records::{decode, HostRecord, PhaseRecord, PlanRecord, RecordError, StateRecord};
-use crate::restore_plan::Groups;
+use crate::restore_plan::{Groups, PlanVm};
 
-/// A checked plan and its start groups.
+/// A checked plan, its start groups and each host's VMs (indices into the plan).
 pub struct CheckedPlan {
     pub record: PlanRecord,
     pub groups: Groups,
+    pub by_host: HashMap<String, Vec<usize>>,
+}
+
+impl CheckedPlan {
+    pub fn new(record: PlanRecord, groups: Groups) -> CheckedPlan {
+        let mut by_host: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, v) in record.plan.vms.iter().enumerate() {
+            by_host.entry(v.host.clone()).or_default().push(i);
+        }
+        CheckedPlan {
+            record,
+            groups,
+            by_host,
+        }
+    }
+
+    /// Host `h`'s VMs in the plan.
+    pub fn vms_of<'a>(&'a self, h: &str) -> impl Iterator<Item = &'a PlanVm> + 'a {
+        let idx = self.by_host.get(h).map(Vec::as_slice).unwrap_or_default();
+        idx.iter().map(|&i| &self.record.plan.vms[i])
+    }
 }
 
 /// One restore's records.
@@ -99,7 +120,7 @@ impl ClusterView {
             Key::Plan { restore } => {
                 let plan = decode::<PlanRecord>(key, b).map(|record| {
                     let groups = record.plan.groups().expect("checked by decode");
-                    Arc::new(CheckedPlan { record, groups })
+                    Arc::new(CheckedPlan::new(record, groups))
                 });
                 self.restores.entry(restore.to_string()).or_default().plan = Some(plan);
             }

@@ -87,7 +87,13 @@ fn resolve_kernel(
     let pins = |v: &str| {
         heads
             .iter()
-            .map(|h| if kbuild(h) { h.clone() } else { format!("{h}={v}") })
+            .map(|h| {
+                if kbuild(h) {
+                    h.clone()
+                } else {
+                    format!("{h}={v}")
+                }
+            })
             .collect::<Vec<_>>()
     };
     let mut names = vec![kname.to_string()];

@@ -11,6 +11,7 @@ mod blk_backend;
 mod blk_socket;
 mod byo_kernel;
 mod cluster_net;
+mod cluster_store;
 mod cluster_store_access;
 mod crash_recovery;
 mod daemon_death;

@@ -51,6 +51,8 @@ pub enum AccessError {
     ReadFile(PathBuf, #[source] std::io::Error),
     #[error("cannot connect to etcd at {0}")]
     Connect(String, #[source] etcd_client::Error),
+    #[error("no etcd endpoint given")]
+    NoEndpoints,
     #[error("etcd refused to {0}")]
     Request(String, #[source] etcd_client::Error),
 }
@@ -209,23 +211,25 @@ pub async fn connect(endpoints: &[String], tls: &TlsFiles) -> Result<Client, Acc
         .with_tls(opts)
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(10));
-    let all = endpoints.join(",");
-    let mut c = Client::connect(endpoints, Some(opts.clone()))
-        .await
-        .map_err(|e| AccessError::Connect(all.clone(), e))?;
-    // The channel connects lazily: make one request so a refused certificate shows here.
-    if let Err(e) = c.status().await {
-        // Over several endpoints the balancer says only "timeout"; one endpoint
-        // alone says why (a certificate refused, say).
-        if let [first, _, ..] = endpoints {
-            let one = Client::connect([first], Some(opts)).await;
-            if let Err(why) = async { one?.status().await }.await {
-                return Err(AccessError::Connect(first.clone(), why));
-            }
+    // One member that answers is enough for these few requests (members forward
+    // writes to their leader). A channel balanced over all of them sends a request
+    // to a member that is down as readily as to one that is up, and over several
+    // endpoints it says only "timeout" where one alone says why (a refused
+    // certificate, say): members are tried one by one, in order.
+    let mut last = None;
+    for e in endpoints {
+        let one = async {
+            let mut c = Client::connect([e.as_str()], Some(opts.clone())).await?;
+            // The channel connects lazily: one request shows a refusal here.
+            c.status().await?;
+            Ok::<_, etcd_client::Error>(c)
+        };
+        match one.await {
+            Ok(c) => return Ok(c),
+            Err(why) => last = Some(AccessError::Connect(e.clone(), why)),
         }
-        return Err(AccessError::Connect(all, e));
     }
-    Ok(c)
+    Err(last.unwrap_or(AccessError::NoEndpoints))
 }
 
 fn req<T>(

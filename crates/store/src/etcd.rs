@@ -22,9 +22,13 @@
 //!   request timeout).
 //! - **Leases.** A background task renews each lease every TTL/3 (on any member).
 //!   The lease's `lost` flag turns true when etcd answers that it is gone (TTL 0,
-//!   after expiry or revoke) or when no renewal has succeeded for one TTL, counted
-//!   from when the last successful renewal was sent, so the holder gives up no
-//!   later than etcd expires the lease. Dropping the [`Lease`] stops the renewals.
+//!   after expiry or revoke) or when no renewal has succeeded for two TTLs, counted
+//!   from when the last successful renewal was sent. Not one TTL: while the members
+//!   elect a new leader (up to two election timeouts) no renewal gets through, but
+//!   no lease expires either, and the new leader gives every lease a whole TTL
+//!   again; a holder that gave up at one TTL lost a lease etcd still kept (seen
+//!   with the leader's member killed). Past one TTL the holder keeps asking, and
+//!   etcd's answer decides. Dropping the [`Lease`] stops the renewals.
 //!   etcd TTLs are whole seconds (rounded up here), and etcd raises them to its
 //!   minimum (1.5 election timeouts); [`Lease::ttl`] is the TTL etcd granted.
 //! - **Errors.** Transport failures and timeouts are [`StoreError::Unavailable`];
@@ -603,9 +607,9 @@ async fn keep_lease(
     loop {
         tokio::time::sleep_until(wake).await;
         let sent = Instant::now();
-        let deadline = renewed + ttl;
+        let deadline = renewed + ttl * 2;
         if sent >= deadline {
-            tracing::warn!(lease = id, "no etcd lease renewal succeeded for a TTL");
+            tracing::warn!(lease = id, "no etcd lease renewal succeeded for two TTLs");
             break;
         }
         let limit = (deadline - sent).min(conn.request_timeout);

@@ -113,7 +113,7 @@ pub struct Watch {
 pub struct Lease {
     pub id: LeaseId,
     pub ttl: Duration,
-    /// Turns `true` once the lease is lost: renewal failed for longer than the TTL
+    /// Turns `true` once the lease is lost: renewal failed for two TTLs (etcd)
     /// or the store said it expired. Keys attached to it are gone (or soon will
     /// be); whatever the holder did under it (a leadership) is over.
     pub lost: watch::Receiver<bool>,

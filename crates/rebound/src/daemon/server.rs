@@ -30,7 +30,7 @@ pub struct ServeOptions {
     pub socket_group: Option<String>,
     /// Also serve `GET /metrics` over TCP here.
     pub metrics_addr: Option<SocketAddr>,
-    /// Take part in cluster restores (token, and the cohort's TCP address).
+    /// Take part in cluster restores (the cluster store and this host's name in it).
     pub cluster: super::ClusterOptions,
     /// Caps on the logs a guest can fill.
     pub logs: super::state::LogCaps,

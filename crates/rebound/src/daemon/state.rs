@@ -33,7 +33,7 @@ pub struct Daemon {
     >,
     vms: Mutex<HashMap<String, Arc<VmHandle>>>,
     pub shutdown: tokio::sync::Notify,
-    /// The cluster side, when the daemon runs with a cluster token.
+    /// The cluster side: this host's part in the cluster store's restores.
     pub cluster: std::sync::OnceLock<super::cluster::side::Cluster>,
     pub logs: LogCaps,
 }

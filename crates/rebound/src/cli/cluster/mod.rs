@@ -7,6 +7,7 @@
 //! own started with `--netns`), and drives each host's daemon. A simulated host's
 //! daemon is reached on its unix socket (it runs on this machine).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -33,7 +34,9 @@ pub enum ClusterCmd {
     /// Record a cluster from its file and set up its simulated hosts (namespaces,
     /// bridges, one daemon each).
     Create(CreateArgs),
-    /// Start every VM of the cluster on its host and wait until all are ready.
+    /// Start every VM of the cluster on its host and wait until all are ready; run
+    /// again, it starts what is down (a host's daemon, a store member, a VM) and
+    /// leaves what runs.
     Start(NameArgs),
     /// Each VM's host, address, state and readiness.
     Status(StatusArgs),
@@ -312,9 +315,24 @@ async fn start(paths: &Paths, a: NameArgs) -> anyhow::Result<()> {
 /// Starts every VM of the cluster on its host and waits until all are ready.
 pub(crate) async fn start_vms(c: &Cluster) -> anyhow::Result<()> {
     daemons_up(c).await?;
+    let restoring = restoring(c).await?;
     let mut started = Vec::new();
     for v in &c.spec.vms {
+        if let Some(id) = restoring.get(&(v.name.clone(), v.host.clone())) {
+            // Its host loads it for the restore (a restarted daemon carries on).
+            eprintln!("{} on {} is left to restore {id}", v.name, v.host);
+            continue;
+        }
         let client = c.link(&v.host)?;
+        // Run again after a host's daemon or store member died, it brings back what
+        // is down and leaves the VMs that run (the daemon took them back) alone.
+        let path = format!("/v1/vms/{}", enc(&v.name));
+        if let Ok(st) = client.call(Method::GET, &path, None).await {
+            if st["state"] != "stopped" {
+                eprintln!("{} on {} is already {}", v.name, v.host, st["state"]);
+                continue;
+            }
+        }
         let spec = c.vm_spec(v)?;
         client
             .call(Method::POST, "/v1/vms", Some(&serde_json::to_value(&spec)?))
@@ -334,6 +352,31 @@ pub(crate) async fn start_vms(c: &Cluster) -> anyhow::Result<()> {
             .with_context(|| format!("VM {:?} never became ready", v.name))?;
     }
     Ok(())
+}
+
+/// The (VM, host) pairs of the restores under way in the cluster's store, with the
+/// restore's id.
+async fn restoring(c: &Cluster) -> anyhow::Result<BTreeMap<(String, String), String>> {
+    use rebound_store::Store;
+    if c.spec.hosts.iter().all(|h| !h.simulated) {
+        return Ok(BTreeMap::new());
+    }
+    let range = c
+        .admin_store()
+        .await?
+        .range(&rebound_coord::layout::restores())
+        .await?;
+    let view = rebound_coord::view::ClusterView::from_kvs(&range.kvs, range.revision);
+    let mut out = BTreeMap::new();
+    for (id, r) in &view.restores {
+        let over = r.state().is_some_and(|(s, _)| s.status.is_final());
+        if let (Some(plan), false) = (r.plan(), over || r.refused().is_some()) {
+            for v in &plan.record.plan.vms {
+                out.insert((v.vm.clone(), v.host.clone()), id.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The whole cluster store's status, as the store holds it.

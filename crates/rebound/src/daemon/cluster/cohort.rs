@@ -166,6 +166,21 @@ impl CohortVms for DaemonVms {
             initrd: None,
             pmem: Vec::new(),
         };
+        // A LOAD asked again (this host joined the store again after its lease was
+        // lost, or its daemon restarted, after loading): the VM held for it answers
+        // with its load instead of failing on its name.
+        if let Ok(h) = d.find(vm) {
+            if let Some(rep) = h.restore_report().filter(|_| is_held(&h)) {
+                if self.held().contains(&key(restore_id, vm)) || rep.snapshot == req.dir {
+                    tracing::info!(%restore_id, %vm, "cluster restore: already loaded and held");
+                    self.held().insert(key(restore_id, vm));
+                    return Ok(LoadInfo {
+                        pages: rep.pages_loaded_before_start,
+                        load_s: rep.load_before_start_s,
+                    });
+                }
+            }
+        }
         let t = Instant::now();
         tracing::info!(%restore_id, %vm, dir = %req.dir, "cluster restore: loading");
         let report = d.restore(req).await.map_err(CohortVmError::from)?;

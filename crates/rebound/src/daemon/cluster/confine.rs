@@ -1,5 +1,5 @@
-//! What a cluster peer may name on this host. A peer holds the cluster token, not
-//! this daemon's user's rights: a snapshot it has restored must be in this daemon's
+//! What a cluster peer may name on this host. A peer that may write a restore's
+//! records in the cluster store holds its etcd role, not this daemon's user's rights: a snapshot it has restored must be in this daemon's
 //! snapshot store or one this daemon wrote (its catalog); a snapshot it has taken is
 //! written into the store; frames it has replayed come from the snapshot restored.
 

@@ -265,11 +265,12 @@ impl Owner {
                         )),
                     });
                 } else if !dumping_only {
-                    if let Err(why) = self.reattach().await {
-                        self.finish(EventData::Stopped {
+                    match self.reattach().await {
+                        Ok(()) => super::restore::resume::resume(&self.vm),
+                        Err(why) => self.finish(EventData::Stopped {
                             how: None,
                             reason: Some(rebound_errors::chain(&why)),
-                        });
+                        }),
                     }
                 }
                 self.adopt_backends();

@@ -41,6 +41,7 @@ mod before;
 mod disks;
 pub(crate) mod error;
 pub(super) mod gate;
+pub(super) mod resume;
 mod run;
 pub(super) mod state;
 

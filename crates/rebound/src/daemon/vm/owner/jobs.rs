@@ -164,13 +164,25 @@ impl Owner {
             ));
         }
         let held = self.vm.restore_report().is_some_and(|r| r.phase == "held");
-        if held {
+        if held && self.restore.is_some() {
             self.begin_restored_run().await?;
         } else {
             let q = self.qmp.clone().ok_or(OpError::NoQmp)?;
+            let before = q.last_event_unix_ns("RESUME");
             q.execute("cont", None).await?;
             if self.apply(Trigger::Resumed) {
                 self.event(rebound_api::EventData::Resumed);
+            }
+            if held {
+                // Held by a daemon that restarted since: the start is a plain `cont`
+                // (the watch did not carry on), stamped by QEMU as any start is.
+                let after = q
+                    .last_event_unix_ns("RESUME")
+                    .filter(|a| Some(*a) != before);
+                self.vm.update_restore_report(|r| {
+                    r.phase = "done".into();
+                    r.started_unix_ns = after;
+                });
             }
         }
         Ok(self.vm.status())

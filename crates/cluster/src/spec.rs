@@ -15,8 +15,8 @@
 //! simulated = true            # a network namespace on this machine, with its own daemon
 //!
 //! [[host]]
-//! name = "h2"
-//! daemon = "10.0.0.5:7300"    # a real host whose daemon runs with --listen and the token
+//! name = "h2"                 # a real host: its daemon joins the cluster store
+//!                             # (rebound daemon --etcd ... --host h2)
 //!
 //! [[vm]]
 //! name = "n1"
@@ -25,10 +25,11 @@
 //! peers = ["n2"]              # optional: from the topology otherwise
 //! ```
 //!
-//! A simulated host's daemon listens on the cluster network itself (the subnet's
-//! addresses from .201 on, unless `addr` is given) on port 7300, inside the host's
-//! namespace; the machine's own side of the backbone bridge takes .254, so commands
-//! run on the machine reach every guest and every host's daemon.
+//! A simulated host has an address on the cluster network (the subnet's addresses
+//! from .201 on, unless `addr` is given), inside the host's namespace: its member of
+//! the cluster's etcd listens there. The machine's own side of the backbone bridge
+//! takes .254, so commands run on the machine reach every guest and every member.
+//! Hosts reach each other only through the cluster store.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -37,8 +38,6 @@ use serde::{Deserialize, Serialize};
 
 /// The `peer` workload's port, where host clients also ask their questions.
 pub const PEER_PORT: u16 = 7400;
-/// Where a simulated host's daemon listens.
-pub const DAEMON_PORT: u16 = 7300;
 /// The most VMs one cluster file may hold (the guests' peers lists stay short enough
 /// for a kernel command line only with a topology that is not all-to-all beyond 16).
 pub const MAX_VMS: usize = 250;
@@ -140,8 +139,9 @@ pub struct HostSpec {
     pub name: String,
     /// A network namespace on this machine with a daemon of its own.
     pub simulated: bool,
-    /// Where its daemon serves the cluster protocol.
-    pub daemon: SocketAddrV4,
+    /// A simulated host's address on the cluster network (its etcd member listens
+    /// there); `None` for a real host.
+    pub addr: Option<Ipv4Addr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -248,18 +248,21 @@ impl ClusterSpec {
             if hosts.iter().any(|x: &HostSpec| x.name == h.name) {
                 return Err(bad(format!("host {:?} appears twice", h.name)));
             }
-            let daemon = match (h.simulated, &h.daemon, &h.addr) {
-                (true, Some(_), _) => {
-                    return Err(bad(format!(
-                        "host {:?} is simulated: its daemon is ours, give addr= (on the cluster network) rather than daemon=",
-                        h.name
-                    )))
-                }
-                (true, None, a) => {
+            if h.daemon.is_some() {
+                return Err(bad(format!(
+                    "host {:?}: daemon= is no longer read: hosts meet in the cluster store (a real host's daemon runs with --etcd ... --host {}; a simulated host may give addr=)",
+                    h.name, h.name
+                )));
+            }
+            let addr = match (h.simulated, &h.addr) {
+                (true, a) => {
                     sim_n += 1;
                     let ip = match a {
                         Some(a) => a.parse::<Ipv4Addr>().map_err(|_| {
-                            bad(format!("host {:?}: addr {a:?} is not an IPv4 address", h.name))
+                            bad(format!(
+                                "host {:?}: addr {a:?} is not an IPv4 address",
+                                h.name
+                            ))
                         })?,
                         None => nth(subnet, 200 + sim_n),
                     };
@@ -269,38 +272,26 @@ impl ClusterSpec {
                             h.name
                         )));
                     }
-                    SocketAddrV4::new(ip, DAEMON_PORT)
+                    if !taken.insert(ip) {
+                        return Err(bad(format!(
+                            "host {:?}: address {ip} is taken twice",
+                            h.name
+                        )));
+                    }
+                    Some(ip)
                 }
-                (false, Some(d), None) => d.parse::<SocketAddrV4>().map_err(|_| {
-                    bad(format!(
-                        "host {:?}: daemon {d:?} is not IPv4:PORT of its daemon's --listen",
-                        h.name
-                    ))
-                })?,
-                (false, None, _) => {
-                    return Err(bad(format!(
-                        "host {:?}: give simulated = true, or daemon = \"IP:PORT\" of a daemon running with --listen",
-                        h.name
-                    )))
-                }
-                (false, Some(_), Some(_)) => {
+                (false, None) => None,
+                (false, Some(_)) => {
                     return Err(bad(format!(
                         "host {:?}: addr= is for simulated hosts",
                         h.name
                     )))
                 }
             };
-            if h.simulated && !taken.insert(*daemon.ip()) {
-                return Err(bad(format!(
-                    "host {:?}: address {} is taken twice",
-                    h.name,
-                    daemon.ip()
-                )));
-            }
             hosts.push(HostSpec {
                 name: h.name.clone(),
                 simulated: h.simulated,
-                daemon,
+                addr,
             });
         }
         let names: Vec<&str> = f.vms.iter().map(|v| v.name.as_str()).collect();
@@ -496,8 +487,8 @@ mod tests {
     #[test]
     fn a_cluster_file_gets_addresses_peers_and_defaults() {
         let c = ClusterSpec::parse(TWO, "c").unwrap();
-        assert_eq!(c.hosts[0].daemon, "10.77.0.201:7300".parse().unwrap());
-        assert_eq!(c.hosts[1].daemon, "10.77.0.202:7300".parse().unwrap());
+        assert_eq!(c.hosts[0].addr, Some("10.77.0.201".parse().unwrap()));
+        assert_eq!(c.hosts[1].addr, Some("10.77.0.202".parse().unwrap()));
         // n2 asked for .11, so n1 and n3 get the next free ones.
         let ips: Vec<String> = c.vms.iter().map(|v| v.ip.to_string()).collect();
         assert_eq!(ips, ["10.77.0.12", "10.77.0.11", "10.77.0.13"]);
@@ -570,8 +561,13 @@ mod tests {
             ("ip = \"10.77.0.11\"", "peers = [\"n2\"]", "itself"),
             (
                 "simulated = true\n        [[vm]]",
-                "[[vm]]",
-                "give simulated = true",
+                "daemon = \"10.0.0.5:7300\"\n        [[vm]]",
+                "daemon= is no longer read",
+            ),
+            (
+                "simulated = true\n        [[vm]]",
+                "addr = \"10.77.0.9\"\n        [[vm]]",
+                "addr= is for simulated hosts",
             ),
             (
                 "memory = \"256M\"",

@@ -320,3 +320,63 @@ fn guest_wrote(disk: &Path, what: &str) {
         );
     }
 }
+
+/// A restore held paused for its start (as a cluster restore holds its VMs) outlives
+/// its daemon: the next daemon re-attaches it still paused in the same QEMU, takes
+/// its restore report back, has its memory whole (reading the rest of the image
+/// again if the old daemon had not finished), and starts it on `vm resume` with
+/// every key it held.
+#[test]
+fn a_held_restore_outlives_its_daemon_and_starts_with_what_it_held() {
+    let env = Env::new();
+    env.ok(&["vm", "start", "kv", "--workload", "kv", "--memory", "192M"]);
+    let port = env.host_port("kv", 7070);
+    for i in 0..20 {
+        assert_eq!(common::kv(port, &format!("SET k{i} v{i}")).unwrap(), "OK");
+    }
+    let dir = env.home.path().join("snap-kv");
+    let d = dir.to_str().unwrap();
+    env.ok(&["vm", "snapshot", "kv", "--out", d, "--trace-s", "2"]);
+    env.ok(&["vm", "kill", "kv"]);
+    let held = common::restore_json(
+        &env,
+        &[d, "--name", "held", "--mode", "elastic", "--paused"],
+    );
+    assert_eq!(held["phase"], "held", "{held}");
+    let qemu = env.status("held")["qemu_pid"].clone();
+
+    env.kill_daemon();
+    // The next command starts a daemon, which re-attaches the VM.
+    env.ok(&["vm", "list"]);
+    let st = env.status("held");
+    assert_eq!(st["state"], "paused", "{st}");
+    assert_eq!(st["qemu_pid"], qemu, "{st}");
+    let rep = eventually(
+        Duration::from_secs(60),
+        "the held restore's memory to be whole after the restart",
+        || {
+            let (_, r) = env.call("GET", "/v1/vms/held/restore", None).ok()?;
+            r["memory_loaded_s"].as_f64().map(|_| r)
+        },
+    );
+    assert_eq!(rep["phase"], "held", "{rep}");
+    assert!(rep["background_error"].is_null(), "{rep}");
+
+    env.ok(&["vm", "resume", "held"]);
+    let ph = env.host_port("held", 7070);
+    for i in 0..20 {
+        assert_eq!(
+            common::kv(ph, &format!("GET k{i}")).unwrap(),
+            format!("VALUE v{i}")
+        );
+    }
+    let (_, rep) = env.call("GET", "/v1/vms/held/restore", None).unwrap();
+    assert_eq!(rep["phase"], "done", "{rep}");
+    assert!(rep["started_unix_ns"].as_i64().is_some(), "{rep}");
+    let resumed = env
+        .events("held")
+        .into_iter()
+        .filter(|e| e["kind"] == "resumed")
+        .count();
+    assert_eq!(resumed, 1);
+}

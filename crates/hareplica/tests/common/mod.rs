@@ -26,14 +26,30 @@ pub fn cli(args: &[&str]) -> Output {
         .expect("run rebound-ha")
 }
 
-/// The token file of these tests' TCP backups (mode 0600, 64 hex digits), made once.
+/// The token file of these tests' TCP backups, made once by `rebound-ha token` (so
+/// every TCP test uses what the command writes): mode 0600, 64 hex digits.
 pub fn token_file() -> &'static Path {
     static FILE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &FILE
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("token");
-            ClusterToken::create_file(&path).unwrap();
+            let o = cli(&["token", path.to_str().unwrap()]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!(
+                std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+                0o600
+            );
+            // It never overwrites a token: one line says so, the file is unchanged.
+            let before = std::fs::read(&path).unwrap();
+            let o = cli(&["token", path.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success() && err.trim_end().lines().count() == 1,
+                "{err}"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), before);
             (dir, path)
         })
         .1

@@ -35,7 +35,7 @@ enum Cmd {
         #[arg(long)]
         listen: Endpoint,
         /// The token a TCP peer must prove it holds (a file of at least 32 random bytes,
-        /// owned by this user, mode 0600, as `rebound cluster token` makes; primaries
+        /// owned by this user, mode 0600, as `rebound-ha token` makes; primaries
         /// name the same file in REBOUND_HA_TOKEN_FILE).
         #[arg(long)]
         token_file: Option<PathBuf>,
@@ -93,6 +93,12 @@ enum Cmd {
         /// Print one JSON object instead of lines.
         #[arg(long)]
         json: bool,
+    },
+    /// Make a new token file for TCP backups and their primaries: 32 random bytes
+    /// as 64 hex digits, mode 0600 (an existing file is never overwritten).
+    Token {
+        /// Where to write it.
+        file: PathBuf,
     },
     /// Write the replica's heap image (log replayed) to a file.
     Dump {
@@ -217,6 +223,11 @@ fn run(cmd: Cmd) -> Result<()> {
             } else {
                 println!("promoted: epoch {epoch}, last tx {last_tx}; the old primary is fenced");
             }
+            Ok(())
+        }
+        Cmd::Token { file } => {
+            ClusterToken::create_file(&file).context("token")?;
+            println!("token written to {} (mode 0600)", file.display());
             Ok(())
         }
         Cmd::Dump { dir, out } => dump(&dir, &out),

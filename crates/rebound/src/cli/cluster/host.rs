@@ -70,7 +70,7 @@ pub async fn hosts_up(c: &Cluster) -> anyhow::Result<()> {
         let sim = rebound_vmm::net::SimHost {
             netns: c.netns(h),
             bridge: c.spec.bridge.clone(),
-            addr: Some((*h.daemon.ip(), c.spec.subnet.1)),
+            addr: h.addr.map(|a| (a, c.spec.subnet.1)),
         };
         let link = format!(
             "rbv{}",

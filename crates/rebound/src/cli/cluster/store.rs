@@ -21,6 +21,11 @@ use super::Cluster;
 pub const CLIENT_PORT: u16 = 2379;
 pub const PEER_PORT: u16 = 2380;
 
+/// A simulated host's address (the spec gives every simulated host one).
+fn sim_ip(h: &HostSpec) -> std::net::Ipv4Addr {
+    h.addr.expect("a simulated host has an address")
+}
+
 impl Cluster {
     fn pki(&self) -> PathBuf {
         self.dir.join("pki")
@@ -34,7 +39,7 @@ impl Cluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.sims()
             .iter()
-            .map(|h| format!("https://{}:{CLIENT_PORT}", h.daemon.ip()))
+            .map(|h| format!("https://{}:{CLIENT_PORT}", sim_ip(h)))
             .collect()
     }
 
@@ -118,7 +123,7 @@ pub async fn store_up(c: &Cluster) -> anyhow::Result<()> {
         let hosts: Vec<String> = sims.iter().map(|h| h.name.clone()).collect();
         let sans: Vec<(String, std::net::IpAddr)> = sims
             .iter()
-            .map(|h| (h.name.clone(), std::net::IpAddr::V4(*h.daemon.ip())))
+            .map(|h| (h.name.clone(), std::net::IpAddr::V4(sim_ip(h))))
             .collect();
         let req = Request::new(&hosts, &sans, 3650, Mode::New)?;
         certs::issue(&c.pki(), &req).context("cannot make the cluster's certificates")?;
@@ -189,12 +194,12 @@ fn start_member(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     }
     let home = c.host_home(h);
     rebound_vmm::private::create_dir_all(&home)?;
-    let ip = h.daemon.ip();
+    let ip = sim_ip(h);
     let url = |port| format!("https://{ip}:{port}");
     let initial: Vec<String> = c
         .sims()
         .iter()
-        .map(|o| format!("{}=https://{}:{PEER_PORT}", o.name, o.daemon.ip()))
+        .map(|o| format!("{}=https://{}:{PEER_PORT}", o.name, sim_ip(o)))
         .collect();
     let data = home.join("etcd");
     let state = if data.exists() { "existing" } else { "new" };

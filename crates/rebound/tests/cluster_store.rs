@@ -138,12 +138,18 @@ impl Sim<'_> {
         serde_json::from_str(&self.env.ok(&["cluster", "status", &self.name, "--json"])).unwrap()
     }
 
+    /// Whether host `h` is live, as `cluster status` says (false while the store
+    /// does not answer).
     fn live(&self, h: &str) -> bool {
-        self.status()["hosts"]
+        let o = self
+            .env
+            .cmd(&["cluster", "status", &self.name, "--json"])
+            .output()
+            .unwrap();
+        let st: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        st["hosts"]
             .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x["host"] == h && x["live"] == true)
+            .is_some_and(|hs| hs.iter().any(|x| x["host"] == h && x["live"] == true))
     }
 
     /// `cluster restore` from `snap` on the line, running (its JSON comes from `finish`).

@@ -293,3 +293,57 @@ fn two_members_of_three_keep_serving_when_the_leaders_host_is_cut_off_or_killed(
     c.restart_member(&dead);
     reads(&c, &dead, key, &last);
 }
+
+/// A client whose member is cut off the network (it answers nothing and closes
+/// nothing) keeps its lease and its watch: the lease's renewal gives up on that
+/// member within a third of the TTL and asks the next one, and the watch moves with
+/// it, so a write through another member still arrives, and the lease outlives two
+/// TTLs of the cut.
+#[test]
+fn a_client_of_a_member_cut_off_keeps_its_lease_and_its_watch() {
+    use rebound_store::etcd::{EtcdConfig, EtcdStore};
+    use rebound_store::{Event, Store};
+    let c = EtcdCluster::start();
+    // h3's member first: the client talks to it until it fails.
+    let mut endpoints = vec![c.endpoint("h3")];
+    endpoints.extend(["h1", "h2"].map(|h| c.endpoint(h)));
+    let mut config = EtcdConfig::new(endpoints);
+    config.tls = Some(c.tls("h1"));
+    rt().block_on(async {
+        let s = EtcdStore::connect(&config).await.unwrap();
+        assert_eq!(s.current_endpoint(), c.endpoint("h3"));
+        let lease = s.lease(Duration::from_secs(5)).await.unwrap();
+        s.put("/rebound/v1/hosts/h1/info", b"1".to_vec(), Some(lease.id))
+            .await
+            .unwrap();
+        let mut w = s.watch("/rebound/v1/hosts/h1/", 0).await.unwrap();
+
+        c.cut("h3");
+        let cut_at = std::time::Instant::now();
+        // Written through another member while this client's is cut off (once the
+        // other two have a leader, if the cut member led).
+        write_through(&c, "h1", "/rebound/v1/hosts/h1/after", "2");
+        // Within two TTLs: the transport's own keep-alive would notice the dead
+        // member only after 15 s.
+        let seen = tokio::time::timeout(lease.ttl * 2, async {
+            while let Some(batch) = w.events.recv().await {
+                if batch
+                    .unwrap()
+                    .iter()
+                    .any(|e| matches!(e, Event::Put(kv) if kv.key.ends_with("/after")))
+                {
+                    return cut_at.elapsed();
+                }
+            }
+            panic!("the watch ended");
+        })
+        .await
+        .expect("the write through another member reached the watch");
+        eprintln!("seen {seen:?} after the cut");
+        assert_ne!(s.current_endpoint(), c.endpoint("h3"));
+        tokio::time::sleep(lease.ttl * 2).await;
+        assert!(!*lease.lost.borrow(), "the lease was lost with the member");
+        assert!(s.get("/rebound/v1/hosts/h1/info").await.unwrap().is_some());
+    });
+    c.heal("h3");
+}

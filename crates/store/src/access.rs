@@ -57,6 +57,30 @@ pub enum AccessError {
     Request(String, #[source] etcd_client::Error),
 }
 
+impl AccessError {
+    /// Whether the same request may succeed a little later: no member answered, or
+    /// the members were electing a leader ("request timed out", "leader changed").
+    /// Every request here is idempotent, so trying again is safe.
+    pub fn is_transient(&self) -> bool {
+        use etcd_client::Error as E;
+        use tonic::Code;
+        let e = match self {
+            AccessError::Request(_, e) | AccessError::Connect(_, e) => e,
+            _ => return false,
+        };
+        match e {
+            E::GRpcStatus(s) => {
+                matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
+                    || ["request timed out", "leader changed", "no leader"]
+                        .iter()
+                        .any(|m| s.message().contains(m))
+            }
+            E::TransportError(_) | E::IoError(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// The etcd user and role of host `host` (its certificate's CN).
 pub fn host_user(host: &str) -> String {
     format!("rebound-host-{host}")

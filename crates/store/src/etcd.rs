@@ -116,6 +116,10 @@ struct Conn {
     members: Vec<(String, Client)>,
     /// The member requests go to first.
     current: AtomicUsize,
+    /// Bumped whenever a failure moves requests off a member: watches open on that
+    /// member move too (one cut off the network answers nothing and says nothing,
+    /// so its watch would only stall).
+    moved: watch::Sender<u64>,
     request_timeout: Duration,
     requests: AtomicU64,
     /// The `lost` flags of leases granted here, so a revoke marks them at once.
@@ -325,6 +329,7 @@ impl EtcdStore {
             conn: Arc::new(Conn {
                 members,
                 current: AtomicUsize::new(0),
+                moved: watch::Sender::new(0),
                 request_timeout: config.request_timeout,
                 requests: AtomicU64::new(0),
                 leases: Mutex::new(Vec::new()),
@@ -354,9 +359,13 @@ impl Conn {
     /// Moves on from member `from` (unless another request already did).
     fn fail_over(&self, from: usize) {
         let next = (from + 1) % self.members.len();
-        let _ = self
+        if self
             .current
-            .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.moved.send_modify(|n| *n += 1);
+        }
     }
 
     /// Sends one request to the current member and, on failures `retry` allows,
@@ -414,7 +423,13 @@ impl Conn {
 
     /// Opens a watch of `prefix` from `from` on some member and reads its creation
     /// (a compacted start is refused there).
-    async fn open_watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
+    /// Opens a watch of `prefix` from revision `from` (0: from now); with the
+    /// revision it was created at.
+    async fn open_watch(
+        &self,
+        prefix: &str,
+        from: Revision,
+    ) -> Result<(WatchStream, Revision), StoreError> {
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from.max(0));
@@ -430,7 +445,7 @@ impl Conn {
                             created.cancel_reason()
                         )))
                     }
-                    Some(_) => Ok(stream),
+                    Some(created) => Ok((stream, created.header().map_or(0, |h| h.revision()))),
                     None => Err(etcd_client::Error::WatchError(
                         "the watch stream closed".into(),
                     )),
@@ -501,7 +516,8 @@ fn batches(events: &[etcd_client::Event]) -> Result<Vec<Vec<Event>>, StoreError>
 }
 
 /// Reads a watch's responses and hands them on one revision at a time; when the
-/// member goes away, resumes on another from the next revision.
+/// member goes away, or another request failed over off it, resumes on another
+/// from the next revision.
 async fn run_watch(
     conn: Arc<Conn>,
     prefix: String,
@@ -509,19 +525,33 @@ async fn run_watch(
     mut stream: WatchStream,
     tx: mpsc::Sender<Result<Vec<Event>, StoreError>>,
 ) {
+    let mut moved = conn.moved.subscribe();
+    let mut on = conn.current().1;
     loop {
-        let response = match stream.message().await {
-            Ok(Some(response)) => response,
-            Ok(None) | Err(_) => match resume(&conn, &prefix, next).await {
+        let message = tokio::select! {
+            m = stream.message() => Some(m),
+            _ = moved.changed() => None,
+        };
+        let left = match &message {
+            None => conn.current().1 != on,
+            Some(Ok(Some(_))) => false,
+            Some(Ok(None) | Err(_)) => true,
+        };
+        if left {
+            match resume(&conn, &prefix, next).await {
                 Ok(resumed) => {
                     stream = resumed;
+                    on = conn.current().1;
                     continue;
                 }
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
-            },
+            }
+        }
+        let Some(Ok(Some(response))) = message else {
+            continue;
         };
         if response.canceled() {
             let reason = format!(
@@ -557,7 +587,7 @@ async fn resume(conn: &Conn, prefix: &str, from: Revision) -> Result<WatchStream
                 tracing::debug!(error = %e, "resuming an etcd watch");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            other => return other,
+            other => return other.map(|(stream, _)| stream),
         }
     }
 }
@@ -612,7 +642,9 @@ async fn keep_lease(
             tracing::warn!(lease = id, "no etcd lease renewal succeeded for two TTLs");
             break;
         }
-        let limit = (deadline - sent).min(conn.request_timeout);
+        // One try gets a third of the TTL at most: a member cut off the network
+        // answers nothing, and the next member must still be asked in time.
+        let limit = (deadline - sent).min(conn.request_timeout).min(ttl / 3);
         match tokio::time::timeout(limit, renew(&conn, id, &mut stream)).await {
             Ok(Ok(left)) if left > 0 => {
                 renewed = sent;
@@ -710,7 +742,10 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<Watch, StoreError> {
-        let stream = self.conn.open_watch(prefix, from).await?;
+        let (stream, created) = self.conn.open_watch(prefix, from).await?;
+        // A watch "from now" resumes after a member's loss from the revision it was
+        // created at, not from "now" again: what came in between is not lost.
+        let from = if from > 0 { from } else { created + 1 };
         let (tx, events) = mpsc::channel(WATCH_BUFFER);
         let task = tokio::spawn(run_watch(
             self.conn.clone(),

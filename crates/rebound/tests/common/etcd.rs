@@ -160,6 +160,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.backbone])
             // A loaded test machine delays heartbeats; no leader flapping for that.
             .args(["--heartbeat-interval", "200", "--election-timeout", "2000"])
+            .arg("--pre-vote")
             // A member cut off and back does not depose a working leader.
             .arg("--pre-vote")
             .arg("--client-cert-auth")

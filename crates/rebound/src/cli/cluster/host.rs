@@ -101,7 +101,9 @@ async fn start_host_daemon(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     rebound_vmm::private::create_dir_all(&home)?;
     // The host's daemon boots the same images as this one.
     let images = home.join("images");
-    if !images.exists() {
+    // The link itself, not its target: a link to images not built yet is there,
+    // and the VM's start says what is missing.
+    if images.symlink_metadata().is_err() {
         std::os::unix::fs::symlink(c.paths.home.join("images"), &images)
             .with_context(|| format!("cannot link {}", images.display()))?;
     }

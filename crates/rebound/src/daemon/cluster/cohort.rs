@@ -212,9 +212,14 @@ impl CohortVms for DaemonVms {
             .into());
         }
         if !running {
-            h.run_for_status(Job::Resume)
-                .await
-                .map_err(CohortVmError::from)?;
+            if let Err(e) = h.run_for_status(Job::Resume).await {
+                // Another start of it (this host's participant joined the store
+                // again and carried on while the first was under way) got there
+                // first: it runs, which is what was asked.
+                if h.status().state != VmState::Running {
+                    return Err(CohortVmError::from(e).into());
+                }
+            }
         }
         self.held().remove(&key(restore_id, vm));
         // QEMU's own stamp of the start; else the VM's `resumed` event, written right

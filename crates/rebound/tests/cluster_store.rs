@@ -21,7 +21,7 @@ use serde_json::Value;
 use rebound_coord::layout;
 
 use crate::cluster_net::ask_at;
-use crate::common::etcd::etcdctl;
+use crate::common::etcd::{etcdctl, etcdctl_cmd};
 use crate::common::{self, Env};
 
 /// The cluster network; the hosts take .201-.203 (the spec's default).
@@ -82,16 +82,19 @@ impl Sim<'_> {
             .collect()
     }
 
-    /// `etcdctl ARGS` as the operator (`root`), on every member.
-    fn etcdctl(&self, args: &[&str]) -> Output {
+    /// `etcdctl` as the operator (`root`), on every member, arguments to follow.
+    fn etcdctl_cmd(&self) -> Command {
         let pki = self.dir().join("pki");
-        etcdctl(
+        etcdctl_cmd(
             &self.endpoints(),
             &pki.join("ca.crt"),
             &pki.join("root.crt"),
             &pki.join("root.key"),
-            args,
         )
+    }
+
+    fn etcdctl(&self, args: &[&str]) -> Output {
+        self.etcdctl_cmd().args(args).output().expect("run etcdctl")
     }
 
     fn etcdctl_ok(&self, args: &[&str]) -> String {
@@ -553,13 +556,8 @@ fn malformed_records_are_refused_and_start_nothing(sim: &Sim<'_>, first: &str) {
     });
     for (key, value) in bad.iter().flat_map(|(_, recs)| recs) {
         // etcdctl reads the value from stdin when none is given.
-        let mut c = Command::new("etcdctl");
-        c.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", sim.endpoints().join(",")))
-            .arg(format!("--cacert={}", pki.join("ca.crt").display()))
-            .arg(format!("--cert={}", pki.join("root.crt").display()))
-            .arg(format!("--key={}", pki.join("root.key").display()))
-            .args(["put", key])
+        let mut c = sim.etcdctl_cmd();
+        c.args(["put", key])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

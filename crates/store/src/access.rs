@@ -58,24 +58,16 @@ pub enum AccessError {
 }
 
 impl AccessError {
-    /// Whether the same request may succeed a little later: no member answered, or
-    /// the members were electing a leader ("request timed out", "leader changed").
-    /// Every request here is idempotent, so trying again is safe.
+    /// Whether the same request may succeed a little later: the store's own
+    /// classification calls it unavailable (no member answered, or the members were
+    /// electing a leader: "request timed out", "leader changed"). Every request here
+    /// is idempotent, so trying again is safe.
     pub fn is_transient(&self) -> bool {
-        use etcd_client::Error as E;
-        use tonic::Code;
-        let e = match self {
-            AccessError::Request(_, e) | AccessError::Connect(_, e) => e,
-            _ => return false,
-        };
-        match e {
-            E::GRpcStatus(s) => {
-                matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
-                    || ["request timed out", "leader changed", "no leader"]
-                        .iter()
-                        .any(|m| s.message().contains(m))
-            }
-            E::TransportError(_) | E::IoError(_) => true,
+        match self {
+            AccessError::Request(_, e) | AccessError::Connect(_, e) => matches!(
+                crate::etcd::failure("", e, None).error,
+                crate::StoreError::Unavailable(_)
+            ),
             _ => false,
         }
     }

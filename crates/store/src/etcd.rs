@@ -143,8 +143,8 @@ enum Length {
 }
 
 /// A failure of one attempt on one member.
-struct Failure {
-    error: StoreError,
+pub(crate) struct Failure {
+    pub(crate) error: StoreError,
     /// The request certainly did not reach the member.
     not_sent: bool,
 }
@@ -194,12 +194,12 @@ fn mentions(text: &str, words: &[&str]) -> bool {
 }
 
 /// Maps one etcd-client error from `endpoint` to a [`Failure`].
-fn failure(endpoint: &str, e: etcd_client::Error, lease: Option<LeaseId>) -> Failure {
+pub(crate) fn failure(endpoint: &str, e: &etcd_client::Error, lease: Option<LeaseId>) -> Failure {
     use etcd_client::Error as E;
     use tonic::Code;
-    let text = chain(&e);
+    let text = chain(e);
     let unsent = mentions(&text, UNSENT_WORDS);
-    let error = match &e {
+    let error = match e {
         E::GRpcStatus(status) => match status.code() {
             Code::PermissionDenied | Code::Unauthenticated => {
                 StoreError::Denied(format!("{endpoint}: {}", status.message()))
@@ -322,7 +322,7 @@ impl EtcdStore {
             }
             let client = Client::connect([url.as_str()], Some(options.clone()))
                 .await
-                .map_err(|e| failure(&url, e, None).error)?;
+                .map_err(|e| failure(&url, &e, None).error)?;
             members.push((url, client));
         }
         let store = EtcdStore {
@@ -396,7 +396,7 @@ impl Conn {
             let attempt = request(client.clone());
             let result = match length {
                 Length::Short => match tokio::time::timeout(self.request_timeout, attempt).await {
-                    Ok(result) => result.map_err(|e| failure(endpoint, e, lease)),
+                    Ok(result) => result.map_err(|e| failure(endpoint, &e, lease)),
                     Err(_) => Err(Failure {
                         error: StoreError::Unavailable(format!(
                             "{endpoint}: no answer within {:?}",
@@ -618,7 +618,7 @@ async fn renew(
     result.map_err(|e| {
         *stream = None;
         conn.fail_over(i);
-        failure(endpoint, e, Some(id))
+        failure(endpoint, &e, Some(id))
     })
 }
 

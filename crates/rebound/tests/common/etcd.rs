@@ -376,16 +376,22 @@ fn link(name: &str, state: &str) {
     );
 }
 
-/// `etcdctl ARGS` (v3 API) on `endpoints` with a TLS identity; gives up quickly on
-/// an endpoint that does not answer.
-pub fn etcdctl(endpoints: &[String], ca: &Path, cert: &Path, key: &Path, args: &[&str]) -> Output {
-    Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
+/// `etcdctl` (v3 API) on `endpoints` with a TLS identity, arguments to follow; it
+/// gives up quickly on an endpoint that does not answer.
+pub fn etcdctl_cmd(endpoints: &[String], ca: &Path, cert: &Path, key: &Path) -> Command {
+    let mut c = Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", endpoints.join(",")))
         .arg(format!("--cacert={}", ca.display()))
         .arg(format!("--cert={}", cert.display()))
         .arg(format!("--key={}", key.display()))
-        .args(["--dial-timeout=3s", "--command-timeout=8s"])
+        .args(["--dial-timeout=3s", "--command-timeout=8s"]);
+    c
+}
+
+/// `etcdctl ARGS`, as [`etcdctl_cmd`] runs it.
+pub fn etcdctl(endpoints: &[String], ca: &Path, cert: &Path, key: &Path, args: &[&str]) -> Output {
+    etcdctl_cmd(endpoints, ca, cert, key)
         .args(args)
         .output()
         .expect("run etcdctl")

@@ -1,7 +1,8 @@
 //! What a cluster peer may name on this host. A peer that may write a restore's
-//! records in the cluster store holds its etcd role, not this daemon's user's rights: a snapshot it has restored must be in this daemon's
-//! snapshot store or one this daemon wrote (its catalog); a snapshot it has taken is
-//! written into the store; frames it has replayed come from the snapshot restored.
+//! records in the cluster store holds its etcd role, not this daemon's user's
+//! rights: a snapshot it has restored must be in this daemon's snapshot store or one
+//! this daemon wrote (its catalog); a snapshot it has taken is written into the
+//! store; frames it has replayed come from the snapshot restored.
 
 use std::path::{Path, PathBuf};
 

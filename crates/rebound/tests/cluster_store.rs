@@ -700,12 +700,14 @@ fn the_coordinators_daemon_killed_after_some_vms_started(sim: &Sim<'_>, snap: &P
     client_reaches_both_servers("the client to reach both servers after the failover", "f");
 }
 
-/// Host h3 is cut off (its veth down) as the restore is submitted: s2 is never
-/// loaded, its host's lease expires, the restore aborts naming h3, and the client,
-/// held on h1 for the servers, is released (its QEMU gone). Joined again, h3 is
-/// live again.
+/// Host h3 is cut off (its veth down) once the restore is in the store: h3 cannot
+/// report s2, its host's lease expires, the restore aborts naming h3, and the
+/// client, held on h1 for the servers, is released (its QEMU gone). Joined
+/// again, h3 is live again. (Cut before the plan is in the store, the submit
+/// itself is refused, rightly, for a host with no live lease.)
 fn a_host_cut_off_aborts_the_restore_and_releases_held_vms(sim: &Sim<'_>, snap: &Path) {
-    let child = sim.spawn_restore(snap, "2");
+    let mut child = sim.spawn_restore(snap, "2");
+    sim.active_restore(&mut child);
     sim.link("h3", "down");
     let (out, ok) = finish(child);
     sim.link("h3", "up");
@@ -726,6 +728,10 @@ fn a_host_cut_off_aborts_the_restore_and_releases_held_vms(sim: &Sim<'_>, snap: 
     }
     common::eventually(Duration::from_secs(60), "h3 to be live again", || {
         sim.live("h3").then_some(())
+    });
+    // Whatever h3 held for the aborted restore, it lets go once it sees the abort.
+    common::eventually(Duration::from_secs(60), "h3 to release s2", || {
+        sim.get("h3", "/v1/vms/s2").is_none().then_some(())
     });
 }
 

@@ -27,9 +27,27 @@ pub struct Busy {
     pub loading: HashSet<String>,
     /// Taken, being started or awaiting the rest of memory.
     pub running: HashSet<String>,
-    /// The record revision each VM was last acted on at: a VM is not acted on
-    /// again until its record changed (our own write, or another's).
-    pub acted: HashMap<String, Revision>,
+    /// What each VM was last acted on at.
+    pub acted: HashMap<String, Acted>,
+}
+
+/// The revisions a VM was last acted on at. A VM is not acted on again until its
+/// record or the restore's state changed (a START not taken because an abort got
+/// in first is decided again, and dropped, once the abort is seen), nor while its
+/// record is older than this host's own last write of it (the record and the
+/// state come through different watches: a newer state beside a record this host
+/// has already moved on from would repeat a step).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Acted {
+    pub record: Revision,
+    pub state: Revision,
+    pub wrote: Revision,
+}
+
+impl Acted {
+    fn skip(&self, record: Revision, state: Revision) -> bool {
+        record < self.wrote || (record <= self.record && state <= self.state)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +96,7 @@ pub fn decide<'p>(
     phases: &HashMap<String, (PhaseRecord, Revision)>,
     busy: &Busy,
 ) -> Vec<HostAction> {
-    let Some((state, _)) = state else {
+    let Some((state, state_rev)) = state else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -90,7 +108,11 @@ pub fn decide<'p>(
             // A record that moved the VM to another host: not ours to act on.
             continue;
         }
-        if busy.acted.get(&p.vm).is_some_and(|a| *rev <= *a) {
+        if busy
+            .acted
+            .get(&p.vm)
+            .is_some_and(|a| a.skip(*rev, state_rev))
+        {
             continue;
         }
         let (vm, rev) = (p.vm.clone(), *rev);
@@ -224,7 +246,26 @@ mod tests {
                 }
             ]
         );
+        // Taken with the state at 1, but the take's compare failed: an abort got in
+        // first. Nothing is done again until the abort is seen; then "a" is dropped.
+        let mut busy = busy;
+        let taken = Acted {
+            record: 7,
+            state: 1,
+            wrote: 0,
+        };
+        busy.acted.insert("a".into(), taken);
+        busy.running.insert("b".into());
+        assert!(decide("h1", &plan.plan.vms, Some((&state, 1)), &phases, &busy).is_empty());
+        busy.running.clear();
         state.status = Status::Aborting;
+        // Had this host written the record since (at 9), the older one beside the
+        // new state is not acted on.
+        busy.acted.insert("a".into(), Acted { wrote: 9, ..taken });
+        busy.acted.insert("b".into(), Acted { wrote: 9, ..taken });
+        assert!(decide("h1", &plan.plan.vms, Some((&state, 2)), &phases, &busy).is_empty());
+        busy.acted.clear();
+        busy.acted.insert("a".into(), taken);
         let a = decide("h1", &plan.plan.vms, Some((&state, 2)), &phases, &busy);
         assert_eq!(
             a,

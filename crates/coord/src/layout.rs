@@ -1,23 +1,29 @@
-//! Where everything lives in the cluster store: the key layout, version 1. The
+//! Where everything lives in the cluster store: the key layout, version 2. The
 //! whole layout, with each record's fields and who writes it, is described in
 //! `docs/cluster-store.md`; this module is its one implementation.
 //!
 //! ```text
-//! /rebound/v1/hosts/<host>/info             HostRecord, on the host's lease
-//! /rebound/v1/hosts/<host>/vms/<vm>         VmRecord: what the host's daemon runs
-//! /rebound/v1/hosts/<host>/snapshots        SnapshotsRecord: its snapshot catalog
-//! /rebound/v1/restores/<id>/plan            PlanRecord: written once by the submitter
-//! /rebound/v1/restores/<id>/state           StateRecord: the restore's status
-//! /rebound/v1/restores/<id>/vms/<vm>        PhaseRecord: one VM's phase
-//! /rebound/v1/restores/<id>/election/...    the restore's coordinator election
-//! /rebound/v1/clusters/<name>               ClusterRecord: a cluster's definition
+//! /rebound/v2/hosts/<host>/info             HostRecord, on the host's lease
+//! /rebound/v2/hosts/<host>/snapshots        SnapshotsRecord: its snapshot catalog
+//! /rebound/v2/restores/<id>/plan            PlanRecord: written once by the submitter
+//! /rebound/v2/restores/<id>/state           StateRecord: the restore's status
+//! /rebound/v2/restores/<id>/election/...    the restore's coordinator election
+//! /rebound/v2/phases/<id>/<host>/<vm>       PhaseRecord: one VM's phase
+//! /rebound/v2/vms/<host>/<vm>               VmRecord: what the host's daemon runs
+//! /rebound/v2/clusters/<name>               ClusterRecord: a cluster's definition
 //! ```
+//!
+//! Records that change with every VM (phases, VM records) are kept out of the
+//! prefixes every daemon watches (`hosts/`, `restores/`), and a phase's key names
+//! its host: a daemon watches only its own VMs' phases, the coordinator a whole
+//! restore's, so the store's work per change does not grow with the number of hosts.
 //!
 //! Host, VM and restore names are checked before they become part of a key, so a
 //! name can never reach into another host's or restore's keys.
 
-/// Every key starts with this; the version changes with any incompatible change.
-pub const ROOT: &str = "/rebound/v1/";
+/// Every key starts with this; the version changes with any change of the keys
+/// (the store's access rules grant under the same prefix).
+pub const ROOT: &str = rebound_store::access::PREFIX;
 
 /// Why a name cannot be used in a key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,12 +82,17 @@ pub fn host_info(host: &str) -> String {
     format!("{ROOT}hosts/{host}/info")
 }
 
+/// Every host's VM records.
+pub fn vms() -> String {
+    format!("{ROOT}vms/")
+}
+
 pub fn host_vms(host: &str) -> String {
-    format!("{ROOT}hosts/{host}/vms/")
+    format!("{ROOT}vms/{host}/")
 }
 
 pub fn host_vm(host: &str, vm: &str) -> String {
-    format!("{ROOT}hosts/{host}/vms/{vm}")
+    format!("{ROOT}vms/{host}/{vm}")
 }
 
 pub fn host_snapshots(host: &str) -> String {
@@ -108,12 +119,18 @@ pub fn state(id: &str) -> String {
     format!("{ROOT}restores/{id}/state")
 }
 
+/// Every VM's phase in restore `id`.
 pub fn phases(id: &str) -> String {
-    format!("{ROOT}restores/{id}/vms/")
+    format!("{ROOT}phases/{id}/")
 }
 
-pub fn phase(id: &str, vm: &str) -> String {
-    format!("{ROOT}restores/{id}/vms/{vm}")
+/// Host `host`'s VMs' phases in restore `id`.
+pub fn host_phases(id: &str, host: &str) -> String {
+    format!("{ROOT}phases/{id}/{host}/")
+}
+
+pub fn phase(id: &str, host: &str, vm: &str) -> String {
+    format!("{ROOT}phases/{id}/{host}/{vm}")
 }
 
 pub fn election(id: &str) -> String {
@@ -123,14 +140,33 @@ pub fn election(id: &str) -> String {
 /// What a key under [`ROOT`] is, parsed back (names checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key<'a> {
-    HostInfo { host: &'a str },
-    HostVm { host: &'a str, vm: &'a str },
-    HostSnapshots { host: &'a str },
-    Plan { restore: &'a str },
-    State { restore: &'a str },
-    Phase { restore: &'a str, vm: &'a str },
-    Election { restore: &'a str },
-    Cluster { name: &'a str },
+    HostInfo {
+        host: &'a str,
+    },
+    HostVm {
+        host: &'a str,
+        vm: &'a str,
+    },
+    HostSnapshots {
+        host: &'a str,
+    },
+    Plan {
+        restore: &'a str,
+    },
+    State {
+        restore: &'a str,
+    },
+    Phase {
+        restore: &'a str,
+        host: &'a str,
+        vm: &'a str,
+    },
+    Election {
+        restore: &'a str,
+    },
+    Cluster {
+        name: &'a str,
+    },
     Other,
 }
 
@@ -142,10 +178,14 @@ pub fn parse(key: &str) -> Key<'_> {
     let k = match parts.as_slice() {
         ["hosts", h, "info"] => Key::HostInfo { host: h },
         ["hosts", h, "snapshots"] => Key::HostSnapshots { host: h },
-        ["hosts", h, "vms", v] if check_vm(v).is_ok() => Key::HostVm { host: h, vm: v },
+        ["vms", h, v] if check_vm(v).is_ok() => Key::HostVm { host: h, vm: v },
         ["restores", r, "plan"] => Key::Plan { restore: r },
         ["restores", r, "state"] => Key::State { restore: r },
-        ["restores", r, "vms", v] if check_vm(v).is_ok() => Key::Phase { restore: r, vm: v },
+        ["phases", r, h, v] if check_vm(v).is_ok() && check_host(h).is_ok() => Key::Phase {
+            restore: r,
+            host: h,
+            vm: v,
+        },
         ["restores", r, "election", ..] => Key::Election { restore: r },
         ["clusters", c] => Key::Cluster { name: c },
         _ => return Key::Other,
@@ -200,19 +240,35 @@ mod tests {
     fn keys_parse_back() {
         assert_eq!(parse(&host_info("h1")), Key::HostInfo { host: "h1" });
         assert_eq!(
-            parse(&phase("r1", "vm-a")),
+            parse(&phase("r1", "h1", "vm-a")),
             Key::Phase {
                 restore: "r1",
+                host: "h1",
                 vm: "vm-a"
             }
         );
+        assert_eq!(
+            parse(&host_vm("h1", "vm-a")),
+            Key::HostVm {
+                host: "h1",
+                vm: "vm-a"
+            }
+        );
+        assert_eq!(parse("/rebound/v2/phases/r1/H1/vm-a"), Key::Other);
+        // The prefixes every daemon watches hold no per-VM record.
+        for k in [phase("r1", "h1", "a"), host_vm("h1", "a")] {
+            assert!(
+                !k.starts_with(&hosts()) && !k.starts_with(&restores()),
+                "{k}"
+            );
+        }
         assert_eq!(parse(&state("r1")), Key::State { restore: "r1" });
         assert_eq!(
             parse(&format!("{}/00694d8", election("r1"))),
             Key::Election { restore: "r1" }
         );
-        assert_eq!(parse("/rebound/v1/restores/R!/plan"), Key::Other);
-        assert_eq!(parse("/rebound/v2/hosts/h1/info"), Key::Other);
-        assert_eq!(parse("/rebound/v1/hosts/h1/vms/a/b"), Key::Other);
+        assert_eq!(parse("/rebound/v2/restores/R!/plan"), Key::Other);
+        assert_eq!(parse("/rebound/v1/hosts/h1/info"), Key::Other);
+        assert_eq!(parse("/rebound/v2/vms/h1/a/b"), Key::Other);
     }
 }

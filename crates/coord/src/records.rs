@@ -515,10 +515,11 @@ impl Record for PhaseRecord {
         self.format
     }
     fn check(&self, key: &str) -> Result<(), RecordError> {
-        if let layout::Key::Phase { vm, .. } = layout::parse(key) {
-            same(key, "vm", &self.vm, vm)?;
-        }
         named(key, layout::check_host(&self.host))?;
+        if let layout::Key::Phase { vm, host, .. } = layout::parse(key) {
+            same(key, "vm", &self.vm, vm)?;
+            same(key, "host", &self.host, host)?;
+        }
         let needs = match self.phase {
             Phase::Start | Phase::Starting => self.start_at_unix_ns.is_some(),
             Phase::Started | Phase::Restored => self.started_unix_ns.is_some(),
@@ -606,7 +607,7 @@ mod tests {
 
     #[test]
     fn phases_need_their_fields() {
-        let key = layout::phase("r1", "a");
+        let key = layout::phase("r1", "h1", "a");
         let mut r = PhaseRecord::new("a", "h1");
         assert!(decode::<PhaseRecord>(&key, &encode(&r)).is_ok());
         r.phase = Phase::Start;
@@ -614,7 +615,10 @@ mod tests {
         assert!(e.to_string().contains("phase start lacks"), "{e}");
         r.start_at_unix_ns = Some(5);
         assert!(decode::<PhaseRecord>(&key, &encode(&r)).is_ok());
-        assert!(decode::<PhaseRecord>(&layout::phase("r1", "b"), &encode(&r)).is_err());
+        assert!(decode::<PhaseRecord>(&layout::phase("r1", "h1", "b"), &encode(&r)).is_err());
+        // A record whose host is not its key's cannot act for another host.
+        let e = decode::<PhaseRecord>(&layout::phase("r1", "h2", "a"), &encode(&r)).unwrap_err();
+        assert!(e.to_string().contains("host"), "{e}");
         r.phase = Phase::LoadFailed;
         assert!(decode::<PhaseRecord>(&key, &encode(&r)).is_err());
     }

@@ -1,7 +1,8 @@
 //! The loops that carry the protocol out on a store: one [`Participant`] per
 //! daemon. It registers the host under a lease, keeps a [`ClusterView`] current
-//! from one watch of the whole layout, and for every restore whose plan names its
-//! host:
+//! from watches of the hosts, of the restores (plans, states, elections) and, per
+//! restore it takes part in, of its own VMs' phases (every VM's while it
+//! coordinates the restore), and for every restore whose plan names its host:
 //! - does its host's part ([`host_side`]): loads, takes STARTs, starts VMs on
 //!   their instants, reports restored, drops held VMs on an abort;
 //! - campaigns to coordinate it; the elected participant runs the [`checker`]
@@ -32,6 +33,7 @@ use crate::records::{
 };
 use crate::view::{CheckedPlan, ClusterView};
 use crate::vms::CohortVms;
+use rebound_store::{Event, Watch};
 
 /// How one daemon takes part.
 #[derive(Debug, Clone)]
@@ -122,34 +124,62 @@ impl Participant {
         Ok(Participant { shared, main })
     }
 
-    /// Waits until the view has seen revision `rev` (for callers that just wrote).
-    pub async fn seen(&self, rev: Revision) {
-        let mut rx = self.shared.changed.subscribe();
-        while self.shared.view().revision < rev {
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Runs `f` on the current view.
-    pub fn with_view<T>(&self, f: impl FnOnce(&ClusterView) -> T) -> T {
-        f(&self.shared.view())
-    }
-
-    /// A receiver that changes whenever the view does.
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.shared.changed.subscribe()
-    }
-
     pub fn host(&self) -> &str {
         &self.shared.config.host
     }
 }
 
+/// Which of a restore's phase records a participant follows: its own VMs', or
+/// (while it coordinates the restore) every VM's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Own,
+    All,
+}
+
+/// What every watch of one reading round sends: batches of changes, or the error
+/// that ended a watch (then everything is read again).
+type Feed = mpsc::UnboundedSender<Result<Vec<Event>, StoreError>>;
+
+/// A task passing one watch's batches on to the round's [`Feed`]; dropping it
+/// ends the watch.
+struct Forward(AbortHandle);
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn forward(w: Watch, feed: &Feed) -> Forward {
+    let feed = feed.clone();
+    let task = tokio::spawn(async move {
+        // The whole watch moves in (its guard too: dropping that ends the watch).
+        let mut w = w;
+        loop {
+            let b = w
+                .events
+                .recv()
+                .await
+                .unwrap_or_else(|| Err(StoreError::Other("a watch ended".into())));
+            let end = b.is_err();
+            if feed.send(b).is_err() || end {
+                return;
+            }
+        }
+    });
+    Forward(task.abort_handle())
+}
+
 #[derive(Default)]
 struct Inner {
     lease: Option<LeaseId>,
+    /// Restores whose election this participant won (it follows all their phases).
+    coordinating: HashSet<String>,
+    /// Per restore, the phases whose read is in the view.
+    followed: HashMap<String, Scope>,
+    /// Ended restores in which this host's VMs are all settled: not followed.
+    settled: HashSet<String>,
     /// Per restore, what this host is doing.
     busy: HashMap<String, Busy>,
     /// Per restore, the campaign (and then coordinator) task.
@@ -188,14 +218,16 @@ impl Shared {
     }
 
     fn stop_all(&self) {
-        let mut inner = self.inner();
-        for (_, h) in inner.campaigns.drain() {
+        let handles: Vec<AbortHandle> = {
+            let mut inner = self.inner();
+            inner.busy.clear();
+            let c = inner.campaigns.drain().map(|(_, h)| h).collect::<Vec<_>>();
+            c.into_iter().chain(inner.tasks.drain(..)).collect()
+        };
+        // Aborted outside the lock: a task's guards take it as they drop.
+        for h in handles {
             h.abort();
         }
-        for h in inner.tasks.drain(..) {
-            h.abort();
-        }
-        inner.busy.clear();
     }
 
     /// A new lease and the host record on it.
@@ -239,30 +271,40 @@ impl Shared {
     async fn follow(self: &Arc<Self>, lease: &Lease) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
         loop {
-            let read = async {
-                let r = self.store.range(layout::ROOT).await?;
-                let w = self.store.watch(layout::ROOT, r.revision + 1).await?;
-                Ok::<_, StoreError>((r, w))
-            };
-            let (range, mut w) = tokio::select! {
-                r = read => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        debug!("cannot read the cluster store: {}", chain(&e));
-                        tokio::select! {
-                            _ = tokio::time::sleep(self.config.ttl / 5) => continue,
-                            _ = lease.lost() => return,
-                        }
-                    }
-                },
+            // Every watch of this round feeds one channel; a new round (after a
+            // watch ended) makes a new one, so nothing of an old watch comes late.
+            let (feed, mut rx) = mpsc::unbounded_channel();
+            let mut phases: HashMap<String, (Scope, Forward)> = HashMap::new();
+            let control = tokio::select! {
+                r = self.read_control(&feed) => r,
                 _ = lease.lost() => return,
             };
-            *self.view() = ClusterView::from_kvs(&range.kvs, range.revision);
+            let _control = match control {
+                Ok(c) => c,
+                Err(e) => {
+                    debug!("cannot read the cluster store: {}", chain(&e));
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.config.ttl / 5) => continue,
+                        _ = lease.lost() => return,
+                    }
+                }
+            };
             self.bump();
-            self.act(&done_tx);
             loop {
+                let synced = tokio::select! {
+                    r = self.follow_phases(&mut phases, &feed) => r,
+                    _ = lease.lost() => return,
+                };
+                if let Err(e) = synced {
+                    debug!(
+                        "cannot read a restore's phases: {}; reading again",
+                        chain(&e)
+                    );
+                    break;
+                }
+                self.act(&done_tx);
                 tokio::select! {
-                    b = w.events.recv() => match b {
+                    b = rx.recv() => match b {
                         Some(Ok(events)) => {
                             {
                                 let mut v = self.view();
@@ -271,19 +313,126 @@ impl Shared {
                                 }
                             }
                             self.bump();
-                            self.act(&done_tx);
                         }
                         Some(Err(e)) => {
-                            debug!("the cluster store's watch ended: {}; reading again", chain(&e));
+                            debug!("a watch of the cluster store ended: {}; reading again", chain(&e));
                             break;
                         }
                         None => break,
                     },
-                    _ = done_rx.recv() => self.act(&done_tx),
+                    _ = done_rx.recv() => {}
                     _ = lease.lost() => return,
                 }
             }
+            self.inner().followed.clear();
         }
+    }
+
+    /// Reads the hosts and the restores (plans, states, elections) into a new view
+    /// and watches both; what the phase watches read comes after.
+    async fn read_control(&self, feed: &Feed) -> Result<[Forward; 2], StoreError> {
+        let hosts = self.store.range(&layout::hosts()).await?;
+        let restores = self.store.range(&layout::restores()).await?;
+        let wh = self
+            .store
+            .watch(&layout::hosts(), hosts.revision + 1)
+            .await?;
+        let wr = self
+            .store
+            .watch(&layout::restores(), restores.revision + 1)
+            .await?;
+        let mut v = ClusterView::default();
+        v.put_all(&hosts.kvs);
+        v.put_all(&restores.kvs);
+        v.revision = restores.revision;
+        *self.view() = v;
+        let mut inner = self.inner();
+        inner.followed.clear();
+        inner.settled.clear();
+        Ok([forward(wh, feed), forward(wr, feed)])
+    }
+
+    /// The phases this participant needs now: its own VMs' in every restore that
+    /// names its host, until the restore is restored or, ended otherwise, its VMs
+    /// in it are settled; every VM's in the restores it coordinates.
+    fn wanted_phases(&self) -> HashMap<String, Scope> {
+        let me = &self.config.host;
+        let view = self.view();
+        let mut inner = self.inner();
+        let mut want = HashMap::new();
+        let mut settled = Vec::new();
+        for (id, r) in &view.restores {
+            if inner.coordinating.contains(id) {
+                want.insert(id.clone(), Scope::All);
+                continue;
+            }
+            let Some(plan) = r.plan() else { continue };
+            if !plan.by_host.contains_key(me) {
+                continue;
+            }
+            let status = r.state().map(|(s, _)| s.status);
+            if status == Some(Status::Restored) {
+                continue;
+            }
+            let is_settled = || {
+                inner.followed.contains_key(id)
+                    && inner
+                        .busy
+                        .get(id)
+                        .is_none_or(|b| b.loading.is_empty() && b.running.is_empty())
+                    && plan.vms_of(me).all(|p| {
+                        r.phases
+                            .get(&p.vm)
+                            .is_none_or(|(ph, _)| ph.phase.is_final())
+                    })
+            };
+            if status.is_some_and(Status::is_final) {
+                if inner.settled.contains(id) {
+                    continue;
+                }
+                if is_settled() {
+                    settled.push(id.clone());
+                    continue;
+                }
+            }
+            want.insert(id.clone(), Scope::Own);
+        }
+        inner.settled.extend(settled);
+        want
+    }
+
+    /// Opens the phase watches [`Shared::wanted_phases`] asks for (each read
+    /// first) and ends those it no longer does.
+    async fn follow_phases(
+        &self,
+        open: &mut HashMap<String, (Scope, Forward)>,
+        feed: &Feed,
+    ) -> Result<(), StoreError> {
+        let want = self.wanted_phases();
+        open.retain(|id, (scope, _)| want.get(id) == Some(scope));
+        self.inner()
+            .followed
+            .retain(|id, scope| open.get(id).is_some_and(|(s, _)| s == scope));
+        for (id, scope) in want {
+            if open.contains_key(&id) {
+                continue;
+            }
+            let prefix = match scope {
+                Scope::Own => layout::host_phases(&id, &self.config.host),
+                Scope::All => layout::phases(&id),
+            };
+            let r = self.store.range(&prefix).await?;
+            let w = self.store.watch(&prefix, r.revision + 1).await?;
+            {
+                let mut v = self.view();
+                v.put_all(&r.kvs);
+                v.phases_read(&id, r.revision);
+            }
+            self.inner().followed.insert(id.clone(), scope);
+            open.insert(id, (scope, forward(w, feed)));
+            self.bump();
+        }
+        Ok(())
     }
 
     /// Looks at every restore this host takes part in and starts what is due.
@@ -319,9 +468,12 @@ impl Shared {
                     campaign.push(id.clone());
                 }
                 let busy = inner.busy.entry(id.clone()).or_default();
+                let state_rev = r.state().map_or(0, |(_, rev)| rev);
                 for a in host_side::decide(&me, plan.vms_of(&me), r.state(), &r.phases, busy) {
                     if let Some((vm, (_, rev))) = r.phases.get_key_value(a.vm()) {
-                        busy.acted.insert(vm.clone(), *rev);
+                        let acted = busy.acted.entry(vm.clone()).or_default();
+                        acted.record = *rev;
+                        acted.state = state_rev;
                     }
                     match &a {
                         HostAction::Load { vm, .. } => busy.loading.insert(vm.clone()),
@@ -342,7 +494,8 @@ impl Shared {
         for id in campaign {
             let s = self.clone();
             let rid = id.clone();
-            let h = tokio::spawn(async move { s.coordinate(&rid).await }).abort_handle();
+            let done = done.clone();
+            let h = tokio::spawn(async move { s.coordinate(&rid, done).await }).abort_handle();
             self.inner().campaigns.insert(id, h);
         }
         for (id, plan, a) in todo {
@@ -369,8 +522,8 @@ impl Shared {
     /// on it would repeat a step (resume a VM just restored).
     fn wrote(&self, id: &str, vm: &str, rev: Revision) -> Revision {
         if let Some(b) = self.inner().busy.get_mut(id) {
-            let a = b.acted.entry(vm.to_string()).or_insert(0);
-            *a = (*a).max(rev - 1);
+            let a = b.acted.entry(vm.to_string()).or_default();
+            a.wrote = a.wrote.max(rev);
         }
         rev
     }
@@ -383,7 +536,7 @@ impl Shared {
     /// Writes `rec` over the phase record seen at `rev`; the new revision, or
     /// `None` if the record changed meanwhile (or the store failed for good: logged).
     async fn write_phase(&self, id: &str, rec: &PhaseRecord, rev: Revision) -> Option<Revision> {
-        let key = layout::phase(id, &rec.vm);
+        let key = layout::phase(id, &rec.host, &rec.vm);
         self.cas_put(id, &key, vec![Compare::ModRevision(key.clone(), rev)], rec)
             .await
     }
@@ -477,7 +630,7 @@ impl Shared {
                     return self.unbusy(id, &vm);
                 };
                 rec.phase = Phase::Starting;
-                let key = layout::phase(id, &vm);
+                let key = layout::phase(id, &rec.host, &vm);
                 let when = vec![
                     Compare::ModRevision(key.clone(), rev),
                     Compare::ModRevision(layout::state(id), state_rev),
@@ -558,7 +711,7 @@ impl Shared {
     }
 
     /// Campaigns to coordinate restore `id`, then coordinates it to its end.
-    async fn coordinate(self: Arc<Self>, id: &str) {
+    async fn coordinate(self: Arc<Self>, id: &str, done: mpsc::UnboundedSender<()>) {
         let me = &self.config.host;
         // A campaign the store ends (a timeout, a member lost) is made again for as
         // long as the restore runs: a host that stopped campaigning could leave the
@@ -575,7 +728,7 @@ impl Shared {
                 Ok(l) => break l,
                 Err(e) => {
                     debug!(restore = %id, "campaign ended: {}; campaigning again", chain(&e));
-                    if matches!(self.step(id, 0), Step::End) {
+                    if matches!(self.step(id, Written::default()), Step::End) {
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -583,11 +736,14 @@ impl Shared {
             }
         };
         info!(restore = %id, host = %me, "coordinating the restore");
+        // From now on the participant follows every VM's phase in the restore.
+        let _coordinating = Coordinating::new(&self, id);
+        let _ = done.send(());
         let mut changes = self.changed.subscribe();
-        let mut min_rev: Revision = 0;
+        let mut min = Written::default();
         loop {
             let mut wake = None;
-            match self.step(id, min_rev) {
+            match self.step(id, min) {
                 Step::Wait => {}
                 Step::End => {
                     let _ = self.store.resign(&leader).await;
@@ -598,8 +754,7 @@ impl Shared {
                     wake = s.decision.wake_unix_ns;
                     for a in std::mem::take(&mut s.decision.actions) {
                         match self.apply(id, &leader, &s, a).await {
-                            Ok(Some(rev)) => min_rev = min_rev.max(rev),
-                            Ok(None) => {}
+                            Ok(w) => min = min.max(w),
                             Err(e) => {
                                 warn!(restore = %id, "the coordinator cannot write: {}", chain(&e));
                                 wake = Some(unix_now_ns() + 200_000_000);
@@ -624,13 +779,10 @@ impl Shared {
         }
     }
 
-    /// What the coordinator of `id` does next, from the current view.
-    fn step(&self, id: &str, min_rev: Revision) -> Step {
+    /// What the coordinator of `id` does next, from the current view; `min` is
+    /// what it wrote last.
+    fn step(&self, id: &str, min: Written) -> Step {
         let view = self.view();
-        if view.revision < min_rev {
-            // Our last write is not in the view yet: deciding now would repeat it.
-            return Step::Wait;
-        }
         let Some(r) = view.restores.get(id) else {
             return Step::End;
         };
@@ -641,9 +793,15 @@ impl Shared {
         if state.as_ref().is_some_and(|(s, _)| s.status.is_final()) {
             return Step::End;
         }
+        let all = self.inner().followed.get(id) == Some(&Scope::All);
+        if !all || view.revision < min.state || r.phases_rev < min.phases {
+            // Every VM's phase is not read yet, or our last write is not in the
+            // view yet: deciding now would miss records or repeat the write.
+            return Step::Wait;
+        }
         let decision = match r.bad_phases.iter().next() {
             // A phase record was refused: abort, naming it.
-            Some((vm, e)) => checker::Decision {
+            Some((vm, (e, _))) => checker::Decision {
                 actions: match &state {
                     Some((s, _)) if s.status == Status::Active => vec![Action::Abort {
                         reason: format!("VM {vm}'s record was refused: {}", chain(e)),
@@ -695,14 +853,14 @@ impl Shared {
         }))
     }
 
-    /// Writes one of the checker's actions; the revision written at, if it did.
+    /// Writes one of the checker's actions; the revisions written at, if it did.
     async fn apply(
         &self,
         id: &str,
         leader: &Leadership,
         s: &Snapshot,
         a: Action,
-    ) -> Result<Option<Revision>, StoreError> {
+    ) -> Result<Written, StoreError> {
         let (plan, state, phases) = (&s.plan.record, s.state.as_ref(), &s.phases);
         let me = &self.config.host;
         let now = unix_now_ns();
@@ -726,7 +884,7 @@ impl Shared {
             reason,
             updated_unix_ns: now,
         };
-        let mut last = None;
+        let mut w = Written::default();
         match a {
             Action::Refuse { reason } => {
                 warn!(restore = %id, %reason, "refusing the restore");
@@ -737,7 +895,7 @@ impl Shared {
                         vec![put(&state_key, &new_state(Status::Aborted, Some(reason)))],
                     )
                     .await?;
-                last = o.succeeded.then_some(o.revision);
+                w.state = if o.succeeded { o.revision } else { 0 };
             }
             Action::Begin => {
                 let mut ops = Vec::new();
@@ -747,8 +905,9 @@ impl Shared {
                     cmps.push(Compare::ModRevision(state_key.clone(), 0));
                     ops.push(put(&state_key, &new_state(Status::Active, None)));
                 }
+                let mut with_state = state.is_none();
                 for p in s.missing.iter().map(|&i| &plan.plan.vms[i]) {
-                    let key = layout::phase(id, &p.vm);
+                    let key = layout::phase(id, &p.host, &p.vm);
                     cmps.push(Compare::ModRevision(key.clone(), 0));
                     ops.push(put(&key, &PhaseRecord::new(&p.vm, &p.host)));
                     if ops.len() == TXN_OPS {
@@ -757,20 +916,28 @@ impl Shared {
                             .txn(std::mem::take(&mut cmps), std::mem::take(&mut ops))
                             .await?;
                         if !o.succeeded {
-                            return Ok(None);
+                            return Ok(w);
                         }
-                        last = Some(o.revision);
+                        if std::mem::take(&mut with_state) {
+                            w.state = o.revision;
+                        }
+                        w.phases = o.revision;
                         cmps.push(fence.clone());
                     }
                 }
                 if !ops.is_empty() {
                     let o = self.store.txn(cmps, ops).await?;
-                    last = o.succeeded.then_some(o.revision).or(last);
+                    if o.succeeded {
+                        if with_state {
+                            w.state = o.revision;
+                        }
+                        w.phases = o.revision;
+                    }
                 }
             }
             Action::Start { vms } => {
                 let Some((_, state_rev)) = state else {
-                    return Ok(None);
+                    return Ok(w);
                 };
                 for chunk in vms.chunks(TXN_OPS) {
                     let mut cmps = vec![
@@ -782,7 +949,7 @@ impl Shared {
                         let Some((rec, rev)) = phases.get(vm) else {
                             continue;
                         };
-                        let key = layout::phase(id, vm);
+                        let key = layout::phase(id, &rec.host, vm);
                         let mut rec = rec.clone();
                         rec.phase = Phase::Start;
                         rec.start_sent_unix_ns = Some(now);
@@ -793,14 +960,14 @@ impl Shared {
                     debug!(restore = %id, vms = ops.len(), "START");
                     let o = self.store.txn(cmps, ops).await?;
                     if !o.succeeded {
-                        return Ok(last);
+                        return Ok(w);
                     }
-                    last = Some(o.revision);
+                    w.phases = o.revision;
                 }
             }
             Action::Abort { reason } => {
                 let Some((_, state_rev)) = state else {
-                    return Ok(None);
+                    return Ok(w);
                 };
                 warn!(restore = %id, %reason, "aborting the restore");
                 let o = self
@@ -810,11 +977,11 @@ impl Shared {
                         vec![put(&state_key, &new_state(Status::Aborting, Some(reason)))],
                     )
                     .await?;
-                last = o.succeeded.then_some(o.revision);
+                w.state = if o.succeeded { o.revision } else { 0 };
             }
             Action::Finish { status } => {
                 let Some((s, state_rev)) = state else {
-                    return Ok(None);
+                    return Ok(w);
                 };
                 let o = self
                     .store
@@ -825,11 +992,50 @@ impl Shared {
                     .await?;
                 if o.succeeded {
                     info!(restore = %id, status = ?status, "restore ended");
+                    w.state = o.revision;
                 }
-                last = o.succeeded.then_some(o.revision);
             }
         }
-        Ok(last)
+        Ok(w)
+    }
+}
+
+/// What a coordinator wrote last: the revisions of its last state and phase
+/// writes (0 for none). Each comes back through its own watch.
+#[derive(Debug, Clone, Copy, Default)]
+struct Written {
+    state: Revision,
+    phases: Revision,
+}
+
+impl Written {
+    fn max(self, o: Written) -> Written {
+        Written {
+            state: self.state.max(o.state),
+            phases: self.phases.max(o.phases),
+        }
+    }
+}
+
+/// Marks a restore as coordinated by this participant while it lives.
+struct Coordinating {
+    shared: Arc<Shared>,
+    id: String,
+}
+
+impl Coordinating {
+    fn new(shared: &Arc<Shared>, id: &str) -> Coordinating {
+        shared.inner().coordinating.insert(id.to_string());
+        Coordinating {
+            shared: shared.clone(),
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for Coordinating {
+    fn drop(&mut self) {
+        self.shared.inner().coordinating.remove(&self.id);
     }
 }
 

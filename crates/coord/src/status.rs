@@ -159,7 +159,7 @@ mod tests {
         assert!(s.hosts[0].live && !s.hosts[1].live);
         assert_eq!(s.hosts[1].vms[0].vm, "b");
         assert_eq!(s.refused.len(), 1, "{:?}", s.refused);
-        assert!(s.refused[0].contains("/hosts/h2/vms/c"));
+        assert!(s.refused[0].contains("/vms/h2/c"));
         assert_eq!(s.restores[0].status, "refused");
         assert!(s.restores[0].reason.as_ref().unwrap().contains("format 3"));
     }

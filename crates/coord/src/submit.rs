@@ -127,3 +127,20 @@ pub async fn wait(
         .await
         .map_err(|_| SubmitError::Timeout(id.to_string(), limit))?
 }
+
+/// Restore `id`'s report as the store holds it now (running or ended), or `None`
+/// if it has no plan there. It reads the hosts, the restore's records and its
+/// phases only, not the whole layout.
+pub async fn read_report(
+    store: &dyn Store,
+    id: &str,
+) -> Result<Option<RestoreReport>, SubmitError> {
+    layout::check_restore(id)?;
+    let hosts = store.range(&layout::hosts()).await?;
+    let records = store.range(&layout::restore(id)).await?;
+    let phases = store.range(&layout::phases(id)).await?;
+    let mut view = ClusterView::default();
+    view.put_all(hosts.kvs.iter().chain(&records.kvs).chain(&phases.kvs));
+    let live = view.live();
+    Ok(view.restores.get(id).and_then(|r| report(r, &live)))
+}

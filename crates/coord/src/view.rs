@@ -1,7 +1,14 @@
-//! What one daemon knows of the cluster store: every restore's records and the
-//! live hosts, read once and then kept current from watches ([`ClusterView::apply`]).
-//! Records are checked as they arrive; a refused one is kept as its error, so the
-//! restore it belongs to is reported as refused instead of being acted on.
+//! What one daemon knows of the cluster store: every restore's plan and state, the
+//! phases it follows (its own VMs', or a whole restore's when it coordinates it) and
+//! the live hosts, read once and then kept current from watches
+//! ([`ClusterView::apply`]). Records are checked as they arrive; a refused one is
+//! kept as its error, so the restore it belongs to is reported as refused instead
+//! of being acted on.
+//!
+//! The records come through several watches (one per prefix), each in revision
+//! order but not in order with each other, and a watch replaced by a wider one can
+//! deliver a change the new one's read already holds: a record is never replaced
+//! by an older revision of itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -44,9 +51,13 @@ impl CheckedPlan {
 pub struct RestoreView {
     pub plan: Option<Result<Arc<CheckedPlan>, RecordError>>,
     pub state: Option<Result<(StateRecord, Revision), RecordError>>,
+    /// The revision of the state as read, kept for a refused one too.
+    state_rev: Revision,
     pub phases: HashMap<String, (PhaseRecord, Revision)>,
-    /// Phase records refused, by VM.
-    pub bad_phases: BTreeMap<String, RecordError>,
+    /// Phase records refused, by VM, with their revision.
+    pub bad_phases: BTreeMap<String, (RecordError, Revision)>,
+    /// The highest revision of this restore's phases seen (read or watched).
+    pub phases_rev: Revision,
 }
 
 impl RestoreView {
@@ -66,14 +77,25 @@ impl RestoreView {
     pub fn refused(&self) -> Option<&RecordError> {
         match (&self.plan, &self.state) {
             (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
-            _ => self.bad_phases.values().next(),
+            _ => self.bad_phases.values().next().map(|(e, _)| e),
         }
+    }
+
+    /// The revision `vm`'s phase record was last seen at (refused or not), 0 if none.
+    fn phase_rev(&self, vm: &str) -> Revision {
+        self.phases
+            .get(vm)
+            .map(|(_, r)| *r)
+            .or_else(|| self.bad_phases.get(vm).map(|(_, r)| *r))
+            .unwrap_or(0)
     }
 }
 
-/// The store's contents that matter to restores, at `revision`.
+/// The store's contents that matter to restores.
 #[derive(Default)]
 pub struct ClusterView {
+    /// The highest revision of a plan, state or election seen: how far the
+    /// `restores/` watch has come.
     pub revision: Revision,
     pub restores: BTreeMap<String, RestoreView>,
     /// Hosts whose info key exists (it lives on the host's lease); a refused record
@@ -82,14 +104,30 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    /// Builds the view from a read of the whole layout.
+    /// Builds the view from a read of the whole layout at `revision`.
     pub fn from_kvs<'a>(kvs: impl IntoIterator<Item = &'a KeyValue>, revision: Revision) -> Self {
         let mut v = ClusterView::default();
-        for kv in kvs {
-            v.put(kv);
-        }
+        v.put_all(kvs);
         v.revision = revision;
+        for r in v.restores.values_mut() {
+            r.phases_rev = revision;
+        }
         v
+    }
+
+    /// Adds the records of a read of one prefix; the caller says how far it is
+    /// known ([`ClusterView::revision`], [`ClusterView::phases_read`]).
+    pub fn put_all<'a>(&mut self, kvs: impl IntoIterator<Item = &'a KeyValue>) {
+        for kv in kvs {
+            self.put(kv);
+        }
+    }
+
+    /// Notes that restore `id`'s phases were read at `revision` (a read that found
+    /// none still says how far they are known).
+    pub fn phases_read(&mut self, id: &str, revision: Revision) {
+        let r = self.restores.entry(id.to_string()).or_default();
+        r.phases_rev = r.phases_rev.max(revision);
     }
 
     /// Hosts with a live lease and a valid record.
@@ -103,11 +141,22 @@ impl ClusterView {
 
     /// Applies one watched change.
     pub fn apply(&mut self, ev: &Event) {
+        let rev = ev.mod_revision();
         match ev {
             Event::Put(kv) => self.put(kv),
-            Event::Delete { key, .. } => self.delete(key),
+            Event::Delete { key, .. } => self.delete(key, rev),
         }
-        self.revision = self.revision.max(ev.mod_revision());
+        match layout::parse(ev.key()) {
+            Key::Plan { .. } | Key::State { .. } | Key::Election { .. } => {
+                self.revision = self.revision.max(rev)
+            }
+            Key::Phase { restore, .. } => {
+                if let Some(r) = self.restores.get_mut(restore) {
+                    r.phases_rev = r.phases_rev.max(rev);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn put(&mut self, kv: &KeyValue) {
@@ -125,11 +174,17 @@ impl ClusterView {
                 self.restores.entry(restore.to_string()).or_default().plan = Some(plan);
             }
             Key::State { restore } => {
-                let s = decode::<StateRecord>(key, b).map(|s| (s, rev));
-                self.restores.entry(restore.to_string()).or_default().state = Some(s);
-            }
-            Key::Phase { restore, vm } => {
                 let r = self.restores.entry(restore.to_string()).or_default();
+                if rev >= r.state_rev {
+                    r.state = Some(decode::<StateRecord>(key, b).map(|s| (s, rev)));
+                    r.state_rev = rev;
+                }
+            }
+            Key::Phase { restore, vm, .. } => {
+                let r = self.restores.entry(restore.to_string()).or_default();
+                if rev < r.phase_rev(vm) {
+                    return;
+                }
                 match decode::<PhaseRecord>(key, b) {
                     Ok(p) => {
                         r.bad_phases.remove(vm);
@@ -137,7 +192,7 @@ impl ClusterView {
                     }
                     Err(e) => {
                         r.phases.remove(vm);
-                        r.bad_phases.insert(vm.to_string(), e);
+                        r.bad_phases.insert(vm.to_string(), (e, rev));
                     }
                 }
             }
@@ -149,7 +204,7 @@ impl ClusterView {
         }
     }
 
-    fn delete(&mut self, key: &str) {
+    fn delete(&mut self, key: &str, rev: Revision) {
         match layout::parse(key) {
             Key::HostInfo { host } => {
                 self.hosts.remove(host);
@@ -159,13 +214,18 @@ impl ClusterView {
             }
             Key::State { restore } => {
                 if let Some(r) = self.restores.get_mut(restore) {
-                    r.state = None;
+                    if rev > r.state_rev {
+                        r.state = None;
+                        r.state_rev = rev;
+                    }
                 }
             }
-            Key::Phase { restore, vm } => {
+            Key::Phase { restore, vm, .. } => {
                 if let Some(r) = self.restores.get_mut(restore) {
-                    r.phases.remove(vm);
-                    r.bad_phases.remove(vm);
+                    if rev > r.phase_rev(vm) {
+                        r.phases.remove(vm);
+                        r.bad_phases.remove(vm);
+                    }
                 }
             }
             Key::HostVm { .. }

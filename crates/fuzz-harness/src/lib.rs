@@ -161,7 +161,7 @@ pub fn store_record(data: &[u8]) -> Verdict {
     let key = match kind {
         "plan" => layout::plan("r1"),
         "state" => layout::state("r1"),
-        "phase" => layout::phase("r1", "vm1"),
+        "phase" => layout::phase("r1", "h1", "vm1"),
         "host" => layout::host_info("h1"),
         "vm" => layout::host_vm("h1", "vm1"),
         "snapshots" => layout::host_snapshots("h1"),

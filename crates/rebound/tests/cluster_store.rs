@@ -617,6 +617,10 @@ fn malformed_records_are_refused_and_start_nothing(sim: &Sim<'_>, first: &str) {
         let mut written: Vec<String> = recs.iter().map(|(k, _)| k.clone()).collect();
         written.sort();
         assert_eq!(keys, written, "{id}: something was written for it");
+        assert!(
+            sim.records(&layout::phases(id)).is_empty(),
+            "{id}: a phase was written for it"
+        );
     }
     let now: Vec<Option<u64>> = VMS.iter().map(|(v, _)| sim.qemu_pid(v)).collect();
     assert_eq!(pids, now, "a VM was replaced");

@@ -77,7 +77,7 @@ fn a_certificate_from_another_ca_is_refused() {
             &c.ca(),
             &crt,
             &key,
-            &["get", "/rebound/v1/", "--prefix"],
+            &["get", "/rebound/v2/", "--prefix"],
         );
         assert!(!o.status.success(), "{who}: {}", out(&o));
         let o = etcdctl(
@@ -85,7 +85,7 @@ fn a_certificate_from_another_ca_is_refused() {
             &c.ca(),
             &crt,
             &key,
-            &["put", "/rebound/v1/hosts/h1/x", "1"],
+            &["put", "/rebound/v2/hosts/h1/x", "1"],
         );
         assert!(!o.status.success(), "{who}: {}", out(&o));
     }
@@ -100,9 +100,9 @@ fn a_certificate_from_another_ca_is_refused() {
             c.logs()
         );
     }
-    ok(&c, "h1", &["get", "/rebound/v1/", "--prefix"]);
+    ok(&c, "h1", &["get", "/rebound/v2/", "--prefix"]);
     // Nothing was written by them.
-    assert_eq!(ok(&c, "root", &["get", "/rebound/v1/hosts/h1/x"]), "");
+    assert_eq!(ok(&c, "root", &["get", "/rebound/v2/hosts/h1/x"]), "");
 
     // The store's own client is refused as well (store-init with the other CA's root).
     let o = c.store_init(&other.join("root.crt"), &other.join("root.key"), "h1");
@@ -118,21 +118,29 @@ fn a_certificate_from_another_ca_is_refused() {
 #[test]
 fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
     let c = EtcdCluster::start();
-    ok(&c, "h1", &["put", "/rebound/v1/hosts/h1/x", "mine"]);
-    ok(&c, "h2", &["put", "/rebound/v1/hosts/h2/x", "h2's"]);
-    denied(&c, "h1", &["put", "/rebound/v1/hosts/h2/x", "not mine"]);
-    denied(&c, "h1", &["del", "/rebound/v1/hosts/h2/x"]);
+    ok(&c, "h1", &["put", "/rebound/v2/hosts/h1/x", "mine"]);
+    ok(&c, "h2", &["put", "/rebound/v2/hosts/h2/x", "h2's"]);
+    denied(&c, "h1", &["put", "/rebound/v2/hosts/h2/x", "not mine"]);
+    denied(&c, "h1", &["del", "/rebound/v2/hosts/h2/x"]);
     // A longer host name that starts with h1's is another host.
-    denied(&c, "h1", &["put", "/rebound/v1/hosts/h10/x", "not mine"]);
+    denied(&c, "h1", &["put", "/rebound/v2/hosts/h10/x", "not mine"]);
+    // VM records: its own host's only.
+    ok(&c, "h1", &["put", "/rebound/v2/vms/h1/a", "mine"]);
+    denied(&c, "h1", &["put", "/rebound/v2/vms/h2/a", "not mine"]);
     denied(
         &c,
         "h1",
-        &["put", "/rebound/v1/restores/r1/x", "not granted"],
+        &["put", "/rebound/v2/restores/r1/x", "not granted"],
     );
     denied(
         &c,
         "h1",
-        &["put", "/rebound/v1/clusters/c1", "the operator's"],
+        &["put", "/rebound/v2/phases/r1/h1/a", "not granted"],
+    );
+    denied(
+        &c,
+        "h1",
+        &["put", "/rebound/v2/clusters/c1", "the operator's"],
     );
     denied(&c, "h1", &["put", "/elsewhere", "outside the layout"]);
     // Every host reads every host's records; nothing outside the layout.
@@ -140,7 +148,7 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
         ok(
             &c,
             "h1",
-            &["get", "/rebound/v1/hosts/h2/x", "--print-value-only"]
+            &["get", "/rebound/v2/hosts/h2/x", "--print-value-only"]
         )
         .trim(),
         "h2's"
@@ -150,7 +158,7 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
         ok(
             &c,
             "root",
-            &["get", "/rebound/v1/hosts/h2/x", "--print-value-only"]
+            &["get", "/rebound/v2/hosts/h2/x", "--print-value-only"]
         )
         .trim(),
         "h2's"
@@ -176,26 +184,33 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
             .unwrap_err();
         assert!(e.to_string().contains("\"h9\" has no store user"), "{e}");
     });
-    ok(&c, "h1", &["put", "/rebound/v1/restores/r1/x", "granted"]);
+    ok(&c, "h1", &["put", "/rebound/v2/restores/r1/x", "granted"]);
+    // Any host of the restore may coordinate it: it writes every VM's phase.
+    ok(&c, "h1", &["put", "/rebound/v2/phases/r1/h2/a", "granted"]);
+    denied(
+        &c,
+        "h1",
+        &["put", "/rebound/v2/phases/r2/h1/a", "not granted"],
+    );
     ok(
         &c,
         "h1",
-        &["put", "/rebound/v1/restores/r1/election/x", "granted"],
+        &["put", "/rebound/v2/restores/r1/election/x", "granted"],
     );
     denied(
         &c,
         "h1",
-        &["put", "/rebound/v1/restores/r2/x", "not granted"],
+        &["put", "/rebound/v2/restores/r2/x", "not granted"],
     );
     denied(
         &c,
         "h1",
-        &["put", "/rebound/v1/restores/r10/x", "not granted"],
+        &["put", "/rebound/v2/restores/r10/x", "not granted"],
     );
     denied(
         &c,
         "h2",
-        &["put", "/rebound/v1/restores/r1/x", "not taking part"],
+        &["put", "/rebound/v2/restores/r1/x", "not taking part"],
     );
 
     // store-init again, idempotent: the grants are kept, h1 still confined.
@@ -205,9 +220,9 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
     ok(
         &c,
         "h1",
-        &["put", "/rebound/v1/restores/r1/x", "still granted"],
+        &["put", "/rebound/v2/restores/r1/x", "still granted"],
     );
-    denied(&c, "h1", &["put", "/rebound/v1/hosts/h2/x", "not mine"]);
+    denied(&c, "h1", &["put", "/rebound/v2/hosts/h2/x", "not mine"]);
 
     // Once the restore is over its write access goes; the records stay readable.
     rt().block_on(async {
@@ -216,12 +231,13 @@ fn a_host_writes_only_its_own_keys_and_the_restores_it_is_granted() {
         access::revoke_restore(&mut client, "r1").await.unwrap();
         access::revoke_restore(&mut client, "r1").await.unwrap();
     });
-    denied(&c, "h1", &["put", "/rebound/v1/restores/r1/x", "revoked"]);
+    denied(&c, "h1", &["put", "/rebound/v2/restores/r1/x", "revoked"]);
+    denied(&c, "h1", &["put", "/rebound/v2/phases/r1/h1/a", "revoked"]);
     assert_eq!(
         ok(
             &c,
             "h1",
-            &["get", "/rebound/v1/restores/r1/x", "--print-value-only"]
+            &["get", "/rebound/v2/restores/r1/x", "--print-value-only"]
         )
         .trim(),
         "still granted"
@@ -275,12 +291,12 @@ fn the_others_serve(c: &EtcdCluster, gone: &str, how: &str, key: &str) -> String
 #[test]
 fn two_members_of_three_keep_serving_when_the_leaders_host_is_cut_off_or_killed() {
     let mut c = EtcdCluster::start();
-    ok(&c, "h1", &["put", "/rebound/v1/hosts/h1/a", "1"]);
+    ok(&c, "h1", &["put", "/rebound/v2/hosts/h1/a", "1"]);
 
     // The leader's host cut off; healed, it catches up.
     let cut = c.leader();
     c.cut(&cut);
-    let key = "/rebound/v1/hosts/h1/b";
+    let key = "/rebound/v2/hosts/h1/b";
     let last = the_others_serve(&c, &cut, "cut off", key);
     c.heal(&cut);
     reads(&c, &cut, key, &last);
@@ -288,7 +304,7 @@ fn two_members_of_three_keep_serving_when_the_leaders_host_is_cut_off_or_killed(
     // The leader's member killed; back on its data, it rejoins with what it missed.
     let dead = c.leader();
     c.kill_member(&dead);
-    let key = "/rebound/v1/hosts/h1/c";
+    let key = "/rebound/v2/hosts/h1/c";
     let last = the_others_serve(&c, &dead, "killed", key);
     c.restart_member(&dead);
     reads(&c, &dead, key, &last);
@@ -313,16 +329,16 @@ fn a_client_of_a_member_cut_off_keeps_its_lease_and_its_watch() {
         let s = EtcdStore::connect(&config).await.unwrap();
         assert_eq!(s.current_endpoint(), c.endpoint("h3"));
         let lease = s.lease(Duration::from_secs(5)).await.unwrap();
-        s.put("/rebound/v1/hosts/h1/info", b"1".to_vec(), Some(lease.id))
+        s.put("/rebound/v2/hosts/h1/info", b"1".to_vec(), Some(lease.id))
             .await
             .unwrap();
-        let mut w = s.watch("/rebound/v1/hosts/h1/", 0).await.unwrap();
+        let mut w = s.watch("/rebound/v2/hosts/h1/", 0).await.unwrap();
 
         c.cut("h3");
         let cut_at = std::time::Instant::now();
         // Written through another member while this client's is cut off (once the
         // other two have a leader, if the cut member led).
-        write_through(&c, "h1", "/rebound/v1/hosts/h1/after", "2");
+        write_through(&c, "h1", "/rebound/v2/hosts/h1/after", "2");
         // Within two TTLs: the transport's own keep-alive would notice the dead
         // member only after 15 s.
         let seen = tokio::time::timeout(lease.ttl * 2, async {
@@ -343,7 +359,7 @@ fn a_client_of_a_member_cut_off_keeps_its_lease_and_its_watch() {
         assert_ne!(s.current_endpoint(), c.endpoint("h3"));
         tokio::time::sleep(lease.ttl * 2).await;
         assert!(!*lease.lost.borrow(), "the lease was lost with the member");
-        assert!(s.get("/rebound/v1/hosts/h1/info").await.unwrap().is_some());
+        assert!(s.get("/rebound/v2/hosts/h1/info").await.unwrap().is_some());
     });
     c.heal("h3");
 }

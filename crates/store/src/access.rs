@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, Identity, Permission, TlsOptions, UserAddOptions};
 
-/// Every key Rebound keeps in etcd starts with this (version 1 of the layout).
-pub const PREFIX: &str = "/rebound/v1/";
+/// Every key Rebound keeps in etcd starts with this (version 2 of the layout).
+pub const PREFIX: &str = "/rebound/v2/";
 /// etcd's root user and role: the operator's identity.
 pub const ROOT: &str = "root";
 
@@ -148,7 +148,7 @@ fn check_hosts(hosts: &[String]) -> Result<(), AccessError> {
 }
 
 /// The root user and role, and per host its user and role: readwrite on its own
-/// `hosts/<h>/`, read on all of [`PREFIX`].
+/// `hosts/<h>/` and `vms/<h>/`, read on all of [`PREFIX`].
 pub fn hosts_plan(hosts: &[String]) -> Result<Plan, AccessError> {
     check_hosts(hosts)?;
     let mut roles = vec![Role {
@@ -169,6 +169,10 @@ pub fn hosts_plan(hosts: &[String]) -> Result<Plan, AccessError> {
                     access: Access::ReadWrite,
                 },
                 Grant {
+                    prefix: format!("{PREFIX}vms/{h}/"),
+                    access: Access::ReadWrite,
+                },
+                Grant {
                     prefix: PREFIX.into(),
                     access: Access::Read,
                 },
@@ -186,7 +190,8 @@ pub fn hosts_plan(hosts: &[String]) -> Result<Plan, AccessError> {
     })
 }
 
-/// Restore `id`'s role (readwrite on `restores/<id>/`) given to each of its hosts.
+/// Restore `id`'s role (readwrite on `restores/<id>/` and `phases/<id>/`: any of
+/// its hosts may coordinate it) given to each of its hosts.
 pub fn restore_plan(id: &str, hosts: &[String]) -> Result<Plan, AccessError> {
     if !valid_restore_id(id) {
         return Err(AccessError::BadRestoreId(id.into()));
@@ -196,10 +201,13 @@ pub fn restore_plan(id: &str, hosts: &[String]) -> Result<Plan, AccessError> {
     Ok(Plan {
         roles: vec![Role {
             name: role.clone(),
-            grants: vec![Grant {
-                prefix: format!("{PREFIX}restores/{id}/"),
-                access: Access::ReadWrite,
-            }],
+            grants: ["restores", "phases"]
+                .iter()
+                .map(|p| Grant {
+                    prefix: format!("{PREFIX}{p}/{id}/"),
+                    access: Access::ReadWrite,
+                })
+                .collect(),
         }],
         users: hosts
             .iter()
@@ -377,15 +385,17 @@ mod tests {
     fn a_host_writes_only_its_own_keys_and_reads_every_hosts() {
         let p = hosts_plan(&hosts(&["h1", "h2"])).unwrap();
         let h1 = "rebound-host-h1";
-        assert!(may(&p, h1, "/rebound/v1/hosts/h1/info", true));
-        assert!(may(&p, h1, "/rebound/v1/hosts/h1/vms/a", true));
-        assert!(!may(&p, h1, "/rebound/v1/hosts/h2/info", true));
-        assert!(may(&p, h1, "/rebound/v1/hosts/h2/info", false));
+        assert!(may(&p, h1, "/rebound/v2/hosts/h1/info", true));
+        assert!(may(&p, h1, "/rebound/v2/vms/h1/a", true));
+        assert!(!may(&p, h1, "/rebound/v2/hosts/h2/info", true));
+        assert!(!may(&p, h1, "/rebound/v2/vms/h2/a", true));
+        assert!(!may(&p, h1, "/rebound/v2/phases/r1/h1/a", true));
+        assert!(may(&p, h1, "/rebound/v2/hosts/h2/info", false));
         // A host whose name extends h1's gains nothing from h1's grant.
-        assert!(!may(&p, h1, "/rebound/v1/hosts/h10/info", true));
-        assert!(!may(&p, h1, "/rebound/v1/restores/r1/state", true));
-        assert!(may(&p, h1, "/rebound/v1/restores/r1/state", false));
-        assert!(!may(&p, h1, "/rebound/v1/clusters/c", true));
+        assert!(!may(&p, h1, "/rebound/v2/hosts/h10/info", true));
+        assert!(!may(&p, h1, "/rebound/v2/restores/r1/state", true));
+        assert!(may(&p, h1, "/rebound/v2/restores/r1/state", false));
+        assert!(!may(&p, h1, "/rebound/v2/clusters/c", true));
         assert!(!may(&p, h1, "/other/key", false));
         assert!(may(&p, ROOT, "/anything", true));
         assert!(!p.users_exist);
@@ -406,31 +416,44 @@ mod tests {
         assert!(may(
             &p,
             "rebound-host-h1",
-            "/rebound/v1/restores/r1/state",
+            "/rebound/v2/restores/r1/state",
             true
         ));
         assert!(may(
             &p,
             "rebound-host-h1",
-            "/rebound/v1/restores/r1/election/x",
+            "/rebound/v2/restores/r1/election/x",
+            true
+        ));
+        // Any host of the restore may coordinate it: it writes every VM's phase.
+        assert!(may(
+            &p,
+            "rebound-host-h1",
+            "/rebound/v2/phases/r1/h2/a",
             true
         ));
         assert!(!may(
             &p,
             "rebound-host-h1",
-            "/rebound/v1/restores/r10/state",
+            "/rebound/v2/phases/r2/h1/a",
             true
         ));
         assert!(!may(
             &p,
             "rebound-host-h1",
-            "/rebound/v1/restores/r2/state",
+            "/rebound/v2/restores/r10/state",
+            true
+        ));
+        assert!(!may(
+            &p,
+            "rebound-host-h1",
+            "/rebound/v2/restores/r2/state",
             true
         ));
         assert!(!may(
             &p,
             "rebound-host-h2",
-            "/rebound/v1/restores/r1/state",
+            "/rebound/v2/restores/r1/state",
             true
         ));
     }

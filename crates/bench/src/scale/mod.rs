@@ -378,10 +378,16 @@ impl Bench {
 
     async fn failover(&self, hosts: &mut [SimHost], plan: &Plan) -> Result<FailoverFigures, Error> {
         let id = &plan.restore_id;
-        let prefix = layout::restore(id);
-        let r = self.admin.range(&prefix).await?;
+        let r = self.admin.range(&layout::phases(id)).await?;
         let mut view = ClusterView::from_kvs(&r.kvs, r.revision);
-        let mut w = self.admin.watch(&prefix, r.revision + 1).await?;
+        let mut w = self
+            .admin
+            .watch(&layout::phases(id), r.revision + 1)
+            .await?;
+        let mut elected = self
+            .admin
+            .watch(&layout::election(id), r.revision + 1)
+            .await?;
         submit(&*self.submitter, plan.clone(), Timeouts::default()).await?;
         let first = plan
             .vms
@@ -423,14 +429,15 @@ impl Bench {
         // The old coordinator's lease must go within its TTL and some slack.
         let limit = self.ttl * 4 + Duration::from_secs(20);
         let deadline = deadline.min(tokio::time::Instant::now() + limit);
+        drop(w);
         let gone = 'gone: loop {
-            for e in next(&mut w, deadline, id).await? {
+            for e in next(&mut elected, deadline, id).await? {
                 if matches!(&e, Event::Delete { key, .. } if *key == leader.key) {
                     break 'gone unix_now_ns();
                 }
             }
         };
-        drop(w);
+        drop(elected);
         let r = wait(&*self.submitter, id, LIMIT, |_| {}).await?;
         let t0 = r.began_unix_ns;
         let at = |s: f64| t0 + (s * 1e9) as i64;
@@ -459,12 +466,14 @@ impl Bench {
 
     /// Deletes a restore's keys, so the next restore's hosts read a small store.
     async fn clean(&self, id: &str) {
-        let Ok(r) = self.admin.range(&layout::restore(id)).await else {
-            return;
-        };
-        for chunk in r.kvs.chunks(100) {
-            let ops = chunk.iter().map(|kv| Op::Delete(kv.key.clone())).collect();
-            let _ = self.admin.txn(Vec::new(), ops).await;
+        for prefix in [layout::phases(id), layout::restore(id)] {
+            let Ok(r) = self.admin.range(&prefix).await else {
+                return;
+            };
+            for chunk in r.kvs.chunks(100) {
+                let ops = chunk.iter().map(|kv| Op::Delete(kv.key.clone())).collect();
+                let _ = self.admin.txn(Vec::new(), ops).await;
+            }
         }
     }
 }

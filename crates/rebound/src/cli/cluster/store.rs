@@ -143,7 +143,7 @@ pub async fn store_up(c: &Cluster) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ok = match c.admin_store().await {
-            Ok(s) => s.get("/rebound/v1/").await.is_ok(),
+            Ok(s) => s.get(rebound_coord::layout::ROOT).await.is_ok(),
             Err(_) => false,
         };
         if ok {

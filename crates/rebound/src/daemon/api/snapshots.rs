@@ -94,12 +94,10 @@ pub(super) async fn cluster_restore_status(
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     let c = cluster(&d)?;
-    let report = c.participant.with_view(|v| {
-        let live = v.live();
-        v.restores
-            .get(&id)
-            .and_then(|r| rebound_coord::report::report(r, &live))
-    });
+    // Read from the store: this daemon follows only its own VMs' phases.
+    let report = rebound_coord::submit::read_report(&*c.store, &id)
+        .await
+        .map_err(|e| OpError::BadInput(Box::new(e)))?;
     Ok(Json(report.ok_or(OpError::UnknownClusterRestore(id))?))
 }
 

@@ -19,7 +19,7 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -177,6 +177,17 @@ pub struct Loader {
 impl Loader {
     /// Opens the images (each must have its size) and checks that the trace names
     /// only their pages.
+    /// A loader of a snapshot's one RAM image (block 0), the shape every restore
+    /// of a single-block guest takes.
+    pub fn one_image(path: &Path, size: u64, trace: Option<Trace>) -> Result<Loader, LoadError> {
+        let image = ImageFile {
+            block: 0,
+            path: path.to_path_buf(),
+            size,
+        };
+        Loader::new(vec![image], trace)
+    }
+
     pub fn new(images: Vec<ImageFile>, trace: Option<Trace>) -> Result<Loader, LoadError> {
         let mut out = Vec::new();
         for i in images {

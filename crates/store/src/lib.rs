@@ -14,6 +14,7 @@ pub mod access;
 pub mod election;
 pub mod etcd;
 pub mod mem;
+pub mod member;
 pub mod probe;
 
 use std::time::Duration;

@@ -18,8 +18,7 @@ use super::eventually;
 
 /// The simulated hosts' names (also their etcd members' names).
 pub const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
-const CLIENT_PORT: u16 = 2379;
-const PEER_PORT: u16 = 2380;
+use rebound_store::member::CLIENT_PORT;
 
 /// One simulated host and its etcd member.
 pub struct EtcdHost {
@@ -129,54 +128,35 @@ impl EtcdCluster {
     /// Starts (or starts again, on its data) host `i`'s member in its namespace.
     fn start_member(&mut self, i: usize) {
         let h = &self.hosts[i];
-        let url = |port| format!("https://{}:{port}", h.ip);
-        let cluster: Vec<String> = self
+        let cluster: Vec<(String, String)> = self
             .hosts
             .iter()
-            .map(|o| format!("{}=https://{}:{PEER_PORT}", o.name, o.ip))
+            .map(|o| (o.name.clone(), o.ip.to_string()))
             .collect();
         let certs = self.certs();
-        let (crt, key) = (
-            certs.join(format!("{}.crt", h.name)),
-            certs.join(format!("{}.key", h.name)),
-        );
+        let tls = rebound_store::access::TlsFiles {
+            ca: self.ca(),
+            cert: certs.join(format!("{}.crt", h.name)),
+            key: certs.join(format!("{}.key", h.name)),
+        };
         let data = self.dir.path().join("data").join(&h.name);
-        let state = if data.exists() { "existing" } else { "new" };
+        let ip = h.ip.to_string();
+        let member = rebound_store::member::Member {
+            name: &h.name,
+            ip: &ip,
+            data_dir: &data,
+            cluster: &cluster,
+            token: &self.backbone,
+            tls: &tls,
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("log").join(format!("{}.log", h.name)))
             .unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", &h.netns, "etcd", "--name", &h.name])
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--listen-client-urls", &url(CLIENT_PORT)])
-            .args(["--advertise-client-urls", &url(CLIENT_PORT)])
-            .args(["--listen-peer-urls", &url(PEER_PORT)])
-            .args(["--initial-advertise-peer-urls", &url(PEER_PORT)])
-            .args(["--initial-cluster", &cluster.join(",")])
-            .args(["--initial-cluster-state", state])
-            .args(["--initial-cluster-token", &self.backbone])
-            // A loaded test machine delays heartbeats; no leader flapping for that.
-            .args(["--heartbeat-interval", "200", "--election-timeout", "2000"])
-            .arg("--pre-vote")
-            // A member cut off and back does not depose a working leader.
-            .arg("--pre-vote")
-            .arg("--client-cert-auth")
-            .arg("--trusted-ca-file")
-            .arg(self.ca())
-            .arg("--cert-file")
-            .arg(&crt)
-            .arg("--key-file")
-            .arg(&key)
-            .arg("--peer-client-cert-auth")
-            .arg("--peer-trusted-ca-file")
-            .arg(self.ca())
-            .arg("--peer-cert-file")
-            .arg(&crt)
-            .arg("--peer-key-file")
-            .arg(&key)
+            .args(["netns", "exec", &h.netns, "etcd"])
+            .args(member.args())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -18,8 +18,7 @@ use rebound_store::Store;
 
 use super::Cluster;
 
-pub const CLIENT_PORT: u16 = 2379;
-pub const PEER_PORT: u16 = 2380;
+pub use rebound_store::member::CLIENT_PORT;
 
 /// A simulated host's address (the spec gives every simulated host one).
 fn sim_ip(h: &HostSpec) -> std::net::Ipv4Addr {
@@ -203,51 +202,26 @@ fn start_member(c: &Cluster, h: &HostSpec) -> anyhow::Result<()> {
     }
     let home = c.host_home(h);
     rebound_vmm::private::create_dir_all(&home)?;
-    let ip = sim_ip(h);
-    let url = |port| format!("https://{ip}:{port}");
-    let initial: Vec<String> = c
+    let ip = sim_ip(h).to_string();
+    let cluster: Vec<(String, String)> = c
         .sims()
         .iter()
-        .map(|o| format!("{}=https://{}:{PEER_PORT}", o.name, sim_ip(o)))
+        .map(|o| (o.name.clone(), sim_ip(o).to_string()))
         .collect();
     let data = home.join("etcd");
-    let state = if data.exists() { "existing" } else { "new" };
     let t = c.tls(&h.name);
+    let member = rebound_store::member::Member {
+        name: &h.name,
+        ip: &ip,
+        data_dir: &data,
+        cluster: &cluster,
+        token: &format!("rebound-{}", c.spec.name),
+        tls: &t,
+    };
     let log = rebound_vmm::private::create_file(&home.join("etcd.log"), false)?;
     let mut cmd = std::process::Command::new("ip");
-    cmd.args(["netns", "exec", &c.netns(h), "etcd", "--name", &h.name])
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen-client-urls", &url(CLIENT_PORT)])
-        .args(["--advertise-client-urls", &url(CLIENT_PORT)])
-        .args(["--listen-peer-urls", &url(PEER_PORT)])
-        .args(["--initial-advertise-peer-urls", &url(PEER_PORT)])
-        .args(["--initial-cluster", &initial.join(",")])
-        .args(["--initial-cluster-state", state])
-        .args([
-            "--initial-cluster-token",
-            &format!("rebound-{}", c.spec.name),
-        ])
-        // Simulated hosts share a small machine's CPUs: a slow heartbeat is not a
-        // dead leader.
-        .args(["--heartbeat-interval", "200", "--election-timeout", "2000"])
-        // A member cut off and joined again asks before it campaigns, instead of
-        // forcing an election on the two that went on without it.
-        .arg("--pre-vote")
-        .arg("--client-cert-auth")
-        .arg("--trusted-ca-file")
-        .arg(&t.ca)
-        .arg("--cert-file")
-        .arg(&t.cert)
-        .arg("--key-file")
-        .arg(&t.key)
-        .arg("--peer-client-cert-auth")
-        .arg("--peer-trusted-ca-file")
-        .arg(&t.ca)
-        .arg("--peer-cert-file")
-        .arg(&t.cert)
-        .arg("--peer-key-file")
-        .arg(&t.key)
+    cmd.args(["netns", "exec", &c.netns(h), "etcd"])
+        .args(member.args())
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

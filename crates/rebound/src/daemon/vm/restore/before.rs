@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rebound_snapshot::restore_plan::{BeforeStart, Checking};
-use rebound_snapshot::{ImageFile, Loader, Trace};
+use rebound_snapshot::{Loader, Trace};
 
 use super::gate::BeforeStartGuard;
 use super::InputError;
@@ -50,12 +50,7 @@ impl Job {
             chunk,
             checksums,
         } = self;
-        let images = vec![ImageFile {
-            block: 0,
-            path: image.clone(),
-            size,
-        }];
-        let mut loader = Loader::new(images, trace).map_err(InputError::from)?;
+        let mut loader = Loader::one_image(&image, size, trace).map_err(InputError::from)?;
         let t = Instant::now();
         let _first = BeforeStartGuard::enter();
         let mut checked =

@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use rebound_api::{RestoreMode, RestoreReport};
-use rebound_snapshot::{ImageFile, LoadStats, Loader, Snapshot, Trace};
+use rebound_snapshot::{LoadStats, Loader, Snapshot, Trace};
 
 use crate::daemon::vm::VmHandle;
 
@@ -103,14 +103,51 @@ fn load_rest(rep: &RestoreReport) -> Result<LoadStats, String> {
         Some(t) => Some(Trace::read(&snap.path_of(&t.file), size / 4096).map_err(|e| chain(&e))?),
         None => None,
     };
-    let images = vec![ImageFile {
-        block: 0,
-        path: snap.path_of(&block.file),
-        size,
-    }];
-    let mut loader = Loader::new(images, trace).map_err(|e| chain(&e))?;
+    let mut loader =
+        Loader::one_image(&snap.path_of(&block.file), size, trace).map_err(|e| chain(&e))?;
     let stop = AtomicBool::new(false);
     loader
         .load_rest(rep.rest_order, &stop, None, &mut |_, _| {})
         .map_err(|e| chain(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_back_and_a_damaged_one_is_refused_with_a_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("restore.json");
+        assert_eq!(read(&p), Ok(None), "no report: not a restored VM");
+        let rep = RestoreReport {
+            vm: "a".into(),
+            snapshot: "/snap".into(),
+            phase: "held".into(),
+            ..Default::default()
+        };
+        let good = serde_json::to_vec(&rep).unwrap();
+        std::fs::write(&p, &good).unwrap();
+        assert_eq!(read(&p), Ok(Some(rep)));
+        for (what, bytes) in [
+            ("truncated", good[..good.len() / 2].to_vec()),
+            ("not JSON", b"\x00\x01\x02restore".to_vec()),
+            ("empty", Vec::new()),
+            ("a field of the wrong type", br#"{"vm":7}"#.to_vec()),
+        ] {
+            std::fs::write(&p, &bytes).unwrap();
+            let e = read(&p).unwrap_err();
+            assert!(!e.is_empty() && !e.contains('\n'), "{what}: {e}");
+        }
+        // Oversized: refused before it is parsed (or held in memory whole).
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(MAX_REPORT + 1)
+            .unwrap();
+        assert_eq!(read(&p), Err(format!("over {MAX_REPORT} bytes")));
+        // A directory where the report should be.
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        assert!(read(&p).is_err());
+    }
 }

@@ -37,6 +37,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("evict_ring", evict_ring),
     ("dump_header", dump_header),
     ("ha_frame", ha_frame),
+    ("device_state", device_state),
 ];
 
 pub use ring::evict_ring;
@@ -268,6 +269,14 @@ pub fn ha_frame(data: &[u8]) -> Verdict {
         }
     }
     verdict
+}
+
+/// A snapshot's device state: QEMU's migration stream, read apart as a restore
+/// through postcopy reads it.
+pub fn device_state(data: &[u8]) -> Verdict {
+    rebound_migstream::SnapshotStream::parse(data)
+        .map(|_| ())
+        .map_err(err)
 }
 
 /// The corpus directory of a target in this repository.

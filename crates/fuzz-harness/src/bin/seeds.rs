@@ -440,6 +440,21 @@ fn ha() -> Result<()> {
     put("ha_frame", "bad-truncated", &stream[..stream.len() / 2])
 }
 
+fn device_state() -> Result<()> {
+    let good = rebound_migstream::example::snapshot_stream();
+    put("device_state", "ok-snapshot", &good)?;
+    let mut magic = good.clone();
+    magic[0] = b'X';
+    put("device_state", "bad-magic", &magic)?;
+    let mut version = good.clone();
+    version[7] = 2;
+    put("device_state", "bad-version", &version)?;
+    let mut name = good.clone();
+    name[9..13].copy_from_slice(&u32::MAX.to_be_bytes());
+    put("device_state", "bad-oversized-name", &name)?;
+    put("device_state", "bad-truncated", &good[..good.len() - 10])
+}
+
 fn main() -> Result<()> {
     agent()?;
     snapshot()?;
@@ -449,6 +464,7 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     dump(dir.path())?;
     ha()?;
+    device_state()?;
     for (target, _) in rebound_fuzz_harness::TARGETS {
         let d = corpus_dir(target);
         let n = std::fs::read_dir(&d)?.count();

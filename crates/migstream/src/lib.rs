@@ -12,9 +12,14 @@
 //! The bytes come from a snapshot file, so every length and offset is checked
 //! before use; anything this reader does not expect is refused with the offset
 //! and a reason.
+//!
+//! [`write::Writer`] writes the postcopy stream a restore sends to its destination
+//! QEMU, and [`rp::next`] reads what the destination sends back (page requests).
 
 pub mod example;
 mod parse;
+pub mod rp;
+pub mod write;
 
 pub use parse::{Page, PageRecord, RamBlock, SnapshotStream, StreamError};
 

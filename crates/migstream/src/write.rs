@@ -1,0 +1,246 @@
+//! Writing a postcopy migration stream for QEMU 7.2 as its source, from what
+//! [`SnapshotStream`] read out of a snapshot (`docs/design/qemu-postcopy-stream.md`,
+//! sections 4 and 9): the header and configuration (without `x-ignore-shared`, which
+//! a postcopy destination refuses), the return path opened, postcopy advised, the
+//! RAM section's block list, pages, the devices packaged between LISTEN and RUN, and
+//! the end. Each function appends one piece to a buffer; the caller decides the order
+//! of pages and when to send what.
+
+use crate::{kind, ram_flag, SnapshotStream, MAGIC, PAGE_SIZE, VERSION};
+
+/// The postcopy commands (QEMU 7.2's `MIG_CMD_*`).
+pub mod cmd {
+    pub const OPEN_RETURN_PATH: u16 = 1;
+    pub const PING: u16 = 2;
+    pub const POSTCOPY_ADVISE: u16 = 3;
+    pub const POSTCOPY_LISTEN: u16 = 4;
+    pub const POSTCOPY_RUN: u16 = 5;
+    pub const PACKAGED: u16 = 7;
+}
+
+/// The RAM section's id in the streams written here: not 0, which the destination
+/// could match against a section never loaded.
+pub const RAM_SECTION: u32 = 2;
+
+/// One page to send: its block (an index into the stream's blocks), its offset and
+/// its bytes (`None` for a page of zeros).
+pub struct OutPage<'a> {
+    pub block: usize,
+    pub offset: u64,
+    pub data: Option<&'a [u8]>,
+}
+
+/// A stream being written. It remembers the block of the last page record, so a
+/// record of the same block leaves the name out, as QEMU's own source does.
+pub struct Writer<'s> {
+    stream: &'s SnapshotStream,
+    last_block: Option<usize>,
+}
+
+fn be16(out: &mut Vec<u8>, v: u16) {
+    out.extend(v.to_be_bytes());
+}
+fn be32(out: &mut Vec<u8>, v: u32) {
+    out.extend(v.to_be_bytes());
+}
+fn be64(out: &mut Vec<u8>, v: u64) {
+    out.extend(v.to_be_bytes());
+}
+/// A counted string; names come from a parsed stream, so they fit one length byte.
+fn cstr(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    assert!(b.len() <= 255, "a name of {} bytes", b.len());
+    out.push(b.len() as u8);
+    out.extend(b);
+}
+
+fn command(out: &mut Vec<u8>, c: u16, payload: &[u8]) {
+    out.push(kind::COMMAND);
+    be16(out, c);
+    be16(out, payload.len() as u16);
+    out.extend(payload);
+}
+
+fn footer(out: &mut Vec<u8>) {
+    out.push(kind::FOOTER);
+    be32(out, RAM_SECTION);
+}
+
+impl<'s> Writer<'s> {
+    pub fn new(stream: &'s SnapshotStream) -> Writer<'s> {
+        Writer {
+            stream,
+            last_block: None,
+        }
+    }
+
+    /// Header, configuration, return path opened, postcopy advised (4 KiB pages),
+    /// and the RAM section's start with the snapshot's block list. Advise goes
+    /// before the block list: the destination reads the list differently after it.
+    pub fn start(&mut self, out: &mut Vec<u8>) {
+        let s = self.stream;
+        be32(out, MAGIC);
+        be32(out, VERSION);
+        out.push(kind::CONFIGURATION);
+        be32(out, s.machine.len() as u32);
+        out.extend(s.machine.as_bytes());
+        if let Some(bits) = s.target_page_bits {
+            out.push(kind::SUBSECTION);
+            cstr(out, "configuration/target-page-bits");
+            be32(out, 1);
+            be32(out, bits);
+        }
+        if let Some(uuid) = s.uuid {
+            out.push(kind::SUBSECTION);
+            cstr(out, "configuration/uuid");
+            be32(out, 1);
+            out.extend(uuid);
+        }
+        command(out, cmd::OPEN_RETURN_PATH, &[]);
+        let mut advise = Vec::new();
+        be64(&mut advise, PAGE_SIZE);
+        be64(&mut advise, PAGE_SIZE);
+        command(out, cmd::POSTCOPY_ADVISE, &advise);
+        out.push(kind::SECTION_START);
+        be32(out, RAM_SECTION);
+        cstr(out, "ram");
+        be32(out, 0);
+        be32(out, 4);
+        let total: u64 = s.blocks.iter().map(|b| b.used_length).sum();
+        be64(out, total | ram_flag::MEM_SIZE);
+        for b in &s.blocks {
+            cstr(out, &b.name);
+            be64(out, b.used_length);
+        }
+        be64(out, ram_flag::EOS);
+        footer(out);
+    }
+
+    /// One part of the RAM section holding `pages`.
+    pub fn part<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
+        out.push(kind::SECTION_PART);
+        be32(out, RAM_SECTION);
+        self.records(out, pages);
+        be64(out, ram_flag::EOS);
+        footer(out);
+    }
+
+    fn records<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
+        for p in pages {
+            debug_assert!(p.offset % PAGE_SIZE == 0);
+            let mut word = p.offset;
+            word |= if p.data.is_some() {
+                ram_flag::PAGE
+            } else {
+                ram_flag::ZERO
+            };
+            let same = self.last_block == Some(p.block);
+            if same {
+                word |= ram_flag::CONTINUE;
+            }
+            be64(out, word);
+            if !same {
+                cstr(out, &self.stream.blocks[p.block].name);
+                self.last_block = Some(p.block);
+            }
+            match p.data {
+                Some(d) => {
+                    assert_eq!(d.len() as u64, PAGE_SIZE, "a page of {} bytes", d.len());
+                    out.extend(d);
+                }
+                None => out.push(0),
+            }
+        }
+    }
+
+    /// The devices, packaged: LISTEN, the snapshot's device sections, RUN. Once the
+    /// destination has read it, it runs the guest and asks for missing pages.
+    pub fn package(&mut self, out: &mut Vec<u8>, devices: &[u8]) {
+        let mut blob = Vec::with_capacity(devices.len() + 10);
+        command(&mut blob, cmd::POSTCOPY_LISTEN, &[]);
+        blob.extend(devices);
+        command(&mut blob, cmd::POSTCOPY_RUN, &[]);
+        let mut len = Vec::new();
+        be32(&mut len, blob.len() as u32);
+        command(out, cmd::PACKAGED, &len);
+        out.extend(blob);
+    }
+
+    /// The RAM section's end with its last `pages`, and the end of the stream.
+    pub fn end<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
+        out.push(kind::SECTION_END);
+        be32(out, RAM_SECTION);
+        self.records(out, pages);
+        be64(out, ram_flag::EOS);
+        footer(out);
+        out.push(kind::EOF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::example::snapshot_stream;
+
+    #[test]
+    fn a_postcopy_stream_starts_advised_and_packages_the_devices_between_listen_and_run() {
+        let b = snapshot_stream();
+        let s = SnapshotStream::parse(&b).unwrap();
+        let mut w = Writer::new(&s);
+        let mut out = Vec::new();
+        w.start(&mut out);
+        // Header, configuration with no capabilities (the snapshot's x-ignore-shared
+        // left out), the return path, advise: exact bytes.
+        let mut want = b"QEVM\0\0\0\x03\x07\0\0\0\x0dpc-i440fx-7.2".to_vec();
+        want.extend(b"\x08\0\x01\0\0");
+        want.extend(b"\x08\0\x03\0\x10\0\0\0\0\0\0\x10\0\0\0\0\0\0\0\x10\0");
+        assert_eq!(&out[..want.len()], &want[..]);
+        // The block list: the snapshot's, without the addresses.
+        let list = &out[want.len()..];
+        assert_eq!(&list[..13], b"\x01\0\0\0\x02\x03ram\0\0\0\0");
+        assert!(!out.windows(15).any(|x| x == b"x-ignore-shared"));
+        let n = out.len();
+        let page = [7u8; 4096];
+        w.part(
+            &mut out,
+            [
+                OutPage {
+                    block: 1,
+                    offset: 0x1000,
+                    data: Some(&page),
+                },
+                OutPage {
+                    block: 1,
+                    offset: 0x2000,
+                    data: None,
+                },
+            ],
+        );
+        // The second record continues the first's block: no name.
+        let part = &out[n..];
+        assert_eq!(&part[5..13], &(0x1000 | ram_flag::PAGE).to_be_bytes());
+        assert_eq!(&part[13..21], b"\x07pc.bios");
+        let second = 21 + 4096;
+        assert_eq!(
+            &part[second..second + 8],
+            &(0x2000 | ram_flag::ZERO | ram_flag::CONTINUE).to_be_bytes()
+        );
+        let n = out.len();
+        let dev = &b[s.devices.clone()];
+        w.package(&mut out, dev);
+        let pkg = &out[n..];
+        let blob_len = u32::from_be_bytes(pkg[5..9].try_into().unwrap()) as usize;
+        assert_eq!(blob_len, 5 + dev.len() + 5);
+        assert_eq!(&pkg[9..14], b"\x08\0\x04\0\0");
+        assert_eq!(&pkg[14..14 + dev.len()], dev);
+        assert_eq!(&pkg[14 + dev.len()..], b"\x08\0\x05\0\0");
+        // The package holds no end byte before RUN: the devices' run ends in a footer.
+        assert_eq!(dev[dev.len() - 5], kind::FOOTER);
+        let n = out.len();
+        w.end(&mut out, []);
+        assert_eq!(
+            &out[n..],
+            b"\x03\0\0\0\x02\0\0\0\0\0\0\0\x10\x7e\0\0\0\x02\0"
+        );
+    }
+}

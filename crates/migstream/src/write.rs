@@ -15,6 +15,7 @@ pub mod cmd {
     pub const POSTCOPY_ADVISE: u16 = 3;
     pub const POSTCOPY_LISTEN: u16 = 4;
     pub const POSTCOPY_RUN: u16 = 5;
+    pub const POSTCOPY_RAM_DISCARD: u16 = 6;
     pub const PACKAGED: u16 = 7;
 }
 
@@ -153,6 +154,24 @@ impl<'s> Writer<'s> {
         }
     }
 
+    /// Discards `len` bytes at `start` of a block on the destination (whole pages).
+    ///
+    /// A stream must carry at least one before its package: QEMU 7.2, handling a
+    /// LISTEN that no discard preceded, sets its postcopy state to listening and
+    /// then, preparing the discards itself, back to "discard"; every page sent after
+    /// that is then copied in as in precopy, into memory already registered for
+    /// faults, and the destination hangs on its own write. One discard of a page
+    /// not sent yet (the whole of RAM was discarded at advise anyway) avoids it.
+    pub fn discard(&mut self, out: &mut Vec<u8>, block: usize, start: u64, len: u64) {
+        let name = &self.stream.blocks[block].name;
+        let mut p = vec![0u8];
+        cstr(&mut p, name);
+        p.push(0);
+        be64(&mut p, start);
+        be64(&mut p, len);
+        command(out, cmd::POSTCOPY_RAM_DISCARD, &p);
+    }
+
     /// The devices, packaged: LISTEN, the snapshot's device sections, RUN. Once the
     /// destination has read it, it runs the guest and asks for missing pages.
     pub fn package(&mut self, out: &mut Vec<u8>, devices: &[u8]) {
@@ -224,6 +243,12 @@ mod tests {
         assert_eq!(
             &part[second..second + 8],
             &(0x2000 | ram_flag::ZERO | ram_flag::CONTINUE).to_be_bytes()
+        );
+        let n = out.len();
+        w.discard(&mut out, 0, 0, PAGE_SIZE);
+        assert_eq!(
+            &out[n..],
+            b"\x08\0\x06\0\x19\0\x06pc.ram\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x10\0"
         );
         let n = out.len();
         let dev = &b[s.devices.clone()];

@@ -2,33 +2,8 @@
 //! tests and the fuzzing corpus: main RAM (`pc.ram`, 128 MiB) shared and only
 //! listed, a private BIOS block with a data page and a zero page, two devices.
 
+use crate::put::Put;
 use crate::{kind, ram_flag, MAGIC, VERSION};
-
-/// Writes a stream the way QEMU 7.2 writes a snapshot's device state.
-pub struct W(pub Vec<u8>);
-
-impl W {
-    pub fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    pub fn be32(&mut self, v: u32) -> &mut Self {
-        self.0.extend(v.to_be_bytes());
-        self
-    }
-    pub fn be64(&mut self, v: u64) -> &mut Self {
-        self.0.extend(v.to_be_bytes());
-        self
-    }
-    pub fn cstr(&mut self, s: &str) -> &mut Self {
-        self.u8(s.len() as u8);
-        self.0.extend(s.as_bytes());
-        self
-    }
-    pub fn footer(&mut self, id: u32) -> &mut Self {
-        self.u8(kind::FOOTER).be32(id)
-    }
-}
 
 pub const RAM_ID: u32 = 2;
 pub const BIOS: u64 = 256 << 10;
@@ -36,10 +11,10 @@ pub const MAIN: u64 = 128 << 20;
 
 /// A stream: main RAM shared (listed only), a private BIOS block with two pages.
 pub fn snapshot_stream() -> Vec<u8> {
-    let mut w = W(Vec::new());
+    let mut w = Vec::new();
     w.be32(MAGIC).be32(VERSION).u8(kind::CONFIGURATION);
     w.be32(13);
-    w.0.extend(b"pc-i440fx-7.2");
+    w.bytes(b"pc-i440fx-7.2");
     w.u8(kind::SUBSECTION)
         .cstr("configuration/capabilities")
         .be32(1)
@@ -57,7 +32,7 @@ pub fn snapshot_stream() -> Vec<u8> {
     // A part with a data page, then the end with a zero page continuing the block.
     w.u8(kind::SECTION_PART).be32(RAM_ID);
     w.be64(0x1000 | ram_flag::PAGE).cstr("pc.bios");
-    w.0.extend([0xab; 4096]);
+    w.bytes(&[0xab; 4096]);
     w.be64(ram_flag::EOS).footer(RAM_ID);
     w.u8(kind::SECTION_END).be32(RAM_ID);
     w.be64(0x2000 | ram_flag::ZERO | ram_flag::CONTINUE).u8(0);
@@ -80,6 +55,6 @@ pub fn snapshot_stream() -> Vec<u8> {
     w.u8(kind::EOF);
     let json = br#"{"page_size":4096,"devices":[]}"#;
     w.u8(kind::VMDESCRIPTION).be32(json.len() as u32);
-    w.0.extend(json);
-    w.0
+    w.bytes(json);
+    w
 }

@@ -18,6 +18,7 @@
 
 pub mod example;
 mod parse;
+mod put;
 pub mod rp;
 pub mod write;
 

@@ -6,6 +6,7 @@
 //! the end. Each function appends one piece to a buffer; the caller decides the order
 //! of pages and when to send what.
 
+use crate::put::Put;
 use crate::{kind, ram_flag, SnapshotStream, MAGIC, PAGE_SIZE, VERSION};
 
 /// The postcopy commands (QEMU 7.2's `MIG_CMD_*`).
@@ -38,33 +39,11 @@ pub struct Writer<'s> {
     last_block: Option<usize>,
 }
 
-fn be16(out: &mut Vec<u8>, v: u16) {
-    out.extend(v.to_be_bytes());
-}
-fn be32(out: &mut Vec<u8>, v: u32) {
-    out.extend(v.to_be_bytes());
-}
-fn be64(out: &mut Vec<u8>, v: u64) {
-    out.extend(v.to_be_bytes());
-}
-/// A counted string; names come from a parsed stream, so they fit one length byte.
-fn cstr(out: &mut Vec<u8>, s: &str) {
-    let b = s.as_bytes();
-    assert!(b.len() <= 255, "a name of {} bytes", b.len());
-    out.push(b.len() as u8);
-    out.extend(b);
-}
-
 fn command(out: &mut Vec<u8>, c: u16, payload: &[u8]) {
-    out.push(kind::COMMAND);
-    be16(out, c);
-    be16(out, payload.len() as u16);
-    out.extend(payload);
-}
-
-fn footer(out: &mut Vec<u8>) {
-    out.push(kind::FOOTER);
-    be32(out, RAM_SECTION);
+    out.u8(kind::COMMAND)
+        .be16(c)
+        .be16(payload.len() as u16)
+        .bytes(payload);
 }
 
 impl<'s> Writer<'s> {
@@ -80,50 +59,52 @@ impl<'s> Writer<'s> {
     /// before the block list: the destination reads the list differently after it.
     pub fn start(&mut self, out: &mut Vec<u8>) {
         let s = self.stream;
-        be32(out, MAGIC);
-        be32(out, VERSION);
-        out.push(kind::CONFIGURATION);
-        be32(out, s.machine.len() as u32);
-        out.extend(s.machine.as_bytes());
+        out.be32(MAGIC).be32(VERSION).u8(kind::CONFIGURATION);
+        out.be32(s.machine.len() as u32).bytes(s.machine.as_bytes());
         if let Some(bits) = s.target_page_bits {
-            out.push(kind::SUBSECTION);
-            cstr(out, "configuration/target-page-bits");
-            be32(out, 1);
-            be32(out, bits);
+            out.u8(kind::SUBSECTION)
+                .cstr("configuration/target-page-bits")
+                .be32(1)
+                .be32(bits);
         }
         if let Some(uuid) = s.uuid {
-            out.push(kind::SUBSECTION);
-            cstr(out, "configuration/uuid");
-            be32(out, 1);
-            out.extend(uuid);
+            out.u8(kind::SUBSECTION)
+                .cstr("configuration/uuid")
+                .be32(1)
+                .bytes(&uuid);
         }
         command(out, cmd::OPEN_RETURN_PATH, &[]);
         let mut advise = Vec::new();
-        be64(&mut advise, PAGE_SIZE);
-        be64(&mut advise, PAGE_SIZE);
+        advise.be64(PAGE_SIZE).be64(PAGE_SIZE);
         command(out, cmd::POSTCOPY_ADVISE, &advise);
-        out.push(kind::SECTION_START);
-        be32(out, RAM_SECTION);
-        cstr(out, "ram");
-        be32(out, 0);
-        be32(out, 4);
+        out.u8(kind::SECTION_START)
+            .be32(RAM_SECTION)
+            .cstr("ram")
+            .be32(0)
+            .be32(4);
         let total: u64 = s.blocks.iter().map(|b| b.used_length).sum();
-        be64(out, total | ram_flag::MEM_SIZE);
+        out.be64(total | ram_flag::MEM_SIZE);
         for b in &s.blocks {
-            cstr(out, &b.name);
-            be64(out, b.used_length);
+            out.cstr(&b.name).be64(b.used_length);
         }
-        be64(out, ram_flag::EOS);
-        footer(out);
+        out.be64(ram_flag::EOS).footer(RAM_SECTION);
     }
 
     /// One part of the RAM section holding `pages`.
     pub fn part<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
-        out.push(kind::SECTION_PART);
-        be32(out, RAM_SECTION);
+        self.section(out, kind::SECTION_PART, pages);
+    }
+
+    /// A part or the end of the RAM section: its records, then end-of-section.
+    fn section<'p>(
+        &mut self,
+        out: &mut Vec<u8>,
+        kind: u8,
+        pages: impl IntoIterator<Item = OutPage<'p>>,
+    ) {
+        out.u8(kind).be32(RAM_SECTION);
         self.records(out, pages);
-        be64(out, ram_flag::EOS);
-        footer(out);
+        out.be64(ram_flag::EOS).footer(RAM_SECTION);
     }
 
     fn records<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
@@ -139,17 +120,19 @@ impl<'s> Writer<'s> {
             if same {
                 word |= ram_flag::CONTINUE;
             }
-            be64(out, word);
+            out.be64(word);
             if !same {
-                cstr(out, &self.stream.blocks[p.block].name);
+                out.cstr(&self.stream.blocks[p.block].name);
                 self.last_block = Some(p.block);
             }
             match p.data {
                 Some(d) => {
                     assert_eq!(d.len() as u64, PAGE_SIZE, "a page of {} bytes", d.len());
-                    out.extend(d);
+                    out.bytes(d);
                 }
-                None => out.push(0),
+                None => {
+                    out.u8(0);
+                }
             }
         }
     }
@@ -164,11 +147,8 @@ impl<'s> Writer<'s> {
     /// not sent yet (the whole of RAM was discarded at advise anyway) avoids it.
     pub fn discard(&mut self, out: &mut Vec<u8>, block: usize, start: u64, len: u64) {
         let name = &self.stream.blocks[block].name;
-        let mut p = vec![0u8];
-        cstr(&mut p, name);
-        p.push(0);
-        be64(&mut p, start);
-        be64(&mut p, len);
+        let mut p = Vec::new();
+        p.u8(0).cstr(name).u8(0).be64(start).be64(len);
         command(out, cmd::POSTCOPY_RAM_DISCARD, &p);
     }
 
@@ -179,20 +159,14 @@ impl<'s> Writer<'s> {
         command(&mut blob, cmd::POSTCOPY_LISTEN, &[]);
         blob.extend(devices);
         command(&mut blob, cmd::POSTCOPY_RUN, &[]);
-        let mut len = Vec::new();
-        be32(&mut len, blob.len() as u32);
-        command(out, cmd::PACKAGED, &len);
-        out.extend(blob);
+        command(out, cmd::PACKAGED, &(blob.len() as u32).to_be_bytes());
+        out.bytes(&blob);
     }
 
     /// The RAM section's end with its last `pages`, and the end of the stream.
     pub fn end<'p>(&mut self, out: &mut Vec<u8>, pages: impl IntoIterator<Item = OutPage<'p>>) {
-        out.push(kind::SECTION_END);
-        be32(out, RAM_SECTION);
-        self.records(out, pages);
-        be64(out, ram_flag::EOS);
-        footer(out);
-        out.push(kind::EOF);
+        self.section(out, kind::SECTION_END, pages);
+        out.u8(kind::EOF);
     }
 }
 

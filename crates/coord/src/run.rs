@@ -33,7 +33,7 @@ use crate::records::{
 };
 use crate::view::{CheckedPlan, ClusterView};
 use crate::vms::CohortVms;
-use rebound_store::{Event, Watch};
+use rebound_store::{AbortOnDrop, Event, Watch};
 
 /// How one daemon takes part.
 #[derive(Debug, Clone)]
@@ -141,17 +141,9 @@ enum Scope {
 /// that ended a watch (then everything is read again).
 type Feed = mpsc::UnboundedSender<Result<Vec<Event>, StoreError>>;
 
-/// A task passing one watch's batches on to the round's [`Feed`]; dropping it
-/// ends the watch.
-struct Forward(AbortHandle);
-
-impl Drop for Forward {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn forward(w: Watch, feed: &Feed) -> Forward {
+/// Passes one watch's batches on to the round's [`Feed`] until the returned guard
+/// is dropped, which ends the watch.
+fn forward(w: Watch, feed: &Feed) -> AbortOnDrop {
     let feed = feed.clone();
     let task = tokio::spawn(async move {
         // The whole watch moves in (its guard too: dropping that ends the watch).
@@ -168,7 +160,7 @@ fn forward(w: Watch, feed: &Feed) -> Forward {
             }
         }
     });
-    Forward(task.abort_handle())
+    AbortOnDrop(task.abort_handle())
 }
 
 #[derive(Default)]
@@ -176,8 +168,9 @@ struct Inner {
     lease: Option<LeaseId>,
     /// Restores whose election this participant won (it follows all their phases).
     coordinating: HashSet<String>,
-    /// Per restore, the phases whose read is in the view.
-    followed: HashMap<String, Scope>,
+    /// Per restore, the phases whose read is in the view and the watch that keeps
+    /// them current (dropped, it ends).
+    followed: HashMap<String, (Scope, AbortOnDrop)>,
     /// Ended restores in which this host's VMs are all settled: not followed.
     settled: HashSet<String>,
     /// Per restore, what this host is doing.
@@ -221,6 +214,8 @@ impl Shared {
         let handles: Vec<AbortHandle> = {
             let mut inner = self.inner();
             inner.busy.clear();
+            // Ends the phase watches (the control watches end with their round).
+            inner.followed.clear();
             let c = inner.campaigns.drain().map(|(_, h)| h).collect::<Vec<_>>();
             c.into_iter().chain(inner.tasks.drain(..)).collect()
         };
@@ -274,7 +269,6 @@ impl Shared {
             // Every watch of this round feeds one channel; a new round (after a
             // watch ended) makes a new one, so nothing of an old watch comes late.
             let (feed, mut rx) = mpsc::unbounded_channel();
-            let mut phases: HashMap<String, (Scope, Forward)> = HashMap::new();
             let control = tokio::select! {
                 r = self.read_control(&feed) => r,
                 _ = lease.lost() => return,
@@ -292,7 +286,7 @@ impl Shared {
             self.bump();
             loop {
                 let synced = tokio::select! {
-                    r = self.follow_phases(&mut phases, &feed) => r,
+                    r = self.follow_phases(&feed) => r,
                     _ = lease.lost() => return,
                 };
                 if let Err(e) = synced {
@@ -330,7 +324,7 @@ impl Shared {
 
     /// Reads the hosts and the restores (plans, states, elections) into a new view
     /// and watches both; what the phase watches read comes after.
-    async fn read_control(&self, feed: &Feed) -> Result<[Forward; 2], StoreError> {
+    async fn read_control(&self, feed: &Feed) -> Result<[AbortOnDrop; 2], StoreError> {
         let hosts = self.store.range(&layout::hosts()).await?;
         let restores = self.store.range(&layout::restores()).await?;
         let wh = self
@@ -403,18 +397,13 @@ impl Shared {
 
     /// Opens the phase watches [`Shared::wanted_phases`] asks for (each read
     /// first) and ends those it no longer does.
-    async fn follow_phases(
-        &self,
-        open: &mut HashMap<String, (Scope, Forward)>,
-        feed: &Feed,
-    ) -> Result<(), StoreError> {
+    async fn follow_phases(&self, feed: &Feed) -> Result<(), StoreError> {
         let want = self.wanted_phases();
-        open.retain(|id, (scope, _)| want.get(id) == Some(scope));
         self.inner()
             .followed
-            .retain(|id, scope| open.get(id).is_some_and(|(s, _)| s == scope));
+            .retain(|id, (scope, _)| want.get(id) == Some(scope));
         for (id, scope) in want {
-            if open.contains_key(&id) {
+            if self.inner().followed.contains_key(&id) {
                 continue;
             }
             let prefix = match scope {
@@ -428,8 +417,7 @@ impl Shared {
                 v.put_all(&r.kvs);
                 v.phases_read(&id, r.revision);
             }
-            self.inner().followed.insert(id.clone(), scope);
-            open.insert(id, (scope, forward(w, feed)));
+            self.inner().followed.insert(id, (scope, forward(w, feed)));
             self.bump();
         }
         Ok(())
@@ -793,7 +781,11 @@ impl Shared {
         if state.as_ref().is_some_and(|(s, _)| s.status.is_final()) {
             return Step::End;
         }
-        let all = self.inner().followed.get(id) == Some(&Scope::All);
+        let all = self
+            .inner()
+            .followed
+            .get(id)
+            .is_some_and(|(s, _)| *s == Scope::All);
         if !all || view.revision < min.state || r.phases_rev < min.phases {
             // Every VM's phase is not read yet, or our last write is not in the
             // view yet: deciding now would miss records or repeat the write.

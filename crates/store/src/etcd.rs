@@ -51,7 +51,8 @@ use etcd_client::{
     LeaseKeepAliveStream, LeaseKeeper, TlsOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+
+use crate::AbortOnDrop;
 use tokio::time::Instant;
 
 use crate::{
@@ -265,15 +266,6 @@ fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> Result<Revision,
     header
         .map(|h| h.revision())
         .ok_or_else(|| StoreError::Other("etcd answered without a header".into()))
-}
-
-/// Aborts a background task when dropped (a lease's renewal, a watch's reader).
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl EtcdStore {
@@ -756,7 +748,7 @@ impl Store for EtcdStore {
         ));
         Ok(Watch {
             events,
-            _guard: Box::new(AbortOnDrop(task)),
+            _guard: Box::new(AbortOnDrop(task.abort_handle())),
         })
     }
 
@@ -789,7 +781,7 @@ impl Store for EtcdStore {
             id,
             ttl,
             lost,
-            _keeper: Box::new(AbortOnDrop(task)),
+            _keeper: Box::new(AbortOnDrop(task.abort_handle())),
         })
     }
 

@@ -21,6 +21,16 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+/// Aborts a background task when dropped: a lease's renewal, a watch's reader, a
+/// task passing a watch on.
+pub struct AbortOnDrop(pub tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The store's global write counter; 0 means "never" (a key that does not exist).
 pub type Revision = i64;
 /// A lease's id, as the store gave it.

@@ -29,8 +29,8 @@ pub use reply::{
     MrcReport, PlanRequest, PlannedVm, VmcoreinfoReply,
 };
 pub use snapshot::{
-    RamCheck, ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
-    SnapshotRequest, SnapshotResult, StockSave,
+    LoadPath, RamCheck, ReplayNic, ReplayedFrames, RestOrder, RestoreMode, RestoreReport,
+    RestoreRequest, SnapshotRequest, SnapshotResult, StockSave,
 };
 pub use spec::{AccelChoice, Forward, NamedFiles, ReadySpec, SpecError, VmSpec, Workload};
 pub use status::{Accel, EvictRingAddr, PortForward, ReadyInfo, VmState, VmStatus, VmcoreinfoAddr};

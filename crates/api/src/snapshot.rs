@@ -198,6 +198,45 @@ impl FromStr for RestOrder {
     }
 }
 
+/// How a restore's pages reach the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadPath {
+    /// The page server where it can run, else the page cache (the report says why).
+    #[default]
+    Auto,
+    /// Rebound as the source of a QEMU postcopy migration: the guest runs on shared
+    /// RAM from its first instruction and each missing page is one request.
+    PageServer,
+    /// The image mapped private, loaded by the host's page cache, settled onto
+    /// shared RAM afterwards.
+    PageCache,
+}
+
+impl LoadPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadPath::Auto => "auto",
+            LoadPath::PageServer => "page-server",
+            LoadPath::PageCache => "page-cache",
+        }
+    }
+}
+
+impl FromStr for LoadPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(LoadPath::Auto),
+            "page-server" => Ok(LoadPath::PageServer),
+            "page-cache" => Ok(LoadPath::PageCache),
+            _ => Err(format!(
+                "unknown load path {s:?}: expected auto, page-server or page-cache"
+            )),
+        }
+    }
+}
+
 /// `POST /v1/restore`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestoreRequest {
@@ -216,6 +255,9 @@ pub struct RestoreRequest {
     pub paused: bool,
     #[serde(default)]
     pub rest_order: RestOrder,
+    /// How pages reach the guest (not for stock).
+    #[serde(default)]
+    pub path: LoadPath,
     /// How the image's RAM chunks are checked (lazy, working-set, elastic; eager
     /// checks as it copies).
     #[serde(default)]
@@ -291,6 +333,10 @@ pub struct RestoreReport {
     pub snapshot: String,
     pub mode: RestoreMode,
     pub rest_order: RestOrder,
+    /// The path that ran: `page-server` or `page-cache` (none for stock); why the
+    /// page cache ran instead of the page server is in `notes`.
+    #[serde(default)]
+    pub path: Option<LoadPath>,
     /// `loading`, `held` (loaded, waiting for `vm resume`), `watching` (running, still
     /// being measured), `done` or `failed`.
     pub phase: String,
@@ -323,6 +369,15 @@ pub struct RestoreReport {
     pub working_set_pages: u64,
     pub hit_rate: Option<f64>,
     pub accuracy: Option<f64>,
+    /// The page server: requests after the start (each one guest fault on a page
+    /// that had not arrived), and the time from a request's arrival to its pages
+    /// sent (µs, p50 and p99 over the whole restore).
+    #[serde(default)]
+    pub page_requests_after_start: Option<u64>,
+    #[serde(default)]
+    pub request_service_p50_us: Option<f64>,
+    #[serde(default)]
+    pub request_service_p99_us: Option<f64>,
     /// Distinct pages the guest touched in the watch window.
     pub pages_touched_after_start: u64,
     /// The background loader: pages and seconds, once done.

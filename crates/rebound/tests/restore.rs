@@ -437,9 +437,45 @@ fn a_memfill_guest_restored_verifies_every_page() {
     // Rounds the guest had finished by the end of the snapshot (and its trace): a
     // restored guest must finish whole rounds beyond that, each page checked.
     let before = rounds("mf");
-    for (name, mode) in [("mf-e", "eager"), ("mf-el", "elastic")] {
-        let r = restore_json(&env, &[d, "--name", name, "--mode", mode]);
+    // Every mode on the page server (lazy first: its requests become the trace the
+    // others send ahead), and the page cache path beside it.
+    for (name, mode, path) in [
+        ("mf-l", "lazy", "page-server"),
+        ("mf-ws", "working-set", "page-server"),
+        ("mf-el", "elastic", "page-server"),
+        ("mf-e", "eager", "page-server"),
+        ("mf-cl", "lazy", "page-cache"),
+        ("mf-cel", "elastic", "page-cache"),
+    ] {
+        let r = restore_json(&env, &[d, "--name", name, "--mode", mode, "--path", path]);
         assert_eq!(r["phase"], "done", "{r}");
+        assert_eq!(
+            (r["mode"].as_str(), r["path"].as_str()),
+            (Some(mode), Some(path)),
+            "{r}"
+        );
+        if path == "page-server" {
+            // The page server checked every chunk before its pages left, and the
+            // guest never ran on a private mapping (nothing to settle).
+            assert_eq!(r["ram_chunks_checked"], r["ram_chunks"], "{r}");
+            assert!(
+                !env.events(name).iter().any(|e| e["kind"] == "settled"),
+                "{name}"
+            );
+        }
+        if mode == "lazy" && path == "page-server" {
+            // Nothing went ahead: every page the guest touched was one request, and
+            // those requests are now the snapshot's trace.
+            let req = eventually(Duration::from_secs(60), "the page server's end", || {
+                env.get_ok("GET", &format!("/v1/vms/{name}/restore"), None)
+                    ["page_requests_after_start"]
+                    .as_u64()
+            });
+            assert!(req > 1000, "{name}: {req} requests");
+            let m: Value =
+                serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+            assert_eq!(m["trace"]["source"], "requests", "{m}");
+        }
         let ev = eventually(
             Duration::from_secs(180),
             "memfill rounds after the restore",

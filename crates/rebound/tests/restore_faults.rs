@@ -652,3 +652,76 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
     assert_eq!(r["ram_chunks_checked_before_start"], 4, "{r}");
     assert_counting_right(&env, "shared", 5);
 }
+
+/// The pid of the page server of VM `name` (its job file names the VM's run dir).
+fn page_server_pid(name: &str) -> Option<u32> {
+    let want = format!("/{name}/pagesrv/job.json");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.contains(" page-server ") && cmd.contains(&want)).then_some(pid)
+    })
+}
+
+#[test]
+fn a_page_server_killed_mid_restore_fails_it_and_stops_the_guest_never_running_it_on_missing_pages()
+{
+    let env = Env::new();
+    let dir = env.home.path().join("snap");
+    snapshot_counter(&env, &dir, "1");
+    let d = dir.to_str().unwrap();
+    // Killed while the VM is held (nothing sent but the firmware and the devices),
+    // and while the guest runs lazily in its quiet window (only its requests sent).
+    for (name, held) in [("held", true), ("running", false)] {
+        let mut args = vec!["vm", "restore", d, "--name", name, "--mode", "lazy"];
+        args.extend(["--path", "page-server", "--watch-s", "30", "--json"]);
+        if held {
+            args.push("--paused");
+        }
+        let mut restore = env
+            .cmd(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = eventually(Duration::from_secs(60), "the page server", || {
+            page_server_pid(name)
+        });
+        if held {
+            // The restore is held: loaded, waiting for `vm resume`.
+            assert!(
+                restore.wait().unwrap().success(),
+                "{name}: the held restore failed"
+            );
+        } else {
+            // The guest ticks on its requests alone.
+            eventually(Duration::from_secs(60), "ticks after the restore", || {
+                (counter_ticks(&env, name).len() > 2).then_some(())
+            });
+        }
+        let killed = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let _ = restore.wait();
+        let rep = eventually(Duration::from_secs(60), "the restore failed", || {
+            let r = env.get_ok("GET", &format!("/v1/vms/{name}/restore"), None);
+            (r["phase"] == "failed").then_some(r)
+        });
+        let err = rep["error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("page server ended (signal: 9"),
+            "{name}: {rep}"
+        );
+        assert!(err.contains("the guest was stopped"), "{name}: {rep}");
+        // Stopped: no QEMU runs the guest any more, and it ticked no further.
+        let ticks = counter_ticks(&env, name).len();
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(counter_ticks(&env, name).len(), ticks, "{name} ran on");
+        let st = env.get_ok("GET", &format!("/v1/vms/{name}"), None);
+        assert_ne!(st["state"], "running", "{name}: {st}");
+        let _ = env.rebound(&["vm", "rm", name]);
+    }
+}

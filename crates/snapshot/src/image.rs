@@ -82,7 +82,7 @@ impl Drop for Aligned {
 }
 
 /// The data extents of `file` within `[0, limit)` (`SEEK_DATA`/`SEEK_HOLE`).
-pub(crate) fn data_extents(file: &File, limit: u64) -> io::Result<Vec<Range<u64>>> {
+pub fn data_extents(file: &File, limit: u64) -> io::Result<Vec<Range<u64>>> {
     let fd = file.as_raw_fd();
     let mut out = Vec::new();
     let mut at = 0u64;

@@ -42,7 +42,7 @@ pub const PAGE_SIZE: u64 = 4096;
 
 /// Opens a snapshot's file for reading without following a symbolic link in its
 /// last component (the directory itself is the user's to name).
-pub(crate) fn open_nofollow(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+pub fn open_nofollow(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)

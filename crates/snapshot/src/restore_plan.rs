@@ -19,7 +19,7 @@
 
 use std::time::Instant;
 
-use rebound_api::{RamCheck as AskedCheck, ReplayedFrames, RestoreMode, RestoreReport};
+use rebound_api::{LoadPath, RamCheck as AskedCheck, ReplayedFrames, RestoreMode, RestoreReport};
 
 use crate::check::{self, Decision, RamCheck, Trust};
 use crate::load::RestOrder;
@@ -36,6 +36,8 @@ pub enum PlanError {
     RamSize { id: String, size: u64, mib: u64 },
     #[error("the snapshot has no stock migration stream (stock.mig): take it with `rebound vm snapshot --stock`")]
     NoStockStream,
+    #[error("the page server cannot restore this snapshot here: {0} (--path auto falls back to the page cache)")]
+    NoPageServer(String),
 }
 
 /// Checks, before anything is read, that the snapshot's parts fit together:
@@ -91,6 +93,10 @@ pub struct Facts {
     pub chunks: u64,
     /// The snapshot has QEMU's own stream (`stock.mig`).
     pub has_stock_stream: bool,
+    /// The path asked for.
+    pub path: LoadPath,
+    /// Why the page server cannot run for this snapshot on this host, if it cannot.
+    pub no_page_server: Option<String>,
     /// What of the snapshot's spec was not used.
     pub notes: Vec<String>,
 }
@@ -104,6 +110,8 @@ pub enum Memory {
     SharedCopy,
     /// A fresh shared RAM file, filled by QEMU's own full stream.
     SharedStream,
+    /// A fresh shared RAM file, filled through postcopy by Rebound's page server.
+    Served,
 }
 
 impl Memory {
@@ -136,6 +144,8 @@ pub enum Checking {
     WithLoader,
     /// By a checker of its own beside the running guest (lazy).
     BesideGuest,
+    /// By the page server, each chunk before any of its pages is sent.
+    AsServed,
 }
 
 /// What one restore does.
@@ -186,9 +196,46 @@ pub fn plan(facts: Facts) -> Result<Plan, PlanError> {
         mode,
         RestoreMode::Lazy | RestoreMode::WorkingSet | RestoreMode::Elastic
     );
-    let ram_check = check::decide(asked, facts.trust, maps);
+    let mut ram_check = check::decide(asked, facts.trust, maps);
     if ram_check.copy_instead {
         mode = RestoreMode::Eager;
+    }
+    // The page server: where it can run, and where the image is not to be copied
+    // instead (it reads the image after its chunk check, so a copy is the safe
+    // answer to an image others can change).
+    let served = match (mode, facts.path) {
+        (RestoreMode::Stock, _) | (_, LoadPath::PageCache) => false,
+        (_, asked_path) => {
+            let why = if facts.on_backend {
+                Some("its disks are served by Rebound's vhost-user backend, which does not take part in postcopy".to_string())
+            } else if facts.trust == Trust::Mutable {
+                Some(
+                    "its RAM image can be changed by another user, so it is copied, checked, first"
+                        .to_string(),
+                )
+            } else {
+                facts.no_page_server.clone()
+            };
+            match why {
+                None => true,
+                Some(w) if asked_path == LoadPath::PageServer => {
+                    return Err(PlanError::NoPageServer(w))
+                }
+                Some(w) => {
+                    notes.push(format!(
+                        "restored through the page cache, not the page server: {w}"
+                    ));
+                    false
+                }
+            }
+        }
+    };
+    if served {
+        // The server checks each chunk before the guest can see any of its pages.
+        if ram_check.check != RamCheck::Off {
+            ram_check.check = RamCheck::Full;
+            ram_check.note = None;
+        }
     }
     notes.extend(ram_check.note.clone());
     if mode == RestoreMode::Stock && !facts.has_stock_stream {
@@ -203,6 +250,11 @@ pub fn plan(facts: Facts) -> Result<Plan, PlanError> {
         _ => 0,
     };
     let (memory, before_start) = match mode {
+        RestoreMode::Eager if served => (Memory::Served, BeforeStart::CopyImage),
+        RestoreMode::Lazy if served => (Memory::Served, BeforeStart::Nothing),
+        RestoreMode::WorkingSet | RestoreMode::Elastic if served => {
+            (Memory::Served, BeforeStart::WorkingSet(ws as usize))
+        }
         RestoreMode::Eager => (Memory::SharedCopy, BeforeStart::CopyImage),
         RestoreMode::Stock => (Memory::SharedStream, BeforeStart::Nothing),
         RestoreMode::Lazy => (Memory::PrivateImage, BeforeStart::Nothing),
@@ -210,9 +262,12 @@ pub fn plan(facts: Facts) -> Result<Plan, PlanError> {
             (Memory::PrivateImage, BeforeStart::WorkingSet(ws as usize))
         }
     };
-    let loader = matches!(before_start, BeforeStart::WorkingSet(_)).then_some(facts.rest_order);
+    let loader =
+        (matches!(before_start, BeforeStart::WorkingSet(_)) && !served).then_some(facts.rest_order);
     let checking = match (mode, ram_check.check) {
         (RestoreMode::Stock, _) => Checking::None,
+        (_, RamCheck::Off) if served => Checking::None,
+        _ if served => Checking::AsServed,
         (RestoreMode::Eager, _) => Checking::AsCopied,
         (_, RamCheck::Off) => Checking::None,
         (_, RamCheck::Full) => Checking::FullBeforeStart,
@@ -225,6 +280,11 @@ pub fn plan(facts: Facts) -> Result<Plan, PlanError> {
         snapshot: facts.snapshot,
         mode,
         rest_order: facts.rest_order,
+        path: (!stock).then_some(if served {
+            LoadPath::PageServer
+        } else {
+            LoadPath::PageCache
+        }),
         phase: "loading".into(),
         notes,
         trace_source: facts.trace.map(|t| t.source),
@@ -309,6 +369,27 @@ pub enum Event<'a> {
     WatchEnded(&'a WatchEnd<'a>),
     /// The guest now runs on shared RAM.
     Settled { at: Instant },
+    /// The page server sent every page and the destination confirmed it.
+    Served(ServerEnd),
+}
+
+/// What a page server did, once it ended well.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerEnd {
+    pub at: Instant,
+    /// Pages pushed after the devices loaded (requests not counted).
+    pub pushed_pages: u64,
+    /// Requests after the start: one per guest fault on a page not there yet.
+    pub requests_after_start: u64,
+    pub service_p50_us: Option<f64>,
+    pub service_p99_us: Option<f64>,
+    /// Bytes it read from the image after the start.
+    pub bytes_after_start: u64,
+    /// Chunks it checked, and the distinct pages the guest asked for.
+    pub chunks_checked: u64,
+    pub requested_pages: u64,
+    /// The requests were saved as (or into) the snapshot's trace; why not if that failed.
+    pub recorded: Result<bool, String>,
 }
 
 /// What the watch window saw.
@@ -422,8 +503,10 @@ impl Restore {
                 let mut out = Vec::new();
                 // Held: the trace is armed and the loader runs now, so that the
                 // start is a bare `cont` with more of the working set in memory.
+                // The page server's requests are the trace: no page-table watch.
+                let traced = self.memory != Memory::Served;
                 if self.held {
-                    out.push(Action::ArmTrace { held: true });
+                    out.extend(traced.then_some(Action::ArmTrace { held: true }));
                     out.extend(self.loader.map(Action::StartLoader));
                     rep.phase = "held".into();
                 }
@@ -435,7 +518,7 @@ impl Restore {
                     out.push(Action::GuardImage);
                 }
                 if !self.held {
-                    out.push(Action::ArmTrace { held: false });
+                    out.extend(traced.then_some(Action::ArmTrace { held: false }));
                     out.push(Action::Cont);
                 }
                 out
@@ -449,7 +532,7 @@ impl Restore {
                 rep.time_to_running_s = Some(to_running);
                 rep.started_unix_ns = resume_stamp;
                 rep.phase = "watching".into();
-                if self.memory.shared() {
+                if matches!(self.memory, Memory::SharedCopy | Memory::SharedStream) {
                     // Every page was read before the start.
                     rep.memory_loaded_s = Some(to_running);
                 }
@@ -504,6 +587,24 @@ impl Restore {
                 self.watch_ended(rep, w);
                 vec![Action::Publish]
             }
+            Event::Served(e) => {
+                rep.memory_loaded_s = Some(since(e.at));
+                rep.background_pages = e.pushed_pages;
+                rep.page_requests_after_start = Some(e.requests_after_start);
+                rep.request_service_p50_us = e.service_p50_us;
+                rep.request_service_p99_us = e.service_p99_us;
+                rep.bytes_read_after_start = Some(e.bytes_after_start);
+                rep.major_faults_after_start = Some(e.requests_after_start);
+                rep.ram_chunks_checked = rep.ram_chunks_checked.max(e.chunks_checked);
+                rep.pages_touched_after_start = e.requested_pages;
+                match e.recorded {
+                    Ok(r) => rep.trace_recorded |= r,
+                    Err(why) => rep.notes.push(format!(
+                        "the page requests could not be saved as the snapshot's trace: {why}"
+                    )),
+                }
+                vec![Action::Publish]
+            }
             Event::Settled { at } => {
                 // A lazy restore's memory is complete only from here on.
                 if rep.memory_loaded_s.is_none() {
@@ -537,7 +638,9 @@ impl Restore {
             rep.time_to_responsive_s = Some(since_of(self.t0, at));
             rep.responsive_after_start_s = Some(since_of(w.started, at));
         }
-        if let Some((b, a)) = w.counters {
+        // The page server reads the image, not QEMU: its own figures come in
+        // `Served`.
+        if let Some((b, a)) = w.counters.filter(|_| self.memory != Memory::Served) {
             rep.major_faults_after_start = Some(a.0.saturating_sub(b.0));
             rep.bytes_read_after_start = Some(a.1.saturating_sub(b.1) + w.loader_bytes_after_start);
         }

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use rebound_api::{RamCheck as Asked, RestOrder as Order, RestoreMode as Mode, RestoreReport};
+use rebound_api::{
+    LoadPath, RamCheck as Asked, RestOrder as Order, RestoreMode as Mode, RestoreReport,
+};
 
 use super::*;
 use crate::trace::TracePage;
@@ -25,6 +27,8 @@ fn facts(mode: Mode) -> Facts {
         }),
         chunks: 4,
         has_stock_stream: false,
+        path: LoadPath::PageCache,
+        no_page_server: None,
         notes: Vec::new(),
     }
 }
@@ -512,4 +516,74 @@ fn a_checker_that_cannot_start_says_the_guest_runs_unchecked() {
         rep.notes.last().map(String::as_str),
         Some("the RAM check could not start (no threads): the guest runs unchecked")
     );
+}
+
+#[test]
+fn the_page_server_runs_where_it_can_and_the_report_says_why_not_elsewhere() {
+    let served = |f: Facts| plan(f).unwrap();
+    let f = |mode| Facts {
+        path: LoadPath::Auto,
+        ..facts(mode)
+    };
+    // Every image-fed mode runs on the page server: shared RAM, no settle, no
+    // loader of the daemon's, each chunk checked before its pages leave.
+    for (mode, before) in [
+        (Mode::Lazy, BeforeStart::Nothing),
+        (Mode::Eager, BeforeStart::CopyImage),
+    ] {
+        let p = served(f(mode));
+        assert_eq!(
+            (p.memory, p.before_start, p.loader),
+            (Memory::Served, before, None)
+        );
+        assert_eq!(p.checking, Checking::AsServed);
+        assert_eq!(p.report.path, Some(LoadPath::PageServer));
+        assert_eq!(p.report.ram_check, Some(Asked::Full));
+        let r = Restore::new(&p, Instant::now(), false, true);
+        assert_eq!(r.settle_after(), SettleAfter::Never);
+    }
+    // A host or snapshot the page server cannot serve: the page cache, with why.
+    let p = served(Facts {
+        no_page_server: Some("no userfaultfd".into()),
+        ..f(Mode::Lazy)
+    });
+    assert_eq!(
+        (p.memory, p.report.path),
+        (Memory::PrivateImage, Some(LoadPath::PageCache))
+    );
+    assert!(p
+        .report
+        .notes
+        .iter()
+        .any(|n| n.contains("not the page server: no userfaultfd")));
+    // Asked for by name, it is an error instead.
+    let e = plan(Facts {
+        no_page_server: Some("no userfaultfd".into()),
+        path: LoadPath::PageServer,
+        ..facts(Mode::Lazy)
+    })
+    .unwrap_err();
+    assert_eq!(e, PlanError::NoPageServer("no userfaultfd".into()));
+    // Disks on Rebound's backend, an image others can change, or --ram-check off.
+    let p = served(Facts {
+        on_backend: true,
+        ..f(Mode::Lazy)
+    });
+    assert_eq!((p.mode, p.memory), (Mode::Eager, Memory::SharedCopy));
+    let p = served(Facts {
+        trust: Trust::Mutable,
+        ..f(Mode::Elastic)
+    });
+    assert_eq!((p.mode, p.memory), (Mode::Eager, Memory::SharedCopy));
+    let p = served(Facts {
+        ram_check: Asked::Off,
+        ..f(Mode::Lazy)
+    });
+    assert_eq!((p.memory, p.checking), (Memory::Served, Checking::None));
+    // Stock stays QEMU's own.
+    let p = served(Facts {
+        has_stock_stream: true,
+        ..f(Mode::Stock)
+    });
+    assert_eq!((p.memory, p.report.path), (Memory::SharedStream, None));
 }

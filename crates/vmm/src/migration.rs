@@ -47,6 +47,17 @@ pub async fn set_ignore_shared(q: &impl Monitor, on: bool) -> Result<(), QmpErro
     .map(|_| ())
 }
 
+/// Turns on the `postcopy-ram` capability (a destination fed by a page server).
+pub async fn set_postcopy(q: &impl Monitor) -> Result<(), QmpError> {
+    q.qmp(
+        "migrate-set-capabilities",
+        Some(serde_json::json!({"capabilities": [
+            {"capability": "postcopy-ram", "state": true}]})),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Has the paused QEMU write its device state (and, without `ignore_shared`, all
 /// of guest RAM: QEMU's stock save) to `path`, and waits for it.
 pub async fn save_device_state(

@@ -436,6 +436,7 @@ impl Bench {
             ws_pages: self.args.ws_pages,
             paused: false,
             rest_order,
+            path: Default::default(),
             ram_check,
             watch_s: self.args.watch_s,
             // The host client's port.

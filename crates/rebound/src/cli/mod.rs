@@ -61,6 +61,14 @@ pub enum Cmd {
     /// starts one per disk; operators can run one by hand).
     #[command(subcommand)]
     Blk(BlkCmd),
+    /// Serve one restore's pages to its destination QEMU (the daemon starts one per
+    /// restore on the postcopy path).
+    #[command(hide = true)]
+    PageServer {
+        /// The job the daemon wrote.
+        #[arg(long)]
+        job: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -718,6 +726,12 @@ pub struct RestoreArgs {
     /// the trace in first-access order, then the image) or file-order.
     #[arg(long, default_value = "fafl")]
     pub rest_order: rebound_api::RestOrder,
+    /// How pages reach the guest: auto (the page server where it can run, else the
+    /// page cache; the report says which and why), page-server (Rebound serves QEMU
+    /// each missing page through postcopy; the guest runs on shared RAM from its
+    /// first instruction) or page-cache (the image mapped private, settled later).
+    #[arg(long, default_value = "auto")]
+    pub path: rebound_api::LoadPath,
     /// How a restore that runs from the snapshot's image (lazy, working-set,
     /// elastic) checks its RAM chunks: auto (a snapshot this daemon wrote in the
     /// background, any other in full before the guest runs), full, background (a
@@ -789,6 +803,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Cluster(c) => cluster::run(&paths, c).await,
         Cmd::Memory(c) => memory::run(&paths, c).await,
         Cmd::Blk(c) => blk(c),
+        Cmd::PageServer { job } => {
+            rebound_pageserver::run_process(&job)?;
+            Ok(())
+        }
     }
 }
 

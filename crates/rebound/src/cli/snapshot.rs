@@ -83,6 +83,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
         ws_pages: a.ws_pages,
         paused: a.paused,
         rest_order: a.rest_order,
+        path: a.path,
         ram_check: a.ram_check,
         watch_s: a.watch_s,
         forwards: (!a.forwards.is_empty()).then(|| a.forwards.clone()),

@@ -156,6 +156,7 @@ impl CohortVms for DaemonVms {
             ws_pages: (ws_pages > 0).then_some(ws_pages),
             paused: true,
             rest_order: a.rest_order,
+            path: Default::default(),
             ram_check: rebound_api::RamCheck::Auto,
             watch_s: a.watch_s,
             forwards: a.forwards,

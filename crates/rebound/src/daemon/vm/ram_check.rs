@@ -65,7 +65,10 @@ pub(super) fn check_before_start(
         full_s: None,
         lazy: None,
     };
-    if matches!(checking, Checking::None | Checking::AsCopied) {
+    if matches!(
+        checking,
+        Checking::None | Checking::AsCopied | Checking::AsServed
+    ) {
         return Ok(out);
     }
     let mut c = ChunkChecker::new(image, size, chunk, checksums).map_err(InputError::from)?;
@@ -81,7 +84,7 @@ pub(super) fn check_before_start(
         }
         Checking::BesideGuest => out.lazy = Some(c),
         Checking::WithLoader => loader.check_with(0, c).map_err(InputError::from)?,
-        Checking::None | Checking::AsCopied => {}
+        Checking::None | Checking::AsCopied | Checking::AsServed => {}
     }
     Ok(out)
 }

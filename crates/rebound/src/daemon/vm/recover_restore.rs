@@ -140,6 +140,7 @@ impl Owner {
                 ws_pages,
                 paused: false,
                 rest_order: RestOrder::Fafl,
+                path: Default::default(),
                 ram_check: rebound_api::RamCheck::Auto,
                 watch_s: rebound_api::snapshot::default_watch_s(),
                 forwards: None,

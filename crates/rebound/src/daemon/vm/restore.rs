@@ -23,10 +23,12 @@ use std::time::{Duration, Instant};
 
 use rebound_api::RestoreReport;
 use rebound_snapshot::restore_plan::{
-    self, Action, BeforeStart, Event, Facts, Restore, TraceFacts,
+    self, Action, BeforeStart, Checking, Event, Facts, Memory, Restore, TraceFacts,
 };
 use rebound_snapshot::{Trace, TracePage};
-use rebound_vmm::migration::{machine_type, set_ignore_shared, shell_quote, wait_migration};
+use rebound_vmm::migration::{
+    machine_type, set_ignore_shared, set_postcopy, shell_quote, wait_migration,
+};
 use rebound_vmm::port::{Runtime, Spawn};
 use rebound_vmm::qemu::{Incoming, MemoryBackend};
 
@@ -43,6 +45,7 @@ pub(crate) mod error;
 pub(super) mod gate;
 pub(super) mod resume;
 mod run;
+pub(super) mod served;
 pub(super) mod state;
 
 use before::LoadedBefore;
@@ -71,6 +74,7 @@ impl Owner {
         } = job;
         let recovering = recovery.is_some();
         let t0 = Instant::now();
+        let snap = Arc::new(snap);
         // Disks served by Rebound's backend come back on it: their device state is
         // vhost-user-blk's, and the backend reaches guest RAM only when it is shared,
         // which a restore has only when it copies the image first (eager).
@@ -97,6 +101,22 @@ impl Owner {
             None => None,
         };
         let trust = super::ram_check::trust(&self.paths, &snap, &image)?;
+        // The page server reads the checked copy of the device state the run dir
+        // gets anyway; whether it can run is known before the plan.
+        self.prepare_run_dir()?;
+        let (device_state, no_page_server) = match (req.mode, req.path) {
+            (rebound_api::RestoreMode::Stock, _) | (_, rebound_api::LoadPath::PageCache) => {
+                (None, None)
+            }
+            _ => {
+                let state = self.checked_device_state(&snap).await?;
+                let (st, id) = (state.clone(), block.id.clone());
+                let why = tokio::task::spawn_blocking(move || served::why_not(&st, &id, size))
+                    .await
+                    .map_err(|e| OpError::Broken(Box::new(e)))?;
+                (Some(state), why)
+            }
+        };
         let plan = restore_plan::plan(Facts {
             vm: spec.name.clone(),
             snapshot: snap.path().display().to_string(),
@@ -117,11 +137,14 @@ impl Owner {
                 }),
             chunks: block.checksums.len() as u64,
             has_stock_stream: snap.path_of("stock.mig").is_file(),
+            path: req.path,
+            no_page_server,
             notes,
         })
         .map_err(InputError::from)?;
         let machine = Restore::new(&plan, t0, req.paused, trace.is_some());
         let mut report = plan.report.clone();
+        let served = plan.memory == Memory::Served;
         let loaded: Vec<TracePage> = match (&trace, plan.before_start) {
             (Some(t), BeforeStart::WorkingSet(n)) => t.pages[..n].to_vec(),
             _ => Vec::new(),
@@ -140,8 +163,7 @@ impl Owner {
             }
         };
 
-        // The run dir first: an eager restore fills its RAM file.
-        self.prepare_run_dir()?;
+        // The page server reads the image itself, after the QEMU it feeds is up.
         let LoadedBefore {
             loader,
             read,
@@ -150,8 +172,16 @@ impl Owner {
             let job = before::Job {
                 vm: self.vm.clone(),
                 run_ram: self.vm.run.ram(),
-                checking: plan.checking,
-                before_start: plan.before_start,
+                checking: if served {
+                    Checking::None
+                } else {
+                    plan.checking
+                },
+                before_start: if served {
+                    BeforeStart::Nothing
+                } else {
+                    plan.before_start
+                },
                 trace,
                 image: image.clone(),
                 size,
@@ -162,14 +192,16 @@ impl Owner {
                 .await
                 .map_err(|e| OpError::Broken(Box::new(e)))??
         };
-        machine.on(
-            &mut report,
-            Event::LoadedBeforeStart {
-                loaded: read,
-                chunks_checked: checked.before,
-                full_check_s: checked.full_s,
-            },
-        );
+        if !served {
+            machine.on(
+                &mut report,
+                Event::LoadedBeforeStart {
+                    loaded: read,
+                    chunks_checked: checked.before,
+                    full_check_s: checked.full_s,
+                },
+            );
+        }
 
         // Each disk as it was at the snapshot point, under a copy-on-write layer of
         // this VM's own: two restores of one snapshot never share a writable disk.
@@ -230,19 +262,67 @@ impl Owner {
             }
             .into());
         }
-        set_ignore_shared(&*q, plan.ignore_shared).await?;
-        let stream = if plan.stock_stream {
-            snap.path_of("stock.mig")
+        let mut server = None;
+        if served {
+            // Rebound is the source of a postcopy migration: QEMU listens, the page
+            // server connects and writes the stream.
+            set_ignore_shared(&*q, false).await?;
+            set_postcopy(&*q).await?;
+            let state = match device_state.clone() {
+                Some(s) => s,
+                None => self.checked_device_state(&snap).await?,
+            };
+            let job = served::job(
+                self.vm.run.path(),
+                state,
+                image.clone(),
+                size,
+                &block.id,
+                (plan.checking == Checking::AsServed)
+                    .then(|| (block.chunk_bytes, block.checksums.clone())),
+                m.trace.as_ref().map(|t| snap.path_of(&t.file)),
+                plan.before_start,
+                req.rest_order == rebound_api::RestOrder::Fafl,
+                req.watch_s,
+            );
+            let _ = std::fs::remove_file(&job.socket);
+            self.command(
+                "migrate-incoming",
+                Some(serde_json::json!({"uri": format!("unix:{}", job.socket.display())})),
+            )
+            .await?;
+            let mut s = served::Server::start(&job)?;
+            crate::daemon::fault::point("restore:loading");
+            let ahead = s.wait_loaded(&*q).await?;
+            machine.on(
+                &mut report,
+                Event::LoadedBeforeStart {
+                    loaded: Some((ahead.ahead_pages, ahead.ahead_bytes, ahead.ahead_s)),
+                    chunks_checked: ahead.chunks_checked,
+                    full_check_s: None,
+                },
+            );
+            server = Some(s.watch(
+                self.vm.clone(),
+                machine.clone(),
+                snap.clone(),
+                plan.before_start,
+            ));
         } else {
-            self.checked_device_state(&snap).await?
-        };
-        self.command(
-            "migrate-incoming",
-            Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),
-        )
-        .await?;
-        crate::daemon::fault::point("restore:loading");
-        wait_migration(&*q, "loading the device state").await?;
+            set_ignore_shared(&*q, plan.ignore_shared).await?;
+            let stream = if plan.stock_stream {
+                snap.path_of("stock.mig")
+            } else {
+                self.checked_device_state(&snap).await?
+            };
+            self.command(
+                "migrate-incoming",
+                Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),
+            )
+            .await?;
+            crate::daemon::fault::point("restore:loading");
+            wait_migration(&*q, "loading the device state").await?;
+        }
         if let Some(what) = stamp.as_ref().and_then(ImageStamp::change) {
             return Err(InputError::Changed(what).into());
         }
@@ -262,7 +342,7 @@ impl Owner {
         self.restore = Some(Restoring {
             machine: machine.clone(),
             watch_s: req.watch_s,
-            snap: Arc::new(snap),
+            snap: snap.clone(),
             ram: ram.clone(),
             size,
             loader: plan.loader.is_some().then_some(loader),
@@ -273,6 +353,7 @@ impl Owner {
             command,
             armed: None,
             background: None,
+            server,
         });
         let accel = self.vm.record().accel.as_str().to_string();
         let mut lazy = checked.lazy;

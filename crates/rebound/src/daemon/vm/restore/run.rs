@@ -31,6 +31,7 @@ impl Owner {
         let loader = r.loader.take();
         let background = r.background.take();
         let armed = r.armed.take();
+        let server = r.server.take();
         let (machine, watch_s, snap, ram, size, loaded) = (
             r.machine.clone(),
             r.watch_s,
@@ -41,19 +42,31 @@ impl Owner {
         );
         // Watch from before the first instruction (the tracer armed before `cont`):
         // the first touches are the ones the trace is for.
-        let armed = match armed {
-            Some(a) => a,
-            None => ArmedTrace::arm(pid, ram, size, watch_s, false).await,
+        // The page server's requests are its trace: no page-table watch beside it.
+        let armed = match (armed, &server) {
+            (Some(a), _) => Some(a),
+            (None, None) => Some(ArmedTrace::arm(pid, ram, size, watch_s, false).await),
+            (None, Some(_)) => None,
         };
-        let (trace_task, tracing_stop) = (armed.task, armed.stop);
+        let (trace_task, tracing_stop, go) = match armed {
+            Some(a) => (Some(a.task), a.stop, a.go),
+            None => (
+                None,
+                Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                None,
+            ),
+        };
         let probe = self.responsive_probe();
         let before = rebound_vmm::procfs::proc_counters(pid);
-        if let Some(go) = armed.go {
+        if let Some(go) = go {
             let _ = go.send(());
         }
         let resumed_before = q.last_event_unix_ns("RESUME");
         self.command("cont", None).await?;
         let started = Instant::now();
+        if let Some(go) = server {
+            go.send();
+        }
         let after = q.last_event_unix_ns("RESUME");
         let resumed = after.filter(|_| after != resumed_before);
         // The owner applies the change before QMP's RESUME arrives, which then
@@ -105,7 +118,11 @@ impl Owner {
                 tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
                 let after = rebound_vmm::procfs::proc_counters(pid);
                 tracing_stop.store(true, Ordering::Relaxed);
-                (after, trace_task.await.ok().and_then(Result::ok))
+                let touched = match trace_task {
+                    Some(t) => t.await.ok().and_then(Result::ok),
+                    None => None,
+                };
+                (after, touched)
             };
             let answer = async {
                 match probe {

@@ -57,6 +57,8 @@ pub(in crate::daemon::vm) struct Restoring {
     pub(super) armed: Option<ArmedTrace>,
     /// The background loader, once it runs: a held restore's from its hold on.
     pub(super) background: Option<Background>,
+    /// Starts the page server's pushing and quiet window (the page-server path).
+    pub(in crate::daemon::vm) server: Option<super::served::Go>,
 }
 
 /// The background loader of one restore.

@@ -1,0 +1,329 @@
+//! The page-server path of a restore: whether it can run, the server process, the
+//! wait for the destination to hold the devices, the start, and the end (the
+//! requests saved as the snapshot's trace, the report's figures, or a failure that
+//! stops the guest).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebound_pageserver::{Ahead, Job, Stats};
+use rebound_snapshot::restore_plan::{BeforeStart, Event, Restore, ServerEnd};
+use rebound_snapshot::{Snapshot, Trace, TracePage};
+use rebound_vmm::port::Monitor;
+
+use crate::daemon::error::OpError;
+use crate::daemon::vm::VmHandle;
+
+/// How long the destination may take to load the devices once the stream began.
+const LOAD_WAIT: Duration = Duration::from_secs(120);
+
+/// Why the page server cannot restore the snapshot whose checked device state is
+/// `state` (main block `block` of `size` bytes) on this host, if it cannot.
+pub(super) fn why_not(state: &Path, block: &str, size: u64) -> Option<String> {
+    // QEMU's postcopy registers guest RAM with userfaultfd: the kernel must have it
+    // and let this user (QEMU runs as the daemon's user) open one.
+    // SAFETY: the userfaultfd syscall takes flags only; the fd it returns is closed
+    // at once.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Some(format!("this host does not let QEMU use userfaultfd ({e})"));
+    }
+    // SAFETY: `fd` is the descriptor just returned, owned here and not used again.
+    unsafe { libc::close(fd as i32) };
+    let bytes = match std::fs::read(state) {
+        Ok(b) => b,
+        Err(e) => return Some(format!("its device state cannot be read ({e})")),
+    };
+    let s = match rebound_migstream::SnapshotStream::parse(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            return Some(format!(
+                "its device state is not a stream the page server reads ({e})"
+            ))
+        }
+    };
+    if !s
+        .blocks
+        .iter()
+        .any(|b| b.name == block && b.used_length == size)
+    {
+        return Some(format!(
+            "its device state has no RAM block {block:?} of {size} bytes"
+        ));
+    }
+    // Another shared block (a pmem device's file, hot-plugged memory) would be
+    // wiped by the destination at postcopy's advise: only the main block may be
+    // served from outside the stream.
+    for (i, b) in s.blocks.iter().enumerate() {
+        if b.name != block && b.used_length > 0 && !s.pages.iter().any(|p| p.block == i) {
+            return Some(format!(
+                "its VM has a second shared memory block ({:?}), which postcopy would wipe",
+                b.name
+            ));
+        }
+    }
+    None
+}
+
+/// A running page server.
+pub(in crate::daemon::vm) struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pub(super) dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Writes the job into `dir` and starts the server.
+    pub(super) fn start(job: &Job) -> Result<Server, OpError> {
+        use std::os::unix::process::CommandExt;
+        let dir = job.out_dir.clone();
+        let io = |what: &str, e| OpError::Io(format!("{what} for the page server"), e);
+        let _ = std::fs::remove_dir_all(&dir);
+        rebound_vmm::private::create_dir_all(&dir)
+            .map_err(|e| io("cannot create its directory", e))?;
+        let path = dir.join("job.json");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(job).expect("job serializes"),
+        )
+        .map_err(|e| io("cannot write the job", e))?;
+        let log = dir.join("server.log");
+        let out = std::fs::File::create(&log).map_err(|e| io("cannot create the log", e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| io("cannot create the log", e))?;
+        let exe = std::env::current_exe().map_err(|e| io("cannot find this program", e))?;
+        let child = std::process::Command::new(exe)
+            .arg("page-server")
+            .arg("--job")
+            .arg(&path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(out)
+            .stderr(err)
+            // Its own group: a signal to the daemon's group does not end a restore.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| io("cannot start", e))?;
+        let mut s = Server {
+            child,
+            stdin: None,
+            dir,
+            log,
+        };
+        s.stdin = s.child.stdin.take();
+        Ok(s)
+    }
+
+    /// Why the server ended early: its own account, else its log's last line.
+    fn failure(&self) -> String {
+        if let Some(e) = read_stats(&self.dir).and_then(|s| s.error) {
+            return e;
+        }
+        std::fs::read_to_string(&self.log)
+            .ok()
+            .and_then(|t| t.lines().last().map(str::to_string))
+            .unwrap_or_else(|| "no output".into())
+    }
+
+    /// Waits until the destination has the devices loaded (no longer `inmigrate`):
+    /// what went ahead, from the server's stats.
+    pub(super) async fn wait_loaded(&mut self, q: &impl Monitor) -> Result<Stats, OpError> {
+        let end = Instant::now() + LOAD_WAIT;
+        loop {
+            // A server that sent everything (eager) may end before a poll here
+            // sees the devices loaded: its success says they were.
+            if let Ok(Some(st)) = self.child.try_wait() {
+                if st.success() {
+                    break;
+                }
+                return Err(OpError::Internal(format!(
+                    "the page server ended ({st}) before the devices loaded: {}",
+                    self.failure()
+                )));
+            }
+            let v = q.qmp("query-status", None).await?;
+            if v["status"].as_str().is_some_and(|s| s != "inmigrate") {
+                break;
+            }
+            if Instant::now() > end {
+                return Err(OpError::Internal(format!(
+                    "the destination QEMU did not load the devices within {} s",
+                    LOAD_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(read_stats(&self.dir).unwrap_or_default())
+    }
+
+    /// Waits for the server's end in the background, from the devices' load on (a
+    /// held restore's server may die before the start): the requests saved as the
+    /// snapshot's trace (replacing it when the restore sent nothing ahead and had a
+    /// quiet window, else adding the pages it missed), then the report's figures;
+    /// a failure fails the restore and stops the guest. Returns what starts it.
+    pub(in crate::daemon::vm) fn watch(
+        mut self,
+        vm: Arc<VmHandle>,
+        machine: Restore,
+        snap: Arc<Snapshot>,
+        before: BeforeStart,
+    ) -> Go {
+        let go = Go(self.stdin.take());
+        tokio::task::spawn_blocking(move || {
+            let st = self.child.wait();
+            let at = Instant::now();
+            let ok = st.as_ref().is_ok_and(|s| s.success());
+            let stats = read_stats(&self.dir);
+            if !ok {
+                if vm.record().qemu_pid.is_none() {
+                    return; // the VM was stopped: its server ended with it
+                }
+                let how = match &st {
+                    Ok(s) => s.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                let why = format!(
+                    "the page server ended ({how}) before every page was sent: {}",
+                    self.failure()
+                );
+                tracing::warn!(vm = %vm.name, "{why}");
+                let rt = tokio::runtime::Handle::current();
+                rt.spawn(crate::daemon::vm::ram_check::stop_damaged(vm, why));
+                return;
+            }
+            let stats = stats.unwrap_or_default();
+            let recorded = record(&snap, &self.dir, before);
+            vm.update_restore_report(|rep| {
+                machine.on(
+                    rep,
+                    Event::Served(ServerEnd {
+                        at,
+                        pushed_pages: stats.pushed_pages,
+                        requests_after_start: stats.requests_after_start,
+                        service_p50_us: stats.service_us_p50,
+                        service_p99_us: stats.service_us_p99,
+                        bytes_after_start: stats.bytes_read_after_start,
+                        chunks_checked: stats.chunks_checked,
+                        requested_pages: stats.requested_pages,
+                        recorded,
+                    }),
+                );
+            });
+        });
+        go
+    }
+}
+
+/// Tells a page server that the guest runs now.
+pub(in crate::daemon::vm) struct Go(Option<ChildStdin>);
+
+impl Go {
+    pub(in crate::daemon::vm) fn send(mut self) {
+        if let Some(mut s) = self.0.take() {
+            let _ = s.write_all(b"go\n");
+        }
+    }
+}
+
+fn read_stats(dir: &Path) -> Option<Stats> {
+    let b = std::fs::read(dir.join(rebound_pageserver::STATS)).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// The requests become the snapshot's trace: as they are after a lazy restore (the
+/// guest's exact first touches), added at the end of the trace it had otherwise
+/// (the pages its working set missed, as HotRestore grows its working set).
+fn record(snap: &Snapshot, dir: &Path, before: BeforeStart) -> Result<bool, String> {
+    let size = snap.manifest().ram_blocks[0].size;
+    let req = Trace::read(&dir.join(rebound_pageserver::REQUESTS), size / 4096)
+        .map_err(|e| rebound_errors::chain(&e))?;
+    if req.pages.is_empty() {
+        return Ok(false);
+    }
+    let old = match &snap.manifest().trace {
+        Some(t) => Some(
+            Trace::read(&snap.path_of(&t.file), size / 4096)
+                .map_err(|e| rebound_errors::chain(&e))?,
+        ),
+        None => None,
+    };
+    let (pages, source): (Vec<TracePage>, &str) = match (before, old) {
+        (BeforeStart::Nothing, _) | (_, None) => (req.pages, "requests"),
+        (_, Some(old)) => {
+            let have: std::collections::HashSet<TracePage> = old.pages.iter().copied().collect();
+            let missed: Vec<TracePage> = req
+                .pages
+                .into_iter()
+                .filter(|p| !have.contains(p))
+                .collect();
+            if missed.is_empty() {
+                return Ok(false);
+            }
+            let src = snap
+                .manifest()
+                .trace
+                .as_ref()
+                .map_or("requests", |t| t.source.as_str());
+            let mut all = old.pages;
+            all.extend(missed);
+            (
+                all,
+                if src == "requests" {
+                    "requests"
+                } else {
+                    "requests-added"
+                },
+            )
+        }
+    };
+    let t = Trace { pages };
+    let info = rebound_snapshot::TraceInfo {
+        file: "trace.fafl".into(),
+        pages: t.pages.len() as u64,
+        source: source.into(),
+        wss_sample_pages: None,
+        wss_snapshot_pages: t.pages.len() as u64,
+    };
+    snap.replace_trace(&t, info)
+        .map(|_| true)
+        .map_err(|e| rebound_errors::chain(&e))
+}
+
+/// The job of one restore's server.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn job(
+    run: &Path,
+    device_state: PathBuf,
+    image: PathBuf,
+    size: u64,
+    block: &str,
+    check: Option<(u64, Vec<String>)>,
+    trace: Option<PathBuf>,
+    before: BeforeStart,
+    fafl: bool,
+    watch_s: f64,
+) -> Job {
+    let (ahead, quiet_s) = match before {
+        BeforeStart::Nothing => (Ahead::Nothing, watch_s.max(0.1)),
+        BeforeStart::WorkingSet(n) => (Ahead::Trace(n), 0.0),
+        BeforeStart::CopyImage => (Ahead::All, 0.0),
+    };
+    Job {
+        socket: run.join("incoming.sock"),
+        device_state,
+        image,
+        size,
+        block: block.to_string(),
+        check,
+        trace,
+        ahead,
+        fafl,
+        quiet_s,
+        out_dir: run.join("pagesrv"),
+    }
+}

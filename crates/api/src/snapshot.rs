@@ -203,13 +203,14 @@ impl FromStr for RestOrder {
 #[serde(rename_all = "kebab-case")]
 pub enum LoadPath {
     /// The page server where it can run, else the page cache (the report says why).
-    #[default]
     Auto,
     /// Rebound as the source of a QEMU postcopy migration: the guest runs on shared
     /// RAM from its first instruction and each missing page is one request.
     PageServer,
     /// The image mapped private, loaded by the host's page cache, settled onto
-    /// shared RAM afterwards.
+    /// shared RAM afterwards. The default until the page server's figures are in
+    /// `docs/benchmarks.md`.
+    #[default]
     PageCache,
 }
 

@@ -729,8 +729,9 @@ pub struct RestoreArgs {
     /// How pages reach the guest: auto (the page server where it can run, else the
     /// page cache; the report says which and why), page-server (Rebound serves QEMU
     /// each missing page through postcopy; the guest runs on shared RAM from its
-    /// first instruction) or page-cache (the image mapped private, settled later).
-    #[arg(long, default_value = "auto")]
+    /// first instruction) or page-cache (the image mapped private, settled later; the
+    /// default for now).
+    #[arg(long, default_value = "page-cache")]
     pub path: rebound_api::LoadPath,
     /// How a restore that runs from the snapshot's image (lazy, working-set,
     /// elastic) checks its RAM chunks: auto (a snapshot this daemon wrote in the

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rebound_snapshot::ChunkChecker;
 
-use crate::ServeError;
+use crate::{Check, ServeError};
 
 pub const PAGE: u64 = 4096;
 /// The longest run read at once.
@@ -42,6 +42,8 @@ pub struct Image {
     /// Per page: it holds data (else it is a hole, which reads as zeros).
     pub data: Vec<bool>,
     checker: Option<ChunkChecker>,
+    /// Each page's checksum, when the snapshot has them.
+    page_sums: Option<Vec<u64>>,
     buf: Aligned,
     /// Bytes read from the image (checks included).
     pub bytes_read: u64,
@@ -49,12 +51,8 @@ pub struct Image {
 }
 
 impl Image {
-    /// Opens `path`, `size` bytes; `check`: the manifest's chunk size and checksums.
-    pub fn open(
-        path: &Path,
-        size: u64,
-        check: Option<(u64, &[String])>,
-    ) -> Result<Image, ServeError> {
+    /// Opens `path`, `size` bytes, to be checked as `check` says.
+    pub fn open(path: &Path, size: u64, check: Option<&Check>) -> Result<Image, ServeError> {
         let rerr = |e| ServeError::Image(path.to_path_buf(), e);
         let plain = rebound_snapshot::open_nofollow(path).map_err(rerr)?;
         let len = plain.metadata().map_err(rerr)?.len();
@@ -84,9 +82,20 @@ impl Image {
             }
             Err(e) => return Err(rerr(e)),
         };
-        let checker = match check {
-            Some((chunk, sums)) => Some(ChunkChecker::new(path, size, chunk, sums)?),
-            None => None,
+        let (checker, page_sums) = match check {
+            Some(Check::Chunks { chunk, sums }) => {
+                (Some(ChunkChecker::new(path, size, *chunk, sums)?), None)
+            }
+            Some(Check::Pages { file, entry }) => {
+                let sums = rebound_snapshot::pagesums::read(file, entry, size / PAGE)?;
+                // A hole must be a page that was all zeros.
+                let zero = rebound_snapshot::pagesums::sum(&[0u8; PAGE as usize]);
+                if let Some(p) = (0..data.len()).find(|&p| !data[p] && sums[p] != zero) {
+                    return Err(ServeError::PageMismatch(path.to_path_buf(), p as u64));
+                }
+                (None, Some(sums))
+            }
+            None => (None, None),
         };
         Ok(Image {
             path: path.to_path_buf(),
@@ -94,6 +103,7 @@ impl Image {
             direct,
             data,
             checker,
+            page_sums,
             buf: Aligned::new(RUN_PAGES * PAGE as usize),
             bytes_read: 0,
             reads: 0,
@@ -104,9 +114,15 @@ impl Image {
         self.data.len() as u64
     }
 
-    /// Chunks checked so far.
+    /// Chunks checked so far (whole, or every page of them when each page is
+    /// checked on its own: those are counted once the server ends).
     pub fn chunks_checked(&self) -> u64 {
         self.checker.as_ref().map_or(0, |c| c.checked())
+    }
+
+    /// Each page is checked against its own checksum.
+    pub fn checks_pages(&self) -> bool {
+        self.page_sums.is_some()
     }
 
     /// Checks the chunks of pages `first..first + n` (once each).
@@ -139,6 +155,15 @@ impl Image {
             .map_err(|e| ServeError::Image(self.path.clone(), e))?;
         self.bytes_read += len as u64;
         self.reads += 1;
+        if let Some(sums) = &self.page_sums {
+            let buf = self.buf.get(len);
+            for (k, page) in buf.chunks(PAGE as usize).enumerate() {
+                let p = first + k as u64;
+                if rebound_snapshot::pagesums::sum(page) != sums[p as usize] {
+                    return Err(ServeError::PageMismatch(self.path.clone(), p));
+                }
+            }
+        }
         Ok(&self.buf.get(len)[..])
     }
 }

@@ -40,6 +40,10 @@ pub enum ServeError {
     ImageSize(PathBuf, u64, u64),
     #[error(transparent)]
     Check(#[from] rebound_snapshot::CheckError),
+    #[error(transparent)]
+    PageSums(#[from] rebound_snapshot::pagesums::PageSumsError),
+    #[error("{0}: page {1} does not match its checksum: the snapshot is damaged")]
+    PageMismatch(PathBuf, u64),
     #[error("cannot read the device state {0}")]
     DeviceState(PathBuf, #[source] std::io::Error),
     #[error("the device state {0} is not a stream this QEMU wrote")]
@@ -81,8 +85,8 @@ pub struct Job {
     pub size: u64,
     /// The main RAM block's name in the device state.
     pub block: String,
-    /// The manifest's chunk size and checksums, when the image is checked.
-    pub check: Option<(u64, Vec<String>)>,
+    /// How the image is checked before its pages leave (none: unchecked).
+    pub check: Option<Check>,
     /// The snapshot's trace (first-access order), if it has one.
     pub trace: Option<PathBuf>,
     pub ahead: Ahead,
@@ -92,6 +96,20 @@ pub struct Job {
     pub quiet_s: f64,
     /// Where `stats.json` and `requests.trace` go.
     pub out_dir: PathBuf,
+}
+
+/// How a page server checks the image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Check {
+    /// Each page against its own checksum (`pagesums`, as the manifest lists it).
+    Pages {
+        file: PathBuf,
+        entry: rebound_snapshot::FileEntry,
+    },
+    /// Each chunk, whole, before any of its pages leaves (snapshots without page
+    /// sums): the manifest's chunk size and checksums.
+    Chunks { chunk: u64, sums: Vec<String> },
 }
 
 /// What one page server did; written to `stats.json` when it ends.
@@ -118,6 +136,9 @@ pub struct Stats {
     pub bytes_read_after_start: u64,
     pub reads: u64,
     pub chunks_checked: u64,
+    /// Every page sent was checked against its own checksum (no chunk checks).
+    #[serde(default)]
+    pub pages_checked: bool,
     /// Seconds from a request's arrival to its pages written, p50 and p99 (µs).
     pub service_us_p50: Option<f64>,
     pub service_us_p99: Option<f64>,

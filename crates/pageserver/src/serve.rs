@@ -333,8 +333,7 @@ fn run(
             },
         ));
     }
-    let check = job.check.as_ref().map(|(c, s)| (*c, &s[..]));
-    let img = Image::open(&job.image, job.size, check)?;
+    let img = Image::open(&job.image, job.size, job.check.as_ref())?;
     let trace: Vec<u64> = match &job.trace {
         Some(t) => Trace::read(t, img.pages())
             .map_err(|e| ServeError::Trace(t.clone(), e))?
@@ -365,6 +364,7 @@ fn run(
         seen: vec![false; pages],
     };
     s.stats.direct = s.img.direct;
+    s.stats.pages_checked = s.img.checks_pages();
     let r = s.go_through(&ord, job, &rx, t0);
     s.stats.chunks_checked = s.img.chunks_checked();
     s.stats.bytes_read = s.img.bytes_read;

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rebound_migstream::example::{snapshot_stream, MAIN};
-use rebound_pageserver::{serve, Ahead, Job, Msg, ServeError};
+use rebound_pageserver::{serve, Ahead, Check, Job, Msg, ServeError};
 
 fn page(i: u64) -> Vec<u8> {
     (0..4096).map(|k| (i as u8) ^ (k as u8) ^ 0x5a).collect()
@@ -151,7 +151,7 @@ fn a_damaged_chunk_is_never_sent() {
             format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b))
         })
         .collect();
-    job.check = Some((chunk, sums));
+    job.check = Some(Check::Chunks { chunk, sums });
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&job.image)
@@ -176,4 +176,49 @@ fn a_damaged_chunk_is_never_sent() {
     let mut bad = page(5);
     bad[7] = 0xff;
     assert!(!got.windows(4096).any(|w| w == bad || w == page(6)));
+}
+
+#[test]
+fn with_page_sums_only_the_damaged_page_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut job = setup(d.path());
+    let sums: Vec<u64> = (0..MAIN / 4096)
+        .map(|i| match i {
+            3 | 5 | 6 => xxhash_rust::xxh3::xxh3_64(&page(i)),
+            _ => xxhash_rust::xxh3::xxh3_64(&[0u8; 4096]),
+        })
+        .collect();
+    let file = d.path().join("ram.pagesums");
+    let entry = rebound_snapshot::pagesums::write(&file, &sums).unwrap();
+    job.check = Some(Check::Pages { file, entry });
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&job.image)
+        .unwrap();
+    f.write_all_at(&[0xff], 5 * 4096 + 7).unwrap();
+    let (mine, mut theirs) = UnixStream::pair().unwrap();
+    let (tx, rx) = mpsc::channel();
+    tx.send(Msg::Go).unwrap();
+    let t = std::thread::spawn(move || serve(&job, mine, tx, rx));
+    let mut got = Vec::new();
+    assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
+    // Its neighbour in the same chunk is good and goes.
+    theirs
+        .write_all(&request("pc.ram", 6 * 4096, 4096))
+        .unwrap();
+    assert!(
+        wait_for(&mut theirs, &mut got, &page(6)),
+        "page 6 never came"
+    );
+    theirs
+        .write_all(&request("pc.ram", 5 * 4096, 4096))
+        .unwrap();
+    match t.join().unwrap() {
+        Err(ServeError::PageMismatch(_, 5)) => {}
+        other => panic!("expected page 5 refused, got {other:?}"),
+    }
+    let mut bad = page(5);
+    bad[7] = 0xff;
+    wait_for(&mut theirs, &mut got, b"never");
+    assert!(!got.windows(4096).any(|w| w == bad));
 }

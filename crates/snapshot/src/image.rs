@@ -27,6 +27,10 @@ pub struct RamBlock {
     pub checksums: Vec<String>,
     /// Bytes of non-zero pages in the image.
     pub data_bytes: u64,
+    /// A checksum per 4 KiB page (`pagesums`): what a page server checks each page
+    /// against as it sends it. Snapshots from before it have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_sums: Option<crate::manifest::FileEntry>,
 }
 
 /// Errors copying or hashing images.
@@ -258,6 +262,29 @@ pub fn copy_ram_image(
     chunk_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RamBlock, ImageError> {
+    copy_ram(src, dst, size, chunk_bytes, false, progress).map(|(b, _)| b)
+}
+
+/// [`copy_ram_image`], with the xxh3-64 of every 4 KiB page too (hashed as the
+/// copy goes; a zero page's sum is computed once).
+pub fn copy_ram_image_with_pages(
+    src: &Path,
+    dst: &Path,
+    size: u64,
+    chunk_bytes: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(RamBlock, Vec<u64>), ImageError> {
+    copy_ram(src, dst, size, chunk_bytes, true, progress).map(|(b, p)| (b, p.unwrap_or_default()))
+}
+
+fn copy_ram(
+    src: &Path,
+    dst: &Path,
+    size: u64,
+    chunk_bytes: u64,
+    pages: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(RamBlock, Option<Vec<u64>>), ImageError> {
     if !chunk_bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&chunk_bytes) {
         return Err(ImageError::Chunk(chunk_bytes));
     }
@@ -279,25 +306,31 @@ pub fn copy_ram_image(
         .ok();
     let ranges = read_ranges(&input, size).map_err(rerr)?;
     let mut hasher = ChunkHasher::new(size, chunk_bytes);
+    let mut page_hasher = pages.then(|| ChunkHasher::new(size, PAGE_SIZE));
     let (to_writer, slices) = std::sync::mpsc::sync_channel::<Slice>(BUFFERS);
     let (to_reader, free) = std::sync::mpsc::channel::<Aligned>();
     for _ in 0..BUFFERS {
         to_reader.send(Aligned::new(BUF)).expect("receiver alive");
     }
-    let (data_bytes, hasher) = std::thread::scope(|s| {
-        let writer = s.spawn(move || -> io::Result<(u64, ChunkHasher)> {
-            let mut direct = direct;
-            let mut data = 0;
-            for mut sl in slices {
-                let b = &sl.buf.as_mut()[..sl.len];
-                hasher.data(sl.at, b);
-                data += write_nonzero(&out, &mut direct, b, sl.at)?;
-                // The reader may be gone after an error of its own.
-                let _ = to_reader.send(sl.buf);
-            }
-            out.sync_data()?;
-            Ok((data, hasher))
-        });
+    let (data_bytes, hasher, page_hasher) = std::thread::scope(|s| {
+        let writer = s.spawn(
+            move || -> io::Result<(u64, ChunkHasher, Option<ChunkHasher>)> {
+                let mut direct = direct;
+                let mut data = 0;
+                for mut sl in slices {
+                    let b = &sl.buf.as_mut()[..sl.len];
+                    hasher.data(sl.at, b);
+                    if let Some(p) = page_hasher.as_mut() {
+                        p.data(sl.at, b);
+                    }
+                    data += write_nonzero(&out, &mut direct, b, sl.at)?;
+                    // The reader may be gone after an error of its own.
+                    let _ = to_reader.send(sl.buf);
+                }
+                out.sync_data()?;
+                Ok((data, hasher, page_hasher))
+            },
+        );
         let read = (|| {
             for r in &ranges {
                 let mut at = r.start;
@@ -325,14 +358,16 @@ pub fn copy_ram_image(
         written.map_err(werr)
     })?;
     progress(size, size);
-    Ok(RamBlock {
+    let block = RamBlock {
         id: String::new(),
         size,
         file: String::new(),
         chunk_bytes,
         checksums: hasher.finish().into_iter().map(hex).collect(),
         data_bytes,
-    })
+        page_sums: None,
+    };
+    Ok((block, page_hasher.map(ChunkHasher::finish)))
 }
 
 pub(crate) fn is_zero(p: &[u8]) -> bool {

@@ -7,6 +7,7 @@
 //!   ([`SnapshotDir`]), opening and checking one ([`Snapshot`]);
 //! - [`image`]: the RAM image, copied sparse, fast and durable, with per-chunk
 //!   checksums;
+//! - [`pagesums`]: a checksum per page of a RAM image, what a page server checks;
 //! - [`trace`]: the working-set trace (first-access-first-load order), recorded from
 //!   QEMU's page table, and the paper's working-set estimate and hit rate;
 //! - [`load`]: reading an image's pages into the page cache in the order a restore
@@ -19,13 +20,15 @@ pub mod check;
 pub mod image;
 pub mod load;
 pub mod manifest;
+pub mod pagesums;
 pub mod restore_plan;
 pub mod trace;
 
 pub use catalog::{Base, Catalog, CatalogError, Listing};
 pub use check::{CheckError, ChunkChecker, Decision, RamCheck, Trust};
 pub use image::{
-    cached_bytes, copy_file, copy_ram_image, drop_page_cache, hash_file, FileHash, ImageError,
+    cached_bytes, copy_file, copy_ram_image, copy_ram_image_with_pages, drop_page_cache, hash_file,
+    FileHash, ImageError,
 };
 pub use load::{ImageFile, LoadError, LoadStats, Loader, RestOrder};
 pub use manifest::{

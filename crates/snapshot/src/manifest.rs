@@ -336,7 +336,12 @@ fn problem(m: &Manifest) -> Result<(), String> {
         .map(|b| &b.file)
         .chain([&m.device_state.file])
         .chain(m.disks.iter().map(|d| &d.file))
-        .chain(m.trace.iter().map(|t| &t.file));
+        .chain(m.trace.iter().map(|t| &t.file))
+        .chain(
+            m.ram_blocks
+                .iter()
+                .filter_map(|b| b.page_sums.as_ref().map(|p| &p.file)),
+        );
     let mut seen = std::collections::HashSet::new();
     for f in files {
         plain(f)?;
@@ -344,7 +349,13 @@ fn problem(m: &Manifest) -> Result<(), String> {
             return Err(format!("file {} is listed twice", shown(f)));
         }
     }
-    let sums = std::iter::once(&m.device_state.checksum).chain(m.disks.iter().map(|d| &d.checksum));
+    let sums = std::iter::once(&m.device_state.checksum)
+        .chain(m.disks.iter().map(|d| &d.checksum))
+        .chain(
+            m.ram_blocks
+                .iter()
+                .filter_map(|b| b.page_sums.as_ref().map(|p| &p.checksum)),
+        );
     if let Some(c) = sums.into_iter().find(|c| !is_checksum(c)) {
         return Err(format!("checksum {} is not 16 hex digits", shown(c)));
     }
@@ -422,6 +433,9 @@ impl Snapshot {
         problem(m).map_err(|e| ManifestError::Invalid(self.dir.join(MANIFEST), e))?;
         for b in &m.ram_blocks {
             self.check_size(&b.file, b.size)?;
+            if let Some(p) = &b.page_sums {
+                self.check_size(&p.file, p.size)?;
+            }
         }
         self.check_size(&m.device_state.file, m.device_state.size)?;
         for d in &m.disks {
@@ -527,7 +541,12 @@ impl Snapshot {
         }
         let mut files = m.ram_blocks.len();
         let entries = std::iter::once((&m.device_state.file, &m.device_state.checksum))
-            .chain(m.disks.iter().map(|d| (&d.file, &d.checksum)));
+            .chain(m.disks.iter().map(|d| (&d.file, &d.checksum)))
+            .chain(
+                m.ram_blocks
+                    .iter()
+                    .filter_map(|b| b.page_sums.as_ref().map(|p| (&p.file, &p.checksum))),
+            );
         for (file, sum) in entries {
             let h = crate::image::hash_file(&self.path_of(file))?;
             if h.checksum != *sum {

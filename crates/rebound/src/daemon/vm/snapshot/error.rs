@@ -12,6 +12,8 @@ pub enum SaveError {
     Manifest(#[from] rebound_snapshot::ManifestError),
     #[error(transparent)]
     Trace(#[from] rebound_snapshot::TraceError),
+    #[error(transparent)]
+    PageSums(#[from] rebound_snapshot::pagesums::PageSumsError),
     #[error("cannot dump net{0}'s frames")]
     NetDump(usize, #[source] rebound_vmm::qmp::QmpError),
 }

@@ -40,12 +40,21 @@ impl Owner {
         let path = dir.path().to_path_buf();
         tokio::task::spawn_blocking(move || {
             let mut show = |done: u64, total: u64| vm.set_progress(Some((done, total)));
-            let mut block =
-                rebound_snapshot::copy_ram_image(&ram, &image, size, CHUNK_BYTES, &mut show)
-                    .map_err(failed)?;
+            let (mut block, sums) = rebound_snapshot::copy_ram_image_with_pages(
+                &ram,
+                &image,
+                size,
+                CHUNK_BYTES,
+                &mut show,
+            )
+            .map_err(failed)?;
             vm.set_progress(None);
             block.id = "ram".into();
             block.file = "ram-ram.img".into();
+            // Each page's checksum, for a page server to check each page it sends.
+            let sums = rebound_snapshot::pagesums::write(&path.join("ram-ram.pagesums"), &sums)
+                .map_err(failed)?;
+            block.page_sums = Some(sums);
             let device = file_entry(&path, "device.state")?;
             let mut entries = Vec::new();
             for (i, (src, backing)) in disks.iter().enumerate() {

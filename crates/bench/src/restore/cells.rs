@@ -171,6 +171,10 @@ fn median_of(w: &str, d: &str, m: &str, runs: &[&Record]) -> Record {
         background_pages: z(|r| r.background_pages),
         background_s: f(|r| r.background_s),
         client_answers: u(|r| r.client_answers),
+        page_requests_after_start: u(|r| r.page_requests_after_start),
+        request_service_p50_us: f(|r| r.request_service_p50_us),
+        request_service_p99_us: f(|r| r.request_service_p99_us),
+        memory_loaded_s: f(|r| r.memory_loaded_s),
         notes,
     }
 }

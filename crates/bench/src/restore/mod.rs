@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use rebound_api::{
-    Forward, RamCheck, RestOrder, RestoreMode, RestoreReport, RestoreRequest, SnapshotRequest,
-    SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
+    Forward, LoadPath, RamCheck, RestOrder, RestoreMode, RestoreReport, RestoreRequest,
+    SnapshotRequest, SnapshotResult, StockSave, VmSpec, VmStatus, Workload,
 };
 use rebound_vmm::paths::Paths;
 use serde::Serialize;
@@ -107,7 +107,7 @@ pub enum Error {
 
 const MIB: f64 = (1u64 << 20) as f64;
 const WORKLOADS: [&str; 4] = ["idle", "kv", "memfill", "mixed"];
-const MODES: [&str; 9] = [
+const MODES: [&str; 13] = [
     "stock",
     "eager",
     "lazy",
@@ -119,6 +119,13 @@ const MODES: [&str; 9] = [
     "lazy-unchecked",
     "elastic-unchecked",
     "lazy-full",
+    // The page server (`--path page-server`): Rebound as QEMU's postcopy source.
+    // They restore a copy of the snapshot, whose trace their requests replace (lazy)
+    // or grow (the others), so the page-cache modes keep the post-snapshot trace.
+    "ps-lazy",
+    "ps-working-set",
+    "ps-elastic",
+    "ps-eager",
 ];
 /// The size of each kv value (a line holds at most 4 KiB).
 const KV_VALUE: u64 = 4000;
@@ -146,10 +153,11 @@ pub struct RestoreArgs {
     workloads: String,
     /// Modes: stock, eager, lazy, working-set, elastic, elastic-file; lazy-unchecked,
     /// elastic-unchecked (`--ram-check off`) and lazy-full (`--ram-check full`) show
-    /// what checking the RAM image costs.
+    /// what checking the RAM image costs; ps-lazy, ps-working-set, ps-elastic and
+    /// ps-eager restore through the page server (on a copy of the snapshot).
     #[arg(
         long,
-        default_value = "stock,eager,lazy,working-set,elastic,elastic-file"
+        default_value = "stock,eager,lazy,working-set,elastic,elastic-file,ps-lazy,ps-working-set,ps-elastic,ps-eager"
     )]
     modes: String,
     /// Disks: real, emulated (a read limit of --disk-mbps on the snapshot's device).
@@ -199,6 +207,12 @@ struct Record {
     background_s: Option<f64>,
     /// kv: answers the host client got in the watch window after the restore request.
     client_answers: Option<u64>,
+    /// The page server: requests after the start, their service time (µs).
+    page_requests_after_start: Option<u64>,
+    request_service_p50_us: Option<f64>,
+    request_service_p99_us: Option<f64>,
+    /// From the request to every page of guest memory in place.
+    memory_loaded_s: Option<f64>,
     notes: Vec<String>,
 }
 
@@ -248,20 +262,32 @@ fn own_kernel(workload: &str) -> bool {
     !matches!(workload, "idle" | "kv" | "memfill")
 }
 
-fn mode_of(id: &str) -> (RestoreMode, RestOrder, RamCheck) {
+fn mode_of(id: &str) -> (RestoreMode, RestOrder, RamCheck, LoadPath) {
+    let (id, path) = match id.strip_prefix("ps-") {
+        Some(rest) => (rest, LoadPath::PageServer),
+        None => (id, LoadPath::PageCache),
+    };
     let (base, check) = match id.split_once('-') {
         Some((b, "unchecked")) => (b, RamCheck::Off),
         Some((b, "full")) => (b, RamCheck::Full),
         _ => (id, RamCheck::Auto),
     };
     match base {
-        "elastic-file" => (RestoreMode::Elastic, RestOrder::FileOrder, check),
+        "elastic-file" => (RestoreMode::Elastic, RestOrder::FileOrder, check, path),
         other => (
             other.parse().expect("mode ids are checked"),
             RestOrder::Fafl,
             check,
+            path,
         ),
     }
+}
+
+/// The copy of a workload's snapshot the page-server modes restore.
+fn ps_copy(snap: &Path) -> PathBuf {
+    let mut s = snap.as_os_str().to_owned();
+    s.push("-ps");
+    PathBuf::from(s)
 }
 
 struct Bench {
@@ -427,8 +453,13 @@ impl Bench {
         snap: &Path,
         name: &str,
     ) -> Result<Record, Error> {
+        let (mode, rest_order, ram_check, path) = mode_of(mode_id);
+        let copy = ps_copy(snap);
+        let snap = match path {
+            LoadPath::PageServer => copy.as_path(),
+            _ => snap,
+        };
         drop_cache(snap).map_err(Error::Cold)?;
-        let (mode, rest_order, ram_check) = mode_of(mode_id);
         let req = RestoreRequest {
             dir: snap.display().to_string(),
             name: name.into(),
@@ -436,7 +467,7 @@ impl Bench {
             ws_pages: self.args.ws_pages,
             paused: false,
             rest_order,
-            path: Default::default(),
+            path,
             ram_check,
             watch_s: self.args.watch_s,
             // The host client's port.
@@ -468,7 +499,10 @@ impl Bench {
                     why: r.error.unwrap_or_default(),
                 });
             }
-            if r.phase == "done" {
+            // The page server's figures come when it ends (a lazy restore's after
+            // its quiet window, as long as the watch).
+            let served = r.path == Some(LoadPath::PageServer);
+            if r.phase == "done" && (!served || r.memory_loaded_s.is_some()) {
                 break r;
             }
             if t0.elapsed() > Duration::from_secs(300) {
@@ -498,6 +532,10 @@ impl Bench {
             background_pages: rep.background_pages,
             background_s: rep.background_s,
             client_answers: answers,
+            page_requests_after_start: rep.page_requests_after_start,
+            request_service_p50_us: rep.request_service_p50_us,
+            request_service_p99_us: rep.request_service_p99_us,
+            memory_loaded_s: rep.memory_loaded_s,
             notes: rep.notes,
         })
     }
@@ -578,6 +616,25 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
         };
         accel = a;
         snaps.push(s);
+        if modes.iter().any(|m| m.starts_with("ps-")) {
+            let copy = ps_copy(&snap);
+            let _ = std::fs::remove_dir_all(&copy);
+            let ok = std::process::Command::new("cp")
+                .args(["-a", "--sparse=always"])
+                .arg(&snap)
+                .arg(&copy)
+                .status()
+                .is_ok_and(|st| st.success());
+            if !ok {
+                let e = Error::CopyDisk {
+                    from: snap.clone(),
+                    to: copy,
+                    source: std::io::Error::other("cp failed"),
+                };
+                tried.push(Err(failure(w, None, None, None, e)));
+                continue;
+            }
+        }
         for d in &disks {
             let slow = match *d {
                 "emulated" => match b.emulated_disk(&snap, daemon_pid) {
@@ -620,6 +677,7 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
             drop(slow);
         }
         let _ = std::fs::remove_dir_all(&snap);
+        let _ = std::fs::remove_dir_all(ps_copy(&snap));
     }
     if !keep_dir {
         let _ = std::fs::remove_dir_all(&dir);
@@ -742,7 +800,13 @@ fn ratios(records: &[Record]) -> Vec<Ratio> {
                 .iter()
                 .find(|x| x.workload == r.workload && x.disk == r.disk && x.mode == m)
         };
-        let base = ["stock", "eager"]
+        // A page-server row is set against the page server's own eager and lazy.
+        let ps = r.mode.starts_with("ps-");
+        let (eager, lazy_id) = match ps {
+            true => ("ps-eager", "ps-lazy"),
+            false => ("eager", "lazy"),
+        };
+        let base = ["stock", eager]
             .into_iter()
             .filter_map(same)
             .filter(|x| x.time_to_running_s.is_some())
@@ -750,7 +814,7 @@ fn ratios(records: &[Record]) -> Vec<Ratio> {
                 let t = |x: &Record| x.time_to_running_s.unwrap_or(f64::MAX);
                 t(a).total_cmp(&t(b))
             });
-        let lazy = same("lazy");
+        let lazy = same(lazy_id);
         let f = |x: Option<u64>| x.map(|v| v as f64);
         out.push(Ratio {
             workload: r.workload.clone(),
@@ -804,6 +868,10 @@ mod tests {
             background_pages: 0,
             background_s: None,
             client_answers: None,
+            page_requests_after_start: None,
+            request_service_p50_us: None,
+            request_service_p99_us: None,
+            memory_loaded_s: None,
             notes: vec![],
         }
     }
@@ -883,23 +951,57 @@ mod tests {
     fn modes_and_lists_are_checked() {
         assert_eq!(
             mode_of("elastic-file"),
-            (RestoreMode::Elastic, RestOrder::FileOrder, RamCheck::Auto)
+            (
+                RestoreMode::Elastic,
+                RestOrder::FileOrder,
+                RamCheck::Auto,
+                LoadPath::PageCache
+            )
+        );
+        assert_eq!(
+            mode_of("ps-working-set"),
+            (
+                RestoreMode::WorkingSet,
+                RestOrder::Fafl,
+                RamCheck::Auto,
+                LoadPath::PageServer
+            )
         );
         assert_eq!(
             mode_of("stock"),
-            (RestoreMode::Stock, RestOrder::Fafl, RamCheck::Auto)
+            (
+                RestoreMode::Stock,
+                RestOrder::Fafl,
+                RamCheck::Auto,
+                LoadPath::PageCache
+            )
         );
         assert_eq!(
             mode_of("working-set"),
-            (RestoreMode::WorkingSet, RestOrder::Fafl, RamCheck::Auto)
+            (
+                RestoreMode::WorkingSet,
+                RestOrder::Fafl,
+                RamCheck::Auto,
+                LoadPath::PageCache
+            )
         );
         assert_eq!(
             mode_of("lazy-unchecked"),
-            (RestoreMode::Lazy, RestOrder::Fafl, RamCheck::Off)
+            (
+                RestoreMode::Lazy,
+                RestOrder::Fafl,
+                RamCheck::Off,
+                LoadPath::PageCache
+            )
         );
         assert_eq!(
             mode_of("lazy-full"),
-            (RestoreMode::Lazy, RestOrder::Fafl, RamCheck::Full)
+            (
+                RestoreMode::Lazy,
+                RestOrder::Fafl,
+                RamCheck::Full,
+                LoadPath::PageCache
+            )
         );
         assert!(pick("idle,bogus", &WORKLOADS, "workload").is_err());
         assert_eq!(pick("kv", &WORKLOADS, "workload").unwrap(), ["kv"]);

@@ -117,7 +117,21 @@ pub(super) fn print_text(
             o3(q(|q| q.faults_vs_lazy))
         );
     }
-    println!("run/eag, rsp/eag: against the faster of stock and eager to running on the same disk; flt/lazy: major faults after the start against lazy");
+    println!("run/eag, rsp/eag: against the faster of stock and eager to running on the same disk; flt/lazy: major faults after the start against lazy (ps- rows: the page server's own eager and lazy; their faults are page requests)");
+    for r in cells.iter().filter_map(|c| c.median.as_ref()) {
+        if r.mode.starts_with("ps-") {
+            println!(
+                "{}/{}/{}: page server: {} requests after the start, service p50 {} µs, p99 {} µs; all memory in place after {} s",
+                r.workload,
+                r.disk,
+                r.mode,
+                r.page_requests_after_start.map_or("-".into(), |v| v.to_string()),
+                r.request_service_p50_us.map_or("-".into(), |v| format!("{v:.0}")),
+                r.request_service_p99_us.map_or("-".into(), |v| format!("{v:.0}")),
+                o2(r.memory_loaded_s)
+            );
+        }
+    }
     for r in cells.iter().filter_map(|c| c.median.as_ref()) {
         if let Some(a) = r.client_answers {
             println!(

@@ -18,6 +18,8 @@ use crate::{order, Job, ServeError, Stats};
 const MAX_DEVICE_STATE: u64 = 512 << 20;
 /// The longest a request may ask for at once.
 const MAX_REQUEST: u64 = 2 << 20;
+/// The longest gap of pages not wanted that a read takes along to join two runs.
+const GAP: u64 = 8;
 /// How long the end waits for the destination's confirmation.
 const SHUT_WAIT: Duration = Duration::from_secs(60);
 
@@ -165,37 +167,46 @@ impl Server<'_> {
                 i += 1;
                 continue;
             }
-            // A run: the following pages of the list that follow in the image too.
-            let mut len = 1;
-            while len < RUN_PAGES
-                && i + len < pages.len()
-                && pages[i + len] == p + len as u64
-                && self.img.data[(p + len as u64) as usize]
-                && !self.sent[(p + len as u64) as usize]
-            {
-                len += 1;
+            // A run: the following pages of the list that lie just after it in the
+            // image (gaps of up to GAP pages are read along and not sent, as the
+            // page-cache loader coalesces its reads), within one read.
+            let mut want = vec![p];
+            let mut j = i + 1;
+            while j < pages.len() {
+                let (q, last) = (pages[j], *want.last().expect("one page"));
+                if q <= last || q - last > GAP || q - p >= RUN_PAGES as u64 {
+                    break;
+                }
+                if !self.sent[q as usize] {
+                    want.push(q);
+                }
+                j += 1;
             }
+            let span = (want.last().expect("one page") - p + 1) as usize;
+            let is_data: Vec<bool> = want.iter().map(|&q| self.img.data[q as usize]).collect();
             let before = self.img.bytes_read;
-            let data = self.img.read_run(p, len)?;
+            let data = self.img.read_run(p, span)?;
             let main = self.main;
             self.w.part(
                 &mut self.out,
-                data.chunks(PAGE as usize)
-                    .enumerate()
-                    .map(|(k, d)| OutPage {
+                want.iter().zip(&is_data).map(|(&q, &d)| {
+                    let k = (q - p) as usize * PAGE as usize;
+                    OutPage {
                         block: main,
-                        offset: (p + k as u64) * PAGE,
-                        data: Some(d),
-                    }),
+                        offset: q * PAGE,
+                        // A hole inside the run still goes as a zero page.
+                        data: d.then(|| &data[k..k + PAGE as usize]),
+                    }
+                }),
             );
             if self.started {
                 self.stats.bytes_read_after_start += self.img.bytes_read - before;
             }
-            for k in 0..len {
-                self.sent[p as usize + k] = true;
+            for &q in &want {
+                self.sent[q as usize] = true;
             }
-            n += len as u64;
-            i += len;
+            n += want.len() as u64;
+            i = j;
         }
         Ok(n)
     }

@@ -56,10 +56,7 @@ impl Image {
         let rerr = |e| ServeError::Image(path.to_path_buf(), e);
         let plain = rebound_snapshot::open_nofollow(path).map_err(rerr)?;
         let len = plain.metadata().map_err(rerr)?.len();
-        if len != size {
-            return Err(ServeError::ImageSize(path.to_path_buf(), len, size));
-        }
-        if !size.is_multiple_of(PAGE) {
+        if len != size || !size.is_multiple_of(PAGE) {
             return Err(ServeError::ImageSize(path.to_path_buf(), len, size));
         }
         let mut data = vec![false; (size / PAGE) as usize];

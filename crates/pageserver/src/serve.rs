@@ -121,7 +121,14 @@ impl Server<'_> {
     /// Sends the snapshot's own pages (the firmware's blocks) that `which` picks.
     fn firmware(&mut self, which: impl Fn(&rebound_migstream::PageRecord) -> bool) {
         let (stream, bytes) = (self.stream, self.bytes);
-        let fills: Vec<[u8; PAGE as usize]> = (0..=255u8).map(|b| [b; PAGE as usize]).collect();
+        // A page filled with a byte other than zero goes as that page's bytes: one
+        // buffer per such byte the records use (QEMU itself writes only zeros).
+        let mut fills = std::collections::BTreeMap::new();
+        for r in stream.pages.iter().filter(|r| which(r)) {
+            if let Page::Fill(b @ 1..) = r.page {
+                fills.entry(b).or_insert_with(|| vec![b; PAGE as usize]);
+            }
+        }
         self.w.part(
             &mut self.out,
             stream.pages.iter().filter(|r| which(r)).map(|r| OutPage {
@@ -130,7 +137,7 @@ impl Server<'_> {
                 data: match &r.page {
                     Page::Data(range) => Some(&bytes[range.clone()]),
                     Page::Fill(0) => None,
-                    Page::Fill(b) => Some(&fills[*b as usize][..]),
+                    Page::Fill(b) => Some(&fills[b][..]),
                 },
             }),
         );
@@ -299,10 +306,7 @@ pub fn serve(
 fn write_stats(dir: &std::path::Path, stats: &Stats) -> Result<(), ServeError> {
     let spath = dir.join(crate::STATS);
     let text = serde_json::to_vec_pretty(stats).expect("stats serialize");
-    let tmp = spath.with_extension("json.tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, &spath))
-        .map_err(|e| ServeError::Write(spath, e))
+    rebound_vmm::private::write_atomic(&spath, &text).map_err(|e| ServeError::Write(spath, e))
 }
 
 fn percentile(sorted: &[f64], q: f64) -> Option<f64> {

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rebound_migstream::example::{snapshot_stream, MAIN};
-use rebound_pageserver::{serve, Ahead, Check, Job, Msg, ServeError};
+use rebound_pageserver::{serve, Ahead, Check, Job, Msg, ServeError, Stats};
 
 fn page(i: u64) -> Vec<u8> {
     (0..4096).map(|k| (i as u8) ^ (k as u8) ^ 0x5a).collect()
@@ -70,18 +70,42 @@ fn wait_for(s: &mut UnixStream, got: &mut Vec<u8>, want: &[u8]) -> bool {
     false
 }
 
+/// What a test holds of a server it started: its thread, the destination's end of the
+/// socket, and what the destination has read so far.
+type Serving = (
+    std::thread::JoinHandle<Result<Stats, ServeError>>,
+    UnixStream,
+    Vec<u8>,
+);
+
+/// Serves `job` on a socket pair (the guest started at once when `go`) and reads until
+/// the package's RUN has come.
+fn serving(job: Job, go: bool) -> Serving {
+    let (mine, mut theirs) = UnixStream::pair().unwrap();
+    let (tx, rx) = mpsc::channel();
+    if go {
+        tx.send(Msg::Go).unwrap();
+    }
+    let t = std::thread::spawn(move || serve(&job, mine, tx, rx));
+    let mut got = Vec::new();
+    assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
+    (t, theirs, got)
+}
+
+/// One byte of page 5 of the job's image flips.
+fn damage_page_5(job: &Job) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&job.image)
+        .unwrap();
+    f.write_all_at(&[0xff], 5 * 4096 + 7).unwrap();
+}
+
 #[test]
 fn a_requested_page_arrives_with_the_images_bytes_and_is_recorded() {
     let d = tempfile::tempdir().unwrap();
-    let job = setup(d.path());
-    let (mine, mut theirs) = UnixStream::pair().unwrap();
-    let (tx, rx) = mpsc::channel();
-    tx.send(Msg::Go).unwrap();
-    let j = job.clone();
-    let t = std::thread::spawn(move || serve(&j, mine, tx, rx));
-    let mut got = Vec::new();
+    let (t, mut theirs, mut got) = serving(setup(d.path()), true);
     // The package's RUN comes before any page of main RAM (lazy: nothing ahead).
-    assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
     assert!(!got.windows(4096).any(|w| w == page(5)));
     theirs
         .write_all(&request("pc.ram", 5 * 4096, 4096))
@@ -121,12 +145,7 @@ fn requests_a_qemu_never_sends_are_refused() {
         (request("pc.bios", 1 << 30, 4096), "past its end"),
     ] {
         let d = tempfile::tempdir().unwrap();
-        let job = setup(d.path());
-        let (mine, mut theirs) = UnixStream::pair().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let t = std::thread::spawn(move || serve(&job, mine, tx, rx));
-        let mut got = Vec::new();
-        assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
+        let (t, mut theirs, _) = serving(setup(d.path()), false);
         theirs.write_all(&req).unwrap();
         match t.join().unwrap() {
             Err(ServeError::BadRequest { what }) => assert!(what.contains(why), "{what}"),
@@ -152,17 +171,8 @@ fn a_damaged_chunk_is_never_sent() {
         })
         .collect();
     job.check = Some(Check::Chunks { chunk, sums });
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&job.image)
-        .unwrap();
-    f.write_all_at(&[0xff], 5 * 4096 + 7).unwrap();
-    let (mine, mut theirs) = UnixStream::pair().unwrap();
-    let (tx, rx) = mpsc::channel();
-    tx.send(Msg::Go).unwrap();
-    let t = std::thread::spawn(move || serve(&job, mine, tx, rx));
-    let mut got = Vec::new();
-    assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
+    damage_page_5(&job);
+    let (t, mut theirs, mut got) = serving(job, true);
     theirs
         .write_all(&request("pc.ram", 5 * 4096, 4096))
         .unwrap();
@@ -191,17 +201,8 @@ fn with_page_sums_only_the_damaged_page_is_refused() {
     let file = d.path().join("ram.pagesums");
     let entry = rebound_snapshot::pagesums::write(&file, &sums).unwrap();
     job.check = Some(Check::Pages { file, entry });
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&job.image)
-        .unwrap();
-    f.write_all_at(&[0xff], 5 * 4096 + 7).unwrap();
-    let (mine, mut theirs) = UnixStream::pair().unwrap();
-    let (tx, rx) = mpsc::channel();
-    tx.send(Msg::Go).unwrap();
-    let t = std::thread::spawn(move || serve(&job, mine, tx, rx));
-    let mut got = Vec::new();
-    assert!(wait_for(&mut theirs, &mut got, b"\x08\x00\x05\x00\x00"));
+    damage_page_5(&job);
+    let (t, mut theirs, mut got) = serving(job, true);
     // Its neighbour in the same chunk is good and goes.
     theirs
         .write_all(&request("pc.ram", 6 * 4096, 4096))

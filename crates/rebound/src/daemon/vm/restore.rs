@@ -262,19 +262,22 @@ impl Owner {
             }
             .into());
         }
+        // The stream QEMU loads: QEMU's own (stock), or the checked copy of the
+        // device state, made once (before the plan when the page server may run).
+        let stream = match (device_state, plan.stock_stream) {
+            (_, true) => snap.path_of("stock.mig"),
+            (Some(s), false) => s,
+            (None, false) => self.checked_device_state(&snap).await?,
+        };
         let mut server = None;
         if served {
             // Rebound is the source of a postcopy migration: QEMU listens, the page
             // server connects and writes the stream.
             set_ignore_shared(&*q, false).await?;
             set_postcopy(&*q).await?;
-            let state = match device_state.clone() {
-                Some(s) => s,
-                None => self.checked_device_state(&snap).await?,
-            };
             let job = served::job(
                 self.vm.run.path(),
-                state,
+                stream,
                 image.clone(),
                 size,
                 &block.id,
@@ -318,11 +321,6 @@ impl Owner {
             ));
         } else {
             set_ignore_shared(&*q, plan.ignore_shared).await?;
-            let stream = if plan.stock_stream {
-                snap.path_of("stock.mig")
-            } else {
-                self.checked_device_state(&snap).await?
-            };
             self.command(
                 "migrate-incoming",
                 Some(serde_json::json!({"uri": format!("exec:cat {}", shell_quote(&stream))})),

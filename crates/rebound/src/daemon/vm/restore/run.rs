@@ -210,16 +210,21 @@ impl Owner {
 /// it was saved, or why not.
 async fn record_trace(snap: &Arc<Snapshot>, t: &Trace) -> Result<bool, String> {
     let (snap, t) = (snap.clone(), t.clone());
+    match tokio::task::spawn_blocking(move || save_trace(&snap, &t, "restore")).await {
+        Ok(r) => r.map(|()| true),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Replaces the snapshot's trace with `t`, recorded as `source`; why not, if it failed.
+pub(super) fn save_trace(snap: &Snapshot, t: &Trace, source: &str) -> Result<(), String> {
     let info = rebound_snapshot::TraceInfo {
         file: "trace.fafl".into(),
         pages: t.pages.len() as u64,
-        source: "restore".into(),
+        source: source.into(),
         wss_sample_pages: None,
         wss_snapshot_pages: t.pages.len() as u64,
     };
-    match tokio::task::spawn_blocking(move || snap.replace_trace(&t, info)).await {
-        Ok(Ok(())) => Ok(true),
-        Ok(Err(e)) => Err(rebound_errors::chain(&e)),
-        Err(_) => Ok(false),
-    }
+    snap.replace_trace(t, info)
+        .map_err(|e| rebound_errors::chain(&e))
 }

@@ -286,17 +286,7 @@ fn record(snap: &Snapshot, dir: &Path, before: BeforeStart) -> Result<bool, Stri
             )
         }
     };
-    let t = Trace { pages };
-    let info = rebound_snapshot::TraceInfo {
-        file: "trace.fafl".into(),
-        pages: t.pages.len() as u64,
-        source: source.into(),
-        wss_sample_pages: None,
-        wss_snapshot_pages: t.pages.len() as u64,
-    };
-    snap.replace_trace(&t, info)
-        .map(|_| true)
-        .map_err(|e| rebound_errors::chain(&e))
+    super::run::save_trace(snap, &Trace { pages }, source).map(|()| true)
 }
 
 /// The job of one restore's server.

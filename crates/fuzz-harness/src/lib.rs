@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 mod ring;
 mod snapshot;
 
-pub use snapshot::{snapshot_fixture, snapshot_manifest, snapshot_trace, TRACE_BLOCK_PAGES};
+pub use snapshot::{
+    page_sums, snapshot_fixture, snapshot_manifest, snapshot_trace, TRACE_BLOCK_PAGES,
+};
 
 /// What a parser said about one input.
 pub type Verdict = Result<(), String>;
@@ -38,6 +40,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("dump_header", dump_header),
     ("ha_frame", ha_frame),
     ("device_state", device_state),
+    ("return_path", return_path),
+    ("page_sums", page_sums),
 ];
 
 pub use ring::evict_ring;
@@ -277,6 +281,29 @@ pub fn device_state(data: &[u8]) -> Verdict {
     rebound_migstream::SnapshotStream::parse(data)
         .map(|_| ())
         .map_err(err)
+}
+
+/// The postcopy return path: what a destination's QEMU sends back to the page server,
+/// read message after message as the server's reader reads it, each taking the bytes
+/// it took off the front. A message cut short at the end is refused; a message that
+/// takes no bytes, or more than are left, is the parser's bug.
+pub fn return_path(data: &[u8]) -> Verdict {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let Some((_, took)) = rebound_migstream::rp::next(rest).map_err(err)? else {
+            return Err(format!(
+                "a truncated message: {} bytes left over",
+                rest.len()
+            ));
+        };
+        assert!(
+            took > 0 && took <= rest.len(),
+            "a message took {took} of the {} bytes left",
+            rest.len()
+        );
+        rest = &rest[took..];
+    }
+    Ok(())
 }
 
 /// The corpus directory of a target in this repository.

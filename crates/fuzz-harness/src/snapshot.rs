@@ -1,5 +1,6 @@
 //! Snapshot directories from elsewhere: the manifest (inside a real snapshot whose
-//! files are in place, so the checks against them run) and the working-set trace.
+//! files are in place, so the checks against them run), the working-set trace and a
+//! RAM image's page sums.
 
 use std::path::{Path, PathBuf};
 
@@ -137,6 +138,37 @@ pub fn snapshot_trace(data: &[u8]) -> Verdict {
         let path = scratch_file("trace-fixed.fafl", &fixed);
         let _ = Trace::read_blocks(&path, TRACE_BLOCK_PAGES);
         let _ = Trace::read(&path, total);
+    }
+    verdict
+}
+
+/// Bytes of a page-sum file's header (magic, version, page size, page count).
+const PAGE_SUMS_HEADER: usize = 24;
+/// Pages of the image a fuzzed page-sum file is read for when it is too short to hold
+/// its page count.
+const PAGE_SUMS_PAGES: u64 = 4;
+
+/// A RAM image's page sums (`ram-<id>.pagesums`), read as the page server reads them:
+/// the manifest entry is made right for the input (its size and checksum), so the
+/// checks behind it are reached, and the image has the page count the header names
+/// (four when the input is too short to name one). Then read again for the pages its
+/// length holds, so a count that differs from the image's is reached.
+pub fn page_sums(data: &[u8]) -> Verdict {
+    use rebound_snapshot::pagesums::read;
+    let path = scratch_file("ram.pagesums", data);
+    let hash = hash_file(&path).expect("the scratch file's checksum");
+    let entry = FileEntry {
+        file: "ram.pagesums".into(),
+        size: hash.size,
+        checksum: hash.checksum,
+    };
+    let pages = data.get(16..PAGE_SUMS_HEADER).map_or(PAGE_SUMS_PAGES, |n| {
+        u64::from_le_bytes(n.try_into().expect("8 bytes"))
+    });
+    let verdict = read(&path, &entry, pages).map(|_| ()).map_err(err);
+    let held = (data.len().saturating_sub(PAGE_SUMS_HEADER) / 8) as u64;
+    if held != pages {
+        let _ = read(&path, &entry, held);
     }
     verdict
 }

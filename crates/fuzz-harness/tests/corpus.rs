@@ -54,16 +54,42 @@ fn ok_seeds(target: &str) -> impl Iterator<Item = (String, Vec<u8>)> {
         .map(|(n, p)| (n, std::fs::read(p).unwrap()))
 }
 
+/// `data` as a file `name` in a new temporary directory: the directory (removed when
+/// dropped) and the file's path.
+fn in_file(name: &str, data: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(name);
+    std::fs::write(&p, data).unwrap();
+    (dir, p)
+}
+
 #[test]
 fn valid_traces_write_back_the_same_bytes() {
     for (name, data) in ok_seeds("snapshot_trace") {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t");
-        std::fs::write(&p, &data).unwrap();
+        let (dir, p) = in_file("t", &data);
         let t = rebound_snapshot::Trace::read_blocks(&p, TRACE_BLOCK_PAGES).unwrap();
         let q = dir.path().join("again");
         t.write(&q).unwrap();
         assert_eq!(std::fs::read(&q).unwrap(), data, "{name}");
+    }
+}
+
+#[test]
+fn valid_page_sums_write_back_the_same_bytes() {
+    use rebound_snapshot::pagesums::{read, write};
+    for (name, data) in ok_seeds("page_sums") {
+        let (dir, p) = in_file("s", &data);
+        let hash = rebound_snapshot::hash_file(&p).unwrap();
+        let entry = rebound_snapshot::FileEntry {
+            file: "s".into(),
+            size: hash.size,
+            checksum: hash.checksum,
+        };
+        let sums = read(&p, &entry, (data.len() as u64 - 24) / 8).unwrap();
+        let q = dir.path().join("again");
+        let again = write(&q, &sums).unwrap();
+        assert_eq!(std::fs::read(&q).unwrap(), data, "{name}");
+        assert_eq!(again.checksum, entry.checksum, "{name}");
     }
 }
 
@@ -112,9 +138,7 @@ fn valid_ha_frames_encode_back_the_same_bytes() {
 #[test]
 fn valid_dumps_inspect_as_complete() {
     for (name, data) in ok_seeds("dump_header") {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("vmcore");
-        std::fs::write(&p, &data).unwrap();
+        let (_dir, p) = in_file("vmcore", &data);
         let info = rebound_dump::inspect(&p).unwrap();
         assert!(info.complete && info.missing.is_empty(), "{name}: {info:?}");
     }

@@ -455,6 +455,84 @@ fn device_state() -> Result<()> {
     put("device_state", "bad-truncated", &good[..good.len() - 10])
 }
 
+/// A return-path message of type `ty` carrying `payload`, as QEMU frames it.
+fn rp_message(ty: u16, payload: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(payload.len()).expect("a short payload");
+    [&ty.to_be_bytes()[..], &len.to_be_bytes(), payload].concat()
+}
+
+fn return_path() -> Result<()> {
+    use rebound_migstream::rp::{msg, MAX_MESSAGE};
+    // A page request's payload: the start and length of the bytes wanted.
+    let request = |start: u64, len: u32| [&start.to_be_bytes()[..], &len.to_be_bytes()].concat();
+    let mut named = request(0x5000, 4096);
+    named.push(6);
+    named.extend_from_slice(b"pc.ram");
+    let session = [
+        rp_message(msg::REQ_PAGES_ID, &named),
+        rp_message(msg::REQ_PAGES, &request(0x9000, 8192)),
+        rp_message(msg::PONG, &3u32.to_be_bytes()),
+        rp_message(msg::SHUT, &0u32.to_be_bytes()),
+    ]
+    .concat();
+    put("return_path", "ok-session", &session)?;
+    put(
+        "return_path",
+        "ok-shut",
+        &rp_message(msg::SHUT, &1u32.to_be_bytes()),
+    )?;
+    put(
+        "return_path",
+        "bad-oversized",
+        &rp_message(msg::PONG, &[0; MAX_MESSAGE + 1]),
+    )?;
+    put(
+        "return_path",
+        "bad-wrong-length",
+        &rp_message(msg::SHUT, &[0; 3]),
+    )?;
+    put("return_path", "bad-unknown-type", &rp_message(9, &[0; 4]))?;
+    put(
+        "return_path",
+        "bad-truncated",
+        &session[..session.len() - 2],
+    )
+}
+
+fn page_sums(dir: &Path) -> Result<()> {
+    use rebound_snapshot::pagesums::{sum, write};
+    let mut page = vec![0u8; 4096];
+    let mut sums = vec![sum(&page)];
+    for b in [0x11, 0x22, 0x33] {
+        page.fill(b);
+        sums.push(sum(&page));
+    }
+    let p = dir.join("ram-pc.ram.pagesums");
+    write(&p, &sums)?;
+    let good = std::fs::read(&p)?;
+    put("page_sums", "ok-four-pages", &good)?;
+    let with = |at: usize, bytes: &[u8]| {
+        let mut b = good.clone();
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        b
+    };
+    put("page_sums", "bad-magic", &with(0, b"RBPGSUMX"))?;
+    put("page_sums", "bad-version", &with(8, &2u32.to_le_bytes()))?;
+    put(
+        "page_sums",
+        "bad-page-size",
+        &with(12, &512u32.to_le_bytes()),
+    )?;
+    put("page_sums", "bad-count", &with(16, &200u64.to_le_bytes()))?;
+    put(
+        "page_sums",
+        "bad-oversized",
+        &with(16, &u64::MAX.to_le_bytes()),
+    )?;
+    put("page_sums", "bad-truncated", &good[..good.len() - 3])?;
+    put("page_sums", "bad-short-header", &good[..20])
+}
+
 fn main() -> Result<()> {
     agent()?;
     snapshot()?;
@@ -465,6 +543,8 @@ fn main() -> Result<()> {
     dump(dir.path())?;
     ha()?;
     device_state()?;
+    return_path()?;
+    page_sums(dir.path())?;
     for (target, _) in rebound_fuzz_harness::TARGETS {
         let d = corpus_dir(target);
         let n = std::fs::read_dir(&d)?.count();

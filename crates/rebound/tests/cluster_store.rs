@@ -157,6 +157,11 @@ impl Sim<'_> {
 
     /// `cluster restore` from `snap` on the line, running (its JSON comes from `finish`).
     fn spawn_restore(&self, snap: &Path, margin_s: &str) -> Child {
+        self.spawn_restore_on(snap, margin_s, "page-cache")
+    }
+
+    /// The same, each VM's pages reaching its guest on `path` (`--path`).
+    fn spawn_restore_on(&self, snap: &Path, margin_s: &str, path: &str) -> Child {
         self.env
             .cmd(&[
                 "cluster",
@@ -168,6 +173,8 @@ impl Sim<'_> {
                 "line",
                 "--margin-s",
                 margin_s,
+                "--path",
+                path,
                 "--replace",
                 "--json",
             ])
@@ -412,6 +419,7 @@ host = "h3"
     restore_faults_before_anything_is_touched(&env, &name, &snap);
 
     let first = the_line_restores_with_the_etcd_leader_killed(&sim, &snap);
+    the_line_restores_on_the_page_server(&sim, &snap);
     malformed_records_are_refused_and_start_nothing(&sim, &first);
     the_coordinators_daemon_killed_after_some_vms_started(&sim, &snap);
     a_host_cut_off_aborts_the_restore_and_releases_held_vms(&sim, &snap);
@@ -474,6 +482,25 @@ fn the_line_restores_with_the_etcd_leader_killed(sim: &Sim<'_>, snap: &Path) -> 
     );
     client_reaches_both_servers("the restored client to reach both servers", "r");
     id
+}
+
+/// The line with every VM's pages served through postcopy by its host's page server:
+/// each VM's report names that path and has every page in place (the server's end),
+/// and the restored client reaches both servers.
+fn the_line_restores_on_the_page_server(sim: &Sim<'_>, snap: &Path) {
+    let (out, ok) = finish(sim.spawn_restore_on(snap, "0.05", "page-server"));
+    restored(&out, ok);
+    for vm in ["client", "s1", "s2"] {
+        let r = sim
+            .get(host_of(vm), &format!("/v1/vms/{vm}/restore"))
+            .unwrap_or_else(|| panic!("no restore report of {vm}"));
+        assert_eq!(r["path"], "page-server", "{vm}: {r}");
+        assert!(r["memory_loaded_s"].as_f64().is_some(), "{vm}: {r}");
+    }
+    client_reaches_both_servers(
+        "the client restored on the page server to reach both servers",
+        "p",
+    );
 }
 
 /// Plans written by hand into the store, each a real plan (the first restore's) with

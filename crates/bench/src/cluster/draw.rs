@@ -81,7 +81,32 @@ pub(super) fn draw<P: Clusters>(
         .flat_map(|b| [Some(b.latency.max), b.disruption.map(|d| d.max)])
         .flatten()
         .fold(0.1, f64::max);
-    let colors = ["#444", "#888", "#bbb", "#ddd"];
+    // Grey for the page cache's variants, blue for the page server's (`ps-`).
+    let color = |v: P::Variant, j: usize| {
+        let (greys, blues) = (
+            ["#444", "#888", "#bbb", "#ddd"],
+            ["#08519c", "#3182bd", "#6baed6", "#c6dbef"],
+        );
+        let set = if P::variant_name(v).starts_with("ps-") {
+            blues
+        } else {
+            greys
+        };
+        set[j % set.len()]
+    };
+    // The shade of a variant within its path.
+    let shade: Vec<&str> = variants
+        .iter()
+        .enumerate()
+        .map(|(j, v)| {
+            let ps = P::variant_name(*v).starts_with("ps-");
+            let k = variants[..j]
+                .iter()
+                .filter(|u| P::variant_name(**u).starts_with("ps-") == ps)
+                .count();
+            color(*v, k)
+        })
+        .collect();
     let mut s = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11">
 <rect width="100%" height="100%" fill="white"/>
@@ -104,7 +129,7 @@ pub(super) fn draw<P: Clusters>(
                 s += &format!(
                     "<rect x=\"{x0:.1}\" y=\"{yb:.1}\" width=\"{lw:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{vm} {name}: restore {} s over {} round(s)</title></rect>\n",
                     bar - 1.0,
-                    colors[j % colors.len()],
+                    shade[j],
                     b.latency.show(3),
                     b.latency.n
                 );
@@ -145,7 +170,7 @@ pub(super) fn draw<P: Clusters>(
         s += &format!(
             "<rect x=\"{lx:.0}\" y=\"{:.0}\" width=\"12\" height=\"9\" fill=\"{}\"/><text x=\"{:.0}\" y=\"{ly:.0}\">{} restore latency</text>\n",
             ly - 8.0,
-            colors[j % colors.len()],
+            shade[j],
             lx + 16.0,
             P::variant_name(*v)
         );

@@ -60,7 +60,7 @@ pub enum Error {
     List { what: String, value: String },
     #[error("--topologies: {0:?} is not client-server, all-to-all or ring")]
     UnknownTopology(String),
-    #[error("--variants: {0:?} is not working-set, elastic, line or line-keep")]
+    #[error("--variants: {0:?} is not working-set, elastic, line or line-keep, nor one of them after ps-")]
     Variant(String),
     #[error("--touch-mib: give MiB values that leave the guest at least 96 MiB")]
     Touch,
@@ -127,7 +127,9 @@ pub struct ClusterArgs {
     /// Topologies: client-server (distcc-like), all-to-all (Elasticsearch-like), ring.
     #[arg(long, default_value = "client-server,all-to-all,ring")]
     topologies: String,
-    /// Variants, in the order they run: working-set, elastic, line, line-keep.
+    /// Variants, in the order they run: working-set, elastic, line, line-keep on the
+    /// page cache, and the same with `ps-` (ps-line...) on the page server (each VM
+    /// restored with `--path page-server`; its disr/ws is against ps-working-set).
     #[arg(long, default_value = "working-set,elastic,line")]
     variants: String,
     /// MiB each VM's memfill touches every second, one value per VM (cycled).
@@ -853,7 +855,8 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
     let med = |c: Option<&Cell>, f: fn(&Cell) -> Option<crate::rounds::Stat>| {
         c.and_then(f).map(|s| s.median)
     };
-    let goals = match (all("line"), all("working-set")) {
+    // The goals, for the line on each path that ran it and its working-set.
+    let goals_of = |line: &str| match (all(line), all(rounds::baseline(line))) {
         (Some(l), Some(_)) if l.runs > 0 => json!({
             "on": "medians over the rounds of the figures over all topologies",
             "max_backoff_at_most_50ms": med(Some(l), |c| c.max_backoff_s).map(|m| m <= 0.05),
@@ -863,6 +866,8 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         }),
         _ => Value::Null,
     };
+    let goals = goals_of("line");
+    let page_server_goals = goals_of("ps-line");
     let watch: Vec<f64> = results
         .iter()
         .flat_map(|r| r.watch_latency_s.iter().copied())
@@ -882,6 +887,7 @@ pub async fn run<P: Clusters>(paths: &Paths, a: ClusterArgs, cl: &P) -> Result<(
         "seconds": t0.elapsed().as_secs_f64(),
         "medians": cells,
         "goals": goals,
+        "page_server_goals": page_server_goals,
         "store_watch_latency": watch_ms,
         "failures": failure_list,
         "topologies": results,

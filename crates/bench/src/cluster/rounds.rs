@@ -1,6 +1,6 @@
 //! The cluster benchmark's rounds summed up: every (topology, variant) cell's figures
 //! as medians with min and max over the rounds that measured them, the same over all
-//! topologies per variant, and each variant's disruption against working-set's in
+//! topologies per variant, and each variant's disruption against working-set's on its path ([`baseline`]) in
 //! the same round. A failed restore (or a cluster that could not be set up, which
 //! fails every variant of its topology in that round) is counted, never measured.
 
@@ -128,8 +128,8 @@ pub(super) fn cells(
     };
     let mut out = Vec::new();
     for t in topologies {
-        let ws = ws_of(&of(t, "working-set"));
         for v in variants {
+            let ws = ws_of(&of(t, baseline(v)));
             let pts = of(t, v);
             let failed = (0..rounds).filter(|&r| failed_in(t, v, r)).count();
             out.push(cell(t, v, failed, &pts, &ws));
@@ -148,17 +148,27 @@ pub(super) fn cells(
         }
         (rounds - pts.len(), pts)
     };
-    let ws = ws_of(&all_of("working-set").1);
     for v in variants {
+        let ws = ws_of(&all_of(baseline(v)).1);
         let (failed, pts) = all_of(v);
         out.push(cell("all", v, failed, &pts, &ws));
     }
     out
 }
 
+/// The variant a variant's disruption is compared with: working-set on the same path
+/// (`ps-` names the page server's variants).
+pub(super) fn baseline(variant: &str) -> &'static str {
+    if variant.starts_with("ps-") {
+        "ps-working-set"
+    } else {
+        "working-set"
+    }
+}
+
 /// The table of medians [min-max], one row per cell.
 pub(super) fn print_table(cells: &[Cell], rounds: usize) {
-    println!("medians [min–max] over the rounds that measured (ok: of {rounds} tried); disr/ws: average disruption against working-set's in the same round");
+    println!("medians [min–max] over the rounds that measured (ok: of {rounds} tried); disr/ws: average disruption against working-set's (ps-working-set's for ps- variants) in the same round");
     println!(
         "{:<13} {:<12} {:>4} {:>21} {:>21} {:>21} {:>21} {:>15} {:>15} {:>21} {:>21}",
         "topology",

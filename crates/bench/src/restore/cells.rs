@@ -175,6 +175,9 @@ fn median_of(w: &str, d: &str, m: &str, runs: &[&Record]) -> Record {
         request_service_p50_us: f(|r| r.request_service_p50_us),
         request_service_p99_us: f(|r| r.request_service_p99_us),
         memory_loaded_s: f(|r| r.memory_loaded_s),
+        exact_trace_pages: u(|r| r.exact_trace_pages),
+        pagemap_trace_pages: u(|r| r.pagemap_trace_pages),
+        exact_in_pagemap: f(|r| r.exact_in_pagemap),
         notes,
     }
 }

@@ -32,6 +32,7 @@ use serde::Serialize;
 use serde_json::json;
 
 mod cells;
+mod exact;
 mod kv;
 mod report;
 
@@ -213,6 +214,11 @@ struct Record {
     request_service_p99_us: Option<f64>,
     /// From the request to every page of guest memory in place.
     memory_loaded_s: Option<f64>,
+    /// ps-lazy: the exact trace it recorded, the snapshot's pagemap trace, and the
+    /// share of the exact trace's pages the pagemap trace also holds ([`exact`]).
+    exact_trace_pages: Option<u64>,
+    pagemap_trace_pages: Option<u64>,
+    exact_in_pagemap: Option<f64>,
     notes: Vec<String>,
 }
 
@@ -536,6 +542,9 @@ impl Bench {
             request_service_p50_us: rep.request_service_p50_us,
             request_service_p99_us: rep.request_service_p99_us,
             memory_loaded_s: rep.memory_loaded_s,
+            exact_trace_pages: None,
+            pagemap_trace_pages: None,
+            exact_in_pagemap: None,
             notes: rep.notes,
         })
     }
@@ -616,8 +625,9 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
         };
         accel = a;
         snaps.push(s);
+        let copy = ps_copy(&snap);
+        let mut ex = exact::Exact::new(&snap);
         if modes.iter().any(|m| m.starts_with("ps-")) {
-            let copy = ps_copy(&snap);
             let _ = std::fs::remove_dir_all(&copy);
             let ok = std::process::Command::new("cp")
                 .args(["-a", "--sparse=always"])
@@ -657,6 +667,10 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
                         round + 1,
                         b.args.runs
                     ));
+                    let before = m
+                        .starts_with("ps-")
+                        .then(|| exact::trace_of(&copy))
+                        .flatten();
                     match b.restore(w, d, m, &snap, &name).await {
                         Ok(mut rec) => {
                             rec.round = round;
@@ -665,6 +679,8 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
                                 secs(rec.time_to_running_s),
                                 secs(rec.time_to_responsive_s)
                             ));
+                            let done = ex.after(&mut rec, tried.len(), before, &copy);
+                            apply(&mut tried, done);
                             tried.push(Ok(rec));
                         }
                         Err(e) => {
@@ -674,10 +690,29 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
                     }
                 }
             }
+            // The last working sets sent ahead are measured against one more lazy
+            // restore's first touches (on this disk, so the cgroup still holds).
+            if ex.waiting() {
+                let name = format!("{tag}-{w}-ps-lazy-{d}-next");
+                b.say(&format!(
+                    "{w}: ps-lazy restore, {d} disk, for the hit rates before it"
+                ));
+                match b.restore(w, d, "ps-lazy", &snap, &name).await {
+                    Ok(_) => {
+                        let touched = exact::trace_of(&copy).unwrap_or_default();
+                        let done = ex.resolve(&touched);
+                        apply(&mut tried, done);
+                    }
+                    Err(e) => {
+                        remove(&b.c, &name).await;
+                        tried.push(Err(failure(w, Some(d), Some("ps-lazy"), None, e)));
+                    }
+                }
+            }
             drop(slow);
         }
         let _ = std::fs::remove_dir_all(&snap);
-        let _ = std::fs::remove_dir_all(ps_copy(&snap));
+        let _ = std::fs::remove_dir_all(&copy);
     }
     if !keep_dir {
         let _ = std::fs::remove_dir_all(&dir);
@@ -718,6 +753,20 @@ pub async fn run(paths: &Paths, args: RestoreArgs) -> Result<(), Error> {
     match Incomplete::of(&failures, records.len()) {
         Some(e) => Err(Error::Incomplete(e)),
         None => Ok(()),
+    }
+}
+
+/// Hit rates and accuracies measured after their restores ([`exact`]) put into
+/// those restores' records.
+fn apply(tried: &mut [Result<Record, Failure>], done: Vec<exact::Measured>) {
+    for (i, got) in done {
+        let Some(Ok(r)) = tried.get_mut(i) else {
+            continue;
+        };
+        match got {
+            Ok((h, a)) => (r.hit_rate, r.accuracy) = (Some(h), Some(a)),
+            Err(why) => r.notes.push(why),
+        }
     }
 }
 
@@ -872,6 +921,9 @@ mod tests {
             request_service_p50_us: None,
             request_service_p99_us: None,
             memory_loaded_s: None,
+            exact_trace_pages: None,
+            pagemap_trace_pages: None,
+            exact_in_pagemap: None,
             notes: vec![],
         }
     }

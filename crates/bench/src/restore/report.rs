@@ -131,7 +131,21 @@ pub(super) fn print_text(
                 o2(r.memory_loaded_s)
             );
         }
+        if let (Some(e), Some(p), Some(o)) = (
+            r.exact_trace_pages,
+            r.pagemap_trace_pages,
+            r.exact_in_pagemap,
+        ) {
+            println!(
+                "{}/{}/{}: exact trace {e} pages against the snapshot's pagemap trace of {p}; {:.1}% of the exact pages are in the pagemap trace",
+                r.workload,
+                r.disk,
+                r.mode,
+                o * 100.0
+            );
+        }
     }
+    println!("ps-working-set, ps-elastic hit/acc: the set each sent ahead against the first touches of the next ps-lazy restore of the same snapshot (a touch of a page already sent makes no request)");
     for r in cells.iter().filter_map(|c| c.median.as_ref()) {
         if let Some(a) = r.client_answers {
             println!(

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use hyper::Method;
+use rebound_api::LoadPath;
 use rebound_bench::PortError;
 use rebound_cluster::spec::ClusterSpec;
 use rebound_cluster::{Disruption, Rdg};
@@ -13,13 +14,55 @@ use serde_json::Value;
 use super::cluster::restore::{self, Outcome, RestoreOpts, Variant};
 use super::cluster::{self as commands, snapshot, Cluster};
 
+/// A cluster restore's variant on one of the two paths a VM's pages take: the page
+/// cache's (`line`...) or the page server's (`ps-line`...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum BenchVariant {
+    WorkingSet,
+    Elastic,
+    Line,
+    LineKeep,
+    PsWorkingSet,
+    PsElastic,
+    PsLine,
+    PsLineKeep,
+}
+
+impl BenchVariant {
+    fn parts(self) -> (Variant, LoadPath) {
+        use BenchVariant as B;
+        match self {
+            B::WorkingSet => (Variant::WorkingSet, LoadPath::PageCache),
+            B::Elastic => (Variant::Elastic, LoadPath::PageCache),
+            B::Line => (Variant::Line, LoadPath::PageCache),
+            B::LineKeep => (Variant::LineKeep, LoadPath::PageCache),
+            B::PsWorkingSet => (Variant::WorkingSet, LoadPath::PageServer),
+            B::PsElastic => (Variant::Elastic, LoadPath::PageServer),
+            B::PsLine => (Variant::Line, LoadPath::PageServer),
+            B::PsLineKeep => (Variant::LineKeep, LoadPath::PageServer),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        use BenchVariant as B;
+        match self {
+            B::PsWorkingSet => "ps-working-set",
+            B::PsElastic => "ps-elastic",
+            B::PsLine => "ps-line",
+            B::PsLineKeep => "ps-line-keep",
+            other => other.parts().0.as_str(),
+        }
+    }
+}
+
 /// The cluster commands of this binary, in one installation.
 pub(crate) struct CliClusters(pub(crate) Paths);
 
 #[async_trait::async_trait]
 impl rebound_bench::Clusters for CliClusters {
     type Cluster = Cluster;
-    type Variant = Variant;
+    type Variant = BenchVariant;
     type Outcome = Outcome;
 
     fn spec(c: &Cluster) -> &ClusterSpec {
@@ -30,7 +73,7 @@ impl rebound_bench::Clusters for CliClusters {
         &c.dir
     }
 
-    fn variant_name(v: Variant) -> &'static str {
+    fn variant_name(v: BenchVariant) -> &'static str {
         v.as_str()
     }
 
@@ -80,15 +123,17 @@ impl rebound_bench::Clusters for CliClusters {
         &self,
         c: &Cluster,
         snap: &Path,
-        variant: Variant,
+        variant: BenchVariant,
         margin_s: f64,
     ) -> Result<Outcome, PortError> {
+        let (variant, path) = variant.parts();
         let opts = RestoreOpts {
             variant,
             load_rate: None,
             margin_s,
             replace: true,
             no_wait: false,
+            path,
         };
         Ok(restore::restore(c, snap, &opts).await?)
     }

@@ -42,6 +42,9 @@ pub struct RestoreArgs {
     /// default such a VM loads everything and waits, paused, for its start.
     #[arg(long)]
     pub no_wait: bool,
+    /// How each VM's pages reach its guest (as `vm restore --path`).
+    #[arg(long, default_value = "page-cache")]
+    pub path: rebound_api::LoadPath,
     /// Restore this plan instead: a JSON file `{"plan": {"restore_id", "vms":
     /// [...]}, "timeouts": {...}}`, or the plan alone. With --etcd it is submitted to
     /// that store (the certificate must be the operator's, which also grants the
@@ -66,6 +69,7 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
             margin_s: a.margin_s,
             replace: a.replace,
             no_wait: a.no_wait,
+            path: a.path,
         };
         let o = super::restore::restore(&c, &from, &opts).await?;
         if a.json {

@@ -39,6 +39,8 @@ pub struct RestoreOpts {
     /// No VM waits after its whole RAM is loaded (the paper's model; a line may then
     /// not exist).
     pub no_wait: bool,
+    /// How each VM's pages reach its guest.
+    pub path: rebound_api::LoadPath,
 }
 
 /// What one restore did.
@@ -68,9 +70,20 @@ fn figures(c: &Cluster, m: &Manifest, from: &Path) -> anyhow::Result<Vec<VmFigur
     })
 }
 
-/// The load rates recorded for cluster `c` (none if the file is missing or unreadable).
-fn recorded_rates(c: &Cluster) -> Rates {
-    Rates::parse(std::fs::read(c.dir.join(Rates::FILE)).ok().as_deref())
+/// Where cluster `c` keeps the load rates of restores on `path`: one file per path,
+/// since the page server reads in runs with `O_DIRECT` and the page cache reads
+/// ahead, so a host loads at a different rate on each.
+fn rates_file(c: &Cluster, path: rebound_api::LoadPath) -> PathBuf {
+    match path {
+        rebound_api::LoadPath::PageCache => c.dir.join(Rates::FILE),
+        p => c.dir.join(format!("{}-{}", p.as_str(), Rates::FILE)),
+    }
+}
+
+/// The load rates recorded for cluster `c` on `path` (none if the file is missing or
+/// unreadable).
+fn recorded_rates(c: &Cluster, path: rebound_api::LoadPath) -> Rates {
+    Rates::parse(std::fs::read(rates_file(c, path)).ok().as_deref())
 }
 
 /// Reads working-set pages of one snapshot in trace order, for at most 0.5 s or
@@ -100,11 +113,11 @@ fn probe_rate(dir: &Path) -> anyhow::Result<f64> {
 }
 
 /// Records each host's load rate as this restore measured it.
-fn record_rates(c: &Cluster, figs: &[VmFigures], r: &RestoreReport) {
-    let mut recorded = recorded_rates(c);
+fn record_rates(c: &Cluster, path: rebound_api::LoadPath, figs: &[VmFigures], r: &RestoreReport) {
+    let mut recorded = recorded_rates(c, path);
     let loads = r.vms.iter().map(|v| (v.vm.as_str(), v.pages, v.load_s));
     recorded.record(figs, &r.restore_id, loads);
-    let _ = std::fs::write(c.dir.join(Rates::FILE), recorded.to_vec());
+    let _ = std::fs::write(rates_file(c, path), recorded.to_vec());
 }
 
 /// The coordinator's plan for one variant.
@@ -126,6 +139,11 @@ fn build_plan(
             "dir": f.dir.display().to_string(),
             "mode": opts.variant.vm_mode(),
         });
+        // Named only when asked: a host whose daemon predates the page server reads
+        // the arguments of a page-cache restore as before.
+        if opts.path != rebound_api::LoadPath::PageCache {
+            args["path"] = json!(opts.path);
+        }
         if let Some(p) = replay.get(&f.vm) {
             args["replay"] = json!([{ "nic": 1, "pcap": p.display().to_string() }]);
         }
@@ -182,7 +200,7 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
     let m = Manifest::read(from)?;
     let mut figs = figures(c, &m, from)?;
     let traffic = traffic_of(from, &m, 1)?;
-    let rate_source = recorded_rates(c).assign(&mut figs, opts.load_rate, probe_rate)?;
+    let rate_source = recorded_rates(c, opts.path).assign(&mut figs, opts.load_rate, probe_rate)?;
     let edges = traffic.rdg.edges.clone();
     let replay = m.replay_files(from);
     let (plan, line) = build_plan(c, &figs, &edges, opts, &replay)?;
@@ -209,7 +227,7 @@ pub async fn restore(c: &Cluster, from: &Path, opts: &RestoreOpts) -> anyhow::Re
         rebound_coord::records::Timeouts::default(),
     )
     .await?;
-    record_rates(c, &figs, &report);
+    record_rates(c, opts.path, &figs, &report);
     let starts: BTreeMap<String, f64> = report
         .vms
         .iter()

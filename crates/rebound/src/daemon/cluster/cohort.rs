@@ -6,7 +6,7 @@
 //!   VM, held paused (`paused: true`); done once the restore report's phase is
 //!   `held`. `args` is `{"dir": absolute snapshot dir, "mode": "elastic" |
 //!   "working-set" | "eager" | "lazy" | "stock", "forwards": [{host, guest}] | null,
-//!   "rest_order", "watch_s", "replay": [{nic, pcap}] | null}` (only `dir` is
+//!   "rest_order", "path", "watch_s", "replay": [{nic, pcap}] | null}` (only `dir` is
 //!   required; unknown keys are refused). The plan's `ws_pages` is the elastic working
 //!   set to load first; 0 leaves the daemon's default (half the estimated working
 //!   set). `replay` names, per bridge NIC, a pcap file on this host of frames to hand
@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rebound_api::spec::Forward;
-use rebound_api::{EventData, ReplayNic, RestOrder, RestoreMode, RestoreRequest, VmState};
+use rebound_api::{
+    EventData, LoadPath, ReplayNic, RestOrder, RestoreMode, RestoreRequest, VmState,
+};
 use rebound_coord::{CohortVms, LoadInfo, StartInfo, VmError};
 use serde::Deserialize;
 
@@ -46,6 +48,9 @@ pub struct LoadArgs {
     pub mode: RestoreMode,
     #[serde(default)]
     pub rest_order: RestOrder,
+    /// How its pages reach the guest (`RestoreRequest::path`).
+    #[serde(default)]
+    pub path: LoadPath,
     #[serde(default = "rebound_api::snapshot::default_watch_s")]
     pub watch_s: f64,
     #[serde(default)]
@@ -156,7 +161,7 @@ impl CohortVms for DaemonVms {
             ws_pages: (ws_pages > 0).then_some(ws_pages),
             paused: true,
             rest_order: a.rest_order,
-            path: Default::default(),
+            path: a.path,
             ram_check: rebound_api::RamCheck::Auto,
             watch_s: a.watch_s,
             forwards: a.forwards,
@@ -339,16 +344,17 @@ mod tests {
                 pcap: "/snaps/c1/s1/net1-replay.pcap".into()
             }])
         );
-        assert_eq!(
-            LoadArgs::deserialize(serde_json::json!({"dir": "/s"}))
-                .unwrap()
-                .replay,
-            None
-        );
+        let plain = LoadArgs::deserialize(serde_json::json!({"dir": "/s"})).unwrap();
+        assert_eq!(plain.replay, None);
+        assert_eq!(plain.path, LoadPath::default());
+        let served =
+            LoadArgs::deserialize(serde_json::json!({"dir": "/s", "path": "page-server"})).unwrap();
+        assert_eq!(served.path, LoadPath::PageServer);
         for bad in [
             serde_json::json!({"dir": "/s", "replay_pcap": "/x"}),
             serde_json::json!({"dir": "/s", "replay": [{"nic": 1, "pcap": "/x", "queue": "tx"}]}),
             serde_json::json!({"dir": "/s", "replay": [{"nic": 1}]}),
+            serde_json::json!({"dir": "/s", "path": "userfault"}),
             // A peer names no host file for the restored VM to boot from or map.
             serde_json::json!({"dir": "/s", "kernel": "/boot/vmlinuz"}),
             serde_json::json!({"dir": "/s", "initrd": "/boot/initrd"}),

@@ -203,14 +203,14 @@ impl FromStr for RestOrder {
 #[serde(rename_all = "kebab-case")]
 pub enum LoadPath {
     /// The page server where it can run, else the page cache (the report says why).
+    #[default]
     Auto,
     /// Rebound as the source of a QEMU postcopy migration: the guest runs on shared
     /// RAM from its first instruction and each missing page is one request.
     PageServer,
     /// The image mapped private, loaded by the host's page cache, settled onto
-    /// shared RAM afterwards. The default until the page server's figures are in
-    /// `docs/benchmarks.md`.
-    #[default]
+    /// shared RAM afterwards: where the page server cannot run (`Auto`'s fallback),
+    /// or asked for.
     PageCache,
 }
 
@@ -339,7 +339,8 @@ pub struct RestoreReport {
     #[serde(default)]
     pub path: Option<LoadPath>,
     /// `loading`, `held` (loaded, waiting for `vm resume`), `watching` (running, still
-    /// being measured), `done` or `failed`.
+    /// being measured), `serving` (on the page server: measured, the server still
+    /// sending the rest), `done` or `failed`.
     pub phase: String,
     /// From the request to the guest's vCPUs running.
     pub time_to_running_s: Option<f64>,

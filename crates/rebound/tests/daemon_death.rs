@@ -234,8 +234,9 @@ fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
     env.fails(&["vm", "restore", bad.to_str().unwrap(), "--name", "old"]);
     intact(&env, "a failed restore");
 
-    // Settling onto shared RAM starts a second QEMU: killed with the daemon before
-    // the record names it, it does not run on unseen; ports handed to it come back.
+    // Settling onto shared RAM (the page cache's lazy restore) starts a second QEMU:
+    // killed with the daemon before the record names it, it does not run on unseen;
+    // ports handed to it come back.
     for (name, step) in [
         ("s1", "settle:spawned"),
         ("s3", "settle:ports"),
@@ -252,6 +253,8 @@ fn no_qemu_outlives_its_record_and_no_stopped_disk_is_lost() {
             name,
             "--mode",
             "lazy",
+            "--path",
+            "page-cache",
             "--watch-s",
             "1",
         ]);
@@ -321,62 +324,172 @@ fn guest_wrote(disk: &Path, what: &str) {
     }
 }
 
-/// A restore held paused for its start (as a cluster restore holds its VMs) outlives
-/// its daemon: the next daemon re-attaches it still paused in the same QEMU, takes
-/// its restore report back, has its memory whole (reading the rest of the image
-/// again if the old daemon had not finished), and starts it on `vm resume` with
-/// every key it held.
-#[test]
-fn a_held_restore_outlives_its_daemon_and_starts_with_what_it_held() {
-    let env = Env::new();
+/// A snapshot of a kv guest holding k0..k19 (its VM killed after it).
+fn kv_snapshot(env: &Env) -> std::path::PathBuf {
     env.ok(&["vm", "start", "kv", "--workload", "kv", "--memory", "192M"]);
     let port = env.host_port("kv", 7070);
     for i in 0..20 {
         assert_eq!(common::kv(port, &format!("SET k{i} v{i}")).unwrap(), "OK");
     }
     let dir = env.home.path().join("snap-kv");
-    let d = dir.to_str().unwrap();
-    env.ok(&["vm", "snapshot", "kv", "--out", d, "--trace-s", "2"]);
+    env.ok(&[
+        "vm",
+        "snapshot",
+        "kv",
+        "--out",
+        dir.to_str().unwrap(),
+        "--trace-s",
+        "2",
+    ]);
     env.ok(&["vm", "kill", "kv"]);
-    let held = common::restore_json(
-        &env,
-        &[d, "--name", "held", "--mode", "elastic", "--paused"],
-    );
-    assert_eq!(held["phase"], "held", "{held}");
-    let qemu = env.status("held")["qemu_pid"].clone();
+    dir
+}
 
-    env.kill_daemon();
-    // The next command starts a daemon, which re-attaches the VM.
-    env.ok(&["vm", "list"]);
-    let st = env.status("held");
-    assert_eq!(st["state"], "paused", "{st}");
-    assert_eq!(st["qemu_pid"], qemu, "{st}");
-    let rep = eventually(
+/// A restore held paused for its start (as a cluster restore holds its VMs) outlives
+/// its daemon, on either path: the next daemon re-attaches it still paused in the
+/// same QEMU, takes its restore report back, has its memory whole (on the page
+/// cache reading the rest of the image again if the old daemon had not finished; on
+/// the page server following the server, which outlives the daemon, to its end),
+/// and starts it on `vm resume` with every key it held.
+#[test]
+fn a_held_restore_outlives_its_daemon_and_starts_with_what_it_held() {
+    let env = Env::new();
+    let dir = kv_snapshot(&env);
+    let d = dir.to_str().unwrap();
+    for path in ["page-cache", "page-server"] {
+        let name = format!("held-{path}");
+        let held = common::restore_json(
+            &env,
+            &[
+                d, "--name", &name, "--mode", "elastic", "--paused", "--path", path,
+            ],
+        );
+        assert_eq!(held["phase"], "held", "{held}");
+        assert_eq!(held["path"], path, "{held}");
+        let qemu = env.status(&name)["qemu_pid"].clone();
+
+        env.kill_daemon();
+        // The next command starts a daemon, which re-attaches the VM.
+        env.ok(&["vm", "list"]);
+        let st = env.status(&name);
+        assert_eq!(st["state"], "paused", "{path}: {st}");
+        assert_eq!(st["qemu_pid"], qemu, "{path}: {st}");
+        let report = format!("/v1/vms/{name}/restore");
+        let rep = eventually(
+            Duration::from_secs(60),
+            "the held restore's memory to be whole after the restart",
+            || {
+                let (_, r) = env.call("GET", &report, None).ok()?;
+                r["memory_loaded_s"].as_f64().map(|_| r)
+            },
+        );
+        assert_eq!(rep["phase"], "held", "{path}: {rep}");
+        assert!(rep["background_error"].is_null(), "{path}: {rep}");
+        assert!(rep["error"].is_null(), "{path}: {rep}");
+
+        env.ok(&["vm", "resume", &name]);
+        let ph = env.host_port(&name, 7070);
+        for i in 0..20 {
+            assert_eq!(
+                common::kv(ph, &format!("GET k{i}")).unwrap(),
+                format!("VALUE v{i}"),
+                "{path}"
+            );
+        }
+        let (_, rep) = env.call("GET", &report, None).unwrap();
+        assert_eq!(rep["phase"], "done", "{path}: {rep}");
+        assert!(rep["started_unix_ns"].as_i64().is_some(), "{path}: {rep}");
+        let resumed = env
+            .events(&name)
+            .into_iter()
+            .filter(|e| e["kind"] == "resumed")
+            .count();
+        assert_eq!(resumed, 1, "{path}");
+        env.ok(&["vm", "kill", &name]);
+    }
+}
+
+/// A lazy restore on the page server whose daemon dies while the guest runs on
+/// pages it requests one by one: the server serves on, the next daemon re-attaches
+/// the running guest and follows the server to its end (the report's memory in
+/// place, the requests saved as the snapshot's trace), and the guest has every key.
+#[test]
+fn a_page_server_restore_outlives_its_daemon_while_the_guest_runs() {
+    let env = Env::new();
+    let dir = kv_snapshot(&env);
+    let d = dir.to_str().unwrap();
+    // Nothing is pushed for the watch's 20 s: the guest's pages come on request.
+    // The command waits for the server's end, so it runs beside the test.
+    let mut restore = env
+        .cmd(&[
+            "vm",
+            "restore",
+            d,
+            "--name",
+            "lz",
+            "--mode",
+            "lazy",
+            "--path",
+            "page-server",
+            "--watch-s",
+            "20",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ph = eventually(
         Duration::from_secs(60),
-        "the held restore's memory to be whole after the restart",
+        "the restored guest to answer",
         || {
-            let (_, r) = env.call("GET", "/v1/vms/held/restore", None).ok()?;
-            r["memory_loaded_s"].as_f64().map(|_| r)
+            let (_, r) = env.call("GET", "/v1/vms/lz/restore", None).ok()?;
+            (r["phase"] == "watching").then_some(())?;
+            let p = env.host_port("lz", 7070);
+            (common::kv(p, "GET k0").ok()? == "VALUE v0").then_some(p)
         },
     );
-    assert_eq!(rep["phase"], "held", "{rep}");
-    assert!(rep["background_error"].is_null(), "{rep}");
+    let (_, r) = env.call("GET", "/v1/vms/lz/restore", None).unwrap();
+    assert_eq!(r["path"], "page-server", "{r}");
+    assert!(
+        r["memory_loaded_s"].is_null(),
+        "the server ended already: {r}"
+    );
+    let qemu = env.status("lz")["qemu_pid"].clone();
 
-    env.ok(&["vm", "resume", "held"]);
-    let ph = env.host_port("held", 7070);
+    env.kill_daemon();
+    let _ = restore.wait();
+    env.ok(&["vm", "list"]);
+    let st = env.status("lz");
+    assert_eq!(st["state"], "running", "{st}");
+    assert_eq!(st["qemu_pid"], qemu, "{st}");
+    assert_eq!(env.host_port("lz", 7070), ph);
     for i in 0..20 {
         assert_eq!(
             common::kv(ph, &format!("GET k{i}")).unwrap(),
             format!("VALUE v{i}")
         );
     }
-    let (_, rep) = env.call("GET", "/v1/vms/held/restore", None).unwrap();
-    assert_eq!(rep["phase"], "done", "{rep}");
-    assert!(rep["started_unix_ns"].as_i64().is_some(), "{rep}");
-    let resumed = env
-        .events("held")
-        .into_iter()
-        .filter(|e| e["kind"] == "resumed")
-        .count();
-    assert_eq!(resumed, 1);
+    let rep = eventually(
+        Duration::from_secs(90),
+        "the page server's end, followed after the restart",
+        || {
+            let (_, r) = env.call("GET", "/v1/vms/lz/restore", None).ok()?;
+            r["memory_loaded_s"].as_f64().map(|_| r)
+        },
+    );
+    assert!(rep["error"].is_null(), "{rep}");
+    assert!(
+        rep["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("followed its page server")),
+        "{rep}"
+    );
+    assert_eq!(rep["trace_recorded"], true, "{rep}");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["trace"]["source"], "requests", "{m}");
+    assert_eq!(env.status("lz")["state"], "running");
+    assert_eq!(common::kv(ph, "GET k7").unwrap(), "VALUE v7");
 }

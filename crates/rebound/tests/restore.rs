@@ -106,12 +106,13 @@ fn a_restored_counter_continues_with_the_next_tick_in_both_copies() {
     assert!(a["notes"].to_string().contains("restored lazily"), "{a}");
     assert_eq!(a["trace_recorded"], true, "{a}");
     assert!(a["time_to_running_s"].as_f64().unwrap() > 0.0);
+    // The page server's requests: the guest's exact first touches.
     let inspect = env.ok(&["snapshot", "inspect", d]);
-    assert!(inspect.contains("from restore"), "{inspect}");
+    assert!(inspect.contains("from requests"), "{inspect}");
     // With the recorded trace, a working-set restore loads it first.
     let b = restore_json(&env, &[d, "--name", "ctr-b", "--mode", "working-set"]);
     assert!(b["pages_loaded_before_start"].as_u64().unwrap() > 0, "{b}");
-    assert_eq!(b["trace_source"], "restore", "{b}");
+    assert_eq!(b["trace_source"], "requests", "{b}");
 
     for name in ["ctr-a", "ctr-b"] {
         let t = eventually(Duration::from_secs(60), "restored ticks", || {
@@ -140,6 +141,10 @@ fn a_restored_counter_continues_with_the_next_tick_in_both_copies() {
     assert_eq!(t[i + 1], last + 1, "{t:?}");
 }
 
+/// The page cache's path, for the parts about its own mechanics (the settle onto
+/// shared RAM, the snapshot refused until then, the port handed over).
+const PC: &str = "page-cache";
+
 #[test]
 fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     let env = Env::new();
@@ -167,7 +172,10 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     let verify = env.ok(&["snapshot", "verify", d]);
     assert!(verify.contains("every checksum matches"), "{verify}");
 
-    let a = restore_json(&env, &[d, "--name", "kv-a", "--mode", "elastic"]);
+    let a = restore_json(
+        &env,
+        &[d, "--name", "kv-a", "--mode", "elastic", "--path", PC],
+    );
     assert_eq!(a["phase"], "done", "{a}");
     assert_eq!(a["trace_source"], "post-snapshot", "{a}");
     assert!(a["working_set_pages"].as_u64().unwrap() > 0, "{a}");
@@ -193,7 +201,17 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     let fwd = format!("{free}:7070");
     let b = restore_json(
         &env,
-        &[d, "--name", "kv-b", "--mode", "lazy", "--forward", &fwd],
+        &[
+            d,
+            "--name",
+            "kv-b",
+            "--mode",
+            "lazy",
+            "--forward",
+            &fwd,
+            "--path",
+            PC,
+        ],
     );
     assert_eq!(b["pages_loaded_before_start"], 0, "{b}");
 
@@ -237,7 +255,9 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     // it cannot be snapshotted, and says why.
     let held = restore_json(
         &env,
-        &[d, "--name", "kv-held", "--mode", "elastic", "--paused"],
+        &[
+            d, "--name", "kv-held", "--mode", "elastic", "--paused", "--path", PC,
+        ],
     );
     assert_eq!(held["phase"], "held", "{held}");
     assert_eq!(env.status("kv-held")["state"], "paused");
@@ -293,7 +313,15 @@ fn kv_restores_are_independent_and_hold_exactly_what_was_written_before() {
     ]);
     let c = restore_json(
         &env,
-        &[again.to_str().unwrap(), "--name", "kv-c", "--mode", "lazy"],
+        &[
+            again.to_str().unwrap(),
+            "--name",
+            "kv-c",
+            "--mode",
+            "lazy",
+            "--path",
+            PC,
+        ],
     );
     assert_eq!(c["phase"], "done", "{c}");
     let pc = env.host_port("kv-c", 7070);

@@ -157,8 +157,11 @@ fn verify_ok(env: &Env, dir: &str) {
 }
 
 /// Restores in the background through the API (it answers once the guest runs).
+/// A lazy restore on the page cache: the image mapped, its inode held by the
+/// mapping, and the image guard watching it (the subjects of the tests that use it).
 fn restore_lazily(env: &Env, dir: &Path, name: &str, watch_s: f64) -> Value {
-    let body = json!({"dir": dir, "name": name, "mode": "lazy", "watch_s": watch_s});
+    let body =
+        json!({"dir": dir, "name": name, "mode": "lazy", "watch_s": watch_s, "path": "page-cache"});
     env.get_ok("POST", "/v1/restore", Some(&body))
 }
 
@@ -179,14 +182,23 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     let src_pid = env.status("src")["qemu_pid"].clone();
     // Each refusal is one line naming the problem, and leaves no VM, record or run
     // dir behind: the list is as it was.
-    let refused = |dir: &str, name: &str, mode: &str, want: &[&str]| {
-        let e = env.fails(&["vm", "restore", dir, "--name", name, "--mode", mode]);
+    let refused_on = |path: &str, dir: &str, name: &str, mode: &str, want: &[&str]| {
+        let e = env.fails(&[
+            "vm", "restore", dir, "--name", name, "--mode", mode, "--path", path,
+        ]);
         for w in want {
-            assert!(e.contains(w), "{name} ({mode}): {e:?} lacks {w:?}");
+            assert!(e.contains(w), "{name} ({mode}, {path}): {e:?} lacks {w:?}");
         }
+        assert!(
+            !e.contains("internal error"),
+            "{name} ({mode}, {path}): {e}"
+        );
         assert_eq!(vm_names(&env), ["src"], "after {name} ({mode}): {e}");
         assert!(!home.join("vms").join(name).exists(), "{name}: record left");
         assert!(!env.run.path().join(name).exists(), "{name}: run dir left");
+    };
+    let refused = |dir: &str, name: &str, mode: &str, want: &[&str]| {
+        refused_on("auto", dir, name, mode, want)
     };
 
     // A truncated RAM image: refused before anything is read or started.
@@ -204,20 +216,31 @@ fn damaged_foreign_and_newer_snapshots_are_refused_and_leave_no_vm() {
     }
     assert!(env.fails(&["snapshot", "verify", &trunc]).contains(&short));
 
-    // One flipped byte in a page with data: the eager restore's checksums find it
-    // and name the chunk; so does every restore that runs from the image, since a
-    // snapshot this daemon did not write is checked in full before the guest runs.
+    // One flipped byte in a page with data: on the page cache the eager restore's
+    // checksums find it and name the chunk; so does every restore that runs from
+    // the image, since a snapshot this daemon did not write is checked in full
+    // before the guest runs. On the page server every page is checked as it is
+    // sent: the eager restore, which sends them all before the start, is refused
+    // naming the page.
     let flip = edited_copy(&snap, &home.join("flip"), |_| {});
     let img = Path::new(&flip).join(IMAGE);
     let bytes = flip_a_byte(&img, 64 << 20);
     for mode in ["eager", "lazy", "elastic", "working-set"] {
-        refused(
+        refused_on(
+            "page-cache",
             &flip,
             "flip",
             mode,
             &["checksum mismatch", IMAGE, bytes.as_str()],
         );
     }
+    refused_on(
+        "page-server",
+        &flip,
+        "flip",
+        "eager",
+        &["does not match its checksum", IMAGE],
+    );
     let e = env.fails(&["snapshot", "verify", &flip]);
     assert!(
         e.contains(&format!("{IMAGE}: checksum mismatch in {bytes}")),
@@ -399,8 +422,9 @@ fn lazy_restores_survive_a_deleted_snapshot_and_stop_on_a_changed_image() {
     );
     assert_eq!(r["trace_recorded"], true, "{r}");
     assert_eq!(r["working_set_pages"], 0, "{r}");
+    // The page server's requests: the guest's exact first touches.
     let inspect = env.ok(&["snapshot", "inspect", &bare]);
-    assert!(inspect.contains("from restore"), "{inspect}");
+    assert!(inspect.contains("from requests"), "{inspect}");
     let t = assert_counting_right(&env, "bare", 5);
     assert!(
         src_ticks.iter().any(|&(seq, _)| seq + 1 == t[0].0),
@@ -535,6 +559,11 @@ fn a_snapshot_that_runs_out_of_space_leaves_the_guest_and_the_previous_snapshot(
     assert_counting_right(&env, "a", 5);
 }
 
+/// The page cache's path: the checks of a mapped image are the subject (on the page
+/// server every page is checked as it is sent: `a_page_server_...` and the page
+/// server's own tests).
+const PC: &str = "page-cache";
+
 #[test]
 fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs() {
     use std::os::unix::fs::PermissionsExt;
@@ -554,7 +583,7 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
     // them. All of them check.
     for (name, mode) in [("lazy", "lazy"), ("ws", "working-set")] {
         let own = own.to_str().unwrap();
-        let r = restore_json(&env, &[own, "--name", name, "--mode", mode]);
+        let r = restore_json(&env, &[own, "--name", name, "--mode", mode, "--path", PC]);
         assert_eq!(r["ram_check"], "background", "{r}");
         assert_eq!(r["ram_chunks"], 4, "{r}");
         let notes = r["notes"].to_string();
@@ -571,7 +600,7 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
     let r = env.get_ok(
         "POST",
         "/v1/restore",
-        Some(&json!({"dir": bad, "name": "rot", "mode": "lazy", "watch_s": 3.0})),
+        Some(&json!({"dir": bad, "name": "rot", "mode": "lazy", "watch_s": 3.0, "path": PC})),
     );
     assert_eq!(r["ram_check"], "background", "{r}");
     let rep = eventually(Duration::from_secs(30), "the restore to fail", || {
@@ -600,13 +629,25 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
         "lazy",
         "--ram-check",
         "full",
+        "--path",
+        PC,
     ]);
     assert!(e.contains(&format!("checksum mismatch in {bytes}")), "{e}");
     assert!(!vm_names(&env).contains(&"full".to_string()));
     // Asked not to check, it runs, and says it runs unchecked.
     let r = restore_json(
         &env,
-        &[b, "--name", "off", "--mode", "lazy", "--ram-check", "off"],
+        &[
+            b,
+            "--name",
+            "off",
+            "--mode",
+            "lazy",
+            "--ram-check",
+            "off",
+            "--path",
+            PC,
+        ],
     );
     assert_eq!(r["ram_check"], "off", "{r}");
     assert_eq!(r["ram_chunks_checked"], 0, "{r}");
@@ -624,6 +665,8 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
         "off",
         "--watch-s",
         "0",
+        "--path",
+        PC,
     ]);
     assert!(text.contains("RAM image:        unchecked"), "{text}");
 
@@ -640,6 +683,8 @@ fn restores_that_run_from_the_image_check_its_ram_before_or_while_the_guest_runs
             "shared",
             "--mode",
             "lazy",
+            "--path",
+            PC,
         ],
     );
     assert_eq!(r["mode"], "eager", "{r}");

@@ -603,6 +603,9 @@ impl Restore {
                         "the page requests could not be saved as the snapshot's trace: {why}"
                     )),
                 }
+                if rep.phase == "serving" {
+                    rep.phase = "done".into();
+                }
                 vec![Action::Publish]
             }
             Event::Settled { at } => {
@@ -665,9 +668,15 @@ impl Restore {
                 ));
             }
         }
-        rep.trace_recorded = matches!(w.recorded, Ok(true));
+        rep.trace_recorded |= matches!(w.recorded, Ok(true));
         rep.notes.extend(notes);
-        rep.phase = "done".into();
+        // On the page server the report is whole at the server's end (its requests,
+        // the trace it recorded): until then the guest runs while it is `serving`.
+        rep.phase = if self.memory == Memory::Served && rep.memory_loaded_s.is_none() {
+            "serving".into()
+        } else {
+            "done".into()
+        };
     }
 }
 

@@ -37,11 +37,20 @@ pub async fn wait_migration(q: &impl Monitor, what: &str) -> Result<(), Migratio
 }
 
 /// Sets migration capability `x-ignore-shared` (shared RAM left out of the stream).
+/// On, it also turns `postcopy-ram` off, in the same command since QEMU refuses the
+/// two together: a QEMU restored by a page server (a postcopy destination) keeps
+/// that capability, and its snapshot leaves RAM out.
 pub async fn set_ignore_shared(q: &impl Monitor, on: bool) -> Result<(), QmpError> {
+    let caps = if on {
+        serde_json::json!([
+            {"capability": "postcopy-ram", "state": false},
+            {"capability": "x-ignore-shared", "state": true}])
+    } else {
+        serde_json::json!([{"capability": "x-ignore-shared", "state": false}])
+    };
     q.qmp(
         "migrate-set-capabilities",
-        Some(serde_json::json!({"capabilities": [
-            {"capability": "x-ignore-shared", "state": on}]})),
+        Some(serde_json::json!({ "capabilities": caps })),
     )
     .await
     .map(|_| ())

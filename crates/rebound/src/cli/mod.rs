@@ -726,12 +726,12 @@ pub struct RestoreArgs {
     /// the trace in first-access order, then the image) or file-order.
     #[arg(long, default_value = "fafl")]
     pub rest_order: rebound_api::RestOrder,
-    /// How pages reach the guest: auto (the page server where it can run, else the
-    /// page cache; the report says which and why), page-server (Rebound serves QEMU
-    /// each missing page through postcopy; the guest runs on shared RAM from its
-    /// first instruction) or page-cache (the image mapped private, settled later; the
-    /// default for now).
-    #[arg(long, default_value = "page-cache")]
+    /// How pages reach the guest: auto (the default: the page server where it can
+    /// run, else the page cache; the report says which and why), page-server (Rebound
+    /// serves QEMU each missing page through postcopy; the guest runs on shared RAM
+    /// from its first instruction) or page-cache (the image mapped private, settled
+    /// later).
+    #[arg(long, default_value = "auto")]
     pub path: rebound_api::LoadPath,
     /// How a restore that runs from the snapshot's image (lazy, working-set,
     /// elastic) checks its RAM chunks: auto (a snapshot this daemon wrote in the

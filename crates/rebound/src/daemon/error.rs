@@ -51,6 +51,10 @@ pub enum OpError {
     Io(String, #[source] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The page server ended before the destination held the devices: its own
+    /// account (a damaged page of the snapshot, a refused stream).
+    #[error("{0}")]
+    PageServer(String),
     #[error("internal error")]
     Broken(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("bad request: {0}")]
@@ -124,6 +128,7 @@ impl OpError {
             | OpError::OwnerGone(_)
             | OpError::Io(..)
             | OpError::Internal(_)
+            | OpError::PageServer(_)
             | OpError::Broken(_)
             | OpError::Replay { .. }
             | OpError::CacheRefused { .. }

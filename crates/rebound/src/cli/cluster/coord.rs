@@ -43,7 +43,7 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub no_wait: bool,
     /// How each VM's pages reach its guest (as `vm restore --path`).
-    #[arg(long, default_value = "page-cache")]
+    #[arg(long, default_value = "auto")]
     pub path: rebound_api::LoadPath,
     /// Restore this plan instead: a JSON file `{"plan": {"restore_id", "vms":
     /// [...]}, "timeouts": {...}}`, or the plan alone. With --etcd it is submitted to

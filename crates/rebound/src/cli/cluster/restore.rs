@@ -139,9 +139,9 @@ fn build_plan(
             "dir": f.dir.display().to_string(),
             "mode": opts.variant.vm_mode(),
         });
-        // Named only when asked: a host whose daemon predates the page server reads
-        // the arguments of a page-cache restore as before.
-        if opts.path != rebound_api::LoadPath::PageCache {
+        // Named unless it is the default: a host whose daemon predates the page
+        // server reads the arguments of a default restore as before.
+        if opts.path != rebound_api::LoadPath::default() {
             args["path"] = json!(opts.path);
         }
         if let Some(p) = replay.get(&f.vm) {

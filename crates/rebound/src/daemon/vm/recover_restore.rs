@@ -140,7 +140,14 @@ impl Owner {
                 ws_pages,
                 paused: false,
                 rest_order: RestOrder::Fafl,
-                path: Default::default(),
+                // While the dump runs the rest of the image waits until the dump
+                // gives its memory back (`hold_rest`), which only the page cache's
+                // background loader can do; the page server pushes the rest at once.
+                path: if dumping {
+                    rebound_api::LoadPath::PageCache
+                } else {
+                    rebound_api::LoadPath::Auto
+                },
                 ram_check: rebound_api::RamCheck::Auto,
                 watch_s: rebound_api::snapshot::default_watch_s(),
                 forwards: None,

@@ -5,13 +5,15 @@
 //! what `vm wait` and a cluster restore's `restored` phase wait for. The image
 //! guard, the RAM check beside the guest and a lazy restore's settle do not carry
 //! on after a restart: the report says so, and a lazy restore that had not settled
-//! is reported failed rather than waited on forever.
+//! is reported failed rather than waited on forever. A restore on the page server
+//! is followed to its server's end instead (`served::follow`): the server outlives
+//! the daemon.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use rebound_api::{RestoreMode, RestoreReport};
+use rebound_api::{LoadPath, RestoreMode, RestoreReport};
 use rebound_snapshot::{LoadStats, Loader, Snapshot, Trace};
 
 use crate::daemon::vm::VmHandle;
@@ -35,6 +37,15 @@ pub(in crate::daemon::vm) fn resume(vm: &Arc<VmHandle>) {
         rep.memory_loaded_s.is_none() && rep.background_error.is_none() && rep.phase != "failed";
     if !unfinished {
         vm.set_restore_report(Some(rep));
+        return;
+    }
+    if rep.path == Some(LoadPath::PageServer) {
+        rep.notes.push(
+            "the daemon restarted during this restore: the restarted daemon followed its page server to its end; the server took the old daemon's end for the guest's start, so its requests after the start count from then"
+                .into(),
+        );
+        vm.set_restore_report(Some(rep.clone()));
+        super::served::follow(vm.clone(), &rep);
         return;
     }
     if !matches!(rep.mode, RestoreMode::Elastic | RestoreMode::WorkingSet) {

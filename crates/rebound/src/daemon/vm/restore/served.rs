@@ -109,6 +109,9 @@ impl Server {
             .process_group(0)
             .spawn()
             .map_err(|e| io("cannot start", e))?;
+        // A restarted daemon finds the server by it (`follow`).
+        rebound_vmm::private::write_atomic(&dir.join(PID), child.id().to_string().as_bytes())
+            .map_err(|e| io("cannot record the pid", e))?;
         let mut s = Server {
             child,
             stdin: None,
@@ -141,7 +144,7 @@ impl Server {
                 if st.success() {
                     break;
                 }
-                return Err(OpError::Internal(format!(
+                return Err(OpError::PageServer(format!(
                     "the page server ended ({st}) before the devices loaded: {}",
                     self.failure()
                 )));
@@ -222,6 +225,88 @@ impl Server {
         });
         go
     }
+}
+
+/// The server's pid, in its directory.
+const PID: &str = "server.pid";
+
+/// Whether the page server that `dir` is the directory of still runs.
+fn server_alive(dir: &Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(dir.join(PID))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    // The pid may have been reused: it is the server only if it runs this job.
+    let job = dir.join("job.json");
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+        args.contains(&&b"page-server"[..]) && args.contains(&job.as_os_str().as_encoded_bytes())
+    })
+}
+
+/// A page-server restore whose daemon died before its server ended: the server
+/// (its own process group) outlives the daemon and took its closed stdin for the
+/// start. The restarted daemon follows it to its end through its stats file and
+/// pid: the requests recorded in the snapshot's trace and the report's end
+/// figures, or, if it ends before every page was sent, the guest stopped.
+pub(in crate::daemon::vm) fn follow(vm: Arc<VmHandle>, rep: &rebound_api::RestoreReport) {
+    let dir = vm.run.path().join("pagesrv");
+    let before = match rep.mode {
+        rebound_api::RestoreMode::Lazy => BeforeStart::Nothing,
+        _ => BeforeStart::WorkingSet(0),
+    };
+    let snapshot = PathBuf::from(&rep.snapshot);
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let ended = |d: &Path| read_stats(d).filter(|s| s.error.is_some() || s.end_s.is_some());
+        let stats = loop {
+            if let Some(s) = ended(&dir) {
+                break s;
+            }
+            if !server_alive(&dir) {
+                // Its last word may have come just before it went.
+                break ended(&dir).unwrap_or_else(|| Stats {
+                    error: Some("it was killed or died".into()),
+                    ..Default::default()
+                });
+            }
+            if vm.record().qemu_pid.is_none() {
+                return; // the VM was stopped: its server ended with it
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        if let Some(e) = stats.error {
+            let why = format!("the page server ended before every page was sent: {e}");
+            tracing::warn!(vm = %vm.name, "{why}");
+            rt.spawn(crate::daemon::vm::ram_check::stop_damaged(vm, why));
+            return;
+        }
+        let recorded = Snapshot::open(&snapshot)
+            .map_err(|e| rebound_errors::chain(&e))
+            .and_then(|snap| record(&snap, &dir, before));
+        let since = vm.record().started_mono_ns;
+        vm.update_restore_report(|rep| {
+            // From QEMU's spawn for the restore (the request's instant died with the
+            // old daemon; the monotonic clock did not).
+            let now = rebound_vmm::events::mono_ns();
+            rep.memory_loaded_s = Some(since.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1e9));
+            rep.page_requests_after_start = Some(stats.requests_after_start);
+            rep.request_service_p50_us = stats.service_us_p50;
+            rep.request_service_p99_us = stats.service_us_p99;
+            rep.trace_recorded = matches!(recorded, Ok(true));
+            // The old daemon's watch ended with it.
+            if matches!(rep.phase.as_str(), "watching" | "serving") {
+                rep.phase = "done".into();
+            }
+            if let Err(e) = recorded {
+                rep.notes.push(format!(
+                    "the requests could not be saved as the snapshot's trace: {e}"
+                ));
+            }
+        });
+    });
 }
 
 /// Tells a page server that the guest runs now.

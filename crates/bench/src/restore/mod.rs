@@ -11,7 +11,10 @@
 //! Modes: `stock` (QEMU's full migration stream into fresh RAM), `eager` (our image
 //! copied whole before the start), `lazy`, `working-set`, `elastic` and `elastic-file`
 //! (elastic whose background loader reads the rest in file order, as QEMU's newer
-//! on-demand snapshot load does).
+//! on-demand snapshot load does), each on the page cache; `ps-lazy`, `ps-working-set`,
+//! `ps-elastic` and `ps-eager` restore a copy of the snapshot on the page server
+//! (their ratios against its own eager and lazy; their hit rates against the next
+//! `ps-lazy` restore's exact first touches, [`exact`]).
 //!
 //! Cold: every file of the snapshot is dropped from the page cache before each
 //! restore. The emulated disk is a blkio (cgroup v1) read limit on the snapshot's

@@ -770,3 +770,87 @@ fn a_page_server_killed_mid_restore_fails_it_and_stops_the_guest_never_running_i
         let _ = env.rebound(&["vm", "rm", name]);
     }
 }
+
+/// The page server SIGKILLed at points spread over an elastic restore (while it
+/// sends the working set, around the start, while it pushes the rest, after its end):
+/// whatever the point, the guest never runs on a page that did not arrive. Either the
+/// restore fails and no QEMU runs the guest, or every page arrived before the kill
+/// (the report has its memory in place) and the guest counts on, every tick right.
+#[test]
+fn a_page_server_killed_at_any_point_never_leaves_a_guest_running_on_missing_pages() {
+    let env = Env::new();
+    let dir = env.home.path().join("snap");
+    snapshot_counter(&env, &dir, "1");
+    let d = dir.to_str().unwrap();
+    env.ok(&["vm", "kill", "src"]);
+    // Fixed, spread delays from the server's appearance: the test is the same on
+    // every run, and the points still fall in different phases on a slow or fast host.
+    for (i, delay_ms) in [0u64, 50, 100, 150, 200, 250, 300, 400, 2000]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("k{i}");
+        let mut restore = env
+            .cmd(&[
+                "vm",
+                "restore",
+                d,
+                "--name",
+                &name,
+                "--mode",
+                "elastic",
+                "--path",
+                "page-server",
+                "--watch-s",
+                "2",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = eventually(Duration::from_secs(60), "the page server", || {
+            page_server_pid(&name)
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        let _ = restore.wait();
+        // Refused before the start (the VM removed), failed, or whole.
+        let rep = eventually(Duration::from_secs(60), "the restore's outcome", || {
+            let (code, _) = env.call("GET", &format!("/v1/vms/{name}"), None).ok()?;
+            if code == 404 {
+                return Some(Value::Null);
+            }
+            let (_, r) = env
+                .call("GET", &format!("/v1/vms/{name}/restore"), None)
+                .ok()?;
+            (r["phase"] == "failed" || r["memory_loaded_s"].is_number()).then_some(r)
+        });
+        if rep.is_null() {
+            eprintln!("{name}: killed {delay_ms} ms in: refused before the start");
+            continue;
+        }
+        eprintln!(
+            "{name}: killed {delay_ms} ms in: phase {}, memory in place {}",
+            rep["phase"], rep["memory_loaded_s"]
+        );
+        let running = env
+            .call("GET", &format!("/v1/vms/{name}"), None)
+            .ok()
+            .is_some_and(|(_, st)| st["state"] == "running");
+        if rep["phase"] == "failed" {
+            let ticks = counter_ticks(&env, &name).len();
+            std::thread::sleep(Duration::from_secs(2));
+            assert_eq!(
+                counter_ticks(&env, &name).len(),
+                ticks,
+                "{name} ran on: {rep}"
+            );
+            assert!(!running, "{name} runs after a failed restore: {rep}");
+        } else {
+            assert!(running, "{name}: {rep}");
+            assert_counting_right(&env, &name, 3);
+        }
+        let _ = env.rebound(&["vm", "kill", &name]);
+        let _ = env.rebound(&["vm", "rm", &name]);
+    }
+}

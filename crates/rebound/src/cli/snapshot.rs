@@ -114,7 +114,8 @@ pub async fn restore(paths: &Paths, a: RestoreArgs) -> anyhow::Result<()> {
     };
     let mut r = show_progress(&c, &a.name, "restore", call).await??;
     if !a.paused {
-        // The report is complete once the watch window is over.
+        // The report is complete once the watch window is over (on the page server,
+        // once the server has sent every page: the phase is `serving` until then).
         let path = format!("/v1/vms/{}/restore", enc(&a.name));
         let deadline = Instant::now() + Duration::from_secs_f64(a.watch_s + 90.0);
         while !matches!(r.phase.as_str(), "done" | "failed") && Instant::now() < deadline {

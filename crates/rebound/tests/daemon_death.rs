@@ -420,24 +420,19 @@ fn a_page_server_restore_outlives_its_daemon_while_the_guest_runs() {
     let d = dir.to_str().unwrap();
     // Nothing is pushed for the watch's 20 s: the guest's pages come on request.
     // The command waits for the server's end, so it runs beside the test.
-    let mut restore = env
-        .cmd(&[
-            "vm",
-            "restore",
-            d,
-            "--name",
-            "lz",
-            "--mode",
-            "lazy",
-            "--path",
-            "page-server",
-            "--watch-s",
-            "20",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut restore = env.spawn_quiet(&[
+        "vm",
+        "restore",
+        d,
+        "--name",
+        "lz",
+        "--mode",
+        "lazy",
+        "--path",
+        "page-server",
+        "--watch-s",
+        "20",
+    ]);
     let ph = eventually(
         Duration::from_secs(60),
         "the restored guest to answer",

@@ -724,12 +724,7 @@ fn a_page_server_killed_mid_restore_fails_it_and_stops_the_guest_never_running_i
         if held {
             args.push("--paused");
         }
-        let mut restore = env
-            .cmd(&args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut restore = env.spawn_quiet(&args);
         let pid = eventually(Duration::from_secs(60), "the page server", || {
             page_server_pid(name)
         });
@@ -790,24 +785,19 @@ fn a_page_server_killed_at_any_point_never_leaves_a_guest_running_on_missing_pag
         .enumerate()
     {
         let name = format!("k{i}");
-        let mut restore = env
-            .cmd(&[
-                "vm",
-                "restore",
-                d,
-                "--name",
-                &name,
-                "--mode",
-                "elastic",
-                "--path",
-                "page-server",
-                "--watch-s",
-                "2",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut restore = env.spawn_quiet(&[
+            "vm",
+            "restore",
+            d,
+            "--name",
+            &name,
+            "--mode",
+            "elastic",
+            "--path",
+            "page-server",
+            "--watch-s",
+            "2",
+        ]);
         let pid = eventually(Duration::from_secs(60), "the page server", || {
             page_server_pid(&name)
         });

@@ -588,24 +588,8 @@ impl Restore {
                 vec![Action::Publish]
             }
             Event::Served(e) => {
-                rep.memory_loaded_s = Some(since(e.at));
-                rep.background_pages = e.pushed_pages;
-                rep.page_requests_after_start = Some(e.requests_after_start);
-                rep.request_service_p50_us = e.service_p50_us;
-                rep.request_service_p99_us = e.service_p99_us;
-                rep.bytes_read_after_start = Some(e.bytes_after_start);
-                rep.major_faults_after_start = Some(e.requests_after_start);
-                rep.ram_chunks_checked = rep.ram_chunks_checked.max(e.chunks_checked);
-                rep.pages_touched_after_start = e.requested_pages;
-                match e.recorded {
-                    Ok(r) => rep.trace_recorded |= r,
-                    Err(why) => rep.notes.push(format!(
-                        "the page requests could not be saved as the snapshot's trace: {why}"
-                    )),
-                }
-                if rep.phase == "serving" {
-                    rep.phase = "done".into();
-                }
+                let at = since(e.at);
+                Restore::served(rep, at, e);
                 vec![Action::Publish]
             }
             Event::Settled { at } => {
@@ -615,6 +599,30 @@ impl Restore {
                 }
                 vec![Action::Publish]
             }
+        }
+    }
+
+    /// The page server's end, `memory_loaded_s` after the request: its figures, the
+    /// trace it recorded, and `done` if the watch window is over. Needs nothing of
+    /// the restore: a daemon restarted after the request applies it too.
+    pub fn served(rep: &mut RestoreReport, memory_loaded_s: f64, e: ServerEnd) {
+        rep.memory_loaded_s = Some(memory_loaded_s);
+        rep.background_pages = e.pushed_pages;
+        rep.page_requests_after_start = Some(e.requests_after_start);
+        rep.request_service_p50_us = e.service_p50_us;
+        rep.request_service_p99_us = e.service_p99_us;
+        rep.bytes_read_after_start = Some(e.bytes_after_start);
+        rep.major_faults_after_start = Some(e.requests_after_start);
+        rep.ram_chunks_checked = rep.ram_chunks_checked.max(e.chunks_checked);
+        rep.pages_touched_after_start = e.requested_pages;
+        match e.recorded {
+            Ok(r) => rep.trace_recorded |= r,
+            Err(why) => rep.notes.push(format!(
+                "the page requests could not be saved as the snapshot's trace: {why}"
+            )),
+        }
+        if rep.phase == "serving" {
+            rep.phase = "done".into();
         }
     }
 

@@ -129,8 +129,10 @@ pub fn spawn_qemu(
     child
 }
 
-/// Whether `pid` is alive and is the QEMU that uses `run_dir` (guards against pid reuse).
-pub fn is_our_qemu(pid: u32, run_dir: &Path) -> bool {
+/// Whether `pid` is alive and names `dir` or a file under it in its arguments: a
+/// process of ours that uses that directory, such as the QEMU of a run dir or a
+/// page server of its `pagesrv` (guards against pid reuse).
+pub fn is_ours(pid: u32, dir: &Path) -> bool {
     if kill(Pid::from_raw(pid as i32), None).is_err() {
         return false;
     }
@@ -138,7 +140,7 @@ pub fn is_our_qemu(pid: u32, run_dir: &Path) -> bool {
         return false;
     };
     // Zombies have an empty cmdline: they are gone for our purposes.
-    !cmdline.is_empty() && names_path(&cmdline, run_dir.as_os_str().as_encoded_bytes())
+    !cmdline.is_empty() && names_path(&cmdline, dir.as_os_str().as_encoded_bytes())
 }
 
 /// Whether one of the NUL-separated arguments `cmdline` names `path` or a file under
@@ -275,7 +277,7 @@ mod tests {
         let me = std::process::id();
         assert!(is_alive(me));
         assert!(rss_bytes(me).unwrap() > 0);
-        assert!(!is_our_qemu(me, Path::new("/definitely/not/in/cmdline")));
+        assert!(!is_ours(me, Path::new("/definitely/not/in/cmdline")));
         assert!(free_port().unwrap() > 0);
     }
 }

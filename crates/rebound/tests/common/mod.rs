@@ -98,6 +98,16 @@ impl Env {
         c
     }
 
+    /// Starts `rebound ARGS` beside the test, its output discarded (a command the
+    /// test does not wait on before acting, such as a restore it interrupts).
+    pub fn spawn_quiet(&self, args: &[&str]) -> std::process::Child {
+        self.cmd(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run rebound")
+    }
+
     /// Runs `rebound ARGS`.
     pub fn rebound(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run rebound")

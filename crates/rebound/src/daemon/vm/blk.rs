@@ -35,7 +35,7 @@ impl Owner {
             let kept = have.iter().find(|p| {
                 p.serve.socket == s.socket
                     && p.serve.disk == s.disk
-                    && rebound_vmm::process::is_our_qemu(p.pid, &s.socket)
+                    && rebound_vmm::process::is_ours(p.pid, &s.socket)
             });
             match kept {
                 Some(p) => out.push(p.clone()),
@@ -83,7 +83,7 @@ impl Owner {
 }
 
 fn kill(p: &BlkProcess) {
-    if rebound_vmm::process::is_our_qemu(p.pid, &p.serve.socket) {
+    if rebound_vmm::process::is_ours(p.pid, &p.serve.socket) {
         rebound_vmm::process::sigkill(p.pid);
     }
 }
@@ -121,7 +121,7 @@ impl Waited {
                 Err(e) => e.to_string(),
             },
             Waited::Adopted => {
-                while rebound_vmm::process::is_our_qemu(pid, socket) {
+                while rebound_vmm::process::is_ours(pid, socket) {
                     std::thread::sleep(Duration::from_millis(250));
                 }
                 "it went away while a previous daemon had started it".into()

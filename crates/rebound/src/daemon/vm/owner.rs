@@ -248,7 +248,7 @@ impl Owner {
                 let unfinished = matches!(rec.state, VmState::Starting | VmState::Restoring);
                 if unfinished {
                     if let Some(pid) = rec.qemu_pid {
-                        if process::is_our_qemu(pid, &rec.run_dir) {
+                        if process::is_ours(pid, &rec.run_dir) {
                             process::sigkill(pid);
                             process::wait_gone(pid, Duration::from_secs(10)).await;
                         }

@@ -281,7 +281,7 @@ impl Owner {
     pub(super) async fn reattach(&mut self) -> Result<(), QemuError> {
         let rec = self.vm.record();
         let pid = rec.qemu_pid.ok_or(QemuError::NoPid)?;
-        if !process::is_our_qemu(pid, &rec.run_dir) {
+        if !process::is_ours(pid, &rec.run_dir) {
             return Err(QemuError::Gone(pid));
         }
         let (qmp, events) =

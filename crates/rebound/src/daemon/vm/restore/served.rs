@@ -190,37 +190,13 @@ impl Server {
                     Ok(s) => s.to_string(),
                     Err(e) => e.to_string(),
                 };
-                let why = format!(
-                    "the page server ended ({how}) before every page was sent: {}",
-                    self.failure()
-                );
-                tracing::warn!(vm = %vm.name, "{why}");
-                let rt = tokio::runtime::Handle::current();
-                rt.spawn(crate::daemon::vm::ram_check::stop_damaged(vm, why));
-                return;
+                return stop(vm, &format!(" ({how})"), &self.failure());
             }
-            let stats = stats.unwrap_or_default();
             let recorded = record(&snap, &self.dir, before);
+            let chunks = snap.manifest().ram_blocks[0].checksums.len() as u64;
+            let end = server_end(stats.unwrap_or_default(), chunks, recorded, at);
             vm.update_restore_report(|rep| {
-                machine.on(
-                    rep,
-                    Event::Served(ServerEnd {
-                        at,
-                        pushed_pages: stats.pushed_pages,
-                        requests_after_start: stats.requests_after_start,
-                        service_p50_us: stats.service_us_p50,
-                        service_p99_us: stats.service_us_p99,
-                        bytes_after_start: stats.bytes_read_after_start,
-                        // Every page went through its own check: every chunk is good.
-                        chunks_checked: if stats.pages_checked {
-                            snap.manifest().ram_blocks[0].checksums.len() as u64
-                        } else {
-                            stats.chunks_checked
-                        },
-                        requested_pages: stats.requested_pages,
-                        recorded,
-                    }),
-                );
+                machine.on(rep, Event::Served(end));
             });
         });
         go
@@ -230,35 +206,55 @@ impl Server {
 /// The server's pid, in its directory.
 const PID: &str = "server.pid";
 
-/// Whether the page server that `dir` is the directory of still runs.
+/// Whether the page server that `dir` is the directory of still runs: the pid it
+/// recorded, alive and naming its job under `dir` (a reused pid does not).
 fn server_alive(dir: &Path) -> bool {
-    let Some(pid) = std::fs::read_to_string(dir.join(PID))
+    std::fs::read_to_string(dir.join(PID))
         .ok()
         .and_then(|t| t.trim().parse::<u32>().ok())
-    else {
-        return false;
-    };
-    // The pid may have been reused: it is the server only if it runs this job.
-    let job = dir.join("job.json");
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-        args.contains(&&b"page-server"[..]) && args.contains(&job.as_os_str().as_encoded_bytes())
-    })
+        .is_some_and(|pid| rebound_vmm::process::is_ours(pid, dir))
+}
+
+/// A page server ended before every page was sent (`how`: its exit status, if
+/// known, `why`: its account): the restore fails and the guest is stopped.
+fn stop(vm: Arc<VmHandle>, how: &str, why: &str) {
+    let why = format!("the page server ended{how} before every page was sent: {why}");
+    tracing::warn!(vm = %vm.name, "{why}");
+    tokio::runtime::Handle::current().spawn(crate::daemon::vm::ram_check::stop_damaged(vm, why));
+}
+
+/// The report's figures of a server that ended well, from its stats; `chunks` is
+/// the image's checksum chunks, all good when it checked every page on its own.
+fn server_end(stats: Stats, chunks: u64, recorded: Result<bool, String>, at: Instant) -> ServerEnd {
+    ServerEnd {
+        at,
+        pushed_pages: stats.pushed_pages,
+        requests_after_start: stats.requests_after_start,
+        service_p50_us: stats.service_us_p50,
+        service_p99_us: stats.service_us_p99,
+        bytes_after_start: stats.bytes_read_after_start,
+        chunks_checked: if stats.pages_checked {
+            chunks
+        } else {
+            stats.chunks_checked
+        },
+        requested_pages: stats.requested_pages,
+        recorded,
+    }
 }
 
 /// A page-server restore whose daemon died before its server ended: the server
 /// (its own process group) outlives the daemon and took its closed stdin for the
 /// start. The restarted daemon follows it to its end through its stats file and
-/// pid: the requests recorded in the snapshot's trace and the report's end
-/// figures, or, if it ends before every page was sent, the guest stopped.
+/// pid, then applies the end as the old daemon would have (`Restore::served`), or,
+/// if it ended before every page was sent, stops the guest.
 pub(in crate::daemon::vm) fn follow(vm: Arc<VmHandle>, rep: &rebound_api::RestoreReport) {
     let dir = vm.run.path().join("pagesrv");
     let before = match rep.mode {
         rebound_api::RestoreMode::Lazy => BeforeStart::Nothing,
         _ => BeforeStart::WorkingSet(0),
     };
-    let snapshot = PathBuf::from(&rep.snapshot);
-    let rt = tokio::runtime::Handle::current();
+    let (snapshot, chunks) = (PathBuf::from(&rep.snapshot), rep.ram_chunks);
     tokio::task::spawn_blocking(move || {
         let ended = |d: &Path| read_stats(d).filter(|s| s.error.is_some() || s.end_s.is_some());
         let stats = loop {
@@ -277,34 +273,24 @@ pub(in crate::daemon::vm) fn follow(vm: Arc<VmHandle>, rep: &rebound_api::Restor
             }
             std::thread::sleep(Duration::from_millis(250));
         };
-        if let Some(e) = stats.error {
-            let why = format!("the page server ended before every page was sent: {e}");
-            tracing::warn!(vm = %vm.name, "{why}");
-            rt.spawn(crate::daemon::vm::ram_check::stop_damaged(vm, why));
-            return;
+        if let Some(e) = stats.error.clone() {
+            return stop(vm, "", &e);
         }
         let recorded = Snapshot::open(&snapshot)
             .map_err(|e| rebound_errors::chain(&e))
             .and_then(|snap| record(&snap, &dir, before));
+        let end = server_end(stats, chunks, recorded, Instant::now());
         let since = vm.record().started_mono_ns;
         vm.update_restore_report(|rep| {
+            // The old daemon's watch ended with it.
+            if rep.phase == "watching" {
+                rep.phase = "serving".into();
+            }
             // From QEMU's spawn for the restore (the request's instant died with the
             // old daemon; the monotonic clock did not).
             let now = rebound_vmm::events::mono_ns();
-            rep.memory_loaded_s = Some(since.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1e9));
-            rep.page_requests_after_start = Some(stats.requests_after_start);
-            rep.request_service_p50_us = stats.service_us_p50;
-            rep.request_service_p99_us = stats.service_us_p99;
-            rep.trace_recorded = matches!(recorded, Ok(true));
-            // The old daemon's watch ended with it.
-            if matches!(rep.phase.as_str(), "watching" | "serving") {
-                rep.phase = "done".into();
-            }
-            if let Err(e) = recorded {
-                rep.notes.push(format!(
-                    "the requests could not be saved as the snapshot's trace: {e}"
-                ));
-            }
+            let loaded = since.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1e9);
+            Restore::served(rep, loaded, end);
         });
     });
 }
